@@ -1,0 +1,237 @@
+//! The thread that owns one database file: it takes commands from a bounded queue and runs the
+//! requests it finds queued together in one transaction (group commit), one fsync for all.
+//!
+//! Each request runs in a savepoint of its own, so a failing request is undone alone; the
+//! others are answered only after the shared COMMIT is on disk. If the COMMIT fails, or SQLite
+//! rolls the whole transaction back because of one request, the others, not yet acknowledged,
+//! are run again one by one, each in its own transaction.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::database::{Database, DatabaseOptions};
+use crate::error::{Error, Result};
+use crate::registry::{DoneSignal, Shared};
+use crate::request::{Request, StatementResult};
+
+/// Work for an actor.
+pub(crate) enum Command {
+    /// Run a request; answer when it is durable (or failed).
+    Execute {
+        request: Request,
+        reply: oneshot::Sender<Result<Vec<StatementResult>>>,
+    },
+    /// Run a closure with the database to itself, outside any transaction.
+    Exclusive(Box<dyn FnOnce(&mut Database) + Send>),
+}
+
+/// Who the actor is, as the registry knows it.
+pub(crate) struct Identity {
+    pub key: String,
+    pub generation: u64,
+    pub registry: Weak<Shared>,
+    pub done: Arc<DoneSignal>,
+}
+
+/// How the actor behaves.
+pub(crate) struct Tuning {
+    pub idle_timeout: Duration,
+    pub max_group: usize,
+}
+
+/// A request that succeeded inside the open group transaction and waits for its COMMIT.
+struct Pending {
+    request: Request,
+    reply: oneshot::Sender<Result<Vec<StatementResult>>>,
+    results: Vec<StatementResult>,
+}
+
+/// Signals the registry when the thread ends, however it ends.
+struct ExitGuard<'a> {
+    identity: &'a Identity,
+}
+
+impl Drop for ExitGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(shared) = self.identity.registry.upgrade() {
+            shared.forget(
+                &self.identity.key,
+                self.identity.generation,
+                &self.identity.done,
+            );
+        }
+        self.identity.done.set();
+    }
+}
+
+/// The thread body: open the file (after any previous owner has let go), then serve commands
+/// until the queue is closed or the actor has been idle long enough to retire.
+pub(crate) fn run(
+    identity: Identity,
+    previous_owner: Option<Arc<DoneSignal>>,
+    options: DatabaseOptions,
+    tuning: Tuning,
+    rx: Receiver<Command>,
+) {
+    let _guard = ExitGuard {
+        identity: &identity,
+    };
+    if let Some(previous) = previous_owner {
+        previous.wait();
+    }
+    let db = match Database::open(&options) {
+        Ok(db) => db,
+        Err(e) => {
+            tracing::warn!(key = %identity.key, error = %e, "cannot open database");
+            if let Some(shared) = identity.registry.upgrade() {
+                shared.forget(&identity.key, identity.generation, &identity.done);
+            }
+            refuse_all(&rx, &e);
+            return;
+        }
+    };
+    let mut actor = Actor { db };
+    loop {
+        let first = match rx.recv_timeout(tuning.idle_timeout) {
+            Ok(command) => command,
+            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => {
+                match identity
+                    .registry
+                    .upgrade()
+                    .and_then(|s| s.retire(&identity.key, identity.generation, &rx))
+                {
+                    Some(command) => command,
+                    None => break,
+                }
+            }
+        };
+        let mut commands = vec![first];
+        while commands.len() < tuning.max_group {
+            match rx.try_recv() {
+                Ok(command) => commands.push(command),
+                Err(_) => break,
+            }
+        }
+        if std::panic::catch_unwind(AssertUnwindSafe(|| actor.process(commands))).is_err() {
+            tracing::error!(key = %identity.key, "database actor panicked; closing the database");
+            break;
+        }
+    }
+    actor.db.rollback();
+}
+
+/// Answers every queued command with the error that stopped the actor.
+fn refuse_all(rx: &Receiver<Command>, error: &Error) {
+    while let Ok(command) = rx.try_recv() {
+        if let Command::Execute { reply, .. } = command {
+            let _ = reply.send(Err(copy_open_error(error)));
+        }
+    }
+}
+
+fn copy_open_error(error: &Error) -> Error {
+    match error {
+        Error::Open { path, message } => Error::Open {
+            path: path.clone(),
+            message: message.clone(),
+        },
+        _ => Error::Closed,
+    }
+}
+
+struct Actor {
+    db: Database,
+}
+
+impl Actor {
+    fn process(&mut self, commands: Vec<Command>) {
+        let mut group = Vec::new();
+        for command in commands {
+            match command {
+                Command::Execute { request, reply } => {
+                    if reply.is_closed() {
+                        continue; // the caller gave up before anything ran; nothing to answer
+                    }
+                    if request.needs_own_transaction() {
+                        self.flush(&mut group);
+                        let outcome = self.db.execute_alone(&request);
+                        let _ = reply.send(outcome);
+                    } else {
+                        self.run_grouped(request, reply, &mut group);
+                    }
+                }
+                Command::Exclusive(f) => {
+                    self.flush(&mut group);
+                    f(&mut self.db);
+                }
+            }
+        }
+        self.flush(&mut group);
+    }
+
+    fn run_grouped(
+        &mut self,
+        request: Request,
+        reply: oneshot::Sender<Result<Vec<StatementResult>>>,
+        group: &mut Vec<Pending>,
+    ) {
+        if !self.db.in_transaction() {
+            if let Err(e) = self.db.begin() {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        }
+        match self.db.execute_in_savepoint(&request) {
+            Ok(results) => group.push(Pending {
+                request,
+                reply,
+                results,
+            }),
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                if !self.db.in_transaction() {
+                    // SQLite rolled back the whole transaction (ON CONFLICT ROLLBACK, a full
+                    // disk…): the earlier requests of the group are lost, never acknowledged.
+                    self.replay(group);
+                }
+            }
+        }
+    }
+
+    /// Commits the group and answers its requests.
+    fn flush(&mut self, group: &mut Vec<Pending>) {
+        if group.is_empty() {
+            self.db.rollback();
+            return;
+        }
+        match self.db.commit() {
+            Ok(()) => {
+                for pending in group.drain(..) {
+                    let _ = pending.reply.send(Ok(pending.results));
+                }
+            }
+            Err(e) if group.len() == 1 => {
+                let pending = group.pop().expect("one pending request");
+                let _ = pending.reply.send(Err(e));
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, requests = group.len(), "group commit failed; running requests one by one");
+                self.replay(group);
+            }
+        }
+    }
+
+    /// Runs each request again in a transaction of its own.
+    fn replay(&mut self, group: &mut Vec<Pending>) {
+        self.db.rollback();
+        for pending in group.drain(..) {
+            let outcome = self.db.execute_alone(&pending.request);
+            let _ = pending.reply.send(outcome);
+        }
+    }
+}

@@ -1,0 +1,543 @@
+//! One open database file: its read-write connection, configured for D1, and the executor that
+//! runs a request's statements and computes D1's per-statement meta.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use libsqlite3_sys as ffi;
+use rusqlite::OpenFlags;
+use rusqlite::config::DbConfig;
+
+use crate::error::{Error, Result, TRANSACTION_MESSAGE};
+use crate::policy::{Authorizer, INTERNAL_OBJECTS, Limits, StatementFacts, WriteKind};
+use crate::raw::{RawStatement, SqlText};
+use crate::request::{Access, Meta, Request, ResultMode, Statement, StatementResult};
+
+/// How to open a database file.
+#[derive(Debug, Clone)]
+pub struct DatabaseOptions {
+    /// The database file.
+    pub path: PathBuf,
+    /// Create the file if it does not exist.
+    pub create: bool,
+    /// Limits on user SQL.
+    pub limits: Limits,
+    /// Longest a request may run before it is interrupted.
+    pub request_timeout: Duration,
+}
+
+impl DatabaseOptions {
+    /// D1's settings for the file at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        DatabaseOptions {
+            path: path.into(),
+            create: false,
+            limits: Limits::d1(),
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Creates the file if it is missing.
+    pub fn create(mut self, create: bool) -> Self {
+        self.create = create;
+        self
+    }
+}
+
+/// Index columns of one index; `None` when it indexes an expression, which any update may touch.
+type IndexColumns = Option<Vec<String>>;
+
+/// An open database: the connection that owns the file's writes, and D1's execution rules.
+///
+/// Not thread-safe by design: it lives on its actor's thread (see [`crate::Actor`]).
+pub struct Database {
+    conn: rusqlite::Connection,
+    authorizer: Authorizer,
+    /// Nanoseconds after `epoch` at which the running request is interrupted; 0 = none.
+    deadline: Arc<AtomicU64>,
+    epoch: Instant,
+    request_timeout: Duration,
+    page_size: u64,
+    /// Size after the last statement, so each statement measures once.
+    size: Option<u64>,
+    /// Indexes per table (lower-cased), for counting index writes; cleared on schema changes.
+    indexes: HashMap<String, Vec<IndexColumns>>,
+    path: PathBuf,
+}
+
+const REQUEST_SAVEPOINT: &str = "_cf_kura_request";
+
+impl Database {
+    /// Opens (or creates) the file and configures the connection: WAL, `synchronous=FULL`,
+    /// foreign keys, defensive mode, D1's limits and authorizer.
+    pub fn open(options: &DatabaseOptions) -> Result<Self> {
+        let open_error = |e: rusqlite::Error| Error::Open {
+            path: options.path.clone(),
+            message: e.to_string(),
+        };
+        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        if options.create {
+            flags |= OpenFlags::SQLITE_OPEN_CREATE;
+        }
+        let mut conn =
+            rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(open_error)?;
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+            .map_err(open_error)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::Open {
+                path: options.path.clone(),
+                message: format!("cannot use WAL mode (got {mode})"),
+            });
+        }
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(open_error)?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(open_error)?;
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)
+            .map_err(open_error)?;
+        options.limits.apply(&conn).map_err(open_error)?;
+        let page_size: i64 = conn
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .map_err(open_error)?;
+        let page_size = page_size.max(512) as u64;
+        let max_pages =
+            (options.limits.max_database_bytes / page_size).clamp(1, i64::MAX as u64) as i64;
+        conn.pragma_update(None, "max_page_count", max_pages)
+            .map_err(open_error)?;
+
+        let authorizer = Authorizer::default();
+        authorizer.install(&mut conn).map_err(open_error)?;
+        let deadline = Arc::new(AtomicU64::new(0));
+        let epoch = Instant::now();
+        let watched = Arc::clone(&deadline);
+        conn.progress_handler(
+            1000,
+            Some(move || {
+                let at = watched.load(Ordering::Relaxed);
+                at != 0 && epoch.elapsed().as_nanos() as u64 >= at
+            }),
+        )
+        .map_err(open_error)?;
+
+        Ok(Database {
+            conn,
+            authorizer,
+            deadline,
+            epoch,
+            request_timeout: options.request_timeout,
+            page_size,
+            size: None,
+            indexes: HashMap::new(),
+            path: options.path.clone(),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn handle(&self) -> *mut ffi::sqlite3 {
+        // SAFETY: the handle stays valid while `self.conn` lives; it is used on this thread only.
+        unsafe { self.conn.handle() }
+    }
+
+    /// Runs kura's own SQL on the connection, with the authorizer's rules off.
+    pub fn with_internal<T>(&mut self, f: impl FnOnce(&rusqlite::Connection) -> T) -> T {
+        let conn = &self.conn;
+        self.authorizer.internal(|| f(conn))
+    }
+
+    fn internal_batch(&mut self, sql: &str) -> Result<()> {
+        self.with_internal(|c| c.execute_batch(sql))
+            .map_err(Error::internal)
+    }
+
+    /// Whether a transaction is open (SQLite may roll one back by itself on some errors).
+    pub fn in_transaction(&self) -> bool {
+        unsafe { ffi::sqlite3_get_autocommit(self.handle()) == 0 }
+    }
+
+    /// Opens a transaction for a group of requests.
+    pub fn begin(&mut self) -> Result<()> {
+        self.internal_batch("BEGIN")
+    }
+
+    /// Commits the open transaction; on failure it is rolled back and the error returned.
+    pub fn commit(&mut self) -> Result<()> {
+        let result = self.internal_batch("COMMIT");
+        if result.is_err() {
+            self.rollback();
+        }
+        result
+    }
+
+    /// Rolls back the open transaction, if any.
+    pub fn rollback(&mut self) {
+        if self.in_transaction() {
+            if let Err(e) = self.internal_batch("ROLLBACK") {
+                tracing::warn!(path = %self.path.display(), error = %e, "rollback failed");
+            }
+        }
+        self.size = None;
+    }
+
+    /// Runs a request inside the open transaction, in a savepoint of its own: on error the
+    /// request's changes are undone and the transaction stays usable (unless SQLite itself
+    /// rolled it back, which [`Database::in_transaction`] reveals).
+    pub fn execute_in_savepoint(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
+        self.internal_batch(&format!("SAVEPOINT {REQUEST_SAVEPOINT}"))?;
+        match self.execute(request) {
+            Ok(results) => {
+                self.internal_batch(&format!("RELEASE {REQUEST_SAVEPOINT}"))?;
+                Ok(results)
+            }
+            Err(e) => {
+                if self.in_transaction() {
+                    self.internal_batch(&format!(
+                        "ROLLBACK TO {REQUEST_SAVEPOINT}; RELEASE {REQUEST_SAVEPOINT}"
+                    ))?;
+                }
+                self.size = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs a request in a transaction of its own and commits it.
+    pub fn execute_alone(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
+        self.begin()?;
+        let outcome = match self.execute(request) {
+            Ok(results) => self.commit().map(|()| results),
+            Err(e) => {
+                self.rollback();
+                Err(e)
+            }
+        };
+        if request.needs_own_transaction() {
+            self.reset_connection_pragmas();
+        }
+        outcome
+    }
+
+    /// PRAGMAs in D1 apply to one request; undo whatever the last one changed.
+    fn reset_connection_pragmas(&mut self) {
+        let reset = "PRAGMA foreign_keys = ON; PRAGMA case_sensitive_like = OFF; \
+                     PRAGMA ignore_check_constraints = OFF; PRAGMA legacy_alter_table = OFF; \
+                     PRAGMA recursive_triggers = OFF; PRAGMA reverse_unordered_selects = OFF; \
+                     PRAGMA defer_foreign_keys = OFF;";
+        if let Err(e) = self.internal_batch(reset) {
+            tracing::warn!(path = %self.path.display(), error = %e, "resetting pragmas failed");
+        }
+    }
+
+    /// Runs every statement of a request on the connection as it stands (the caller owns the
+    /// transaction). Returns one result per statement, as `request.mode` says.
+    pub fn execute(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
+        let deadline = self.epoch.elapsed() + self.request_timeout;
+        self.deadline
+            .store(deadline.as_nanos() as u64, Ordering::Relaxed);
+        let outcome = self.execute_statements(request);
+        self.deadline.store(0, Ordering::Relaxed);
+        outcome.map_err(|e| self.explain_interrupt(e, deadline))
+    }
+
+    fn execute_statements(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
+        let mut results = Vec::with_capacity(request.statements.len());
+        for statement in &request.statements {
+            self.execute_text(statement, request, &mut results)?;
+        }
+        if results.is_empty() {
+            return Err(Error::NoStatements);
+        }
+        Ok(results)
+    }
+
+    /// Runs each statement of one SQL text; its parameters bind to the last statement.
+    fn execute_text(
+        &mut self,
+        statement: &Statement,
+        request: &Request,
+        results: &mut Vec<StatementResult>,
+    ) -> Result<()> {
+        let text = SqlText::new(&statement.sql)?;
+        let mut position = 0;
+        let mut bound = false;
+        let mut combined: Option<StatementResult> = None;
+        loop {
+            self.authorizer.reset_facts();
+            let prepared = unsafe { RawStatement::prepare(self.handle(), &text, position) };
+            let facts = self.authorizer.take_facts();
+            let prepared = prepared.map_err(|e| explain_prepare_error(e, &facts))?;
+            let Some(mut raw) = prepared.statement else {
+                break;
+            };
+            position = prepared.next;
+            if bound {
+                return Err(Error::sql(
+                    ffi::SQLITE_ERROR,
+                    "When executing multiple SQL statements in a single call, only the last statement can have parameters.",
+                ));
+            }
+            if raw.parameter_count() > 0 {
+                if raw.parameter_count() != statement.params.len() {
+                    return Err(wrong_parameter_count(
+                        raw.parameter_count(),
+                        statement.params.len(),
+                    ));
+                }
+                raw.bind_all(&statement.params)?;
+                bound = true;
+            }
+            if request.access == Access::ReadOnly && !raw.is_readonly() {
+                return Err(Error::ReadOnly {
+                    sql: text.from(prepared.start).trim().to_owned(),
+                });
+            }
+            let result = self.run(&mut raw, &facts)?;
+            match request.mode {
+                ResultMode::EveryStatement => results.push(result),
+                ResultMode::LastStatement => combined = Some(merge(combined.take(), result)),
+            }
+        }
+        if !bound && !statement.params.is_empty() {
+            return Err(wrong_parameter_count(0, statement.params.len()));
+        }
+        results.extend(combined);
+        Ok(())
+    }
+
+    /// Steps one prepared statement to the end and measures it.
+    fn run(&mut self, raw: &mut RawStatement, facts: &StatementFacts) -> Result<StatementResult> {
+        let db = self.handle();
+        let started = Instant::now();
+        let total_before = unsafe { ffi::sqlite3_total_changes64(db) };
+        let last_before = unsafe { ffi::sqlite3_last_insert_rowid(db) };
+        let size_before = match self.size {
+            Some(size) => size,
+            None => self.measure_size()?,
+        };
+        let columns = raw.column_names();
+        let mut rows = Vec::new();
+        while raw.step()? {
+            rows.push(raw.row(columns.len()));
+        }
+        let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
+        if facts.alters_table {
+            self.refuse_reserved_rename()?;
+        }
+        let readonly = raw.is_readonly();
+        let changes = unsafe { ffi::sqlite3_total_changes64(db) - total_before }.max(0) as u64;
+        // sqlite3_changes() is sticky: only a DML statement's own count is meaningful here.
+        let statement_changes = if readonly || facts.changes_schema {
+            0
+        } else {
+            unsafe { ffi::sqlite3_changes64(db) }.max(0) as u64
+        };
+        let last_row_id = unsafe { ffi::sqlite3_last_insert_rowid(db) };
+        if facts.changes_schema {
+            self.indexes.clear();
+        }
+        let size_after = if readonly {
+            size_before
+        } else {
+            self.measure_size()?
+        };
+        let rows_written =
+            changes + self.index_writes(facts, statement_changes) + schema_writes(facts);
+        let rows_read = raw.rows_visited();
+        Ok(StatementResult {
+            columns,
+            rows,
+            meta: Meta {
+                changes,
+                last_row_id,
+                changed_db: changes != 0 || last_row_id != last_before || size_after != size_before,
+                size_after,
+                rows_read,
+                rows_written,
+                duration_ms,
+                wrote: !readonly,
+            },
+        })
+    }
+
+    /// `ALTER TABLE … RENAME TO _cf_x` passes the authorizer (SQLite shows it the old name
+    /// only), so look for the new name afterwards; the caller's savepoint undoes the rename.
+    fn refuse_reserved_rename(&mut self) -> Result<()> {
+        let reserved: i64 = self
+            .with_internal(|c| {
+                let mut sql = String::from(
+                    "SELECT count(*) FROM sqlite_schema WHERE name LIKE '\\_cf\\_%' ESCAPE '\\'",
+                );
+                for name in INTERNAL_OBJECTS {
+                    sql.push_str(&format!(" AND name <> '{name}'"));
+                }
+                c.query_row(&sql, [], |r| r.get(0))
+            })
+            .map_err(Error::internal)?;
+        if reserved > 0 {
+            return Err(Error::sql(ffi::SQLITE_AUTH, "not authorized"));
+        }
+        Ok(())
+    }
+
+    /// Bytes in use: `(page_count - freelist_count) * page_size`, as D1 reports `size_after`.
+    fn measure_size(&mut self) -> Result<u64> {
+        let pages = self.with_internal(|c| {
+            let count: i64 = c
+                .prepare_cached("PRAGMA page_count")?
+                .query_row([], |r| r.get(0))?;
+            let free: i64 = c
+                .prepare_cached("PRAGMA freelist_count")?
+                .query_row([], |r| r.get(0))?;
+            Ok::<_, rusqlite::Error>(count.saturating_sub(free).max(0) as u64)
+        });
+        let size = pages.map_err(Error::internal)? * self.page_size;
+        self.size = Some(size);
+        Ok(size)
+    }
+
+    /// The current size in bytes, free pages excluded.
+    pub fn size(&mut self) -> Result<u64> {
+        self.measure_size()
+    }
+
+    /// Index entries the statement wrote: every index of the table per inserted row, the indexes
+    /// over updated columns per updated row. (D1 counts each `OP_IdxInsert`; deletes write none.)
+    fn index_writes(&mut self, facts: &StatementFacts, rows: u64) -> u64 {
+        let Some((kind, table)) = &facts.writes else {
+            return 0;
+        };
+        if rows == 0 || *kind == WriteKind::Delete {
+            return 0;
+        }
+        let indexes = self.indexes_of(table);
+        let touched = match kind {
+            WriteKind::Update => indexes
+                .iter()
+                .filter(|columns| match columns {
+                    None => true,
+                    Some(cols) => cols.iter().any(|c| {
+                        facts
+                            .updated_columns
+                            .iter()
+                            .any(|u| u.eq_ignore_ascii_case(c))
+                    }),
+                })
+                .count(),
+            _ => indexes.len(),
+        };
+        rows * touched as u64
+    }
+
+    fn indexes_of(&mut self, table: &str) -> Vec<IndexColumns> {
+        let key = table.to_ascii_lowercase();
+        if let Some(found) = self.indexes.get(&key) {
+            return found.clone();
+        }
+        let loaded = self
+            .with_internal(|c| load_indexes(c, table))
+            .unwrap_or_default();
+        self.indexes.insert(key, loaded.clone());
+        loaded
+    }
+
+    fn explain_interrupt(&self, error: Error, deadline: Duration) -> Error {
+        match error {
+            Error::Sql {
+                code: ffi::SQLITE_INTERRUPT,
+                ..
+            } if self.epoch.elapsed() >= deadline => Error::sql(
+                ffi::SQLITE_INTERRUPT,
+                &format!(
+                    "the request exceeded its time limit of {} s and was cancelled",
+                    self.request_timeout.as_secs()
+                ),
+            ),
+            other => other,
+        }
+    }
+}
+
+/// Rewords two preparation failures: a denied BEGIN/SAVEPOINT gets D1's explanation instead of
+/// SQLite's bare "not authorized", and a statement over the length limit, which SQLite's
+/// tokenizer reports as a generic "string or blob too big", says so.
+fn explain_prepare_error(error: Error, facts: &StatementFacts) -> Error {
+    match error {
+        Error::Sql {
+            code: ffi::SQLITE_AUTH,
+            ..
+        } if facts.transaction => Error::Sql {
+            message: TRANSACTION_MESSAGE.to_owned(),
+            code: ffi::SQLITE_AUTH,
+        },
+        Error::Sql {
+            code: ffi::SQLITE_TOOBIG,
+            ..
+        } => Error::sql(ffi::SQLITE_TOOBIG, "statement too long"),
+        other => other,
+    }
+}
+
+fn wrong_parameter_count(expected: usize, given: usize) -> Error {
+    Error::sql(
+        ffi::SQLITE_RANGE,
+        &format!(
+            "Wrong number of parameter bindings for SQL query (the statement takes {expected}, {given} given)"
+        ),
+    )
+}
+
+/// Writes to `sqlite_schema` that D1's counters see: `CREATE TABLE` inserts its schema row and
+/// then updates it. Other DDL is counted as writing nothing (an approximation).
+fn schema_writes(facts: &StatementFacts) -> u64 {
+    if facts.creates_table { 2 } else { 0 }
+}
+
+/// Folds the statements of one multi-statement text into one result: rows of the last,
+/// counters summed.
+fn merge(previous: Option<StatementResult>, mut last: StatementResult) -> StatementResult {
+    if let Some(p) = previous {
+        last.meta.changes += p.meta.changes;
+        last.meta.rows_read += p.meta.rows_read;
+        last.meta.rows_written += p.meta.rows_written;
+        last.meta.duration_ms += p.meta.duration_ms;
+        last.meta.changed_db |= p.meta.changed_db;
+        last.meta.wrote |= p.meta.wrote;
+    }
+    last
+}
+
+fn load_indexes(conn: &rusqlite::Connection, table: &str) -> rusqlite::Result<Vec<IndexColumns>> {
+    let without_rowid: bool = conn
+        .query_row(
+            "SELECT wr FROM pragma_table_list WHERE name = ?1 AND schema = 'main'",
+            [table],
+            |r| r.get(0),
+        )
+        .unwrap_or(false);
+    let mut list = conn.prepare("SELECT name, origin FROM pragma_index_list(?1)")?;
+    let names: Vec<(String, String)> = list
+        .query_map([table], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut info = conn.prepare("SELECT name FROM pragma_index_info(?1)")?;
+    let mut out = Vec::new();
+    for (index, origin) in names {
+        // A WITHOUT ROWID table's primary key is the table itself, not a separate index.
+        if without_rowid && origin == "pk" {
+            continue;
+        }
+        let columns: Vec<Option<String>> = info
+            .query_map([&index], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        out.push(columns.into_iter().collect::<Option<Vec<String>>>());
+    }
+    Ok(out)
+}

@@ -1,0 +1,176 @@
+//! Errors of the SQLite core, with SQL errors worded the way D1 and Durable Objects word them.
+
+use std::path::PathBuf;
+
+use libsqlite3_sys as ffi;
+
+/// The text D1 and Durable Objects answer when user SQL tries to open or close a transaction.
+pub const TRANSACTION_MESSAGE: &str = "To execute a transaction, please use the state.storage.transaction() or \
+state.storage.transactionSync() APIs instead of the SQL BEGIN TRANSACTION or SAVEPOINT statements. \
+The JavaScript API is safer because it will automatically roll back on exceptions, and because it \
+interacts correctly with Durable Objects' automatic atomic write coalescing.";
+
+/// Everything that can go wrong running SQL through the core.
+///
+/// Grouped by what the caller must do: [`Error::Sql`] and [`Error::NoStatements`] are the
+/// client's fault (fix the SQL); [`Error::ReadOnly`] is a permission problem; [`Error::Overloaded`]
+/// and [`Error::Closed`] are transient (retry); [`Error::Open`] and [`Error::Io`] are the
+/// operator's problem.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A statement failed. `message` reads like D1's:
+    /// `<sqlite message>[ at offset N]: SQLITE_<CODE>`.
+    #[error("{message}")]
+    Sql {
+        /// The full, client-facing message.
+        message: String,
+        /// SQLite's primary result code (`SQLITE_CONSTRAINT`, `SQLITE_AUTH`, …).
+        code: i32,
+    },
+    /// The request held no statement, only whitespace or comments.
+    #[error("No SQL statements detected.")]
+    NoStatements,
+    /// A caller allowed only to read ran a statement that writes.
+    #[error("this credential may only read, and the statement writes: {sql}")]
+    ReadOnly {
+        /// The statement that would have written.
+        sql: String,
+    },
+    /// The database's queue is full; nothing was run.
+    #[error("too many requests queued")]
+    Overloaded,
+    /// The database is closing or was deleted while the request waited; nothing was run.
+    #[error("the database closed before the request ran")]
+    Closed,
+    /// The database file could not be opened or configured.
+    #[error("cannot open database {path}: {message}")]
+    Open {
+        /// The file that failed to open.
+        path: PathBuf,
+        /// What SQLite or the file system said.
+        message: String,
+    },
+    /// The file system failed outside SQLite.
+    #[error("{context}: {source}")]
+    Io {
+        /// What kura was doing.
+        context: String,
+        /// The underlying failure.
+        source: std::io::Error,
+    },
+}
+
+/// A convenient alias for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// SQLite's primary result code, if this is an SQL error.
+    pub fn sqlite_code(&self) -> Option<i32> {
+        match self {
+            Error::Sql { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// An SQL error from a result code and SQLite's message, without an offset.
+    pub(crate) fn sql(code: i32, message: &str) -> Self {
+        Error::Sql {
+            message: format!("{message}: {}", code_name(code)),
+            code: code & 0xff,
+        }
+    }
+
+    /// The connection's most recent error, worded as D1 words it.
+    ///
+    /// # Safety
+    /// `db` must be a valid, open connection.
+    pub(crate) unsafe fn from_connection(
+        db: *mut ffi::sqlite3,
+        rc: i32,
+        with_offset: bool,
+    ) -> Self {
+        let message =
+            unsafe { std::ffi::CStr::from_ptr(ffi::sqlite3_errmsg(db)) }.to_string_lossy();
+        let offset = if with_offset {
+            unsafe { ffi::sqlite3_error_offset(db) }
+        } else {
+            -1
+        };
+        let code = rc & 0xff;
+        let message = if offset >= 0 {
+            format!("{message} at offset {offset}: {}", code_name(code))
+        } else {
+            format!("{message}: {}", code_name(code))
+        };
+        Error::Sql { message, code }
+    }
+
+    /// Wraps a rusqlite failure that happened while running kura's own statements.
+    pub(crate) fn internal(err: rusqlite::Error) -> Self {
+        match err.sqlite_error() {
+            Some(e) => Error::sql(e.extended_code, &err.to_string()),
+            None => Error::sql(ffi::SQLITE_ERROR, &err.to_string()),
+        }
+    }
+}
+
+/// The symbolic name of SQLite's primary result code, as D1 prints it.
+pub fn code_name(code: i32) -> &'static str {
+    match code & 0xff {
+        ffi::SQLITE_OK => "SQLITE_OK",
+        ffi::SQLITE_ERROR => "SQLITE_ERROR",
+        ffi::SQLITE_INTERNAL => "SQLITE_INTERNAL",
+        ffi::SQLITE_PERM => "SQLITE_PERM",
+        ffi::SQLITE_ABORT => "SQLITE_ABORT",
+        ffi::SQLITE_BUSY => "SQLITE_BUSY",
+        ffi::SQLITE_LOCKED => "SQLITE_LOCKED",
+        ffi::SQLITE_NOMEM => "SQLITE_NOMEM",
+        ffi::SQLITE_READONLY => "SQLITE_READONLY",
+        ffi::SQLITE_INTERRUPT => "SQLITE_INTERRUPT",
+        ffi::SQLITE_IOERR => "SQLITE_IOERR",
+        ffi::SQLITE_CORRUPT => "SQLITE_CORRUPT",
+        ffi::SQLITE_NOTFOUND => "SQLITE_NOTFOUND",
+        ffi::SQLITE_FULL => "SQLITE_FULL",
+        ffi::SQLITE_CANTOPEN => "SQLITE_CANTOPEN",
+        ffi::SQLITE_PROTOCOL => "SQLITE_PROTOCOL",
+        ffi::SQLITE_EMPTY => "SQLITE_EMPTY",
+        ffi::SQLITE_SCHEMA => "SQLITE_SCHEMA",
+        ffi::SQLITE_TOOBIG => "SQLITE_TOOBIG",
+        ffi::SQLITE_CONSTRAINT => "SQLITE_CONSTRAINT",
+        ffi::SQLITE_MISMATCH => "SQLITE_MISMATCH",
+        ffi::SQLITE_MISUSE => "SQLITE_MISUSE",
+        ffi::SQLITE_NOLFS => "SQLITE_NOLFS",
+        ffi::SQLITE_AUTH => "SQLITE_AUTH",
+        ffi::SQLITE_FORMAT => "SQLITE_FORMAT",
+        ffi::SQLITE_RANGE => "SQLITE_RANGE",
+        ffi::SQLITE_NOTADB => "SQLITE_NOTADB",
+        ffi::SQLITE_NOTICE => "SQLITE_NOTICE",
+        ffi::SQLITE_WARNING => "SQLITE_WARNING",
+        ffi::SQLITE_ROW => "SQLITE_ROW",
+        ffi::SQLITE_DONE => "SQLITE_DONE",
+        _ => "SQLITE_ERROR",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_primary_codes_even_from_extended_ones() {
+        assert_eq!(
+            code_name(ffi::SQLITE_CONSTRAINT_UNIQUE),
+            "SQLITE_CONSTRAINT"
+        );
+        assert_eq!(code_name(ffi::SQLITE_TOOBIG), "SQLITE_TOOBIG");
+        assert_eq!(code_name(ffi::SQLITE_AUTH), "SQLITE_AUTH");
+    }
+
+    #[test]
+    fn formats_like_d1() {
+        let e = Error::sql(ffi::SQLITE_TOOBIG, "string or blob too big");
+        assert_eq!(e.to_string(), "string or blob too big: SQLITE_TOOBIG");
+        assert_eq!(e.sqlite_code(), Some(ffi::SQLITE_TOOBIG));
+    }
+}

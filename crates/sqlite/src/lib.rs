@@ -1,0 +1,48 @@
+//! kura's SQLite core, shared by D1, R2's metadata and Durable Objects.
+//!
+//! - [`Database`]: one file's read-write connection, configured as D1 configures SQLite (WAL,
+//!   `synchronous=FULL`, foreign keys, defensive mode, D1's [`Limits`] and authorizer), and the
+//!   executor that runs a [`Request`] and reports D1's [`Meta`] for each statement.
+//! - [`Registry`]: one actor thread per open file with a bounded queue; requests queued
+//!   together share one transaction and one fsync (group commit), each in its own savepoint.
+//!
+//! ```no_run
+//! # async fn demo() -> kura_sqlite::Result<()> {
+//! use kura_sqlite::{DatabaseOptions, Registry, RegistrySettings, Request, Statement};
+//! let registry = Registry::new(RegistrySettings::default(), |key: &str| {
+//!     Some(DatabaseOptions::new(format!("/tmp/{key}.sqlite")).create(true))
+//! });
+//! let results = registry
+//!     .execute("demo", Request::new(vec![Statement::new("CREATE TABLE t (x); INSERT INTO t VALUES (1)")]))
+//!     .await?;
+//! assert_eq!(results.len(), 2);
+//! # Ok(()) }
+//! ```
+//!
+//! # How the meta counters are computed
+//!
+//! D1 patches SQLite's virtual machine to count rows; stock SQLite has no such counters, so
+//! kura derives them from public interfaces:
+//! - `rows_read` is the sum of SQLite's per-loop visit counters (`sqlite3_stmt_scanstatus_v2`,
+//!   `SQLITE_SCANSTAT_NVISIT`): each row a scan or index lookup visits counts once, which is
+//!   D1's rule for scans and joins. Point lookups that find nothing, `count(*)`'s fast path and
+//!   the existence check of an explicit-rowid INSERT are not counted. `CREATE TABLE` counts 1.
+//! - `rows_written` is the `total_changes()` delta (rows, trigger writes included) plus one
+//!   entry per index of the written table for each inserted row, and per index over an updated
+//!   column for each updated row; `CREATE TABLE` counts 2 (its schema row, written twice).
+
+#![deny(missing_docs)]
+
+mod actor;
+mod database;
+mod error;
+mod policy;
+mod raw;
+mod registry;
+mod request;
+
+pub use database::{Database, DatabaseOptions};
+pub use error::{Error, Result, TRANSACTION_MESSAGE, code_name};
+pub use policy::Limits;
+pub use registry::{Opener, Registry, RegistrySettings};
+pub use request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};

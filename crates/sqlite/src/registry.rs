@@ -1,0 +1,300 @@
+//! The registry of open databases: it starts an actor on first use, routes commands to it,
+//! closes actors that sit idle, and caps how many are open at once.
+//!
+//! Every send happens under the registry's lock, and an actor retires only under the same lock
+//! after finding its queue empty, so no command is ever sent to an actor that has stopped
+//! listening. A new actor for a file waits until the previous one has closed it, so there is
+//! never more than one owner of a file.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::actor::{self, Command, Identity, Tuning};
+use crate::database::{Database, DatabaseOptions};
+use crate::error::{Error, Result};
+use crate::request::{Request, StatementResult};
+
+/// How the registry runs its actors.
+#[derive(Debug, Clone)]
+pub struct RegistrySettings {
+    /// Most databases open at once; the least recently used is closed to make room.
+    pub max_open: usize,
+    /// Requests that may wait in one database's queue before it answers "overloaded".
+    pub queue_depth: usize,
+    /// How long an actor waits for work before it closes its database.
+    pub idle_timeout: Duration,
+    /// Most requests committed together.
+    pub max_group: usize,
+}
+
+impl Default for RegistrySettings {
+    fn default() -> Self {
+        RegistrySettings {
+            max_open: 256,
+            queue_depth: 512,
+            idle_timeout: Duration::from_secs(60),
+            max_group: 128,
+        }
+    }
+}
+
+/// Maps a database key to the options its file opens with (`None`: no such database).
+pub type Opener = dyn Fn(&str) -> Option<DatabaseOptions> + Send + Sync;
+
+/// Set once when an actor has closed its file.
+pub(crate) struct DoneSignal {
+    done: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl DoneSignal {
+    fn new() -> Self {
+        DoneSignal {
+            done: Mutex::new(false),
+            changed: Condvar::new(),
+        }
+    }
+
+    pub(crate) fn set(&self) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.changed.notify_all();
+    }
+
+    pub(crate) fn wait(&self) {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        while !*done {
+            done = self.changed.wait(done).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+struct Entry {
+    sender: SyncSender<Command>,
+    generation: u64,
+    last_used: Instant,
+    done: Arc<DoneSignal>,
+}
+
+#[derive(Default)]
+struct State {
+    actors: HashMap<String, Entry>,
+    /// Actors that were told to close and may still hold their file.
+    closing: HashMap<String, Arc<DoneSignal>>,
+    next_generation: u64,
+    shut_down: bool,
+}
+
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    opener: Box<Opener>,
+    settings: RegistrySettings,
+}
+
+/// The open databases of one engine. Cheap to clone; clones share the actors.
+#[derive(Clone)]
+pub struct Registry {
+    shared: Arc<Shared>,
+}
+
+impl Registry {
+    /// A registry whose databases open with the options `opener` gives for their key.
+    pub fn new(
+        settings: RegistrySettings,
+        opener: impl Fn(&str) -> Option<DatabaseOptions> + Send + Sync + 'static,
+    ) -> Self {
+        Registry {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                opener: Box::new(opener),
+                settings,
+            }),
+        }
+    }
+
+    /// Runs a request on the database `key` (in a group commit when it can); answers once the
+    /// outcome is durable.
+    pub async fn execute(&self, key: &str, request: Request) -> Result<Vec<StatementResult>> {
+        let (reply, answer) = oneshot::channel();
+        self.shared.send(key, Command::Execute { request, reply })?;
+        answer.await.unwrap_or(Err(Error::Closed))
+    }
+
+    /// Runs `f` on the database `key` with the file to itself, between transactions.
+    pub async fn with_database<T, F>(&self, key: &str, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Database) -> T + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let command = Command::Exclusive(Box::new(move |db: &mut Database| {
+            let _ = reply.send(f(db));
+        }));
+        self.shared.send(key, command)?;
+        answer.await.map_err(|_| Error::Closed)
+    }
+
+    /// Closes the database `key` and waits until its file is released. Requests already queued
+    /// still run; a later request opens it again.
+    pub async fn close(&self, key: &str) {
+        let signal = {
+            let mut state = self.shared.lock();
+            match state.actors.remove(key) {
+                Some(entry) => Some(entry.done),
+                None => state.closing.get(key).cloned(),
+            }
+        };
+        if let Some(signal) = signal {
+            wait_async(signal).await;
+        }
+    }
+
+    /// Closes every database and waits for all of them; later requests are refused.
+    pub async fn shutdown(&self) {
+        let signals: Vec<Arc<DoneSignal>> = {
+            let mut state = self.shared.lock();
+            state.shut_down = true;
+            let mut signals: Vec<_> = state.actors.drain().map(|(_, e)| e.done).collect();
+            signals.extend(state.closing.values().cloned());
+            signals
+        };
+        for signal in signals {
+            wait_async(signal).await;
+        }
+    }
+
+    /// How many databases are open now.
+    pub fn open_count(&self) -> usize {
+        self.shared.lock().actors.len()
+    }
+}
+
+async fn wait_async(signal: Arc<DoneSignal>) {
+    // Actors close quickly; waiting on a blocking thread keeps the runtime free meanwhile.
+    let _ = tokio::task::spawn_blocking(move || signal.wait()).await;
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn send(self: &Arc<Self>, key: &str, command: Command) -> Result<()> {
+        let mut state = self.lock();
+        if state.shut_down {
+            return Err(Error::Closed);
+        }
+        let mut command = command;
+        for _attempt in 0..2 {
+            if !state.actors.contains_key(key) {
+                self.spawn(&mut state, key)?;
+            }
+            let entry = state.actors.get_mut(key).expect("actor just ensured");
+            entry.last_used = Instant::now();
+            match entry.sender.try_send(command) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Full(_)) => return Err(Error::Overloaded),
+                Err(TrySendError::Disconnected(returned)) => {
+                    // The actor stopped without retiring (it panicked): start a new one.
+                    command = returned;
+                    if let Some(entry) = state.actors.remove(key) {
+                        state.closing.insert(key.to_owned(), entry.done);
+                    }
+                }
+            }
+        }
+        Err(Error::Closed)
+    }
+
+    fn spawn(self: &Arc<Self>, state: &mut State, key: &str) -> Result<()> {
+        let options = (self.opener)(key).ok_or(Error::Closed)?;
+        if state.actors.len() >= self.settings.max_open.max(1) {
+            evict_least_recently_used(state);
+        }
+        let (sender, rx) = sync_channel(self.settings.queue_depth.max(1));
+        let generation = state.next_generation;
+        state.next_generation += 1;
+        let done = Arc::new(DoneSignal::new());
+        let previous_owner = state.closing.get(key).cloned();
+        let identity = Identity {
+            key: key.to_owned(),
+            generation,
+            registry: Arc::downgrade(self),
+            done: Arc::clone(&done),
+        };
+        let tuning = Tuning {
+            idle_timeout: self.settings.idle_timeout,
+            max_group: self.settings.max_group.max(1),
+        };
+        std::thread::Builder::new()
+            .name(format!("kura-db-{}", &key[..key.len().min(8)]))
+            .spawn(move || actor::run(identity, previous_owner, options, tuning, rx))
+            .map_err(|source| Error::Io {
+                context: "cannot start a database thread".into(),
+                source,
+            })?;
+        state.actors.insert(
+            key.to_owned(),
+            Entry {
+                sender,
+                generation,
+                last_used: Instant::now(),
+                done,
+            },
+        );
+        Ok(())
+    }
+
+    /// Called by an idle actor: retires it unless work arrived meanwhile, which it returns.
+    pub(crate) fn retire(
+        &self,
+        key: &str,
+        generation: u64,
+        rx: &Receiver<Command>,
+    ) -> Option<Command> {
+        let mut state = self.lock();
+        if let Ok(command) = rx.try_recv() {
+            return Some(command);
+        }
+        if state
+            .actors
+            .get(key)
+            .is_some_and(|e| e.generation == generation)
+        {
+            let entry = state.actors.remove(key).expect("entry just seen");
+            state.closing.insert(key.to_owned(), entry.done);
+        }
+        None
+    }
+
+    /// Called as an actor ends: drops whatever the registry still holds for it.
+    pub(crate) fn forget(&self, key: &str, generation: u64, done: &Arc<DoneSignal>) {
+        let mut state = self.lock();
+        if state
+            .actors
+            .get(key)
+            .is_some_and(|e| e.generation == generation)
+        {
+            state.actors.remove(key);
+        }
+        if state.closing.get(key).is_some_and(|d| Arc::ptr_eq(d, done)) {
+            state.closing.remove(key);
+        }
+    }
+}
+
+fn evict_least_recently_used(state: &mut State) {
+    let oldest = state
+        .actors
+        .iter()
+        .min_by_key(|(_, e)| e.last_used)
+        .map(|(k, _)| k.clone());
+    if let Some(key) = oldest {
+        let entry = state.actors.remove(&key).expect("entry just found");
+        // Dropping the sender lets the actor drain its queue and close its file.
+        state.closing.insert(key, entry.done);
+    }
+}
