@@ -7,10 +7,7 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(kura_scanstatus)");
     println!("cargo::rerun-if-env-changed=LIBSQLITE3_FLAGS");
     let flags = std::env::var("LIBSQLITE3_FLAGS").unwrap_or_default();
-    if flags
-        .split_whitespace()
-        .any(|f| f.trim_start_matches("-D") == "SQLITE_ENABLE_STMT_SCANSTATUS")
-    {
+    if flags.split_whitespace().any(|f| f.trim_start_matches("-D") == "SQLITE_ENABLE_STMT_SCANSTATUS") {
         println!("cargo::rustc-cfg=kura_scanstatus");
     }
 }

@@ -21,10 +21,7 @@ use crate::request::{Request, StatementResult};
 /// Work for an actor.
 pub(crate) enum Command {
     /// Run a request; answer when it is durable (or failed).
-    Execute {
-        request: Request,
-        reply: oneshot::Sender<Result<Vec<StatementResult>>>,
-    },
+    Execute { request: Request, reply: oneshot::Sender<Result<Vec<StatementResult>>> },
     /// Run a closure with the database to itself, outside any transaction.
     Exclusive(Box<dyn FnOnce(&mut Database) + Send>),
 }
@@ -58,11 +55,7 @@ struct ExitGuard<'a> {
 impl Drop for ExitGuard<'_> {
     fn drop(&mut self) {
         if let Some(shared) = self.identity.registry.upgrade() {
-            shared.forget(
-                &self.identity.key,
-                self.identity.generation,
-                &self.identity.done,
-            );
+            shared.forget(&self.identity.key, self.identity.generation, &self.identity.done);
         }
         self.identity.done.set();
     }
@@ -77,9 +70,7 @@ pub(crate) fn run(
     tuning: Tuning,
     rx: Receiver<Command>,
 ) {
-    let _guard = ExitGuard {
-        identity: &identity,
-    };
+    let _guard = ExitGuard { identity: &identity };
     if let Some(previous) = previous_owner {
         previous.wait();
     }
@@ -100,11 +91,7 @@ pub(crate) fn run(
             Ok(command) => command,
             Err(RecvTimeoutError::Disconnected) => break,
             Err(RecvTimeoutError::Timeout) => {
-                match identity
-                    .registry
-                    .upgrade()
-                    .and_then(|s| s.retire(&identity.key, identity.generation, &rx))
-                {
+                match identity.registry.upgrade().and_then(|s| s.retire(&identity.key, identity.generation, &rx)) {
                     Some(command) => command,
                     None => break,
                 }
@@ -136,10 +123,7 @@ fn refuse_all(rx: &Receiver<Command>, error: &Error) {
 
 fn copy_open_error(error: &Error) -> Error {
     match error {
-        Error::Open { path, message } => Error::Open {
-            path: path.clone(),
-            message: message.clone(),
-        },
+        Error::Open { path, message } => Error::Open { path: path.clone(), message: message.clone() },
         _ => Error::Closed,
     }
 }
@@ -187,11 +171,7 @@ impl Actor {
             }
         }
         match self.db.execute_in_savepoint(&request) {
-            Ok(results) => group.push(Pending {
-                request,
-                reply,
-                results,
-            }),
+            Ok(results) => group.push(Pending { request, reply, results }),
             Err(e) => {
                 let _ = reply.send(Err(e));
                 if !self.db.in_transaction() {

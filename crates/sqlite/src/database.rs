@@ -74,42 +74,29 @@ impl Database {
     /// Opens (or creates) the file and configures the connection: WAL, `synchronous=FULL`,
     /// foreign keys, defensive mode, D1's limits and authorizer.
     pub fn open(options: &DatabaseOptions) -> Result<Self> {
-        let open_error = |e: rusqlite::Error| Error::Open {
-            path: options.path.clone(),
-            message: e.to_string(),
-        };
+        let open_error = |e: rusqlite::Error| Error::Open { path: options.path.clone(), message: e.to_string() };
         let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         if options.create {
             flags |= OpenFlags::SQLITE_OPEN_CREATE;
         }
-        let mut conn =
-            rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?;
-        conn.busy_timeout(Duration::from_secs(5))
-            .map_err(open_error)?;
-        let mode: String = conn
-            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-            .map_err(open_error)?;
+        let mut conn = rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?;
+        conn.busy_timeout(Duration::from_secs(5)).map_err(open_error)?;
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(open_error)?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(Error::Open {
                 path: options.path.clone(),
                 message: format!("cannot use WAL mode (got {mode})"),
             });
         }
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(open_error)?;
-        conn.pragma_update(None, "foreign_keys", "ON")
-            .map_err(open_error)?;
-        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)
-            .map_err(open_error)?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(open_error)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(open_error)?;
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true).map_err(open_error)?;
         options.limits.apply(&conn).map_err(open_error)?;
-        let page_size: i64 = conn
-            .pragma_query_value(None, "page_size", |r| r.get(0))
-            .map_err(open_error)?;
+        let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0)).map_err(open_error)?;
         let page_size = page_size.max(512) as u64;
-        let max_pages =
-            (options.limits.max_database_bytes / page_size).clamp(1, i64::MAX as u64) as i64;
-        conn.pragma_update(None, "max_page_count", max_pages)
-            .map_err(open_error)?;
+        let max_pages = (options.limits.max_database_bytes / page_size).clamp(1, i64::MAX as u64) as i64;
+        conn.pragma_update(None, "max_page_count", max_pages).map_err(open_error)?;
 
         let authorizer = Authorizer::default();
         authorizer.install(&mut conn).map_err(open_error)?;
@@ -155,8 +142,7 @@ impl Database {
     }
 
     fn internal_batch(&mut self, sql: &str) -> Result<()> {
-        self.with_internal(|c| c.execute_batch(sql))
-            .map_err(Error::internal)
+        self.with_internal(|c| c.execute_batch(sql)).map_err(Error::internal)
     }
 
     /// Whether a transaction is open (SQLite may roll one back by itself on some errors).
@@ -200,9 +186,7 @@ impl Database {
             }
             Err(e) => {
                 if self.in_transaction() {
-                    self.internal_batch(&format!(
-                        "ROLLBACK TO {REQUEST_SAVEPOINT}; RELEASE {REQUEST_SAVEPOINT}"
-                    ))?;
+                    self.internal_batch(&format!("ROLLBACK TO {REQUEST_SAVEPOINT}; RELEASE {REQUEST_SAVEPOINT}"))?;
                 }
                 self.size = None;
                 Err(e)
@@ -241,8 +225,7 @@ impl Database {
     /// transaction). Returns one result per statement, as `request.mode` says.
     pub fn execute(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
         let deadline = self.epoch.elapsed() + self.request_timeout;
-        self.deadline
-            .store(deadline.as_nanos() as u64, Ordering::Relaxed);
+        self.deadline.store(deadline.as_nanos() as u64, Ordering::Relaxed);
         let outcome = self.execute_statements(request);
         self.deadline.store(0, Ordering::Relaxed);
         outcome.map_err(|e| self.explain_interrupt(e, deadline))
@@ -287,18 +270,13 @@ impl Database {
             }
             if raw.parameter_count() > 0 {
                 if raw.parameter_count() != statement.params.len() {
-                    return Err(wrong_parameter_count(
-                        raw.parameter_count(),
-                        statement.params.len(),
-                    ));
+                    return Err(wrong_parameter_count(raw.parameter_count(), statement.params.len()));
                 }
                 raw.bind_all(&statement.params)?;
                 bound = true;
             }
             if request.access == Access::ReadOnly && !raw.is_readonly() {
-                return Err(Error::ReadOnly {
-                    sql: text.from(prepared.start).trim().to_owned(),
-                });
+                return Err(Error::ReadOnly { sql: text.from(prepared.start).trim().to_owned() });
             }
             let result = self.run(&mut raw, &facts)?;
             match request.mode {
@@ -335,22 +313,14 @@ impl Database {
         let readonly = raw.is_readonly();
         let changes = unsafe { ffi::sqlite3_total_changes64(db) - total_before }.max(0) as u64;
         // sqlite3_changes() is sticky: only a DML statement's own count is meaningful here.
-        let statement_changes = if readonly || facts.changes_schema {
-            0
-        } else {
-            unsafe { ffi::sqlite3_changes64(db) }.max(0) as u64
-        };
+        let statement_changes =
+            if readonly || facts.changes_schema { 0 } else { unsafe { ffi::sqlite3_changes64(db) }.max(0) as u64 };
         let last_row_id = unsafe { ffi::sqlite3_last_insert_rowid(db) };
         if facts.changes_schema {
             self.indexes.clear();
         }
-        let size_after = if readonly {
-            size_before
-        } else {
-            self.measure_size()?
-        };
-        let rows_written =
-            changes + self.index_writes(facts, statement_changes) + schema_writes(facts);
+        let size_after = if readonly { size_before } else { self.measure_size()? };
+        let rows_written = changes + self.index_writes(facts, statement_changes) + schema_writes(facts);
         let rows_read = raw.rows_visited();
         Ok(StatementResult {
             columns,
@@ -373,9 +343,8 @@ impl Database {
     fn refuse_reserved_rename(&mut self) -> Result<()> {
         let reserved: i64 = self
             .with_internal(|c| {
-                let mut sql = String::from(
-                    "SELECT count(*) FROM sqlite_schema WHERE name LIKE '\\_cf\\_%' ESCAPE '\\'",
-                );
+                let mut sql =
+                    String::from("SELECT count(*) FROM sqlite_schema WHERE name LIKE '\\_cf\\_%' ESCAPE '\\'");
                 for name in INTERNAL_OBJECTS {
                     sql.push_str(&format!(" AND name <> '{name}'"));
                 }
@@ -391,12 +360,8 @@ impl Database {
     /// Bytes in use: `(page_count - freelist_count) * page_size`, as D1 reports `size_after`.
     fn measure_size(&mut self) -> Result<u64> {
         let pages = self.with_internal(|c| {
-            let count: i64 = c
-                .prepare_cached("PRAGMA page_count")?
-                .query_row([], |r| r.get(0))?;
-            let free: i64 = c
-                .prepare_cached("PRAGMA freelist_count")?
-                .query_row([], |r| r.get(0))?;
+            let count: i64 = c.prepare_cached("PRAGMA page_count")?.query_row([], |r| r.get(0))?;
+            let free: i64 = c.prepare_cached("PRAGMA freelist_count")?.query_row([], |r| r.get(0))?;
             Ok::<_, rusqlite::Error>(count.saturating_sub(free).max(0) as u64)
         });
         let size = pages.map_err(Error::internal)? * self.page_size;
@@ -424,12 +389,7 @@ impl Database {
                 .iter()
                 .filter(|columns| match columns {
                     None => true,
-                    Some(cols) => cols.iter().any(|c| {
-                        facts
-                            .updated_columns
-                            .iter()
-                            .any(|u| u.eq_ignore_ascii_case(c))
-                    }),
+                    Some(cols) => cols.iter().any(|c| facts.updated_columns.iter().any(|u| u.eq_ignore_ascii_case(c))),
                 })
                 .count(),
             _ => indexes.len(),
@@ -442,19 +402,14 @@ impl Database {
         if let Some(found) = self.indexes.get(&key) {
             return found.clone();
         }
-        let loaded = self
-            .with_internal(|c| load_indexes(c, table))
-            .unwrap_or_default();
+        let loaded = self.with_internal(|c| load_indexes(c, table)).unwrap_or_default();
         self.indexes.insert(key, loaded.clone());
         loaded
     }
 
     fn explain_interrupt(&self, error: Error, deadline: Duration) -> Error {
         match error {
-            Error::Sql {
-                code: ffi::SQLITE_INTERRUPT,
-                ..
-            } if self.epoch.elapsed() >= deadline => Error::sql(
+            Error::Sql { code: ffi::SQLITE_INTERRUPT, .. } if self.epoch.elapsed() >= deadline => Error::sql(
                 ffi::SQLITE_INTERRUPT,
                 &format!(
                     "the request exceeded its time limit of {} s and was cancelled",
@@ -471,17 +426,10 @@ impl Database {
 /// tokenizer reports as a generic "string or blob too big", says so.
 fn explain_prepare_error(error: Error, facts: &StatementFacts) -> Error {
     match error {
-        Error::Sql {
-            code: ffi::SQLITE_AUTH,
-            ..
-        } if facts.transaction => Error::Sql {
-            message: TRANSACTION_MESSAGE.to_owned(),
-            code: ffi::SQLITE_AUTH,
-        },
-        Error::Sql {
-            code: ffi::SQLITE_TOOBIG,
-            ..
-        } => Error::sql(ffi::SQLITE_TOOBIG, "statement too long"),
+        Error::Sql { code: ffi::SQLITE_AUTH, .. } if facts.transaction => {
+            Error::Sql { message: TRANSACTION_MESSAGE.to_owned(), code: ffi::SQLITE_AUTH }
+        }
+        Error::Sql { code: ffi::SQLITE_TOOBIG, .. } => Error::sql(ffi::SQLITE_TOOBIG, "statement too long"),
         other => other,
     }
 }
@@ -489,9 +437,7 @@ fn explain_prepare_error(error: Error, facts: &StatementFacts) -> Error {
 fn wrong_parameter_count(expected: usize, given: usize) -> Error {
     Error::sql(
         ffi::SQLITE_RANGE,
-        &format!(
-            "Wrong number of parameter bindings for SQL query (the statement takes {expected}, {given} given)"
-        ),
+        &format!("Wrong number of parameter bindings for SQL query (the statement takes {expected}, {given} given)"),
     )
 }
 
@@ -517,16 +463,11 @@ fn merge(previous: Option<StatementResult>, mut last: StatementResult) -> Statem
 
 fn load_indexes(conn: &rusqlite::Connection, table: &str) -> rusqlite::Result<Vec<IndexColumns>> {
     let without_rowid: bool = conn
-        .query_row(
-            "SELECT wr FROM pragma_table_list WHERE name = ?1 AND schema = 'main'",
-            [table],
-            |r| r.get(0),
-        )
+        .query_row("SELECT wr FROM pragma_table_list WHERE name = ?1 AND schema = 'main'", [table], |r| r.get(0))
         .unwrap_or(false);
     let mut list = conn.prepare("SELECT name, origin FROM pragma_index_list(?1)")?;
-    let names: Vec<(String, String)> = list
-        .query_map([table], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+    let names: Vec<(String, String)> =
+        list.query_map([table], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
     let mut info = conn.prepare("SELECT name FROM pragma_index_info(?1)")?;
     let mut out = Vec::new();
     for (index, origin) in names {
@@ -534,9 +475,7 @@ fn load_indexes(conn: &rusqlite::Connection, table: &str) -> rusqlite::Result<Ve
         if without_rowid && origin == "pk" {
             continue;
         }
-        let columns: Vec<Option<String>> = info
-            .query_map([&index], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
+        let columns: Vec<Option<String>> = info.query_map([&index], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
         out.push(columns.into_iter().collect::<Option<Vec<String>>>());
     }
     Ok(out)

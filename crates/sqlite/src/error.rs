@@ -75,28 +75,16 @@ impl Error {
 
     /// An SQL error from a result code and SQLite's message, without an offset.
     pub(crate) fn sql(code: i32, message: &str) -> Self {
-        Error::Sql {
-            message: format!("{message}: {}", code_name(code)),
-            code: code & 0xff,
-        }
+        Error::Sql { message: format!("{message}: {}", code_name(code)), code: code & 0xff }
     }
 
     /// The connection's most recent error, worded as D1 words it.
     ///
     /// # Safety
     /// `db` must be a valid, open connection.
-    pub(crate) unsafe fn from_connection(
-        db: *mut ffi::sqlite3,
-        rc: i32,
-        with_offset: bool,
-    ) -> Self {
-        let message =
-            unsafe { std::ffi::CStr::from_ptr(ffi::sqlite3_errmsg(db)) }.to_string_lossy();
-        let offset = if with_offset {
-            unsafe { ffi::sqlite3_error_offset(db) }
-        } else {
-            -1
-        };
+    pub(crate) unsafe fn from_connection(db: *mut ffi::sqlite3, rc: i32, with_offset: bool) -> Self {
+        let message = unsafe { std::ffi::CStr::from_ptr(ffi::sqlite3_errmsg(db)) }.to_string_lossy();
+        let offset = if with_offset { unsafe { ffi::sqlite3_error_offset(db) } } else { -1 };
         let code = rc & 0xff;
         let message = if offset >= 0 {
             format!("{message} at offset {offset}: {}", code_name(code))
@@ -159,10 +147,7 @@ mod tests {
 
     #[test]
     fn names_primary_codes_even_from_extended_ones() {
-        assert_eq!(
-            code_name(ffi::SQLITE_CONSTRAINT_UNIQUE),
-            "SQLITE_CONSTRAINT"
-        );
+        assert_eq!(code_name(ffi::SQLITE_CONSTRAINT_UNIQUE), "SQLITE_CONSTRAINT");
         assert_eq!(code_name(ffi::SQLITE_TOOBIG), "SQLITE_TOOBIG");
         assert_eq!(code_name(ffi::SQLITE_AUTH), "SQLITE_AUTH");
     }

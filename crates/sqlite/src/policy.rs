@@ -62,14 +62,8 @@ impl Limits {
         conn.set_limit(Limit::SQLITE_LIMIT_SQL_LENGTH, self.max_statement_bytes)?;
         conn.set_limit(Limit::SQLITE_LIMIT_VARIABLE_NUMBER, self.max_parameters)?;
         conn.set_limit(Limit::SQLITE_LIMIT_COLUMN, self.max_columns)?;
-        conn.set_limit(
-            Limit::SQLITE_LIMIT_LIKE_PATTERN_LENGTH,
-            self.max_like_pattern_bytes,
-        )?;
-        conn.set_limit(
-            Limit::SQLITE_LIMIT_COMPOUND_SELECT,
-            self.max_compound_select,
-        )?;
+        conn.set_limit(Limit::SQLITE_LIMIT_LIKE_PATTERN_LENGTH, self.max_like_pattern_bytes)?;
+        conn.set_limit(Limit::SQLITE_LIMIT_COMPOUND_SELECT, self.max_compound_select)?;
         conn.set_limit(Limit::SQLITE_LIMIT_EXPR_DEPTH, self.max_expression_depth)?;
         conn.set_limit(Limit::SQLITE_LIMIT_FUNCTION_ARG, self.max_function_args)?;
         conn.set_limit(Limit::SQLITE_LIMIT_VDBE_OP, self.max_vdbe_ops)?;
@@ -126,9 +120,7 @@ pub(crate) struct Authorizer {
 
 impl Authorizer {
     fn lock(&self) -> MutexGuard<'_, AuthState> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Installs the authorizer on a connection.
@@ -170,11 +162,7 @@ impl Authorizer {
 }
 
 fn allow_if(ok: bool) -> Authorization {
-    if ok {
-        Authorization::Allow
-    } else {
-        Authorization::Deny
-    }
+    if ok { Authorization::Allow } else { Authorization::Deny }
 }
 
 /// Schema objects the platform itself may own (Durable Objects' KV store).
@@ -208,10 +196,7 @@ fn decide(ctx: &AuthContext<'_>, facts: &mut StatementFacts, top_level: bool) ->
             }
             allow_if(!is_reserved_name(table_name) && in_main(db))
         }
-        AuthAction::Update {
-            table_name,
-            column_name,
-        } => {
+        AuthAction::Update { table_name, column_name } => {
             if top_level {
                 if facts.writes.is_none() {
                     facts.writes = Some((WriteKind::Update, table_name.to_owned()));
@@ -227,21 +212,13 @@ fn decide(ctx: &AuthContext<'_>, facts: &mut StatementFacts, top_level: bool) ->
             facts.creates_table = true;
             allow_if(!is_reserved_name(table_name) && in_main(db))
         }
-        AuthAction::CreateIndex {
-            index_name,
-            table_name,
-        } => {
+        AuthAction::CreateIndex { index_name, table_name } => {
             facts.changes_schema = true;
             allow_if(!is_reserved_name(index_name) && !is_reserved_name(table_name) && in_main(db))
         }
-        AuthAction::CreateTrigger {
-            trigger_name,
-            table_name,
-        } => {
+        AuthAction::CreateTrigger { trigger_name, table_name } => {
             facts.changes_schema = true;
-            allow_if(
-                !is_reserved_name(trigger_name) && !is_reserved_name(table_name) && in_main(db),
-            )
+            allow_if(!is_reserved_name(trigger_name) && !is_reserved_name(table_name) && in_main(db))
         }
         AuthAction::CreateView { view_name } => {
             facts.changes_schema = true;
@@ -251,21 +228,13 @@ fn decide(ctx: &AuthContext<'_>, facts: &mut StatementFacts, top_level: bool) ->
             facts.changes_schema = true;
             allow_if(!is_reserved_name(table_name) && in_main(db))
         }
-        AuthAction::DropIndex {
-            index_name,
-            table_name,
-        } => {
+        AuthAction::DropIndex { index_name, table_name } => {
             facts.changes_schema = true;
             allow_if(!is_reserved_name(index_name) && !is_reserved_name(table_name) && in_main(db))
         }
-        AuthAction::DropTrigger {
-            trigger_name,
-            table_name,
-        } => {
+        AuthAction::DropTrigger { trigger_name, table_name } => {
             facts.changes_schema = true;
-            allow_if(
-                !is_reserved_name(trigger_name) && !is_reserved_name(table_name) && in_main(db),
-            )
+            allow_if(!is_reserved_name(trigger_name) && !is_reserved_name(table_name) && in_main(db))
         }
         AuthAction::DropView { view_name } => {
             facts.changes_schema = true;
@@ -273,35 +242,25 @@ fn decide(ctx: &AuthContext<'_>, facts: &mut StatementFacts, top_level: bool) ->
         }
         // ALTER names its schema in the action itself; the context's last argument is the new
         // column name for RENAME COLUMN, not a schema.
-        AuthAction::AlterTable {
-            database_name,
-            table_name,
-        } => {
+        AuthAction::AlterTable { database_name, table_name } => {
             facts.changes_schema = true;
             facts.alters_table = true;
             allow_if(!is_reserved_name(table_name) && in_main(Some(database_name)))
         }
         AuthAction::Reindex { index_name } => allow_if(!is_reserved_name(index_name)),
         AuthAction::Analyze { .. } => Authorization::Allow,
-        AuthAction::CreateVtable {
-            table_name,
-            module_name,
-        } => {
+        AuthAction::CreateVtable { table_name, module_name } => {
             facts.changes_schema = true;
             allow_if(!is_reserved_name(table_name) && in_main(db) && is_allowed_module(module_name))
         }
-        AuthAction::DropVtable {
-            table_name,
-            module_name,
-        } => {
+        AuthAction::DropVtable { table_name, module_name } => {
             facts.changes_schema = true;
             allow_if(!is_reserved_name(table_name) && in_main(db) && is_allowed_module(module_name))
         }
         AuthAction::Function { function_name } => allow_if(is_allowed_function(function_name)),
-        AuthAction::Pragma {
-            pragma_name,
-            pragma_value,
-        } => allow_if(in_main(db) && is_allowed_pragma(pragma_name, pragma_value)),
+        AuthAction::Pragma { pragma_name, pragma_value } => {
+            allow_if(in_main(db) && is_allowed_pragma(pragma_name, pragma_value))
+        }
         AuthAction::Transaction { .. } => {
             facts.transaction = true;
             Authorization::Deny
@@ -316,9 +275,7 @@ fn decide(ctx: &AuthContext<'_>, facts: &mut StatementFacts, top_level: bool) ->
 }
 
 fn is_allowed_module(module: &str) -> bool {
-    ["fts5", "fts5vocab", "rtree", "rtree_i32"]
-        .iter()
-        .any(|m| m.eq_ignore_ascii_case(module))
+    ["fts5", "fts5vocab", "rtree", "rtree_i32"].iter().any(|m| m.eq_ignore_ascii_case(module))
 }
 
 /// SQL functions user SQL may call (reference d1.md §8): SQLite's core, date and time,
@@ -479,9 +436,7 @@ const ALLOWED_FUNCTIONS: &[&str] = &[
 ];
 
 fn is_allowed_function(name: &str) -> bool {
-    ALLOWED_FUNCTIONS
-        .iter()
-        .any(|f| f.eq_ignore_ascii_case(name))
+    ALLOWED_FUNCTIONS.iter().any(|f| f.eq_ignore_ascii_case(name))
 }
 
 fn unquote(value: &str) -> &str {
@@ -498,9 +453,7 @@ fn unquote(value: &str) -> &str {
 }
 
 fn is_boolean(value: &str) -> bool {
-    ["true", "false", "yes", "no", "on", "off", "1", "0"]
-        .iter()
-        .any(|b| b.eq_ignore_ascii_case(unquote(value)))
+    ["true", "false", "yes", "no", "on", "off", "1", "0"].iter().any(|b| b.eq_ignore_ascii_case(unquote(value)))
 }
 
 fn is_object_name(value: &str) -> bool {
@@ -521,16 +474,13 @@ fn is_allowed_pragma(name: &str, value: Option<&str>) -> bool {
         | "legacy_alter_table"
         | "recursive_triggers"
         | "reverse_unordered_selects" => value.is_none_or(is_boolean),
-        "table_info" | "table_xinfo" | "foreign_key_list" | "index_info" | "index_list"
-        | "index_xinfo" => value.is_some_and(is_object_name),
-        "foreign_key_check" => value.is_none_or(is_object_name),
-        "quick_check" => {
-            value.is_none_or(|v| unquote(v).parse::<u32>().is_ok() || is_object_name(v))
+        "table_info" | "table_xinfo" | "foreign_key_list" | "index_info" | "index_list" | "index_xinfo" => {
+            value.is_some_and(is_object_name)
         }
+        "foreign_key_check" => value.is_none_or(is_object_name),
+        "quick_check" => value.is_none_or(|v| unquote(v).parse::<u32>().is_ok() || is_object_name(v)),
         "optimize" => value.is_none_or(|v| {
-            unquote(v)
-                .parse::<i64>()
-                .is_ok_and(|n| i32::try_from(n).is_ok() || u32::try_from(n).is_ok())
+            unquote(v).parse::<i64>().is_ok_and(|n| i32::try_from(n).is_ok() || u32::try_from(n).is_ok())
         }),
         _ => false,
     }
@@ -561,10 +511,7 @@ mod tests {
         assert!(!is_allowed_pragma("user_version", None));
         assert!(!is_allowed_pragma("journal_mode", Some("delete")));
         assert!(is_allowed_pragma("quick_check", Some("10")));
-        assert!(is_allowed_pragma(
-            "optimize",
-            Some("0x10002").map(|_| "65538")
-        ));
+        assert!(is_allowed_pragma("optimize", Some("0x10002").map(|_| "65538")));
     }
 
     #[test]

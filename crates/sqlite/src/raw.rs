@@ -21,10 +21,7 @@ pub(crate) struct SqlText {
 impl SqlText {
     pub(crate) fn new(sql: &str) -> Result<Self> {
         if sql.as_bytes().contains(&0) {
-            return Err(Error::sql(
-                ffi::SQLITE_ERROR,
-                "SQL text must not contain NUL characters",
-            ));
+            return Err(Error::sql(ffi::SQLITE_ERROR, "SQL text must not contain NUL characters"));
         }
         let mut bytes = Vec::with_capacity(sql.len() + 1);
         bytes.extend_from_slice(sql.as_bytes());
@@ -68,33 +65,19 @@ impl RawStatement {
     ///
     /// # Safety
     /// `db` must be a valid, open connection used only by the calling thread.
-    pub(crate) unsafe fn prepare(
-        db: *mut ffi::sqlite3,
-        text: &SqlText,
-        start: usize,
-    ) -> Result<Prepared> {
+    pub(crate) unsafe fn prepare(db: *mut ffi::sqlite3, text: &SqlText, start: usize) -> Result<Prepared> {
         let start = text.skip_whitespace(start);
         let remaining = &text.bytes[start..];
         let mut stmt = ptr::null_mut();
         let mut tail = ptr::null();
         let rc = unsafe {
-            ffi::sqlite3_prepare_v3(
-                db,
-                remaining.as_ptr().cast(),
-                remaining.len() as c_int,
-                0,
-                &mut stmt,
-                &mut tail,
-            )
+            ffi::sqlite3_prepare_v3(db, remaining.as_ptr().cast(), remaining.len() as c_int, 0, &mut stmt, &mut tail)
         };
         if rc != ffi::SQLITE_OK {
             return Err(unsafe { Error::from_connection(db, rc, true) });
         }
-        let consumed = if tail.is_null() {
-            remaining.len() - 1
-        } else {
-            (tail as usize) - (remaining.as_ptr() as usize)
-        };
+        let consumed =
+            if tail.is_null() { remaining.len() - 1 } else { (tail as usize) - (remaining.as_ptr() as usize) };
         Ok(Prepared {
             statement: NonNull::new(stmt).map(|ptr| RawStatement { ptr, db }),
             start,
@@ -170,9 +153,7 @@ impl RawStatement {
                 if name.is_null() {
                     String::new()
                 } else {
-                    unsafe { CStr::from_ptr(name) }
-                        .to_string_lossy()
-                        .into_owned()
+                    unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
                 }
             })
             .collect()
@@ -231,13 +212,7 @@ impl RawStatement {
         for idx in 0.. {
             let mut visits: i64 = 0;
             let rc = unsafe {
-                sqlite3_stmt_scanstatus_v2(
-                    self.raw(),
-                    idx,
-                    SQLITE_SCANSTAT_NVISIT,
-                    0,
-                    (&mut visits as *mut i64).cast(),
-                )
+                sqlite3_stmt_scanstatus_v2(self.raw(), idx, SQLITE_SCANSTAT_NVISIT, 0, (&mut visits as *mut i64).cast())
             };
             if rc != 0 {
                 break;
@@ -250,9 +225,7 @@ impl RawStatement {
     /// Without scan counters, the number of full-scan steps is the best public approximation.
     #[cfg(not(kura_scanstatus))]
     pub(crate) fn rows_visited(&self) -> u64 {
-        unsafe {
-            ffi::sqlite3_stmt_status(self.raw(), ffi::SQLITE_STMTSTATUS_FULLSCAN_STEP, 0) as u64
-        }
+        unsafe { ffi::sqlite3_stmt_status(self.raw(), ffi::SQLITE_STMTSTATUS_FULLSCAN_STEP, 0) as u64 }
     }
 }
 

@@ -33,12 +33,7 @@ pub struct RegistrySettings {
 
 impl Default for RegistrySettings {
     fn default() -> Self {
-        RegistrySettings {
-            max_open: 256,
-            queue_depth: 512,
-            idle_timeout: Duration::from_secs(60),
-            max_group: 128,
-        }
+        RegistrySettings { max_open: 256, queue_depth: 512, idle_timeout: Duration::from_secs(60), max_group: 128 }
     }
 }
 
@@ -53,10 +48,7 @@ pub(crate) struct DoneSignal {
 
 impl DoneSignal {
     fn new() -> Self {
-        DoneSignal {
-            done: Mutex::new(false),
-            changed: Condvar::new(),
-        }
+        DoneSignal { done: Mutex::new(false), changed: Condvar::new() }
     }
 
     pub(crate) fn set(&self) {
@@ -107,11 +99,7 @@ impl Registry {
         opener: impl Fn(&str) -> Option<DatabaseOptions> + Send + Sync + 'static,
     ) -> Self {
         Registry {
-            shared: Arc::new(Shared {
-                state: Mutex::new(State::default()),
-                opener: Box::new(opener),
-                settings,
-            }),
+            shared: Arc::new(Shared { state: Mutex::new(State::default()), opener: Box::new(opener), settings }),
         }
     }
 
@@ -219,51 +207,24 @@ impl Shared {
         state.next_generation += 1;
         let done = Arc::new(DoneSignal::new());
         let previous_owner = state.closing.get(key).cloned();
-        let identity = Identity {
-            key: key.to_owned(),
-            generation,
-            registry: Arc::downgrade(self),
-            done: Arc::clone(&done),
-        };
-        let tuning = Tuning {
-            idle_timeout: self.settings.idle_timeout,
-            max_group: self.settings.max_group.max(1),
-        };
+        let identity =
+            Identity { key: key.to_owned(), generation, registry: Arc::downgrade(self), done: Arc::clone(&done) };
+        let tuning = Tuning { idle_timeout: self.settings.idle_timeout, max_group: self.settings.max_group.max(1) };
         std::thread::Builder::new()
             .name(format!("kura-db-{}", &key[..key.len().min(8)]))
             .spawn(move || actor::run(identity, previous_owner, options, tuning, rx))
-            .map_err(|source| Error::Io {
-                context: "cannot start a database thread".into(),
-                source,
-            })?;
-        state.actors.insert(
-            key.to_owned(),
-            Entry {
-                sender,
-                generation,
-                last_used: Instant::now(),
-                done,
-            },
-        );
+            .map_err(|source| Error::Io { context: "cannot start a database thread".into(), source })?;
+        state.actors.insert(key.to_owned(), Entry { sender, generation, last_used: Instant::now(), done });
         Ok(())
     }
 
     /// Called by an idle actor: retires it unless work arrived meanwhile, which it returns.
-    pub(crate) fn retire(
-        &self,
-        key: &str,
-        generation: u64,
-        rx: &Receiver<Command>,
-    ) -> Option<Command> {
+    pub(crate) fn retire(&self, key: &str, generation: u64, rx: &Receiver<Command>) -> Option<Command> {
         let mut state = self.lock();
         if let Ok(command) = rx.try_recv() {
             return Some(command);
         }
-        if state
-            .actors
-            .get(key)
-            .is_some_and(|e| e.generation == generation)
-        {
+        if state.actors.get(key).is_some_and(|e| e.generation == generation) {
             let entry = state.actors.remove(key).expect("entry just seen");
             state.closing.insert(key.to_owned(), entry.done);
         }
@@ -273,11 +234,7 @@ impl Shared {
     /// Called as an actor ends: drops whatever the registry still holds for it.
     pub(crate) fn forget(&self, key: &str, generation: u64, done: &Arc<DoneSignal>) {
         let mut state = self.lock();
-        if state
-            .actors
-            .get(key)
-            .is_some_and(|e| e.generation == generation)
-        {
+        if state.actors.get(key).is_some_and(|e| e.generation == generation) {
             state.actors.remove(key);
         }
         if state.closing.get(key).is_some_and(|d| Arc::ptr_eq(d, done)) {
@@ -287,11 +244,7 @@ impl Shared {
 }
 
 fn evict_least_recently_used(state: &mut State) {
-    let oldest = state
-        .actors
-        .iter()
-        .min_by_key(|(_, e)| e.last_used)
-        .map(|(k, _)| k.clone());
+    let oldest = state.actors.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| k.clone());
     if let Some(key) = oldest {
         let entry = state.actors.remove(&key).expect("entry just found");
         // Dropping the sender lets the actor drain its queue and close its file.

@@ -30,18 +30,12 @@ pub struct Statement {
 impl Statement {
     /// A statement without parameters.
     pub fn new(sql: impl Into<String>) -> Self {
-        Statement {
-            sql: sql.into(),
-            params: Vec::new(),
-        }
+        Statement { sql: sql.into(), params: Vec::new() }
     }
 
     /// A statement with parameters.
     pub fn with_params(sql: impl Into<String>, params: Vec<Value>) -> Self {
-        Statement {
-            sql: sql.into(),
-            params,
-        }
+        Statement { sql: sql.into(), params }
     }
 }
 
@@ -80,10 +74,7 @@ pub struct Request {
 impl Request {
     /// A batch of statements with D1's REST defaults.
     pub fn new(statements: Vec<Statement>) -> Self {
-        Request {
-            statements,
-            ..Default::default()
-        }
+        Request { statements, ..Default::default() }
     }
 
     /// Whether the request might change connection state beyond its own transaction, so that
@@ -93,17 +84,12 @@ impl Request {
     /// to COMMIT, `case_sensitive_like` redefines LIKE). Matching the word anywhere in the text,
     /// string literals included, is deliberately conservative: a false positive costs one fsync.
     pub(crate) fn needs_own_transaction(&self) -> bool {
-        self.statements
-            .iter()
-            .any(|s| contains_ignore_ascii_case(&s.sql, "pragma"))
+        self.statements.iter().any(|s| contains_ignore_ascii_case(&s.sql, "pragma"))
     }
 }
 
 fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
-    haystack
-        .as_bytes()
-        .windows(needle.len())
-        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+    haystack.as_bytes().windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
 
 /// The result of one statement.
@@ -144,16 +130,8 @@ mod tests {
 
     #[test]
     fn only_pragmas_need_their_own_transaction() {
-        assert!(
-            Request::new(vec![Statement::new("PRAGMA defer_foreign_keys = on")])
-                .needs_own_transaction()
-        );
-        assert!(
-            Request::new(vec![Statement::new("select 1; pRaGmA foreign_keys")])
-                .needs_own_transaction()
-        );
-        assert!(
-            !Request::new(vec![Statement::new("INSERT INTO t VALUES (1)")]).needs_own_transaction()
-        );
+        assert!(Request::new(vec![Statement::new("PRAGMA defer_foreign_keys = on")]).needs_own_transaction());
+        assert!(Request::new(vec![Statement::new("select 1; pRaGmA foreign_keys")]).needs_own_transaction());
+        assert!(!Request::new(vec![Statement::new("INSERT INTO t VALUES (1)")]).needs_own_transaction());
     }
 }

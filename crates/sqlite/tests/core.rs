@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kura_sqlite::{
-    Access, DatabaseOptions, Error, Registry, RegistrySettings, Request, ResultMode, Statement,
-    StatementResult, TRANSACTION_MESSAGE, Value,
+    Access, DatabaseOptions, Error, Registry, RegistrySettings, Request, ResultMode, Statement, StatementResult,
+    TRANSACTION_MESSAGE, Value,
 };
 
 struct Context {
@@ -29,22 +29,11 @@ impl Context {
     }
 
     async fn run(&self, sql: &str) -> Result<Vec<StatementResult>, Error> {
-        self.registry
-            .execute("db", Request::new(vec![Statement::new(sql)]))
-            .await
+        self.registry.execute("db", Request::new(vec![Statement::new(sql)])).await
     }
 
-    async fn run_params(
-        &self,
-        sql: &str,
-        params: Vec<Value>,
-    ) -> Result<Vec<StatementResult>, Error> {
-        self.registry
-            .execute(
-                "db",
-                Request::new(vec![Statement::with_params(sql, params)]),
-            )
-            .await
+    async fn run_params(&self, sql: &str, params: Vec<Value>) -> Result<Vec<StatementResult>, Error> {
+        self.registry.execute("db", Request::new(vec![Statement::with_params(sql, params)])).await
     }
 
     async fn ok(&self, sql: &str) -> Vec<StatementResult> {
@@ -70,9 +59,7 @@ mod splitting {
     #[tokio::test]
     async fn every_statement_gets_a_result() {
         let cx = Context::new();
-        let results = cx
-            .ok("SELECT 1 AS one; SELECT 'a;b' AS two -- ; trailing comment\n; /* ; */ SELECT 3")
-            .await;
+        let results = cx.ok("SELECT 1 AS one; SELECT 'a;b' AS two -- ; trailing comment\n; /* ; */ SELECT 3").await;
         assert_eq!(results.len(), 3);
         assert_eq!(results[0].columns, vec!["one"]);
         assert_eq!(results[1].rows, vec![vec![Value::Text("a;b".into())]]);
@@ -89,19 +76,13 @@ mod splitting {
                END;
                INSERT INTO t VALUES (1, 'a'), (2, 'b');")
             .await;
-        assert_eq!(
-            cx.scalar("SELECT group_concat(kind, ',') FROM audit").await,
-            Value::Text("small,big".into())
-        );
+        assert_eq!(cx.scalar("SELECT group_concat(kind, ',') FROM audit").await, Value::Text("small,big".into()));
     }
 
     #[tokio::test]
     async fn only_comments_is_no_statement() {
         let cx = Context::new();
-        assert_eq!(
-            cx.err("  -- nothing here\n /* still nothing */ ").await,
-            "No SQL statements detected."
-        );
+        assert_eq!(cx.err("  -- nothing here\n /* still nothing */ ").await, "No SQL statements detected.");
         assert_eq!(cx.err("").await, "No SQL statements detected.");
     }
 
@@ -124,50 +105,21 @@ mod splitting {
     #[tokio::test]
     async fn only_the_last_statement_may_take_parameters() {
         let cx = Context::new();
-        let e = cx
-            .run_params("SELECT ?; SELECT 2", vec![Value::Integer(1)])
-            .await
-            .unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("only the last statement can have parameters"),
-            "{e}"
-        );
-        let e = cx
-            .run_params("SELECT ?, ?", vec![Value::Integer(1)])
-            .await
-            .unwrap_err();
-        assert!(
-            e.to_string()
-                .starts_with("Wrong number of parameter bindings"),
-            "{e}"
-        );
-        let ok = cx
-            .run_params(
-                "SELECT 1; SELECT ?2, ?1",
-                vec![Value::Integer(1), Value::Text("b".into())],
-            )
-            .await
-            .unwrap();
-        assert_eq!(
-            ok[1].rows[0],
-            vec![Value::Text("b".into()), Value::Integer(1)]
-        );
+        let e = cx.run_params("SELECT ?; SELECT 2", vec![Value::Integer(1)]).await.unwrap_err();
+        assert!(e.to_string().contains("only the last statement can have parameters"), "{e}");
+        let e = cx.run_params("SELECT ?, ?", vec![Value::Integer(1)]).await.unwrap_err();
+        assert!(e.to_string().starts_with("Wrong number of parameter bindings"), "{e}");
+        let ok =
+            cx.run_params("SELECT 1; SELECT ?2, ?1", vec![Value::Integer(1), Value::Text("b".into())]).await.unwrap();
+        assert_eq!(ok[1].rows[0], vec![Value::Text("b".into()), Value::Integer(1)]);
     }
 
     #[tokio::test]
     async fn errors_read_like_d1() {
         let cx = Context::new();
-        assert_eq!(
-            cx.err("SELECT * FROM nope").await,
-            "no such table: nope: SQLITE_ERROR"
-        );
-        assert_eq!(
-            cx.err("SELEC 1").await,
-            "near \"SELEC\": syntax error at offset 0: SQLITE_ERROR"
-        );
-        cx.ok("CREATE TABLE u (email TEXT UNIQUE); INSERT INTO u VALUES ('a@b')")
-            .await;
+        assert_eq!(cx.err("SELECT * FROM nope").await, "no such table: nope: SQLITE_ERROR");
+        assert_eq!(cx.err("SELEC 1").await, "near \"SELEC\": syntax error at offset 0: SQLITE_ERROR");
+        cx.ok("CREATE TABLE u (email TEXT UNIQUE); INSERT INTO u VALUES ('a@b')").await;
         assert_eq!(
             cx.err("INSERT INTO u VALUES ('a@b')").await,
             "UNIQUE constraint failed: u.email: SQLITE_CONSTRAINT"
@@ -182,35 +134,14 @@ mod meta {
     async fn counts_like_d1s_own_tests() {
         let cx = Context::new();
         let created = cx.ok("CREATE TABLE abc (a INT, b INT, c INT)").await;
-        assert_eq!(
-            (
-                created[0].meta.changes,
-                created[0].meta.rows_read,
-                created[0].meta.rows_written
-            ),
-            (0, 1, 2)
-        );
+        assert_eq!((created[0].meta.changes, created[0].meta.rows_read, created[0].meta.rows_written), (0, 1, 2));
         assert!(created[0].meta.changed_db);
         let inserted = cx.ok("INSERT INTO abc VALUES (1,2,3),(4,5,6)").await;
-        assert_eq!(
-            (
-                inserted[0].meta.changes,
-                inserted[0].meta.rows_written,
-                inserted[0].meta.last_row_id
-            ),
-            (2, 2, 2)
-        );
+        assert_eq!((inserted[0].meta.changes, inserted[0].meta.rows_written, inserted[0].meta.last_row_id), (2, 2, 2));
         cx.ok("CREATE TABLE cde (c TEXT, d TEXT, e TEXT); INSERT INTO cde VALUES ('A','B','C'),('D','E','F'),('G','H','I')").await;
         let joined = cx.ok("SELECT * FROM abc, cde").await;
         assert_eq!(joined[0].rows.len(), 6);
-        assert_eq!(
-            (
-                joined[0].meta.rows_read,
-                joined[0].meta.rows_written,
-                joined[0].meta.changed_db
-            ),
-            (8, 0, false)
-        );
+        assert_eq!((joined[0].meta.rows_read, joined[0].meta.rows_written, joined[0].meta.changed_db), (8, 0, false));
         let scanned = cx.ok("SELECT * FROM cde WHERE c IN ('A','D','G')").await;
         assert_eq!(scanned[0].meta.rows_read, 3);
     }
@@ -218,8 +149,7 @@ mod meta {
     #[tokio::test]
     async fn last_row_id_is_sticky_and_changes_exclude_ddl() {
         let cx = Context::new();
-        cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
-            .await;
+        cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
         cx.ok("INSERT INTO t (id, v) VALUES (5, 'x')").await;
         let ddl = cx.ok("CREATE TABLE other (x)").await;
         assert_eq!((ddl[0].meta.changes, ddl[0].meta.last_row_id), (0, 5));
@@ -232,9 +162,7 @@ mod meta {
     async fn index_entries_count_as_writes() {
         let cx = Context::new();
         cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, a TEXT, b TEXT); CREATE INDEX t_a ON t(a); CREATE INDEX t_b ON t(b)").await;
-        let inserted = cx
-            .ok("INSERT INTO t (a, b) VALUES ('1', '2'), ('3', '4')")
-            .await;
+        let inserted = cx.ok("INSERT INTO t (a, b) VALUES ('1', '2'), ('3', '4')").await;
         assert_eq!(inserted[0].meta.rows_written, 6);
         let updated = cx.ok("UPDATE t SET a = 'z' WHERE id = 1").await;
         assert_eq!(updated[0].meta.rows_written, 2);
@@ -261,15 +189,10 @@ mod limits {
         cx.ok("CREATE TABLE t (v TEXT)").await;
         let three_byte = "€".repeat(700_000);
         assert_eq!(three_byte.len(), 2_100_000);
-        let e = cx
-            .run_params("INSERT INTO t VALUES (?)", vec![Value::Text(three_byte)])
-            .await
-            .unwrap_err();
+        let e = cx.run_params("INSERT INTO t VALUES (?)", vec![Value::Text(three_byte)]).await.unwrap_err();
         assert_eq!(e.to_string(), "string or blob too big: SQLITE_TOOBIG");
         let fits = "€".repeat(600_000);
-        cx.run_params("INSERT INTO t VALUES (?)", vec![Value::Text(fits)])
-            .await
-            .unwrap();
+        cx.run_params("INSERT INTO t VALUES (?)", vec![Value::Text(fits)]).await.unwrap();
         let e = cx.err("SELECT randomblob(2000001)").await;
         assert!(e.ends_with("SQLITE_TOOBIG"), "{e}");
     }
@@ -278,18 +201,9 @@ mod limits {
     async fn at_most_100_parameters() {
         let cx = Context::new();
         let sql = |n: usize| format!("SELECT {}", vec!["?"; n].join(", "));
-        cx.run_params(&sql(100), vec![Value::Integer(1); 100])
-            .await
-            .unwrap();
-        let e = cx
-            .run_params(&sql(101), vec![Value::Integer(1); 101])
-            .await
-            .unwrap_err();
-        assert!(
-            e.to_string()
-                .starts_with("too many SQL variables at offset"),
-            "{e}"
-        );
+        cx.run_params(&sql(100), vec![Value::Integer(1); 100]).await.unwrap();
+        let e = cx.run_params(&sql(101), vec![Value::Integer(1); 101]).await.unwrap_err();
+        assert!(e.to_string().starts_with("too many SQL variables at offset"), "{e}");
     }
 
     #[tokio::test]
@@ -304,18 +218,15 @@ mod limits {
     #[tokio::test]
     async fn compound_selects_columns_and_like_patterns() {
         let cx = Context::new();
-        cx.ok("SELECT 1 UNION SELECT 2 UNION SELECT 3 UNION SELECT 4 UNION SELECT 5")
-            .await;
-        assert!(cx.err("SELECT 1 UNION SELECT 2 UNION SELECT 3 UNION SELECT 4 UNION SELECT 5 UNION SELECT 6").await.contains("too many terms in compound SELECT"));
-        let columns: Vec<String> = (0..101).map(|i| format!("c{i}")).collect();
+        cx.ok("SELECT 1 UNION SELECT 2 UNION SELECT 3 UNION SELECT 4 UNION SELECT 5").await;
         assert!(
-            cx.err(&format!("CREATE TABLE wide ({})", columns.join(", ")))
+            cx.err("SELECT 1 UNION SELECT 2 UNION SELECT 3 UNION SELECT 4 UNION SELECT 5 UNION SELECT 6")
                 .await
-                .contains("too many columns")
+                .contains("too many terms in compound SELECT")
         );
-        let e = cx
-            .err(&format!("SELECT 'a' LIKE '{}'", "%".repeat(51)))
-            .await;
+        let columns: Vec<String> = (0..101).map(|i| format!("c{i}")).collect();
+        assert!(cx.err(&format!("CREATE TABLE wide ({})", columns.join(", "))).await.contains("too many columns"));
+        let e = cx.err(&format!("SELECT 'a' LIKE '{}'", "%".repeat(51))).await;
         assert!(e.contains("LIKE or GLOB pattern too complex"), "{e}");
     }
 }
@@ -326,14 +237,7 @@ mod authorizer {
     #[tokio::test]
     async fn transactions_get_d1s_message() {
         let cx = Context::new();
-        for sql in [
-            "BEGIN",
-            "BEGIN TRANSACTION",
-            "COMMIT",
-            "ROLLBACK",
-            "SAVEPOINT x",
-            "RELEASE x",
-        ] {
+        for sql in ["BEGIN", "BEGIN TRANSACTION", "COMMIT", "ROLLBACK", "SAVEPOINT x", "RELEASE x"] {
             assert_eq!(cx.err(sql).await, TRANSACTION_MESSAGE, "{sql}");
         }
     }
@@ -355,17 +259,11 @@ mod authorizer {
             "ALTER TABLE t RENAME TO _cf_t",
         ] {
             let e = cx.err(sql).await;
-            assert!(
-                e.ends_with("SQLITE_AUTH") || e.contains("not authorized"),
-                "{sql}: {e}"
-            );
+            assert!(e.ends_with("SQLITE_AUTH") || e.contains("not authorized"), "{sql}: {e}");
         }
         assert_eq!(cx.scalar("SELECT count(*) FROM t").await, Value::Integer(0));
         let e = cx.err("SELECT sqlite_version()").await;
-        assert!(
-            e.contains("not authorized to use function: sqlite_version"),
-            "{e}"
-        );
+        assert!(e.contains("not authorized to use function: sqlite_version"), "{e}");
     }
 
     #[tokio::test]
@@ -373,16 +271,8 @@ mod authorizer {
         let cx = Context::new();
         cx.ok("CREATE VIRTUAL TABLE docs USING fts5(body)").await;
         cx.ok("INSERT INTO docs VALUES ('hello world')").await;
-        assert_eq!(
-            cx.scalar("SELECT count(*) FROM docs WHERE docs MATCH 'hello'")
-                .await,
-            Value::Integer(1)
-        );
-        assert_eq!(
-            cx.scalar("SELECT json_extract('{\"a\":[1,2]}', '$.a[1]')")
-                .await,
-            Value::Integer(2)
-        );
+        assert_eq!(cx.scalar("SELECT count(*) FROM docs WHERE docs MATCH 'hello'").await, Value::Integer(1));
+        assert_eq!(cx.scalar("SELECT json_extract('{\"a\":[1,2]}', '$.a[1]')").await, Value::Integer(2));
         assert_eq!(cx.scalar("SELECT sqrt(16)").await, Value::Real(4.0));
         cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, x)").await;
         let info = cx.ok("PRAGMA table_info(t)").await;
@@ -390,7 +280,8 @@ mod authorizer {
         cx.ok("PRAGMA table_list").await;
         cx.ok("PRAGMA defer_foreign_keys = on").await;
         cx.ok("PRAGMA foreign_key_check").await;
-        cx.ok("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 10) SELECT sum(i) FROM n").await;
+        cx.ok("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 10) SELECT sum(i) FROM n")
+            .await;
         cx.ok("ALTER TABLE t ADD COLUMN y TEXT; ALTER TABLE t RENAME COLUMN y TO z; ALTER TABLE t DROP COLUMN z").await;
     }
 
@@ -398,19 +289,11 @@ mod authorizer {
     async fn read_only_access_refuses_writes() {
         let cx = Context::new();
         cx.ok("CREATE TABLE t (x); INSERT INTO t VALUES (1)").await;
-        let read = Request {
-            access: Access::ReadOnly,
-            ..Request::new(vec![Statement::new("SELECT x FROM t")])
-        };
+        let read = Request { access: Access::ReadOnly, ..Request::new(vec![Statement::new("SELECT x FROM t")]) };
         cx.registry.execute("db", read).await.unwrap();
-        let write = Request {
-            access: Access::ReadOnly,
-            ..Request::new(vec![Statement::new("SELECT 1; DELETE FROM t")])
-        };
-        assert!(matches!(
-            cx.registry.execute("db", write).await,
-            Err(Error::ReadOnly { .. })
-        ));
+        let write =
+            Request { access: Access::ReadOnly, ..Request::new(vec![Statement::new("SELECT 1; DELETE FROM t")]) };
+        assert!(matches!(cx.registry.execute("db", write).await, Err(Error::ReadOnly { .. })));
         assert_eq!(cx.scalar("SELECT count(*) FROM t").await, Value::Integer(1));
     }
 }
@@ -434,27 +317,15 @@ mod atomicity {
     #[tokio::test]
     async fn deferred_foreign_keys_are_checked_at_the_end() {
         let cx = Context::new();
-        cx.ok("CREATE TABLE parent (id INTEGER PRIMARY KEY); CREATE TABLE child (pid INTEGER REFERENCES parent(id))").await;
-        assert!(
-            cx.err("INSERT INTO child VALUES (1)")
-                .await
-                .contains("FOREIGN KEY constraint failed")
-        );
-        cx.ok("PRAGMA defer_foreign_keys = on; INSERT INTO child VALUES (1); INSERT INTO parent VALUES (1)").await;
-        let e = cx
-            .err("PRAGMA defer_foreign_keys = on; INSERT INTO child VALUES (2)")
+        cx.ok("CREATE TABLE parent (id INTEGER PRIMARY KEY); CREATE TABLE child (pid INTEGER REFERENCES parent(id))")
             .await;
+        assert!(cx.err("INSERT INTO child VALUES (1)").await.contains("FOREIGN KEY constraint failed"));
+        cx.ok("PRAGMA defer_foreign_keys = on; INSERT INTO child VALUES (1); INSERT INTO parent VALUES (1)").await;
+        let e = cx.err("PRAGMA defer_foreign_keys = on; INSERT INTO child VALUES (2)").await;
         assert!(e.contains("FOREIGN KEY constraint failed"), "{e}");
-        assert_eq!(
-            cx.scalar("SELECT count(*) FROM child").await,
-            Value::Integer(1)
-        );
+        assert_eq!(cx.scalar("SELECT count(*) FROM child").await, Value::Integer(1));
         // The pragma lasted one request only.
-        assert!(
-            cx.err("INSERT INTO child VALUES (3)")
-                .await
-                .contains("FOREIGN KEY constraint failed")
-        );
+        assert!(cx.err("INSERT INTO child VALUES (3)").await.contains("FOREIGN KEY constraint failed"));
     }
 
     #[tokio::test]
@@ -467,11 +338,7 @@ mod atomicity {
             tasks.push(tokio::spawn(async move {
                 // Every 10th request fails halfway (duplicate id) and must leave nothing behind.
                 let sql = if i % 10 == 0 {
-                    format!(
-                        "INSERT INTO t VALUES ({}); INSERT INTO t VALUES ({})",
-                        10_000 + i,
-                        10_000 + i
-                    )
+                    format!("INSERT INTO t VALUES ({}); INSERT INTO t VALUES ({})", 10_000 + i, 10_000 + i)
                 } else {
                     format!("INSERT INTO t VALUES ({i})")
                 };
@@ -483,14 +350,8 @@ mod atomicity {
             succeeded += usize::from(t.await.unwrap());
         }
         assert_eq!(succeeded, 180);
-        assert_eq!(
-            cx.scalar("SELECT count(*) FROM t").await,
-            Value::Integer(180)
-        );
-        assert_eq!(
-            cx.scalar("SELECT count(*) FROM t WHERE id >= 10000").await,
-            Value::Integer(0)
-        );
+        assert_eq!(cx.scalar("SELECT count(*) FROM t").await, Value::Integer(180));
+        assert_eq!(cx.scalar("SELECT count(*) FROM t WHERE id >= 10000").await, Value::Integer(0));
     }
 
     #[tokio::test]
@@ -510,10 +371,7 @@ mod atomicity {
         }
         let succeeded: usize = futures_sum(tasks).await;
         assert_eq!(succeeded, 99 - 14);
-        assert_eq!(
-            cx.scalar("SELECT count(*) FROM t").await,
-            Value::Integer(1 + 99 - 14)
-        );
+        assert_eq!(cx.scalar("SELECT count(*) FROM t").await, Value::Integer(1 + 99 - 14));
     }
 
     async fn futures_sum(tasks: Vec<tokio::task::JoinHandle<bool>>) -> usize {
@@ -527,13 +385,9 @@ mod atomicity {
     #[tokio::test]
     async fn acknowledged_writes_survive_reopening() {
         let cx = Context::new();
-        cx.ok("CREATE TABLE t (x); INSERT INTO t VALUES ('kept')")
-            .await;
+        cx.ok("CREATE TABLE t (x); INSERT INTO t VALUES ('kept')").await;
         cx.registry.close("db").await;
-        assert_eq!(
-            cx.scalar("SELECT x FROM t").await,
-            Value::Text("kept".into())
-        );
+        assert_eq!(cx.scalar("SELECT x FROM t").await, Value::Text("kept".into()));
         assert!(cx.dir.path().join("db.sqlite").exists());
     }
 }
@@ -543,10 +397,8 @@ mod registry {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn idle_databases_close_and_reopen() {
-        let cx = Context::with_settings(RegistrySettings {
-            idle_timeout: Duration::from_millis(50),
-            ..Default::default()
-        });
+        let cx =
+            Context::with_settings(RegistrySettings { idle_timeout: Duration::from_millis(50), ..Default::default() });
         cx.ok("CREATE TABLE t (x); INSERT INTO t VALUES (1)").await;
         assert_eq!(cx.registry.open_count(), 1);
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -556,10 +408,7 @@ mod registry {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_number_open_is_capped() {
-        let cx = Context::with_settings(RegistrySettings {
-            max_open: 4,
-            ..Default::default()
-        });
+        let cx = Context::with_settings(RegistrySettings { max_open: 4, ..Default::default() });
         for round in 0..3 {
             for i in 0..20 {
                 let key = format!("db{i}");
@@ -568,20 +417,14 @@ mod registry {
                 } else {
                     format!("INSERT INTO t VALUES ({round})")
                 };
-                cx.registry
-                    .execute(&key, Request::new(vec![Statement::new(sql)]))
-                    .await
-                    .unwrap();
+                cx.registry.execute(&key, Request::new(vec![Statement::new(sql)])).await.unwrap();
                 assert!(cx.registry.open_count() <= 4);
             }
         }
         for i in 0..20 {
             let r = cx
                 .registry
-                .execute(
-                    &format!("db{i}"),
-                    Request::new(vec![Statement::new("SELECT count(*) FROM t")]),
-                )
+                .execute(&format!("db{i}"), Request::new(vec![Statement::new("SELECT count(*) FROM t")]))
                 .await
                 .unwrap();
             assert_eq!(r[0].rows[0][0], Value::Integer(2));
@@ -590,12 +433,10 @@ mod registry {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_queue_answers_overloaded() {
-        let cx = Arc::new(Context::with_settings(RegistrySettings {
-            queue_depth: 1,
-            ..Default::default()
-        }));
+        let cx = Arc::new(Context::with_settings(RegistrySettings { queue_depth: 1, ..Default::default() }));
         cx.ok("CREATE TABLE t (x)").await;
-        let slow = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000000) SELECT count(*) FROM n";
+        let slow =
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3000000) SELECT count(*) FROM n";
         let mut tasks = Vec::new();
         for _ in 0..8 {
             let cx = Arc::clone(&cx);

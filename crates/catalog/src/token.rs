@@ -1,0 +1,244 @@
+//! API tokens: secrets that authenticate API calls for one account, stored only as hashes, each
+//! with a scope like Cloudflare's token permissions.
+
+use std::fmt;
+use std::str::FromStr;
+
+use rusqlite::OptionalExtension;
+use sha2::{Digest, Sha256};
+
+use crate::{Catalog, Error, Result, now_iso, random_hex};
+
+/// What a token may do, after Cloudflare's permission groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Scope {
+    /// Everything in the account.
+    Admin,
+    /// Read D1 databases: list, inspect, run statements that do not write.
+    D1Read,
+    /// Read and write D1 databases: create, delete, run any statement.
+    D1Write,
+}
+
+impl Scope {
+    /// Whether a token with this scope may read D1.
+    pub fn can_read_d1(self) -> bool {
+        matches!(self, Scope::Admin | Scope::D1Read | Scope::D1Write)
+    }
+
+    /// Whether a token with this scope may change D1 databases and their data.
+    pub fn can_write_d1(self) -> bool {
+        matches!(self, Scope::Admin | Scope::D1Write)
+    }
+
+    /// Every scope, for help texts.
+    pub const ALL: &'static [Scope] = &[Scope::Admin, Scope::D1Read, Scope::D1Write];
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Scope::Admin => "admin",
+            Scope::D1Read => "d1:read",
+            Scope::D1Write => "d1:write",
+        })
+    }
+}
+
+impl FromStr for Scope {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "admin" => Ok(Scope::Admin),
+            "d1:read" => Ok(Scope::D1Read),
+            "d1:write" => Ok(Scope::D1Write),
+            other => Err(Error::Invalid(format!("unknown scope '{other}': use admin, d1:read or d1:write"))),
+        }
+    }
+}
+
+/// A token as the catalog keeps it (never the secret itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    /// 32 hex characters, shown in listings and used to revoke.
+    pub id: String,
+    /// The account the token acts for.
+    pub account_id: String,
+    /// A human name.
+    pub name: String,
+    /// What the token may do.
+    pub scope: Scope,
+    /// ISO 8601 creation time.
+    pub created_at: String,
+    /// ISO 8601 revocation time, if revoked.
+    pub revoked_at: Option<String>,
+}
+
+/// Characters of generated secrets: URL- and header-safe, as Cloudflare's 40-character tokens.
+const SECRET_ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+fn new_secret() -> String {
+    let mut bytes = [0u8; 40];
+    getrandom::fill(&mut bytes).expect("the operating system's random source failed");
+    bytes.iter().map(|b| SECRET_ALPHABET[(b & 63) as usize] as char).collect()
+}
+
+fn hash(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// Secrets are sent in an HTTP header: printable ASCII without spaces, long enough to guess badly.
+fn check_secret(secret: &str) -> Result<()> {
+    if secret.len() < 16 || secret.len() > 256 || !secret.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::Invalid("an API token must be 16 to 256 printable ASCII characters without spaces".into()));
+    }
+    Ok(())
+}
+
+fn token_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Token> {
+    let scope: String = row.get(3)?;
+    Ok(Token {
+        id: row.get(0)?,
+        account_id: row.get(1)?,
+        name: row.get(2)?,
+        scope: scope.parse().map_err(|e: Error| {
+            rusqlite::Error::FromSqlConversionFailure(3, rusqlite::types::Type::Text, e.to_string().into())
+        })?,
+        created_at: row.get(4)?,
+        revoked_at: row.get(5)?,
+    })
+}
+
+const TOKEN_COLUMNS: &str = "id, account_id, name, scope, created_at, revoked_at";
+
+impl Catalog {
+    /// Creates a token for an account and returns it with its secret, which is not stored and
+    /// cannot be shown again. With `secret`, the token uses exactly that secret.
+    pub fn create_token(
+        &self,
+        account_id: &str,
+        name: &str,
+        scope: Scope,
+        secret: Option<&str>,
+    ) -> Result<(Token, String)> {
+        let secret = match secret {
+            Some(s) => {
+                check_secret(s)?;
+                s.to_owned()
+            }
+            None => new_secret(),
+        };
+        let token = Token {
+            id: random_hex(16),
+            account_id: account_id.to_owned(),
+            name: name.to_owned(),
+            scope,
+            created_at: now_iso(),
+            revoked_at: None,
+        };
+        self.write_checked(|tx| {
+            let known: Option<String> = tx
+                .query_row("SELECT id FROM accounts WHERE id = ?1", [account_id], |r| r.get(0))
+                .optional()
+                .map_err(|e| self.storage(e))?;
+            if known.is_none() {
+                return Err(Error::Invalid(format!("no account '{account_id}'")));
+            }
+            let taken: bool = tx
+                .query_row("SELECT 1 FROM tokens WHERE secret_hash = ?1", [hash(&secret)], |_| Ok(true))
+                .optional()
+                .map_err(|e| self.storage(e))?
+                .unwrap_or(false);
+            if taken {
+                return Err(Error::Conflict("that token secret is already in use".into()));
+            }
+            tx.execute(
+                "INSERT INTO tokens (id, account_id, name, secret_hash, scope, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                (&token.id, &token.account_id, &token.name, hash(&secret), token.scope.to_string(), &token.created_at),
+            )
+            .map_err(|e| self.storage(e))?;
+            Ok(())
+        })?;
+        Ok((token, secret))
+    }
+
+    /// Makes sure `secret` is an admin token of `account_id` (used for `KURA_API_TOKEN`).
+    pub fn ensure_admin_token(&self, account_id: &str, secret: &str) -> Result<Token> {
+        check_secret(secret)?;
+        if let Some(token) = self.token_by_secret(secret)? {
+            if token.account_id != account_id {
+                return Err(Error::Conflict(format!(
+                    "the configured API token belongs to account '{}', not '{account_id}'",
+                    token.account_id
+                )));
+            }
+            if token.revoked_at.is_some() || token.scope != Scope::Admin {
+                self.write(|tx| {
+                    tx.execute("UPDATE tokens SET revoked_at = NULL, scope = 'admin' WHERE id = ?1", [&token.id])
+                })?;
+                return Ok(Token { revoked_at: None, scope: Scope::Admin, ..token });
+            }
+            return Ok(token);
+        }
+        Ok(self.create_token(account_id, "configured admin token", Scope::Admin, Some(secret))?.0)
+    }
+
+    fn token_by_secret(&self, secret: &str) -> Result<Option<Token>> {
+        self.read(|c| {
+            c.prepare_cached(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE secret_hash = ?1"))?
+                .query_row([hash(secret)], token_from_row)
+                .optional()
+        })
+    }
+
+    /// The live token whose secret this is, if any.
+    pub fn authenticate(&self, secret: &str) -> Result<Option<Token>> {
+        Ok(self.token_by_secret(secret)?.filter(|t| t.revoked_at.is_none()))
+    }
+
+    /// The tokens of an account, oldest first, revoked ones included.
+    pub fn tokens(&self, account_id: &str) -> Result<Vec<Token>> {
+        self.read(|c| {
+            c.prepare_cached(&format!(
+                "SELECT {TOKEN_COLUMNS} FROM tokens WHERE account_id = ?1 ORDER BY created_at, rowid"
+            ))?
+            .query_map([account_id], token_from_row)?
+            .collect()
+        })
+    }
+
+    /// Revokes a token of an account; false if the account has no such live token.
+    pub fn revoke_token(&self, account_id: &str, token_id: &str) -> Result<bool> {
+        let changed = self.write(|tx| {
+            tx.execute(
+                "UPDATE tokens SET revoked_at = ?3 WHERE id = ?1 AND account_id = ?2 AND revoked_at IS NULL",
+                (token_id, account_id, now_iso()),
+            )
+        })?;
+        Ok(changed == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_forty_safe_characters() {
+        let s = new_secret();
+        assert_eq!(s.len(), 40);
+        assert!(s.bytes().all(|b| SECRET_ALPHABET.contains(&b)));
+        assert_ne!(s, new_secret());
+    }
+
+    #[test]
+    fn scopes_round_trip() {
+        for scope in Scope::ALL {
+            assert_eq!(scope.to_string().parse::<Scope>().unwrap(), *scope);
+        }
+        assert!("root".parse::<Scope>().is_err());
+        assert!(Scope::D1Write.can_read_d1() && !Scope::D1Read.can_write_d1());
+    }
+}
