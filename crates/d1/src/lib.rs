@@ -1,0 +1,309 @@
+//! kura's D1 engine: the databases of every account, and running statements on them with
+//! D1's semantics.
+//!
+//! - [`D1`]: create, look up, list and delete databases; run a [`Request`] (a batch, or a
+//!   multi-statement text) atomically on one; report usage.
+//! - [`wire`]: D1's JSON formats (parameters in, results and `meta` out).
+//! - [`migrations`]: wrangler's migration files and tracking table.
+//!
+//! Files live under `<data>/d1/<uuid>/db.sqlite`; the catalog maps accounts and names to ids.
+//! The engine knows nothing of HTTP: protocol layers authenticate, parse and translate.
+
+#![deny(missing_docs)]
+
+pub mod migrations;
+mod usage;
+pub mod wire;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kura_catalog::{Catalog, D1Database, D1DatabaseList, NewD1Database};
+use kura_sqlite::{DatabaseOptions, Limits, Registry, RegistrySettings};
+
+pub use kura_sqlite::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};
+pub use usage::UsageTotals;
+
+/// What can go wrong, grouped by what the caller must do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No database with this id or name in the account.
+    #[error("The database {0} could not be found")]
+    NotFound(String),
+    /// The name is taken in the account.
+    #[error("A database with that name already exists")]
+    DuplicateName,
+    /// The account holds as many databases as it may.
+    #[error("System limit reached: databases per account ({0})")]
+    LimitReached(u64),
+    /// The input is not acceptable (a bad name, a bad option).
+    #[error("{0}")]
+    Invalid(String),
+    /// Running SQL failed (the message reads like D1's), or the database was busy.
+    #[error(transparent)]
+    Sql(#[from] kura_sqlite::Error),
+    /// The catalog failed.
+    #[error(transparent)]
+    Catalog(kura_catalog::Error),
+    /// The file system failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What kura was doing.
+        context: String,
+        /// The failure.
+        source: std::io::Error,
+    },
+}
+
+impl From<kura_catalog::Error> for Error {
+    fn from(e: kura_catalog::Error) -> Self {
+        match e {
+            kura_catalog::Error::Duplicate { .. } => Error::DuplicateName,
+            kura_catalog::Error::LimitReached { limit, .. } => Error::LimitReached(limit),
+            kura_catalog::Error::Invalid(m) => Error::Invalid(m),
+            other => Error::Catalog(other),
+        }
+    }
+}
+
+/// Results of D1 calls.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How the engine runs.
+#[derive(Debug, Clone)]
+pub struct D1Settings {
+    /// Actors: how many open, queue depth, idle timeout, group size.
+    pub registry: RegistrySettings,
+    /// SQLite limits for user SQL.
+    pub limits: Limits,
+    /// Most databases one account may hold (D1: 50,000 on paid plans).
+    pub max_databases_per_account: u64,
+}
+
+impl Default for D1Settings {
+    fn default() -> Self {
+        D1Settings { registry: RegistrySettings::default(), limits: Limits::d1(), max_databases_per_account: 50_000 }
+    }
+}
+
+/// What `GET /d1/database/{id}` reports beyond the catalog record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DatabaseDetails {
+    /// The catalog record.
+    pub database: D1Database,
+    /// User tables (SQLite's and the platform's own excluded).
+    pub num_tables: u64,
+    /// Bytes the database occupies (pages in use times page size).
+    pub file_size: u64,
+}
+
+/// Options for creating a database.
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    /// Location hint (`wnam`, `enam`, `weur`, `eeur`, `apac`, `oc`), recorded only.
+    pub primary_location_hint: Option<String>,
+    /// Jurisdiction (`eu`, `fedramp`), recorded only.
+    pub jurisdiction: Option<String>,
+}
+
+/// The D1 engine of one data directory.
+pub struct D1 {
+    catalog: Arc<Catalog>,
+    registry: Registry,
+    root: PathBuf,
+    settings: D1Settings,
+    usage: usage::UsageRecorder,
+}
+
+fn database_file(root: &Path, uuid: &str) -> PathBuf {
+    root.join(uuid).join("db.sqlite")
+}
+
+/// Database ids are lowercase hyphenated UUIDs; nothing else ever names a directory.
+fn is_uuid(s: &str) -> bool {
+    s.len() == 36
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit() && !b.is_ascii_uppercase(),
+        })
+}
+
+impl D1 {
+    /// Opens the engine on `<data_dir>/d1`, removing directories the catalog no longer knows
+    /// (a crash between deleting a database's record and its files leaves one behind).
+    pub fn open(data_dir: &Path, catalog: Arc<Catalog>, settings: D1Settings) -> Result<Self> {
+        let root = data_dir.join("d1");
+        std::fs::create_dir_all(&root)
+            .map_err(|source| Error::Io { context: format!("creating {}", root.display()), source })?;
+        let known = catalog.d1_database_ids()?;
+        sweep_orphans(&root, &known);
+        let opener_root = root.clone();
+        let limits = settings.limits.clone();
+        let registry = Registry::new(settings.registry.clone(), move |uuid: &str| {
+            is_uuid(uuid).then(|| DatabaseOptions {
+                limits: limits.clone(),
+                ..DatabaseOptions::new(database_file(&opener_root, uuid))
+            })
+        });
+        Ok(D1 { catalog, registry, root, settings, usage: usage::UsageRecorder::default() })
+    }
+
+    /// The catalog the engine records databases in.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// Creates a database: its catalog record, then its file.
+    pub async fn create(&self, account_id: &str, name: &str, options: CreateOptions) -> Result<D1Database> {
+        let database = self.catalog.create_d1_database(&NewD1Database {
+            account_id,
+            name,
+            primary_location_hint: options.primary_location_hint.as_deref(),
+            jurisdiction: options.jurisdiction.as_deref(),
+            max_per_account: self.settings.max_databases_per_account,
+        })?;
+        let path = database_file(&self.root, &database.uuid);
+        let limits = self.settings.limits.clone();
+        let created = tokio::task::spawn_blocking(move || -> Result<()> {
+            let dir = path.parent().expect("database files live in a directory");
+            std::fs::create_dir_all(dir)
+                .map_err(|source| Error::Io { context: format!("creating {}", dir.display()), source })?;
+            kura_sqlite::Database::open(&DatabaseOptions { limits, ..DatabaseOptions::new(&path).create(true) })?;
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|e| Err(Error::Invalid(format!("creating the database failed: {e}"))));
+        if let Err(e) = created {
+            // Leave no record pointing at a file that does not exist.
+            let _ = self.catalog.delete_d1_database(account_id, &database.uuid);
+            let _ = std::fs::remove_dir_all(self.root.join(&database.uuid));
+            return Err(e);
+        }
+        tracing::info!(account = account_id, uuid = %database.uuid, name, "created D1 database");
+        Ok(database)
+    }
+
+    /// The account's database with this id or name.
+    pub fn get(&self, account_id: &str, id_or_name: &str) -> Result<D1Database> {
+        self.catalog.d1_database(account_id, id_or_name)?.ok_or_else(|| Error::NotFound(id_or_name.to_owned()))
+    }
+
+    /// The database with its table count and size.
+    pub async fn details(&self, account_id: &str, id_or_name: &str) -> Result<DatabaseDetails> {
+        let database = self.get(account_id, id_or_name)?;
+        let (num_tables, file_size) = self
+            .registry
+            .with_database(&database.uuid, |db| {
+                let tables = db.with_internal(|c| {
+                    c.query_row(
+                        "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' \
+                         AND name NOT LIKE '\\_cf\\_%' ESCAPE '\\'",
+                        [],
+                        |r| r.get::<_, i64>(0),
+                    )
+                });
+                let size = db.size();
+                (tables, size)
+            })
+            .await?;
+        Ok(DatabaseDetails {
+            database,
+            num_tables: num_tables.map_err(|e| Error::Invalid(e.to_string()))?.max(0) as u64,
+            file_size: file_size?,
+        })
+    }
+
+    /// One page (1-based) of the account's databases.
+    pub fn list(&self, account_id: &str, name: Option<&str>, page: u64, per_page: u64) -> Result<D1DatabaseList> {
+        Ok(self.catalog.list_d1_databases(account_id, name, page, per_page)?)
+    }
+
+    /// Deletes a database: its record first (so no new request reaches it), then its file.
+    pub async fn delete(&self, account_id: &str, id_or_name: &str) -> Result<D1Database> {
+        let database = self.get(account_id, id_or_name)?;
+        if !self.catalog.delete_d1_database(account_id, &database.uuid)? {
+            return Err(Error::NotFound(id_or_name.to_owned()));
+        }
+        self.registry.close(&database.uuid).await;
+        self.usage.forget(&database.uuid);
+        let dir = self.root.join(&database.uuid);
+        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir))
+            .await
+            .map_err(|e| Error::Invalid(format!("deleting the database files failed: {e}")))?
+            .map_err(|source| Error::Io { context: "removing the database files".into(), source })?;
+        tracing::info!(account = account_id, uuid = %database.uuid, "deleted D1 database");
+        Ok(database)
+    }
+
+    /// Sets the read replication mode (recorded only: kura serves every query from the primary).
+    pub fn set_read_replication(&self, account_id: &str, id_or_name: &str, mode: &str) -> Result<D1Database> {
+        let database = self.get(account_id, id_or_name)?;
+        self.catalog.set_d1_read_replication(account_id, &database.uuid, mode)?;
+        self.get(account_id, &database.uuid)
+    }
+
+    /// Runs a request on the account's database `id`, atomically; answers once it is durable.
+    pub async fn query(&self, account_id: &str, id_or_name: &str, request: Request) -> Result<Vec<StatementResult>> {
+        let database = self.get(account_id, id_or_name)?;
+        self.query_database(&database.uuid, request).await
+    }
+
+    /// Runs a request on a database known by id (the caller has checked the account).
+    pub async fn query_database(&self, uuid: &str, request: Request) -> Result<Vec<StatementResult>> {
+        let results = self.registry.execute(uuid, request).await?;
+        self.usage.record(uuid, &results);
+        Ok(results)
+    }
+
+    /// Usage of a database over the hours from `from` to `to` (Unix seconds), hour by hour.
+    pub fn usage(&self, uuid: &str, from: i64, to: i64) -> Result<Vec<kura_catalog::Usage>> {
+        self.flush_usage()?;
+        Ok(self.catalog.d1_usage(uuid, from.div_euclid(3600) * 3600, to)?)
+    }
+
+    /// Writes the usage counted since the last flush to the catalog.
+    pub fn flush_usage(&self) -> Result<()> {
+        self.usage.flush(&self.catalog)?;
+        Ok(())
+    }
+
+    /// How many databases are open now.
+    pub fn open_databases(&self) -> usize {
+        self.registry.open_count()
+    }
+
+    /// Closes every database, after the requests already queued have run.
+    pub async fn shutdown(&self) {
+        self.registry.shutdown().await;
+        if let Err(e) = self.flush_usage() {
+            tracing::warn!(error = %e, "could not save D1 usage counters");
+        }
+    }
+}
+
+fn sweep_orphans(root: &Path, known: &[String]) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if is_uuid(&name) && !known.contains(&name) {
+            tracing::info!(dir = %entry.path().display(), "removing files of a deleted D1 database");
+            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                tracing::warn!(dir = %entry.path().display(), error = %e, "could not remove");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_lowercase_uuids_name_directories() {
+        assert!(is_uuid("51e7c314-456e-4167-b6c3-869ad188fc23"));
+        assert!(!is_uuid("51E7C314-456E-4167-B6C3-869AD188FC23"));
+        assert!(!is_uuid("../../etc/passwd"));
+        assert!(!is_uuid("51e7c314-456e-4167-b6c3-869ad188fc2"));
+    }
+}

@@ -1,0 +1,282 @@
+//! D1's JSON formats: parameters in (JSON numbers, strings, byte arrays), results out (rows as
+//! objects or as columns + arrays, BLOBs as arrays of numbers) and `meta`.
+
+use serde::Serialize;
+use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct, Serializer};
+
+use kura_sqlite::{Meta, StatementResult, Value};
+
+/// Who answered, as D1's `meta.served_by` says it.
+pub const SERVED_BY: &str = "kura";
+
+/// Converts a JSON parameter as D1 does: integers bind as INTEGER, other numbers as REAL,
+/// booleans as 1/0, strings as TEXT, null as NULL, arrays of bytes (0..=255) as BLOB.
+pub fn param_from_json(value: &serde_json::Value) -> Result<Value, String> {
+    use serde_json::Value as J;
+    Ok(match value {
+        J::Null => Value::Null,
+        J::Bool(b) => Value::Integer(i64::from(*b)),
+        J::Number(n) => match n.as_i64() {
+            Some(i) => Value::Integer(i),
+            None => Value::Real(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => Value::Text(s.clone()),
+        J::Array(items) => {
+            let bytes: Option<Vec<u8>> = items.iter().map(|i| i.as_u64().and_then(|b| u8::try_from(b).ok())).collect();
+            bytes.map(Value::Blob).ok_or_else(|| type_error("object", value))?
+        }
+        J::Object(_) => return Err(type_error("object", value)),
+    })
+}
+
+fn type_error(kind: &str, value: &serde_json::Value) -> String {
+    let mut shown = value.to_string();
+    if shown.len() > 100 {
+        shown.truncate(100);
+        shown.push('…');
+    }
+    format!("D1_TYPE_ERROR: Type '{kind}' not supported for value '{shown}'")
+}
+
+/// Converts a list of JSON parameters.
+pub fn params_from_json(values: &[serde_json::Value]) -> Result<Vec<Value>, String> {
+    values.iter().map(param_from_json).collect()
+}
+
+/// One value as D1 writes it: numbers as JavaScript would print them, BLOBs as byte arrays.
+pub struct JsonValue<'a>(pub &'a Value);
+
+impl Serialize for JsonValue<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Null => s.serialize_unit(),
+            Value::Integer(i) => s.serialize_i64(*i),
+            // JavaScript prints integral doubles without ".0"; JSON has no NaN or Infinity.
+            Value::Real(x) if !x.is_finite() => s.serialize_unit(),
+            Value::Real(x) if x.fract() == 0.0 && x.abs() < 9.0e18 => s.serialize_i64(*x as i64),
+            Value::Real(x) => s.serialize_f64(*x),
+            Value::Text(t) => s.serialize_str(t),
+            Value::Blob(b) => {
+                let mut seq = s.serialize_seq(Some(b.len()))?;
+                for byte in b {
+                    seq.serialize_element(byte)?;
+                }
+                seq.end()
+            }
+        }
+    }
+}
+
+/// A row as an object. Duplicate column names keep their first position and the last value,
+/// as JavaScript's `Object.fromEntries` does.
+struct RowObject<'a> {
+    columns: &'a [String],
+    /// For each distinct column, in first-seen order, the index of its last occurrence.
+    picks: &'a [(usize, usize)],
+    row: &'a [Value],
+}
+
+impl Serialize for RowObject<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.picks.len()))?;
+        for &(name_at, value_at) in self.picks {
+            map.serialize_entry(&self.columns[name_at], &JsonValue(&self.row[value_at]))?;
+        }
+        map.end()
+    }
+}
+
+fn column_picks(columns: &[String]) -> Vec<(usize, usize)> {
+    let mut picks: Vec<(usize, usize)> = Vec::with_capacity(columns.len());
+    for (i, name) in columns.iter().enumerate() {
+        match picks.iter_mut().find(|(first, _)| columns[*first] == *name) {
+            Some(pick) => pick.1 = i,
+            None => picks.push((i, i)),
+        }
+    }
+    picks
+}
+
+/// Rows as an array of objects (D1's `ARRAY_OF_OBJECTS`, REST `/query`).
+pub struct RowObjects<'a>(pub &'a StatementResult);
+
+impl Serialize for RowObjects<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let picks = column_picks(&self.0.columns);
+        let mut seq = s.serialize_seq(Some(self.0.rows.len()))?;
+        for row in &self.0.rows {
+            seq.serialize_element(&RowObject { columns: &self.0.columns, picks: &picks, row })?;
+        }
+        seq.end()
+    }
+}
+
+/// Rows as `{"columns": [...], "rows": [[...]]}` (D1's `ROWS_AND_COLUMNS`, REST `/raw`).
+pub struct RowsAndColumns<'a>(pub &'a StatementResult);
+
+struct JsonRow<'a>(&'a [Value]);
+
+impl Serialize for JsonRow<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for v in self.0 {
+            seq.serialize_element(&JsonValue(v))?;
+        }
+        seq.end()
+    }
+}
+
+struct JsonRows<'a>(&'a [Vec<Value>]);
+
+impl Serialize for JsonRows<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for row in self.0 {
+            seq.serialize_element(&JsonRow(row))?;
+        }
+        seq.end()
+    }
+}
+
+impl Serialize for RowsAndColumns<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut out = s.serialize_struct("RowsAndColumns", 2)?;
+        out.serialize_field("columns", &self.0.columns)?;
+        out.serialize_field("rows", &JsonRows(&self.0.rows))?;
+        out.end()
+    }
+}
+
+/// D1's `meta` object.
+pub struct JsonMeta<'a>(pub &'a Meta);
+
+#[derive(Serialize)]
+struct Timings {
+    sql_duration_ms: f64,
+}
+
+impl Serialize for JsonMeta<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let m = self.0;
+        let mut out = s.serialize_struct("Meta", 10)?;
+        out.serialize_field("served_by", SERVED_BY)?;
+        out.serialize_field("served_by_primary", &true)?;
+        out.serialize_field("timings", &Timings { sql_duration_ms: m.duration_ms })?;
+        out.serialize_field("duration", &m.duration_ms)?;
+        out.serialize_field("changes", &m.changes)?;
+        out.serialize_field("last_row_id", &m.last_row_id)?;
+        out.serialize_field("changed_db", &m.changed_db)?;
+        out.serialize_field("size_after", &m.size_after)?;
+        out.serialize_field("rows_read", &m.rows_read)?;
+        out.serialize_field("rows_written", &m.rows_written)?;
+        out.end()
+    }
+}
+
+/// How rows are shaped in a result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowFormat {
+    /// An array of objects.
+    Objects,
+    /// Columns plus arrays.
+    Raw,
+}
+
+/// One statement's result as D1's REST API returns it: `{results, success, meta}`.
+pub struct JsonResult<'a> {
+    /// The result.
+    pub result: &'a StatementResult,
+    /// How to shape its rows.
+    pub format: RowFormat,
+}
+
+impl Serialize for JsonResult<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut out = s.serialize_struct("Result", 3)?;
+        match self.format {
+            RowFormat::Objects => out.serialize_field("results", &RowObjects(self.result))?,
+            RowFormat::Raw => out.serialize_field("results", &RowsAndColumns(self.result))?,
+        }
+        out.serialize_field("success", &true)?;
+        out.serialize_field("meta", &JsonMeta(&self.result.meta))?;
+        out.end()
+    }
+}
+
+/// All results of a request.
+pub struct JsonResults<'a> {
+    /// The results, one per statement.
+    pub results: &'a [StatementResult],
+    /// How to shape their rows.
+    pub format: RowFormat,
+}
+
+impl Serialize for JsonResults<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.results.len()))?;
+        for result in self.results {
+            seq.serialize_element(&JsonResult { result, format: self.format })?;
+        }
+        seq.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn result(columns: &[&str], rows: Vec<Vec<Value>>) -> StatementResult {
+        StatementResult { columns: columns.iter().map(|c| c.to_string()).collect(), rows, meta: Meta::default() }
+    }
+
+    #[test]
+    fn params_bind_like_d1() {
+        let p =
+            params_from_json(&[json!(1), json!(1.5), json!("x"), json!(null), json!(true), json!([1, 255]), json!([])])
+                .unwrap();
+        assert_eq!(
+            p,
+            vec![
+                Value::Integer(1),
+                Value::Real(1.5),
+                Value::Text("x".into()),
+                Value::Null,
+                Value::Integer(1),
+                Value::Blob(vec![1, 255]),
+                Value::Blob(vec![])
+            ]
+        );
+        assert!(param_from_json(&json!({"a": 1})).unwrap_err().starts_with("D1_TYPE_ERROR: Type 'object'"));
+        assert!(param_from_json(&json!([1, 256])).is_err());
+        assert!(param_from_json(&json!(["a"])).is_err());
+    }
+
+    #[test]
+    fn values_print_as_javascript_would() {
+        let r = result(
+            &["i", "r", "whole", "t", "b", "n", "inf"],
+            vec![vec![
+                Value::Integer(9007199254740993),
+                Value::Real(1.5),
+                Value::Real(2.0),
+                Value::Text("é".into()),
+                Value::Blob(vec![0, 7]),
+                Value::Null,
+                Value::Real(f64::INFINITY),
+            ]],
+        );
+        let json = serde_json::to_string(&RowObjects(&r)).unwrap();
+        assert_eq!(json, r#"[{"i":9007199254740993,"r":1.5,"whole":2,"t":"é","b":[0,7],"n":null,"inf":null}]"#);
+    }
+
+    #[test]
+    fn duplicate_columns_keep_the_last_value() {
+        let r = result(&["a", "c", "c"], vec![vec![Value::Integer(1), Value::Integer(2), Value::Integer(3)]]);
+        assert_eq!(serde_json::to_string(&RowObjects(&r)).unwrap(), r#"[{"a":1,"c":3}]"#);
+        assert_eq!(
+            serde_json::to_string(&RowsAndColumns(&r)).unwrap(),
+            r#"{"columns":["a","c","c"],"rows":[[1,2,3]]}"#
+        );
+    }
+}
