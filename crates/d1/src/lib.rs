@@ -21,7 +21,7 @@ use std::sync::Arc;
 use kura_catalog::{Catalog, D1Database, D1DatabaseList, NewD1Database};
 use kura_sqlite::{DatabaseOptions, Limits, Registry, RegistrySettings};
 
-pub use kura_sqlite::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};
+pub use kura_sqlite::{Access, Error as SqlError, Meta, Request, ResultMode, Statement, StatementResult, Value};
 pub use usage::UsageTotals;
 
 /// What can go wrong, grouped by what the caller must do.

@@ -4,7 +4,11 @@
 use serde::Serialize;
 use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct, Serializer};
 
+use kura_catalog::D1Database;
 use kura_sqlite::{Meta, StatementResult, Value};
+use serde_json::{Map, json};
+
+use crate::DatabaseDetails;
 
 /// Who answered, as D1's `meta.served_by` says it.
 pub const SERVED_BY: &str = "kura";
@@ -219,6 +223,45 @@ impl Serialize for JsonResults<'_> {
         }
         seq.end()
     }
+}
+
+/// A database as `GET /d1/database` lists it.
+pub fn database_list_item(db: &D1Database) -> serde_json::Value {
+    json!({
+        "uuid": db.uuid,
+        "name": db.name,
+        "created_at": db.created_at,
+        "version": "production",
+        "jurisdiction": db.jurisdiction,
+    })
+}
+
+/// A database as `POST /d1/database` returns it.
+pub fn created_database(db: &D1Database) -> serde_json::Value {
+    let mut result = database_list_item(db);
+    if let Some(hint) = &db.primary_location_hint {
+        result["primary_location_hint"] = json!(hint);
+        result["created_in_region"] = json!(hint.to_uppercase());
+    }
+    result
+}
+
+/// A database as `GET /d1/database/{id}` describes it.
+pub fn database_details(details: &DatabaseDetails) -> Map<String, serde_json::Value> {
+    let db = &details.database;
+    let mut out = Map::new();
+    out.insert("uuid".into(), json!(db.uuid));
+    out.insert("name".into(), json!(db.name));
+    out.insert("created_at".into(), json!(db.created_at));
+    out.insert("version".into(), json!("production"));
+    out.insert("num_tables".into(), json!(details.num_tables));
+    out.insert("file_size".into(), json!(details.file_size));
+    if let Some(hint) = &db.primary_location_hint {
+        out.insert("running_in_region".into(), json!(hint.to_uppercase()));
+    }
+    out.insert("read_replication".into(), json!({ "mode": db.read_replication }));
+    out.insert("jurisdiction".into(), json!(db.jurisdiction));
+    out
 }
 
 #[cfg(test)]

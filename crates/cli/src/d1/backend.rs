@@ -1,0 +1,220 @@
+//! Where `kura d1` commands run: in-process on the data directory (`--local`), or against a
+//! server speaking Cloudflare's v4 API (`--remote`). Both answer in the v4 API's JSON shapes,
+//! so the commands print the same way whichever runs them.
+
+use anyhow::Context;
+use reqwest::Method;
+use serde_json::{Value as Json, json};
+
+use kura_d1::wire::{JsonResults, RowFormat, created_database, database_details, database_list_item};
+use kura_d1::{CreateOptions, Request, Statement};
+use kura_server::{CredentialsConfig, Node, NodeSettings};
+
+use crate::DataArgs;
+use crate::api::ApiClient;
+use crate::config::Target;
+
+/// The data directory, opened in this process.
+pub struct Local {
+    node: Node,
+    account: String,
+}
+
+/// Where commands run.
+pub enum Backend {
+    /// In-process.
+    Local(Local),
+    /// Over the v4 API.
+    Remote(ApiClient),
+}
+
+/// Percent-encodes a path segment (database names are plain, but be safe with anything).
+fn segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+impl Backend {
+    pub async fn open(remote: bool, data: &DataArgs) -> anyhow::Result<Self> {
+        if remote {
+            return Ok(Backend::Remote(ApiClient::from_env().await?));
+        }
+        let node = Node::open(&data.data, NodeSettings::default())?;
+        let credentials = CredentialsConfig { account_id: std::env::var("KURA_ACCOUNT_ID").ok(), api_token: None };
+        let boot = node.bootstrap(&credentials)?;
+        if let Some(secret) = boot.new_token {
+            eprintln!(
+                "Created account {} in {} with an admin API token (shown only this once): {secret}",
+                boot.account.id,
+                data.data.display()
+            );
+        }
+        Ok(Backend::Local(Local { node, account: boot.account.id }))
+    }
+
+    pub fn is_remote(&self) -> bool {
+        matches!(self, Backend::Remote(_))
+    }
+
+    pub async fn create(&self, name: &str, options: CreateOptions) -> anyhow::Result<Json> {
+        match self {
+            Backend::Local(l) => Ok(created_database(&l.node.d1().create(&l.account, name, options).await?)),
+            Backend::Remote(api) => {
+                let mut body = json!({ "name": name });
+                if let Some(hint) = options.primary_location_hint {
+                    body["primary_location_hint"] = json!(hint);
+                }
+                if let Some(j) = options.jurisdiction {
+                    body["jurisdiction"] = json!(j);
+                }
+                api.call(Method::POST, &api.account_path("/d1/database"), Some(&body)).await
+            }
+        }
+    }
+
+    /// Every database, all pages.
+    pub async fn list(&self) -> anyhow::Result<Vec<Json>> {
+        match self {
+            Backend::Local(l) => {
+                let listing = l.node.d1().list(&l.account, None, 1, u64::MAX)?;
+                Ok(listing.databases.iter().map(database_list_item).collect())
+            }
+            Backend::Remote(api) => {
+                let mut all = Vec::new();
+                for page in 1.. {
+                    let path = api.account_path(&format!("/d1/database?page={page}&per_page=100"));
+                    let items = api.call(Method::GET, &path, None).await?;
+                    let items = items.as_array().cloned().unwrap_or_default();
+                    let done = items.len() < 100;
+                    all.extend(items);
+                    if done {
+                        break;
+                    }
+                }
+                Ok(all)
+            }
+        }
+    }
+
+    /// The database's id: the configuration's, or looked up by name.
+    pub async fn resolve(&self, target: &Target) -> anyhow::Result<String> {
+        match self {
+            Backend::Local(l) => {
+                let d1 = l.node.d1();
+                if let Some(found) = target.id.as_deref().and_then(|id| d1.get(&l.account, id).ok()) {
+                    return Ok(found.uuid);
+                }
+                match d1.get(&l.account, &target.name) {
+                    Ok(db) => Ok(db.uuid),
+                    // A database the configuration declares is created locally on first use, as
+                    // wrangler's local mode does.
+                    Err(kura_d1::Error::NotFound(_)) if target.binding.is_some() => {
+                        Ok(d1.create(&l.account, &target.name, CreateOptions::default()).await?.uuid)
+                    }
+                    Err(e) => Err(e).with_context(|| {
+                        format!("no local database '{}'; create it with `kura d1 create {}`", target.name, target.name)
+                    }),
+                }
+            }
+            Backend::Remote(api) => {
+                if let Some(id) = &target.id {
+                    return Ok(id.clone());
+                }
+                let path = api.account_path(&format!("/d1/database/{}?fields=uuid,name", segment(&target.name)));
+                let found = api.call(Method::GET, &path, None).await.with_context(|| {
+                    format!("Couldn't find a D1 DB with name or binding '{}' in your config or the API", target.name)
+                })?;
+                found["uuid"].as_str().map(str::to_owned).context("the API answered without a database id")
+            }
+        }
+    }
+
+    pub async fn details(&self, uuid: &str) -> anyhow::Result<Json> {
+        match self {
+            Backend::Local(l) => Ok(Json::Object(database_details(&l.node.d1().details(&l.account, uuid).await?))),
+            Backend::Remote(api) => {
+                api.call(Method::GET, &api.account_path(&format!("/d1/database/{uuid}")), None).await
+            }
+        }
+    }
+
+    pub async fn delete(&self, uuid: &str) -> anyhow::Result<()> {
+        match self {
+            Backend::Local(l) => {
+                l.node.d1().delete(&l.account, uuid).await?;
+            }
+            Backend::Remote(api) => {
+                api.call(Method::DELETE, &api.account_path(&format!("/d1/database/{uuid}")), None).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs SQL (one or many statements) atomically; results as `/query` returns them.
+    pub async fn query(&self, uuid: &str, sql: &str) -> anyhow::Result<Vec<Json>> {
+        match self {
+            Backend::Local(l) => {
+                let request = Request::new(vec![Statement::new(sql)]);
+                let results = l.node.d1().query(&l.account, uuid, request).await?;
+                let json = serde_json::to_value(JsonResults { results: &results, format: RowFormat::Objects })?;
+                Ok(json.as_array().cloned().unwrap_or_default())
+            }
+            Backend::Remote(api) => {
+                let path = api.account_path(&format!("/d1/database/{uuid}/query"));
+                let result = api.call(Method::POST, &path, Some(&json!({ "sql": sql }))).await?;
+                Ok(result.as_array().cloned().unwrap_or_default())
+            }
+        }
+    }
+
+    /// Queries, rows read and rows written in the last 24 hours.
+    pub async fn usage_24h(&self, uuid: &str) -> anyhow::Result<[u64; 4]> {
+        let now = jiff::Timestamp::now();
+        let from = now.as_second() - 24 * 3600;
+        match self {
+            Backend::Local(l) => {
+                let mut sums = [0u64; 4];
+                for u in l.node.d1().usage(uuid, from, now.as_second())? {
+                    sums[0] += u.read_queries;
+                    sums[1] += u.write_queries;
+                    sums[2] += u.rows_read;
+                    sums[3] += u.rows_written;
+                }
+                Ok(sums)
+            }
+            Backend::Remote(api) => {
+                let body = json!({
+                    "query": "query getD1MetricsOverviewQuery($accountTag: string, $filter: ZoneWorkersRequestsFilter_InputObject) { viewer { accounts(filter: {accountTag: $accountTag}) { d1AnalyticsAdaptiveGroups(limit: 10000, filter: $filter) { sum { readQueries writeQueries rowsRead rowsWritten } dimensions { datetimeHour } } } } }",
+                    "variables": {
+                        "accountTag": api.account,
+                        "filter": { "AND": [{
+                            "datetimeHour_geq": jiff::Timestamp::from_second(from)?.to_string(),
+                            "datetimeHour_leq": now.to_string(),
+                            "databaseId": uuid,
+                        }]},
+                    },
+                });
+                let answer = api.call_raw(Method::POST, "/graphql", &body).await?;
+                let mut sums = [0u64; 4];
+                let groups = &answer["data"]["viewer"]["accounts"][0]["d1AnalyticsAdaptiveGroups"];
+                for g in groups.as_array().into_iter().flatten() {
+                    for (i, key) in ["readQueries", "writeQueries", "rowsRead", "rowsWritten"].iter().enumerate() {
+                        sums[i] += g["sum"][key].as_u64().unwrap_or(0);
+                    }
+                }
+                Ok(sums)
+            }
+        }
+    }
+
+    /// Closes the data directory cleanly (local) after the command.
+    pub async fn close(self) {
+        if let Backend::Local(l) = self {
+            l.node.d1().shutdown().await;
+        }
+    }
+}

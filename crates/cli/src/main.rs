@@ -1,0 +1,88 @@
+//! `kura`: the one binary. `kura serve` runs the server on a data directory; `kura d1 …` works
+//! on D1 databases locally (in-process, on the data directory) or remotely (any server speaking
+//! Cloudflare's v4 API: kura, or Cloudflare itself); `kura accounts` and `kura tokens` manage
+//! credentials.
+
+mod admin;
+mod api;
+mod config;
+mod d1;
+mod output;
+mod serve;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// kura: D1, R2 and Durable Objects on your own machines.
+#[derive(Parser)]
+#[command(name = "kura", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server: Cloudflare's v4 API (D1) and the S3 listener, on a data directory.
+    Serve(serve::ServeArgs),
+    /// Manage D1 databases, locally or remotely.
+    #[command(subcommand)]
+    D1(d1::D1Command),
+    /// Manage accounts in the data directory.
+    #[command(subcommand)]
+    Accounts(admin::AccountsCommand),
+    /// Manage API tokens in the data directory.
+    #[command(subcommand)]
+    Tokens(admin::TokensCommand),
+}
+
+/// Where the data directory is.
+#[derive(Args, Clone, Debug)]
+pub struct DataArgs {
+    /// The data directory.
+    #[arg(long = "data", env = "KURA_DATA", default_value = ".kura", global = true)]
+    pub data: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KURA_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log_filter(&cli.command))),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve::run(args).await,
+            Command::D1(command) => d1::run(command).await,
+            Command::Accounts(command) => admin::run_accounts(command),
+            Command::Tokens(command) => admin::run_tokens(command),
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("✘ {}", output::error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The server logs its start and notable events; other commands stay quiet unless asked.
+fn default_log_filter(command: &Command) -> &'static str {
+    match command {
+        Command::Serve(_) => "info,tower_http=warn",
+        _ => "warn",
+    }
+}

@@ -1,0 +1,82 @@
+//! `kura serve`: opens the data directory, makes sure there is an account and a token to use,
+//! binds the listeners and serves until interrupted.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use clap::Args;
+use kura_server::{CredentialsConfig, Node, NodeSettings};
+use tokio::net::TcpListener;
+
+use crate::DataArgs;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    data: DataArgs,
+    /// Address of the Cloudflare v4 API listener.
+    #[arg(long, env = "KURA_LISTEN", default_value = "127.0.0.1:8780")]
+    listen: SocketAddr,
+    /// Address of the S3 listener.
+    #[arg(long, env = "KURA_S3_LISTEN", default_value = "127.0.0.1:8781")]
+    s3_listen: SocketAddr,
+    /// Use exactly this account id (created if missing).
+    #[arg(long, env = "KURA_ACCOUNT_ID", hide_env_values = true)]
+    account_id: Option<String>,
+    /// Make this secret an admin API token of the account.
+    #[arg(long, env = "KURA_API_TOKEN", hide_env_values = true)]
+    api_token: Option<String>,
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let node = Node::open(&args.data.data, NodeSettings::default())?;
+    let credentials = CredentialsConfig { account_id: args.account_id.clone(), api_token: args.api_token.clone() };
+    let boot = node.bootstrap(&credentials)?;
+    let api = TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
+    let s3 = TcpListener::bind(args.s3_listen).await.with_context(|| format!("cannot listen on {}", args.s3_listen))?;
+    let api_url = format!("http://{}/client/v4", api.local_addr()?);
+    let s3_url = format!("http://{}", s3.local_addr()?);
+
+    println!("kura {} serving {}", env!("CARGO_PKG_VERSION"), node.dir().display());
+    println!("  API (Cloudflare v4): {api_url}");
+    println!("  S3:                  {s3_url}");
+    println!("  account:             {}", boot.account.id);
+    if let Some(secret) = &boot.new_token {
+        println!();
+        println!("Created an admin API token; it is shown only this once:");
+        println!("  {secret}");
+        println!();
+        println!("Point wrangler at kura with:");
+        println!("  export CLOUDFLARE_API_BASE_URL={api_url}");
+        println!("  export CLOUDFLARE_ACCOUNT_ID={}", boot.account.id);
+        println!("  export CLOUDFLARE_API_TOKEN={secret}");
+    }
+    println!("ready");
+
+    kura_server::serve(node, api, s3, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,73 @@
+//! Who is calling: the bearer token of each v4 API request, checked against the catalog, and
+//! what it may do in which account.
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+
+use kura_catalog::{Scope, Token};
+
+use crate::AppState;
+use crate::rest::ApiError;
+
+/// The authenticated caller of a request.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The token that authenticated the request.
+    pub token: Token,
+}
+
+/// What an endpoint needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Read D1 databases.
+    D1Read,
+    /// Change D1 databases.
+    D1Write,
+}
+
+impl Caller {
+    /// Checks that the caller acts for `account_id` and may do `need` there. A token of another
+    /// account gets the same answer whether or not the account exists.
+    pub fn require(&self, account_id: &str, need: Need) -> Result<(), ApiError> {
+        let allowed = match need {
+            Need::D1Read => self.token.scope.can_read_d1(),
+            Need::D1Write => self.token.scope.can_write_d1(),
+        };
+        if self.token.account_id != account_id || !allowed {
+            return Err(ApiError::forbidden());
+        }
+        Ok(())
+    }
+
+    /// Whether the caller may run statements that write.
+    pub fn can_write_d1(&self) -> bool {
+        self.token.scope.can_write_d1()
+    }
+
+    /// The caller's scope.
+    pub fn scope(&self) -> Scope {
+        self.token.scope
+    }
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        let header = parts.headers.get(AUTHORIZATION).ok_or_else(ApiError::missing_credentials)?;
+        let header = header.to_str().map_err(|_| ApiError::malformed_credentials())?;
+        let secret = match header.split_once(' ') {
+            Some((scheme, secret)) if scheme.eq_ignore_ascii_case("bearer") => secret.trim(),
+            _ => return Err(ApiError::malformed_credentials()),
+        };
+        if secret.is_empty() {
+            return Err(ApiError::malformed_credentials());
+        }
+        match state.catalog.authenticate(secret) {
+            Ok(Some(token)) => Ok(Caller { token }),
+            Ok(None) => Err(ApiError::invalid_token()),
+            Err(e) => Err(ApiError::internal(&e)),
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! kura's HTTP server: Cloudflare's v4 REST API (D1) under `/client/v4`, `/healthz`, and the
+//! S3 listener, over the engines of one data directory.
+//!
+//! - [`Node`]: an opened, locked data directory with its catalog and engines.
+//! - [`serve`]: runs the API and S3 listeners until a shutdown future resolves.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use kura_server::{Node, NodeSettings, serve};
+//! let node = Node::open(std::path::Path::new(".kura"), NodeSettings::default())?;
+//! let api = tokio::net::TcpListener::bind("127.0.0.1:8780").await?;
+//! let s3 = tokio::net::TcpListener::bind("127.0.0.1:8781").await?;
+//! serve(node, api, s3, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod auth;
+mod node;
+pub mod rest;
+mod s3;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::get;
+use kura_catalog::Catalog;
+use kura_d1::D1;
+use tokio::net::TcpListener;
+use tower_http::trace::TraceLayer;
+
+pub use node::{Bootstrap, CredentialsConfig, Node, NodeError, NodeSettings, bootstrap};
+
+/// Largest request body accepted, in bytes: room for a batch of 100 statements with 2 MB values.
+pub const MAX_BODY_BYTES: usize = 256 * 1024 * 1024;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    /// Accounts and tokens.
+    pub catalog: Arc<Catalog>,
+    /// The D1 engine.
+    pub d1: Arc<D1>,
+}
+
+/// The API listener's whole application: `/healthz` and `/client/v4/…`.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .nest("/client/v4", rest::routes())
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// Serves the API and S3 listeners until `shutdown` resolves, then drains requests in flight
+/// and closes every database.
+pub async fn serve(
+    node: Node,
+    api: TcpListener,
+    s3: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let state = AppState { catalog: Arc::clone(node.catalog()), d1: Arc::clone(node.d1()) };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let usage_flusher = tokio::spawn(flush_usage_periodically(Arc::clone(&state.d1), stopped(stop_rx.clone())));
+    let api_server = axum::serve(api, app(state.clone())).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let s3_server = axum::serve(s3, s3::routes()).with_graceful_shutdown(stopped(stop_rx));
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let (api_result, s3_result) = tokio::join!(api_server.into_future(), s3_server.into_future());
+    let _ = usage_flusher.await;
+    state.d1.shutdown().await;
+    drop(node);
+    api_result.and(s3_result)
+}
+
+async fn flush_usage_periodically(d1: Arc<D1>, stop: impl Future<Output = ()>) {
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(Duration::from_secs(30)) => {
+                let d1 = Arc::clone(&d1);
+                let flushed = tokio::task::spawn_blocking(move || d1.flush_usage()).await;
+                if let Ok(Err(e)) = flushed {
+                    tracing::warn!(error = %e, "could not save D1 usage counters");
+                }
+            }
+        }
+    }
+}

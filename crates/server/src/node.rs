@@ -1,0 +1,151 @@
+//! A data directory opened by one process: its lock, its catalog, its engines, and the first
+//! account and admin token it creates.
+
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kura_catalog::{Account, Catalog, Scope};
+use kura_d1::{D1, D1Settings};
+
+/// Why a data directory could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// Another kura process holds the directory.
+    #[error(
+        "the data directory {dir} is in use by another kura process{}; stop it, or talk to it with --remote",
+        pid.as_deref().map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    Busy {
+        /// The directory.
+        dir: PathBuf,
+        /// The holder's process id, as it wrote it.
+        pid: Option<String>,
+    },
+    /// The file system failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What kura was doing.
+        context: String,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The catalog failed or refused the configured credentials.
+    #[error(transparent)]
+    Catalog(#[from] kura_catalog::Error),
+    /// The D1 engine failed to start.
+    #[error(transparent)]
+    D1(#[from] kura_d1::Error),
+}
+
+/// Credentials pinned by configuration (`KURA_ACCOUNT_ID`, `KURA_API_TOKEN`).
+#[derive(Debug, Clone, Default)]
+pub struct CredentialsConfig {
+    /// Use exactly this account id.
+    pub account_id: Option<String>,
+    /// Make this secret an admin token of that account.
+    pub api_token: Option<String>,
+}
+
+/// The account kura acts for by default, and an admin token if one was just created.
+#[derive(Debug, Clone)]
+pub struct Bootstrap {
+    /// The account.
+    pub account: Account,
+    /// The secret of an admin token created just now, to show once.
+    pub new_token: Option<String>,
+}
+
+/// Settings of the engines a node runs.
+#[derive(Debug, Clone, Default)]
+pub struct NodeSettings {
+    /// The D1 engine's settings.
+    pub d1: D1Settings,
+}
+
+/// An opened data directory. Dropping it releases the directory.
+pub struct Node {
+    dir: PathBuf,
+    catalog: Arc<Catalog>,
+    d1: Arc<D1>,
+    _lock: File,
+}
+
+impl Node {
+    /// Opens (creating if needed) the data directory and locks it for this process.
+    pub fn open(dir: &Path, settings: NodeSettings) -> Result<Node, NodeError> {
+        let io = |context: String| move |source| NodeError::Io { context, source };
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        let lock = lock_directory(dir)?;
+        let catalog = Arc::new(Catalog::open(dir.join("catalog.sqlite"))?);
+        let d1 = Arc::new(D1::open(dir, Arc::clone(&catalog), settings.d1)?);
+        Ok(Node { dir: dir.to_owned(), catalog, d1, _lock: lock })
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The catalog.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// The D1 engine.
+    pub fn d1(&self) -> &Arc<D1> {
+        &self.d1
+    }
+
+    /// Makes sure the default account exists (with `config`'s id if given) and, if configured,
+    /// that the configured secret is one of its admin tokens. A brand-new account without a
+    /// configured token gets an admin token, whose secret is returned to be shown once.
+    pub fn bootstrap(&self, config: &CredentialsConfig) -> Result<Bootstrap, NodeError> {
+        bootstrap(&self.catalog, config)
+    }
+}
+
+/// Bootstraps credentials in a catalog; see [`Node::bootstrap`].
+pub fn bootstrap(catalog: &Catalog, config: &CredentialsConfig) -> Result<Bootstrap, NodeError> {
+    let existing = match &config.account_id {
+        Some(id) => catalog.account(id)?,
+        None => catalog.default_account()?,
+    };
+    let (account, created) = match existing {
+        Some(account) => (account, false),
+        None => (catalog.create_account(config.account_id.as_deref(), "default")?, true),
+    };
+    if let Some(secret) = &config.api_token {
+        catalog.ensure_admin_token(&account.id, secret)?;
+        return Ok(Bootstrap { account, new_token: None });
+    }
+    let new_token = if created {
+        Some(catalog.create_token(&account.id, "admin (created on first start)", Scope::Admin, None)?.1)
+    } else {
+        None
+    };
+    Ok(Bootstrap { account, new_token })
+}
+
+/// Takes `<dir>/kura.lock` exclusively and writes our pid into it.
+fn lock_directory(dir: &Path) -> Result<File, NodeError> {
+    let path = dir.join("kura.lock");
+    let io = |source| NodeError::Io { context: format!("opening {}", path.display()), source };
+    let mut file = File::options().read(true).write(true).create(true).truncate(false).open(&path).map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            let pid = Some(pid.trim().to_owned()).filter(|p| !p.is_empty());
+            return Err(NodeError::Busy { dir: dir.to_owned(), pid });
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+    }
+    file.set_len(0).map_err(io)?;
+    file.rewind().map_err(io)?;
+    write!(file, "{}", std::process::id()).map_err(io)?;
+    Ok(file)
+}

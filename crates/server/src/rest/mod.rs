@@ -1,0 +1,221 @@
+//! Cloudflare's v4 REST API under `/client/v4`: the route table, the response envelope, and the
+//! one place where every error becomes its wire form (status, Cloudflare code, message).
+
+mod d1;
+mod extract;
+mod graphql;
+mod user;
+
+use std::collections::HashMap;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::AppState;
+
+/// Every v4 route kura serves.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/accounts", get(user::list_accounts))
+        .route("/memberships", get(user::list_memberships))
+        .route("/user/tokens/verify", get(user::verify_token))
+        .route("/accounts/{account_id}/tokens/verify", get(user::verify_account_token))
+        .route("/accounts/{account_id}/d1/database", get(d1::list).post(d1::create))
+        .route(
+            "/accounts/{account_id}/d1/database/{database}",
+            get(d1::details).delete(d1::delete).put(d1::update).patch(d1::update),
+        )
+        .route("/accounts/{account_id}/d1/database/{database}/query", post(d1::query))
+        .route("/accounts/{account_id}/d1/database/{database}/raw", post(d1::raw))
+        .route("/graphql", post(graphql::query))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, 7003, "No route for that URI") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(StatusCode::METHOD_NOT_ALLOWED, 7001, "Method not allowed for this URI")
+        })
+}
+
+/// The success envelope: `{result, success: true, errors: [], messages: [], result_info?}`.
+#[derive(Serialize)]
+pub struct Envelope<T: Serialize> {
+    result: T,
+    success: bool,
+    errors: [(); 0],
+    messages: [(); 0],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result_info: Option<ResultInfo>,
+}
+
+/// Pagination of a listing.
+#[derive(Serialize, Debug, Clone, Copy)]
+pub struct ResultInfo {
+    /// The page (1-based).
+    pub page: u64,
+    /// Items per page.
+    pub per_page: u64,
+    /// Items on this page.
+    pub count: u64,
+    /// Items on all pages.
+    pub total_count: u64,
+}
+
+/// Wraps a result in the success envelope.
+pub fn ok<T: Serialize>(result: T) -> Response {
+    axum::Json(Envelope { result, success: true, errors: [], messages: [], result_info: None }).into_response()
+}
+
+/// Wraps a page of results in the success envelope.
+pub fn ok_paged<T: Serialize>(result: T, info: ResultInfo) -> Response {
+    axum::Json(Envelope { result, success: true, errors: [], messages: [], result_info: Some(info) }).into_response()
+}
+
+/// An error in Cloudflare's envelope: `{result: null, success: false, errors: [{code, message}]}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: u32,
+    message: String,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    result: (),
+    success: bool,
+    errors: [ErrorItem<'a>; 1],
+    messages: [(); 0],
+}
+
+#[derive(Serialize)]
+struct ErrorItem<'a> {
+    code: u32,
+    message: &'a str,
+}
+
+impl ApiError {
+    /// An error with an explicit status, Cloudflare code and message.
+    pub fn new(status: StatusCode, code: u32, message: impl Into<String>) -> Self {
+        ApiError { status, code, message: message.into() }
+    }
+
+    /// A malformed request (D1's code 7400).
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, 7400, message)
+    }
+
+    /// No credentials at all.
+    pub fn missing_credentials() -> Self {
+        ApiError::new(StatusCode::UNAUTHORIZED, 9106, "Missing X-Auth-Key, X-Auth-Email or Authorization headers")
+    }
+
+    /// An Authorization header that is not `Bearer <token>`.
+    pub fn malformed_credentials() -> Self {
+        ApiError::new(StatusCode::UNAUTHORIZED, 6111, "Invalid format for Authorization header")
+    }
+
+    /// A token that is unknown or revoked.
+    pub fn invalid_token() -> Self {
+        ApiError::new(StatusCode::UNAUTHORIZED, 10000, "Authentication error")
+    }
+
+    /// A valid token that may not do this (another account, or too narrow a scope).
+    pub fn forbidden() -> Self {
+        ApiError::new(StatusCode::FORBIDDEN, 10000, "Authentication error")
+    }
+
+    /// A failure that is kura's fault: logged in full, answered with a reference.
+    pub fn internal(error: &dyn std::fmt::Display) -> Self {
+        let reference = format!("{:016x}", jiff::Timestamp::now().as_nanosecond() as u64);
+        tracing::error!(reference, error = %error, "internal error");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, 7500, format!("internal error; reference = {reference}"))
+    }
+
+    /// The status this error is answered with.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            result: (),
+            success: false,
+            errors: [ErrorItem { code: self.code, message: &self.message }],
+            messages: [],
+        };
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl From<kura_d1::Error> for ApiError {
+    fn from(e: kura_d1::Error) -> Self {
+        use kura_d1::Error as E;
+        use kura_d1::SqlError as S;
+        match e {
+            E::NotFound(id) => {
+                ApiError::new(StatusCode::NOT_FOUND, 7404, format!("The database {id} could not be found"))
+            }
+            E::DuplicateName => {
+                ApiError::new(StatusCode::BAD_REQUEST, 7502, "A database with that name already exists")
+            }
+            E::LimitReached(n) => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                7406,
+                format!("System limit reached: databases per account ({n})"),
+            ),
+            E::Invalid(m) => ApiError::bad_request(m),
+            E::Sql(sql) => match sql {
+                S::Sql { message, .. } => ApiError::new(StatusCode::BAD_REQUEST, 7500, message),
+                S::NoStatements => ApiError::new(StatusCode::BAD_REQUEST, 7500, "No SQL statements detected."),
+                S::ReadOnly { sql } => ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    10000,
+                    format!(
+                        "Authentication error: this token may only read (D1 Read), and this statement writes: {sql}"
+                    ),
+                ),
+                S::Overloaded => {
+                    ApiError::new(StatusCode::TOO_MANY_REQUESTS, 7500, "D1 DB is overloaded. Too many requests queued.")
+                }
+                S::Closed => ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    7500,
+                    "D1 DB is closing or was deleted while the request waited; retry the operation",
+                ),
+                other => ApiError::internal(&other),
+            },
+            other => ApiError::internal(&other),
+        }
+    }
+}
+
+impl From<kura_catalog::Error> for ApiError {
+    fn from(e: kura_catalog::Error) -> Self {
+        match e {
+            kura_catalog::Error::Invalid(m) => ApiError::bad_request(m),
+            other => ApiError::internal(&other),
+        }
+    }
+}
+
+/// Parses a JSON body; anything malformed is a 400 with serde's explanation.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request("The request is malformed: the body must be a JSON object"));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("The request is malformed: {e}")))
+}
+
+/// Reads an optional positive integer from the query string.
+pub fn query_number(query: &HashMap<String, String>, name: &str) -> Result<Option<u64>, ApiError> {
+    match query.get(name) {
+        None => Ok(None),
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => v.parse::<u64>().map(Some).map_err(|_| {
+            ApiError::bad_request(format!("Invalid query parameter {name}: expected a positive integer, got '{v}'"))
+        }),
+    }
+}

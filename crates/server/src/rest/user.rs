@@ -1,0 +1,52 @@
+//! Who the token is: `/accounts`, `/memberships` and token verification, which wrangler calls
+//! to discover the account when `CLOUDFLARE_ACCOUNT_ID` is not set.
+
+use axum::extract::State;
+use axum::response::Response;
+use serde_json::json;
+
+use super::extract::V4Path;
+use super::{ApiError, ResultInfo, ok, ok_paged};
+use crate::AppState;
+use crate::auth::Caller;
+
+fn one_page() -> ResultInfo {
+    ResultInfo { page: 1, per_page: 20, count: 1, total_count: 1 }
+}
+
+fn account_name(app: &AppState, id: &str) -> Result<String, ApiError> {
+    Ok(app.catalog.account(id)?.map(|a| a.name).unwrap_or_else(|| id.to_owned()))
+}
+
+/// `GET /accounts`: the caller's account.
+pub async fn list_accounts(State(app): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
+    let id = &caller.token.account_id;
+    let name = account_name(&app, id)?;
+    Ok(ok_paged(json!([{ "id": id, "name": name, "type": "standard", "settings": {} }]), one_page()))
+}
+
+/// `GET /memberships`: the caller's membership of its account.
+pub async fn list_memberships(State(app): State<AppState>, caller: Caller) -> Result<Response, ApiError> {
+    let id = &caller.token.account_id;
+    let name = account_name(&app, id)?;
+    let membership = json!([{
+        "id": caller.token.id,
+        "account": { "id": id, "name": name },
+        "status": "accepted",
+        "roles": [caller.scope().to_string()],
+    }]);
+    Ok(ok_paged(membership, one_page()))
+}
+
+/// `GET /user/tokens/verify`
+pub async fn verify_token(caller: Caller) -> Result<Response, ApiError> {
+    Ok(ok(json!({ "id": caller.token.id, "status": "active" })))
+}
+
+/// `GET /accounts/{account_id}/tokens/verify`
+pub async fn verify_account_token(caller: Caller, V4Path(account_id): V4Path<String>) -> Result<Response, ApiError> {
+    if caller.token.account_id != account_id {
+        return Err(ApiError::forbidden());
+    }
+    Ok(ok(json!({ "id": caller.token.id, "status": "active" })))
+}
