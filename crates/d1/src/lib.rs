@@ -31,6 +31,9 @@ pub enum Error {
     /// No database with this id or name in the account.
     #[error("The database {0} could not be found")]
     NotFound(String),
+    /// The id in the request is neither a UUID nor a database name.
+    #[error("Invalid property: databaseId => Invalid uuid: {0}")]
+    InvalidId(String),
     /// The name is taken in the account.
     #[error("A database with that name already exists")]
     DuplicateName,
@@ -186,6 +189,9 @@ impl D1 {
 
     /// The account's database with this id or name.
     pub fn get(&self, account_id: &str, id_or_name: &str) -> Result<D1Database> {
+        if !is_uuid(&id_or_name.to_ascii_lowercase()) && !kura_catalog::is_valid_database_name(id_or_name) {
+            return Err(Error::InvalidId(id_or_name.to_owned()));
+        }
         self.catalog.d1_database(account_id, id_or_name)?.ok_or_else(|| Error::NotFound(id_or_name.to_owned()))
     }
 

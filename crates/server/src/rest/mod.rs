@@ -158,6 +158,7 @@ impl From<kura_d1::Error> for ApiError {
             E::NotFound(id) => {
                 ApiError::new(StatusCode::NOT_FOUND, 7404, format!("The database {id} could not be found"))
             }
+            E::InvalidId(id) => ApiError::bad_request(format!("Invalid property: databaseId => Invalid uuid: {id}")),
             E::DuplicateName => {
                 ApiError::new(StatusCode::BAD_REQUEST, 7502, "A database with that name already exists")
             }

@@ -1,0 +1,124 @@
+//! Authentication and scopes: missing, malformed, wrong and revoked tokens; read-only tokens;
+//! accounts never reaching each other's databases.
+
+use kura_catalog::Scope;
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::common::{ACCOUNT, Server};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_get_401_in_the_envelope() {
+    let server = Server::start().await;
+    let path = server.d1("");
+    let (status, body) = server.call_as(None, Method::GET, &path, None).await;
+    assert_eq!((status, body["errors"][0]["code"].as_i64()), (StatusCode::UNAUTHORIZED, Some(9106)));
+    assert_eq!(body["success"], false);
+    assert_eq!(body["result"], json!(null));
+
+    let raw =
+        server.http.get(format!("{}{path}", server.base)).header("authorization", "Basic abc").send().await.unwrap();
+    assert_eq!(raw.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(raw.json::<serde_json::Value>().await.unwrap()["errors"][0]["code"], 6111);
+
+    let (status, body) = server.call_as(Some("not-a-real-token-at-all"), Method::GET, &path, None).await;
+    assert_eq!((status, body["errors"][0]["code"].as_i64()), (StatusCode::UNAUTHORIZED, Some(10000)));
+
+    let secret = server.token(Scope::Admin);
+    assert_eq!(server.call_as(Some(&secret), Method::GET, &path, None).await.0, StatusCode::OK);
+    let token = server.catalog.authenticate(&secret).unwrap().unwrap();
+    assert!(server.catalog.revoke_token(ACCOUNT, &token.id).unwrap());
+    assert_eq!(server.call_as(Some(&secret), Method::GET, &path, None).await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_tokens_read_and_cannot_write() {
+    let server = Server::start().await;
+    let db = server.create_db("shop").await;
+    server
+        .ok(
+            &db,
+            "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO items (name) VALUES ('a')",
+            json!([]),
+        )
+        .await;
+    let reader = server.token(Scope::D1Read);
+
+    let (status, _) = server.call_as(Some(&reader), Method::GET, &server.d1(""), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let query = server.d1(&format!("/{db}/query"));
+    let (status, body) = server
+        .call_as(Some(&reader), Method::POST, &query, Some(json!({"sql": "SELECT count(*) AS n FROM items"})))
+        .await;
+    assert_eq!((status, &body["result"][0]["results"][0]["n"]), (StatusCode::OK, &json!(1)));
+
+    let (status, body) = server
+        .call_as(
+            Some(&reader),
+            Method::POST,
+            &query,
+            Some(json!({"sql": "SELECT 1; INSERT INTO items (name) VALUES ('b')"})),
+        )
+        .await;
+    assert_eq!((status, body["errors"][0]["code"].as_i64()), (StatusCode::FORBIDDEN, Some(10000)));
+    let (status, _) = server.call_as(Some(&reader), Method::POST, &server.d1(""), Some(json!({"name": "x"}))).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = server.call_as(Some(&reader), Method::DELETE, &server.d1(&format!("/{db}")), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    let n = server.ok(&db, "SELECT count(*) AS n FROM items", json!([])).await;
+    assert_eq!(n[0]["results"][0]["n"], 1, "the refused write changed nothing");
+
+    let writer = server.token(Scope::D1Write);
+    let (status, _) = server
+        .call_as(Some(&writer), Method::POST, &query, Some(json!({"sql": "INSERT INTO items (name) VALUES ('c')"})))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_token_of_one_account_reaches_another() {
+    let server = Server::start().await;
+    let db = server.create_db("private").await;
+    let other = server.catalog.create_account(Some("other-account"), "other").unwrap();
+    let (_, other_token) = server.catalog.create_token(&other.id, "t", Scope::Admin, None).unwrap();
+
+    // Through our account's URLs: refused, whether the database exists or not.
+    for path in [server.d1(""), server.d1(&format!("/{db}")), server.d1("/00000000-0000-4000-8000-000000000000")] {
+        let (status, body) = server.call_as(Some(&other_token), Method::GET, &path, None).await;
+        assert_eq!((status, body["errors"][0]["code"].as_i64()), (StatusCode::FORBIDDEN, Some(10000)), "{path}");
+    }
+    let (status, _) = server
+        .call_as(
+            Some(&other_token),
+            Method::POST,
+            &server.d1(&format!("/{db}/query")),
+            Some(json!({"sql": "SELECT 1"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    // Through its own account's URLs: our database does not exist there.
+    let theirs = format!("/accounts/{}/d1/database/{db}", other.id);
+    let (status, body) = server.call_as(Some(&other_token), Method::GET, &theirs, None).await;
+    assert_eq!((status, body["errors"][0]["code"].as_i64()), (StatusCode::NOT_FOUND, Some(7404)));
+    let (status, _) = server
+        .call_as(Some(&other_token), Method::POST, &format!("{theirs}/query"), Some(json!({"sql": "SELECT 1"})))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, listing) =
+        server.call_as(Some(&other_token), Method::GET, &format!("/accounts/{}/d1/database", other.id), None).await;
+    assert_eq!(listing["result"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_and_memberships_show_the_tokens_account() {
+    let server = Server::start().await;
+    let (status, body) = server.call(Method::GET, "/accounts", None).await;
+    assert_eq!((status, &body["result"][0]["id"]), (StatusCode::OK, &json!(ACCOUNT)));
+    assert_eq!(body["result_info"]["total_count"], 1);
+    let (_, body) = server.call(Method::GET, "/memberships", None).await;
+    assert_eq!(body["result"][0]["account"]["id"], ACCOUNT);
+    let (_, body) = server.call(Method::GET, "/user/tokens/verify", None).await;
+    assert_eq!(body["result"]["status"], "active");
+}

@@ -1,0 +1,9 @@
+//! The server over real HTTP: a real kura server on a free loopback port, spoken to with an
+//! HTTP client, one module per topic.
+
+mod auth;
+mod common;
+mod databases;
+mod limits;
+mod patterns;
+mod query;
