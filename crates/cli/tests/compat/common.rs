@@ -1,0 +1,138 @@
+//! A `kura serve` child process on free ports and a fresh data directory, and helpers to run
+//! commands against it.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+pub const ACCOUNT: &str = "compat-account";
+pub const TOKEN: &str = "compat-admin-token-0123456789abcdef";
+
+pub fn kura_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_kura")
+}
+
+/// A running `kura serve`; killed when dropped.
+pub struct KuraProcess {
+    child: Child,
+    pub api: String,
+    pub data: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl KuraProcess {
+    pub fn start() -> KuraProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        Self::start_on(dir, data)
+    }
+
+    pub fn start_on(dir: tempfile::TempDir, data: PathBuf) -> KuraProcess {
+        let mut child = Command::new(kura_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0", "--data"])
+            .arg(&data)
+            .env("KURA_ACCOUNT_ID", ACCOUNT)
+            .env("KURA_API_TOKEN", TOKEN)
+            .env("KURA_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start kura serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Read the banner for the address, then keep draining so the server never blocks on it.
+        std::thread::spawn(move || {
+            let mut api = None;
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(url) = line.trim().strip_prefix("API (Cloudflare v4):") {
+                    api = Some(url.trim().to_owned());
+                }
+                if line == "ready" {
+                    let _ = tx.send(api.take());
+                }
+            }
+        });
+        let api = rx
+            .recv_timeout(Duration::from_secs(60))
+            .ok()
+            .flatten()
+            .expect("kura serve printed its API address and became ready");
+        KuraProcess { child, api, data, dir }
+    }
+
+    /// Environment that points wrangler (or `kura --remote`) at this server.
+    pub fn remote_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("CLOUDFLARE_API_BASE_URL", self.api.clone()),
+            ("CLOUDFLARE_API_TOKEN", TOKEN.to_owned()),
+            ("CLOUDFLARE_ACCOUNT_ID", ACCOUNT.to_owned()),
+        ]
+    }
+
+    pub fn stop(mut self) -> (tempfile::TempDir, PathBuf) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        (dir, self.data.clone())
+    }
+}
+
+impl Drop for KuraProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a command did.
+pub struct Run {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn from(output: Output) -> Run {
+        Run {
+            ok: output.status.success(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    pub fn expect_ok(self, what: &str) -> Run {
+        assert!(self.ok, "{what} failed\nstdout:\n{}\nstderr:\n{}", self.stdout, self.stderr);
+        self
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        let start = self.stdout.find(['[', '{']).unwrap_or_else(|| panic!("no JSON in: {}", self.stdout));
+        serde_json::from_str(&self.stdout[start..]).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", self.stdout))
+    }
+
+    pub fn all(&self) -> String {
+        format!("{}\n{}", self.stdout, self.stderr)
+    }
+}
+
+/// Runs `program args` in `cwd` with `env`.
+pub fn run(program: &Path, args: &[&str], cwd: &Path, env: &[(&str, String)]) -> Run {
+    let mut command = Command::new(program);
+    command.args(args).current_dir(cwd).stdin(Stdio::null());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    Run::from(command.output().unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display())))
+}
+
+/// Writes a wrangler.toml binding `DB` to the database `name` (with `id` if given).
+pub fn write_wrangler_toml(dir: &Path, name: &str, id: Option<&str>) {
+    let id_line = id.map(|i| format!("database_id = \"{i}\"\n")).unwrap_or_default();
+    std::fs::write(
+        dir.join("wrangler.toml"),
+        format!("name = \"app\"\ncompatibility_date = \"2025-01-01\"\n\n[[d1_databases]]\nbinding = \"DB\"\ndatabase_name = \"{name}\"\n{id_line}"),
+    )
+    .unwrap();
+}

@@ -1,0 +1,159 @@
+//! The `kura` CLI: local mode on a data directory, remote mode against a live server, the data
+//! directory lock, and token management while a server runs.
+
+use std::path::Path;
+
+use crate::common::{KuraProcess, Run, TOKEN, kura_bin, run, write_wrangler_toml};
+
+fn kura(cwd: &Path, data: &Path, args: &[&str], env: &[(&str, String)]) -> Run {
+    let mut full: Vec<&str> = args.to_vec();
+    let data = data.display().to_string();
+    full.extend(["--data", &data]);
+    let mut env = env.to_vec();
+    env.push(("KURA_LOG", "error".into()));
+    run(Path::new(kura_bin()), &full, cwd, &env)
+}
+
+#[test]
+fn local_mode_works_without_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cwd, data) = (dir.path(), dir.path().join("data"));
+    let ok = |args: &[&str]| kura(cwd, &data, args, &[]).expect_ok(&args.join(" "));
+
+    let created = ok(&["d1", "create", "notes"]);
+    assert!(created.stdout.contains("Successfully created DB 'notes'"), "{}", created.all());
+    assert!(created.stderr.contains("admin API token"), "the first command creates the account: {}", created.all());
+    let listed = ok(&["d1", "list", "--json"]).json();
+    assert_eq!(listed[0]["name"], "notes");
+    assert!(ok(&["d1", "list"]).stdout.contains("notes"));
+
+    ok(&[
+        "d1",
+        "execute",
+        "notes",
+        "--command",
+        "CREATE TABLE n (id INTEGER PRIMARY KEY, body TEXT); INSERT INTO n (body) VALUES ('a;b'), ('c')",
+    ]);
+    let rows = ok(&["d1", "execute", "notes", "--json", "--command", "SELECT body FROM n ORDER BY id"]).json();
+    assert_eq!(rows[0]["results"], serde_json::json!([{"body": "a;b"}, {"body": "c"}]));
+    let table = ok(&["d1", "execute", "notes", "--command", "SELECT body FROM n ORDER BY id"]);
+    assert!(table.stdout.contains("Executed 1 command") && table.stdout.contains("a;b"), "{}", table.all());
+    let sql_file = cwd.join("seed.sql");
+    std::fs::write(&sql_file, "INSERT INTO n (body) VALUES ('from file');\nINSERT INTO n (body) VALUES ('two');\n")
+        .unwrap();
+    ok(&["d1", "execute", "notes", "--file", sql_file.to_str().unwrap()]);
+    let failed =
+        kura(cwd, &data, &["d1", "execute", "notes", "--command", "INSERT INTO n (body) VALUES ('x'); SELEKT"], &[]);
+    assert!(!failed.ok && failed.stderr.contains("syntax error"), "{}", failed.all());
+    let count = ok(&["d1", "execute", "notes", "--json", "--command", "SELECT count(*) AS c FROM n"]).json();
+    assert_eq!(count[0]["results"][0]["c"], 4, "the failed command changed nothing");
+
+    let info = ok(&["d1", "info", "notes", "--json"]).json();
+    assert_eq!(info["num_tables"], 1);
+    assert!(info["write_queries_24h"].as_u64().unwrap() >= 3);
+
+    // Migrations, locally, from wrangler.toml.
+    write_wrangler_toml(cwd, "notes", None);
+    ok(&["d1", "migrations", "create", "DB", "tags"]);
+    let file = cwd.join("migrations/0001_tags.sql");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, format!("{text}CREATE TABLE tags (name TEXT PRIMARY KEY);\n")).unwrap();
+    ok(&["d1", "migrations", "create", "DB", "bad"]);
+    std::fs::write(cwd.join("migrations/0002_bad.sql"), "CREATE TABLE partial (x);\nINSERT INTO nowhere VALUES (1);\n")
+        .unwrap();
+    assert!(ok(&["d1", "migrations", "list", "DB"]).stdout.contains("0002_bad.sql"));
+    let applied = kura(cwd, &data, &["d1", "migrations", "apply", "DB"], &[]);
+    assert!(!applied.ok && applied.stderr.contains("Migration 0002_bad.sql failed"), "{}", applied.all());
+    let tables = ok(&[
+        "d1",
+        "execute",
+        "DB",
+        "--json",
+        "--command",
+        "SELECT name FROM sqlite_schema WHERE name IN ('tags', 'partial')",
+    ])
+    .json();
+    assert_eq!(tables[0]["results"], serde_json::json!([{"name": "tags"}]));
+
+    ok(&["d1", "delete", "notes", "-y"]);
+    assert_eq!(ok(&["d1", "list", "--json"]).json(), serde_json::json!([]));
+}
+
+#[test]
+fn remote_mode_and_tokens_against_a_live_server() {
+    let server = KuraProcess::start();
+    let cwd = server.dir.path().to_owned();
+    let remote = server.remote_env();
+    let data = server.data.clone();
+    let ok = |args: &[&str]| kura(&cwd, &data, args, &remote).expect_ok(&args.join(" "));
+
+    ok(&["d1", "create", "remote-db", "--remote"]);
+    ok(&["d1", "execute", "remote-db", "--remote", "--command", "CREATE TABLE t (x); INSERT INTO t VALUES (1), (2)"]);
+    let rows =
+        ok(&["d1", "execute", "remote-db", "--remote", "--json", "--command", "SELECT sum(x) AS s FROM t"]).json();
+    assert_eq!(rows[0]["results"][0]["s"], 3);
+    assert!(ok(&["d1", "info", "remote-db", "--remote"]).stdout.contains("remote-db"));
+
+    // Local commands refuse a directory a server holds, and say what to do instead.
+    let refused = kura(&cwd, &data, &["d1", "list"], &[]);
+    assert!(!refused.ok && refused.stderr.contains("in use by another kura process"), "{}", refused.all());
+
+    // Tokens can be managed while the server runs; the server sees changes at once.
+    let created = ok(&["tokens", "create", "--name", "reader", "--scope", "d1:read"]);
+    let secret = created
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Secret (shown only this once): "))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let as_reader: Vec<(&str, String)> = remote
+        .iter()
+        .map(|(k, v)| if *k == "CLOUDFLARE_API_TOKEN" { (*k, secret.clone()) } else { (*k, v.clone()) })
+        .collect();
+    let listed = kura(&cwd, &data, &["d1", "list", "--remote", "--json"], &as_reader).expect_ok("list as reader");
+    assert_eq!(listed.json()[0]["name"], "remote-db");
+    let write =
+        kura(&cwd, &data, &["d1", "execute", "remote-db", "--remote", "--command", "DELETE FROM t"], &as_reader);
+    assert!(!write.ok && write.stderr.contains("code: 10000"), "{}", write.all());
+
+    let tokens = ok(&["tokens", "list", "--json"]).json();
+    let id =
+        tokens.as_array().unwrap().iter().find(|t| t["name"] == "reader").unwrap()["id"].as_str().unwrap().to_owned();
+    ok(&["tokens", "revoke", &id]);
+    let revoked = kura(&cwd, &data, &["d1", "list", "--remote"], &as_reader);
+    assert!(!revoked.ok && revoked.stderr.contains("Authentication error"), "{}", revoked.all());
+
+    let wrong: Vec<(&str, String)> = remote
+        .iter()
+        .map(|(k, v)| if *k == "CLOUDFLARE_API_TOKEN" { (*k, format!("{TOKEN}x")) } else { (*k, v.clone()) })
+        .collect();
+    assert!(!kura(&cwd, &data, &["d1", "list", "--remote"], &wrong).ok);
+}
+
+#[test]
+fn acknowledged_writes_survive_kill_9() {
+    let server = KuraProcess::start();
+    let cwd = server.dir.path().to_owned();
+    let remote = server.remote_env();
+    let data = server.data.clone();
+    kura(&cwd, &data, &["d1", "create", "durable", "--remote"], &remote).expect_ok("create");
+    kura(&cwd, &data, &["d1", "execute", "durable", "--remote", "--command", "CREATE TABLE t (x)"], &remote)
+        .expect_ok("table");
+    for i in 0..20 {
+        let sql = format!("INSERT INTO t VALUES ({i})");
+        kura(&cwd, &data, &["d1", "execute", "durable", "--remote", "--command", &sql], &remote).expect_ok("insert");
+    }
+    let (dir, data) = server.stop(); // SIGKILL: no shutdown, no checkpoint
+    let server = KuraProcess::start_on(dir, data.clone());
+    let remote = server.remote_env();
+    let rows = kura(
+        &cwd,
+        &data,
+        &["d1", "execute", "durable", "--remote", "--json", "--command", "SELECT count(*) AS n, sum(x) AS s FROM t"],
+        &remote,
+    )
+    .expect_ok("count")
+    .json();
+    assert_eq!(rows[0]["results"][0], serde_json::json!({"n": 20, "s": 190}));
+}

@@ -1,0 +1,159 @@
+//! Real wrangler 4.85.0, unmodified, against a live kura server.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value as Json;
+
+use crate::common::{KuraProcess, Run, run, write_wrangler_toml};
+
+/// wrangler as `scripts/test` installed it.
+fn wrangler() -> PathBuf {
+    let dir = std::env::var_os("KURA_COMPAT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/compat"));
+    let bin = dir.join("node_modules/.bin/wrangler");
+    assert!(
+        bin.exists(),
+        "wrangler is not installed at {}; run the README's test command (scripts/test), which installs it",
+        bin.display()
+    );
+    bin
+}
+
+struct Wrangler<'a> {
+    server: &'a KuraProcess,
+    home: tempfile::TempDir,
+}
+
+impl<'a> Wrangler<'a> {
+    fn new(server: &'a KuraProcess) -> Self {
+        Wrangler { server, home: tempfile::tempdir().unwrap() }
+    }
+
+    fn run(&self, cwd: &Path, args: &[&str]) -> Run {
+        let mut env = self.server.remote_env();
+        env.extend([
+            ("WRANGLER_SEND_METRICS", "false".to_owned()),
+            ("CI", "true".to_owned()),
+            ("NO_COLOR", "1".to_owned()),
+            ("FORCE_COLOR", "0".to_owned()),
+            ("HOME", self.home.path().display().to_string()),
+            ("XDG_CONFIG_HOME", self.home.path().join(".config").display().to_string()),
+        ]);
+        run(&wrangler(), args, cwd, &env)
+    }
+
+    fn ok(&self, cwd: &Path, args: &[&str]) -> Run {
+        self.run(cwd, args).expect_ok(&format!("wrangler {}", args.join(" ")))
+    }
+}
+
+fn names(list: &Json) -> Vec<String> {
+    list.as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap().to_owned()).collect()
+}
+
+#[test]
+fn d1_create_list_info_execute_delete() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let cwd = tempfile::tempdir().unwrap();
+    let cwd = cwd.path();
+
+    let created = w.ok(cwd, &["d1", "create", "compat-db"]);
+    assert!(created.stdout.contains("Successfully created DB 'compat-db'"), "{}", created.all());
+    let dup = w.run(cwd, &["d1", "create", "compat-db"]);
+    assert!(!dup.ok && dup.all().contains("A database with that name already exists"), "{}", dup.all());
+
+    let listed = w.ok(cwd, &["d1", "list", "--json"]).json();
+    assert_eq!(names(&listed), ["compat-db"]);
+    let uuid = listed[0]["uuid"].as_str().unwrap().to_owned();
+    let table = w.ok(cwd, &["d1", "list"]);
+    assert!(table.stdout.contains("compat-db") && table.stdout.contains(&uuid), "{}", table.all());
+
+    write_wrangler_toml(cwd, "compat-db", Some(&uuid));
+    let executed = w.ok(cwd, &["d1", "execute", "DB", "--remote", "--command",
+        "CREATE TABLE docs (id INTEGER PRIMARY KEY, body TEXT, version INTEGER NOT NULL DEFAULT 1); INSERT INTO docs (body) VALUES ('hello'), ('world');"]);
+    assert!(executed.all().contains("Executed 2 commands"), "{}", executed.all());
+    let rows = w
+        .ok(cwd, &["d1", "execute", "DB", "--remote", "--json", "--command", "SELECT id, body FROM docs ORDER BY id"])
+        .json();
+    assert_eq!(rows[0]["results"], serde_json::json!([{"id": 1, "body": "hello"}, {"id": 2, "body": "world"}]));
+    assert_eq!(rows[0]["success"], true);
+    assert!(rows[0]["meta"]["rows_read"].as_u64().unwrap() >= 2);
+    let failed = w.run(cwd, &["d1", "execute", "DB", "--remote", "--command", "SELECT * FROM missing"]);
+    assert!(!failed.ok && failed.all().contains("no such table: missing: SQLITE_ERROR"), "{}", failed.all());
+
+    let info = w.ok(cwd, &["d1", "info", "DB", "--json"]).json();
+    assert_eq!((info["uuid"].as_str(), info["num_tables"].as_u64()), (Some(uuid.as_str()), Some(1)));
+    assert!(info["read_queries_24h"].as_u64().unwrap() >= 1, "{info}");
+    assert!(info["rows_written_24h"].as_u64().unwrap() >= 2, "{info}");
+    let info_table = w.ok(cwd, &["d1", "info", "DB"]);
+    assert!(info_table.stdout.contains("database_size"), "{}", info_table.all());
+
+    w.ok(cwd, &["d1", "delete", "compat-db", "-y"]);
+    assert_eq!(names(&w.ok(cwd, &["d1", "list", "--json"]).json()), Vec::<String>::new());
+}
+
+#[test]
+fn d1_migrations_apply_and_roll_back_a_failing_one_whole() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let cwd = tempfile::tempdir().unwrap();
+    let cwd = cwd.path();
+    w.ok(cwd, &["d1", "create", "migrated"]);
+    let uuid = w.ok(cwd, &["d1", "list", "--json"]).json()[0]["uuid"].as_str().unwrap().to_owned();
+    write_wrangler_toml(cwd, "migrated", Some(&uuid));
+
+    w.ok(cwd, &["d1", "migrations", "create", "DB", "create users"]);
+    w.ok(cwd, &["d1", "migrations", "create", "DB", "add posts"]);
+    let dir = cwd.join("migrations");
+    let append = |file: &str, sql: &str| {
+        let path = dir.join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, format!("{text}{sql}")).unwrap();
+    };
+    append(
+        "0001_create_users.sql",
+        "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT NOT NULL);\nINSERT INTO users (name) VALUES ('ada');\n",
+    );
+    append(
+        "0002_add_posts.sql",
+        "CREATE TABLE posts (id INTEGER PRIMARY KEY, user_id INTEGER REFERENCES users(id));\n",
+    );
+
+    let pending = w.ok(cwd, &["d1", "migrations", "list", "DB", "--remote"]);
+    assert!(
+        pending.stdout.contains("0001_create_users.sql") && pending.stdout.contains("0002_add_posts.sql"),
+        "{}",
+        pending.all()
+    );
+    w.ok(cwd, &["d1", "migrations", "apply", "DB", "--remote"]);
+    let none = w.ok(cwd, &["d1", "migrations", "list", "DB", "--remote"]);
+    assert!(none.all().contains("No migrations to apply"), "{}", none.all());
+
+    // A migration that fails halfway: its first statement must not survive, the earlier ones stay.
+    w.ok(cwd, &["d1", "migrations", "create", "DB", "broken"]);
+    append(
+        "0003_broken.sql",
+        "CREATE TABLE half (x);\nINSERT INTO users (name) VALUES ('grace');\nINSERT INTO nowhere VALUES (1);\n",
+    );
+    w.ok(cwd, &["d1", "migrations", "create", "DB", "after"]);
+    append("0004_after.sql", "CREATE TABLE after_broken (x);\n");
+    let failed = w.run(cwd, &["d1", "migrations", "apply", "DB", "--remote"]);
+    assert!(!failed.ok, "{}", failed.all());
+    assert!(
+        failed.all().contains("Migration 0003_broken.sql failed") && failed.all().contains("no such table: nowhere"),
+        "{}",
+        failed.all()
+    );
+
+    let state = w
+        .ok(cwd, &["d1", "execute", "DB", "--remote", "--json", "--command",
+            "SELECT name FROM d1_migrations ORDER BY id; SELECT count(*) AS n FROM sqlite_schema WHERE name IN ('half', 'after_broken'); SELECT count(*) AS n FROM users"])
+        .json();
+    let applied: Vec<&str> =
+        state[0]["results"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(applied, ["0001_create_users.sql", "0002_add_posts.sql"]);
+    assert_eq!(state[1]["results"][0]["n"], 0, "nothing of the failed migration, nothing after it");
+    assert_eq!(state[2]["results"][0]["n"], 1);
+}
