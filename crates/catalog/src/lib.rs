@@ -122,6 +122,8 @@ impl Catalog {
         conn.pragma_update(None, "journal_mode", "WAL").map_err(storage)?;
         conn.pragma_update(None, "synchronous", "FULL").map_err(storage)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(storage)?;
+        // Stable plans, so cached statements are not re-prepared for every new bound value.
+        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(storage)?;
         let catalog = Catalog { conn: Mutex::new(conn), path };
         catalog.migrate()?;
         Ok(catalog)

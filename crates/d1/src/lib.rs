@@ -15,8 +15,9 @@ pub mod migrations;
 mod usage;
 pub mod wire;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use kura_catalog::{Catalog, D1Database, D1DatabaseList, NewD1Database};
 use kura_sqlite::{DatabaseOptions, Limits, Registry, RegistrySettings};
@@ -111,13 +112,20 @@ pub struct CreateOptions {
 }
 
 /// The D1 engine of one data directory.
+///
+/// Database records are cached in memory: only this engine changes them (the data directory
+/// is locked to one process), and every change here clears the cache.
 pub struct D1 {
     catalog: Arc<Catalog>,
+    records: RwLock<HashMap<(String, String), D1Database>>,
     registry: Registry,
     root: PathBuf,
     settings: D1Settings,
     usage: usage::UsageRecorder,
 }
+
+/// Most database records kept in memory.
+const RECORD_CACHE_SIZE: usize = 100_000;
 
 fn database_file(root: &Path, uuid: &str) -> PathBuf {
     root.join(uuid).join("db.sqlite")
@@ -149,7 +157,7 @@ impl D1 {
                 ..DatabaseOptions::new(database_file(&opener_root, uuid))
             })
         });
-        Ok(D1 { catalog, registry, root, settings, usage: usage::UsageRecorder::default() })
+        Ok(D1 { catalog, records: RwLock::default(), registry, root, settings, usage: usage::UsageRecorder::default() })
     }
 
     /// The catalog the engine records databases in.
@@ -189,10 +197,26 @@ impl D1 {
 
     /// The account's database with this id or name.
     pub fn get(&self, account_id: &str, id_or_name: &str) -> Result<D1Database> {
+        let key = (account_id.to_owned(), id_or_name.to_owned());
+        if let Some(found) = self.records.read().unwrap_or_else(|p| p.into_inner()).get(&key) {
+            return Ok(found.clone());
+        }
         if !is_uuid(&id_or_name.to_ascii_lowercase()) && !kura_catalog::is_valid_database_name(id_or_name) {
             return Err(Error::InvalidId(id_or_name.to_owned()));
         }
-        self.catalog.d1_database(account_id, id_or_name)?.ok_or_else(|| Error::NotFound(id_or_name.to_owned()))
+        let found =
+            self.catalog.d1_database(account_id, id_or_name)?.ok_or_else(|| Error::NotFound(id_or_name.to_owned()))?;
+        let mut records = self.records.write().unwrap_or_else(|p| p.into_inner());
+        if records.len() >= RECORD_CACHE_SIZE {
+            records.clear();
+        }
+        records.insert(key, found.clone());
+        Ok(found)
+    }
+
+    /// Forgets cached records after a change.
+    fn forget_records(&self) {
+        self.records.write().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     /// The database with its table count and size.
@@ -228,7 +252,9 @@ impl D1 {
     /// Deletes a database: its record first (so no new request reaches it), then its file.
     pub async fn delete(&self, account_id: &str, id_or_name: &str) -> Result<D1Database> {
         let database = self.get(account_id, id_or_name)?;
-        if !self.catalog.delete_d1_database(account_id, &database.uuid)? {
+        let deleted = self.catalog.delete_d1_database(account_id, &database.uuid);
+        self.forget_records();
+        if !deleted? {
             return Err(Error::NotFound(id_or_name.to_owned()));
         }
         self.registry.close(&database.uuid).await;
@@ -245,7 +271,9 @@ impl D1 {
     /// Sets the read replication mode (recorded only: kura serves every query from the primary).
     pub fn set_read_replication(&self, account_id: &str, id_or_name: &str, mode: &str) -> Result<D1Database> {
         let database = self.get(account_id, id_or_name)?;
-        self.catalog.set_d1_read_replication(account_id, &database.uuid, mode)?;
+        let changed = self.catalog.set_d1_read_replication(account_id, &database.uuid, mode);
+        self.forget_records();
+        changed?;
         self.get(account_id, &database.uuid)
     }
 

@@ -28,6 +28,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use kura_catalog::Catalog;
 use kura_d1::D1;
 use tokio::net::TcpListener;
@@ -71,6 +72,8 @@ pub async fn serve(
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let usage_flusher = tokio::spawn(flush_usage_periodically(Arc::clone(&state.d1), stopped(stop_rx.clone())));
+    let api = api.tap_io(no_delay);
+    let s3 = s3.tap_io(no_delay);
     let api_server = axum::serve(api, app(state.clone())).with_graceful_shutdown(stopped(stop_rx.clone()));
     let s3_server = axum::serve(s3, s3::routes()).with_graceful_shutdown(stopped(stop_rx));
     tokio::spawn(async move {
@@ -82,6 +85,13 @@ pub async fn serve(
     state.d1.shutdown().await;
     drop(node);
     api_result.and(s3_result)
+}
+
+/// Responses go out as soon as they are written: API calls are small request/response pairs.
+fn no_delay(stream: &mut tokio::net::TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+    }
 }
 
 async fn flush_usage_periodically(d1: Arc<D1>, stop: impl Future<Output = ()>) {

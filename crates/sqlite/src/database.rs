@@ -50,10 +50,21 @@ impl DatabaseOptions {
 /// Index columns of one index; `None` when it indexes an expression, which any update may touch.
 type IndexColumns = Option<Vec<String>>;
 
+/// A prepared statement kept for reuse, with what the authorizer learned when it was prepared.
+struct CachedStatement {
+    raw: RawStatement,
+    facts: StatementFacts,
+}
+
+/// Distinct single-statement texts kept prepared per connection.
+const STATEMENT_CACHE_SIZE: usize = 128;
+
 /// An open database: the connection that owns the file's writes, and D1's execution rules.
 ///
 /// Not thread-safe by design: it lives on its actor's thread (see [`crate::Actor`]).
 pub struct Database {
+    /// Prepared statements by SQL text; declared before `conn` so they are finalized first.
+    statements: HashMap<String, CachedStatement>,
     conn: rusqlite::Connection,
     authorizer: Authorizer,
     /// Nanoseconds after `epoch` at which the running request is interrupted; 0 = none.
@@ -68,7 +79,9 @@ pub struct Database {
     path: PathBuf,
 }
 
-const REQUEST_SAVEPOINT: &str = "_cf_kura_request";
+const SAVEPOINT: &str = "SAVEPOINT _cf_kura_request";
+const RELEASE: &str = "RELEASE _cf_kura_request";
+const ROLLBACK_TO: &str = "ROLLBACK TO _cf_kura_request";
 
 impl Database {
     /// Opens (or creates) the file and configures the connection: WAL, `synchronous=FULL`,
@@ -81,6 +94,9 @@ impl Database {
         }
         let mut conn = rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?;
         conn.busy_timeout(Duration::from_secs(5)).map_err(open_error)?;
+        // The actor is the file's only user, so SQLite need not take file locks per transaction
+        // or keep the WAL index in shared memory.
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(open_error)?;
         let mode: String =
             conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(open_error)?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -92,6 +108,9 @@ impl Database {
         conn.pragma_update(None, "synchronous", "FULL").map_err(open_error)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(open_error)?;
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true).map_err(open_error)?;
+        // Stable plans: without this, STAT4 builds re-prepare a cached statement whenever a
+        // bound value the planner looked at changes, which is on nearly every call.
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(open_error)?;
         options.limits.apply(&conn).map_err(open_error)?;
         let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0)).map_err(open_error)?;
         let page_size = page_size.max(512) as u64;
@@ -113,6 +132,7 @@ impl Database {
         .map_err(open_error)?;
 
         Ok(Database {
+            statements: HashMap::new(),
             conn,
             authorizer,
             deadline,
@@ -145,6 +165,11 @@ impl Database {
         self.with_internal(|c| c.execute_batch(sql)).map_err(Error::internal)
     }
 
+    /// Runs one of kura's own statements, kept prepared (BEGIN, COMMIT, savepoints).
+    fn internal(&mut self, sql: &str) -> Result<()> {
+        self.with_internal(|c| c.prepare_cached(sql)?.raw_execute()).map(|_| ()).map_err(Error::internal)
+    }
+
     /// Whether a transaction is open (SQLite may roll one back by itself on some errors).
     pub fn in_transaction(&self) -> bool {
         unsafe { ffi::sqlite3_get_autocommit(self.handle()) == 0 }
@@ -152,12 +177,12 @@ impl Database {
 
     /// Opens a transaction for a group of requests.
     pub fn begin(&mut self) -> Result<()> {
-        self.internal_batch("BEGIN")
+        self.internal("BEGIN")
     }
 
     /// Commits the open transaction; on failure it is rolled back and the error returned.
     pub fn commit(&mut self) -> Result<()> {
-        let result = self.internal_batch("COMMIT");
+        let result = self.internal("COMMIT");
         if result.is_err() {
             self.rollback();
         }
@@ -167,7 +192,7 @@ impl Database {
     /// Rolls back the open transaction, if any.
     pub fn rollback(&mut self) {
         if self.in_transaction() {
-            if let Err(e) = self.internal_batch("ROLLBACK") {
+            if let Err(e) = self.internal("ROLLBACK") {
                 tracing::warn!(path = %self.path.display(), error = %e, "rollback failed");
             }
         }
@@ -178,15 +203,16 @@ impl Database {
     /// request's changes are undone and the transaction stays usable (unless SQLite itself
     /// rolled it back, which [`Database::in_transaction`] reveals).
     pub fn execute_in_savepoint(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
-        self.internal_batch(&format!("SAVEPOINT {REQUEST_SAVEPOINT}"))?;
+        self.internal(SAVEPOINT)?;
         match self.execute(request) {
             Ok(results) => {
-                self.internal_batch(&format!("RELEASE {REQUEST_SAVEPOINT}"))?;
+                self.internal(RELEASE)?;
                 Ok(results)
             }
             Err(e) => {
                 if self.in_transaction() {
-                    self.internal_batch(&format!("ROLLBACK TO {REQUEST_SAVEPOINT}; RELEASE {REQUEST_SAVEPOINT}"))?;
+                    self.internal(ROLLBACK_TO)?;
+                    self.internal(RELEASE)?;
                 }
                 self.size = None;
                 Err(e)
@@ -249,9 +275,18 @@ impl Database {
         request: &Request,
         results: &mut Vec<StatementResult>,
     ) -> Result<()> {
+        // Text seen before as exactly one statement runs its prepared statement again.
+        if let Some(mut cached) = self.statements.remove(&statement.sql) {
+            let result = self.run_prepared(&mut cached.raw, &cached.facts, statement, request, &statement.sql)?;
+            cached.raw.reset();
+            self.statements.insert(statement.sql.clone(), cached);
+            results.push(result);
+            return Ok(());
+        }
         let text = SqlText::new(&statement.sql)?;
         let mut position = 0;
-        let mut bound = false;
+        let mut count = 0;
+        let mut last: Option<CachedStatement> = None;
         let mut combined: Option<StatementResult> = None;
         loop {
             self.authorizer.reset_facts();
@@ -262,33 +297,60 @@ impl Database {
                 break;
             };
             position = prepared.next;
-            if bound {
+            count += 1;
+            if last.as_ref().is_some_and(|l| l.raw.parameter_count() > 0) {
                 return Err(Error::sql(
                     ffi::SQLITE_ERROR,
                     "When executing multiple SQL statements in a single call, only the last statement can have parameters.",
                 ));
             }
-            if raw.parameter_count() > 0 {
-                if raw.parameter_count() != statement.params.len() {
-                    return Err(wrong_parameter_count(raw.parameter_count(), statement.params.len()));
-                }
-                raw.bind_all(&statement.params)?;
-                bound = true;
-            }
-            if request.access == Access::ReadOnly && !raw.is_readonly() {
-                return Err(Error::ReadOnly { sql: text.from(prepared.start).trim().to_owned() });
-            }
-            let result = self.run(&mut raw, &facts)?;
+            let sql = text.from(prepared.start);
+            let result = if raw.parameter_count() > 0 {
+                self.run_prepared(&mut raw, &facts, statement, request, sql)?
+            } else {
+                self.run_prepared(&mut raw, &facts, &Statement::new(""), request, sql)?
+            };
+            last = Some(CachedStatement { raw, facts });
             match request.mode {
                 ResultMode::EveryStatement => results.push(result),
                 ResultMode::LastStatement => combined = Some(merge(combined.take(), result)),
             }
         }
-        if !bound && !statement.params.is_empty() {
+        if !statement.params.is_empty() && !last.as_ref().is_some_and(|l| l.raw.parameter_count() > 0) {
             return Err(wrong_parameter_count(0, statement.params.len()));
         }
         results.extend(combined);
+        if let (1, Some(mut single)) = (count, last) {
+            single.raw.reset();
+            if self.statements.len() >= STATEMENT_CACHE_SIZE {
+                self.statements.clear();
+            }
+            self.statements.insert(statement.sql.clone(), single);
+        }
         Ok(())
+    }
+
+    /// Binds a prepared statement's parameters, checks access, and runs it.
+    fn run_prepared(
+        &mut self,
+        raw: &mut RawStatement,
+        facts: &StatementFacts,
+        statement: &Statement,
+        request: &Request,
+        sql: &str,
+    ) -> Result<StatementResult> {
+        if raw.parameter_count() != statement.params.len() {
+            return Err(wrong_parameter_count(raw.parameter_count(), statement.params.len()));
+        }
+        raw.bind_all(&statement.params)?;
+        if request.access == Access::ReadOnly && !raw.is_readonly() {
+            return Err(Error::ReadOnly { sql: sql.trim().to_owned() });
+        }
+        let outcome = self.run(raw, facts);
+        if outcome.is_err() {
+            raw.reset();
+        }
+        outcome
     }
 
     /// Steps one prepared statement to the end and measures it.

@@ -133,6 +133,15 @@ impl RawStatement {
         Ok(())
     }
 
+    /// Makes the statement ready to run again, with no parameters bound.
+    pub(crate) fn reset(&mut self) {
+        // Both return the last step's error, already reported.
+        unsafe {
+            ffi::sqlite3_reset(self.raw());
+            ffi::sqlite3_clear_bindings(self.raw());
+        }
+    }
+
     /// Advances to the next row: `Ok(true)` on a row, `Ok(false)` when done.
     pub(crate) fn step(&mut self) -> Result<bool> {
         match unsafe { ffi::sqlite3_step(self.raw()) } {

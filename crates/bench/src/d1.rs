@@ -1,0 +1,327 @@
+//! The D1 suite: kura's `/query` endpoint over HTTP (server and load generator on runtimes of
+//! their own, as two processes would be), then the limit, then the peer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use kura_server::{CredentialsConfig, Node, NodeSettings};
+use serde_json::{Value as Json, json};
+
+use crate::load::{self, Stats};
+use crate::report::{self, Row};
+use crate::{Settings, limit, peer};
+
+const ACCOUNT: &str = "bench";
+const TOKEN: &str = "bench-token-0123456789abcdefghij";
+const ROWS: i64 = 10_000;
+
+/// A kura server running on a runtime of its own.
+struct Kura {
+    base: String,
+    runtime: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Kura {
+    fn start(dir: &std::path::Path) -> anyhow::Result<Kura> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("kura-server")
+            .enable_all()
+            .build()?;
+        let node = Node::open(dir, NodeSettings::default())?;
+        node.bootstrap(&CredentialsConfig { account_id: Some(ACCOUNT.into()), api_token: Some(TOKEN.into()) })?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (base, done) = runtime.block_on(async {
+            let api = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let s3 = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let base = format!("http://{}/client/v4/accounts/{ACCOUNT}/d1/database", api.local_addr()?);
+            let done = tokio::spawn(async move {
+                let _ = kura_server::serve(node, api, s3, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            });
+            anyhow::Ok((base, done))
+        })?;
+        Ok(Kura { base, runtime, stop: Some(stop), done: Some(done) })
+    }
+
+    fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(done) = self.done.take() {
+            let _ = self.runtime.block_on(done);
+        }
+    }
+}
+
+/// An HTTP client for one database's `/query`.
+#[derive(Clone)]
+struct Client {
+    http: reqwest::Client,
+    query: Arc<str>,
+}
+
+impl Client {
+    /// Sends a request and checks it succeeded without parsing the answer, so the load
+    /// generator spends as little of the shared CPU as it can.
+    async fn send(&self, body: String) {
+        let response = self
+            .http
+            .post(&*self.query)
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request");
+        let status = response.status();
+        let bytes = response.bytes().await.expect("response body");
+        assert!(status.is_success(), "benchmark request failed: {}", String::from_utf8_lossy(&bytes));
+    }
+
+    async fn post(&self, body: &Json) -> Json {
+        let response = self.http.post(&*self.query).bearer_auth(TOKEN).json(body).send().await.expect("request");
+        let json: Json = response.json().await.expect("JSON response");
+        assert_eq!(json["success"], true, "benchmark request failed: {json}");
+        json
+    }
+}
+
+pub fn run(settings: &Settings) -> anyhow::Result<()> {
+    let scratch = match &settings.scratch {
+        Some(dir) => tempfile::tempdir_in(dir)?,
+        None => tempfile::tempdir()?,
+    };
+    let duration = Duration::from_secs_f64(settings.seconds);
+    let kura = Kura::start(&scratch.path().join("kura")).context("starting kura")?;
+    let client_runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("load").enable_all().build()?;
+    let figures = client_runtime.block_on(measure_kura(&kura.base, duration, &settings.only))?;
+    kura.shutdown();
+    if !settings.only.is_empty() {
+        for (name, stats) in figures.measured() {
+            println!("{name}: {:.0}/s p50 {:?} p99 {:?}", stats.rate(), stats.p50, stats.p99);
+        }
+        return Ok(());
+    }
+
+    eprintln!("measuring the physical limit…");
+    let limit_dir = scratch.path().join("limit");
+    std::fs::create_dir_all(&limit_dir)?;
+    let conn = limit::open(&limit_dir, ROWS)?;
+    let limit_select = limit::point_select(&conn, ROWS, duration)?;
+    let limit_insert = limit::insert(&conn, 1_000_000, duration)?;
+    let limit_batch = limit::batch(&conn, 10_000_000, duration)?;
+    drop(conn);
+
+    let (peer_figures, peer_note) = if settings.no_peer {
+        (Vec::new(), "skipped (--no-peer)".to_owned())
+    } else {
+        eprintln!("running the peer (Miniflare)…");
+        match peer::run(
+            settings,
+            &["d1_point_select", "d1_insert_single", "d1_batch_100"],
+            &scratch.path().join("peer"),
+        ) {
+            Ok(f) => (
+                f,
+                format!(
+                    "Miniflare {} inside a Worker, {} ops per workload, one client",
+                    "4.20260730.0", settings.peer_ops
+                ),
+            ),
+            Err(why) => (Vec::new(), format!("not measured: {why}")),
+        }
+    };
+    let peer_rate = |op: &str| peer::rate(&peer_figures, op);
+    let peer_batch_rows = peer_rate("d1_batch_100");
+
+    let rows = vec![
+        Row {
+            workload: "point SELECT".into(),
+            clients: 16,
+            unit: "queries",
+            kura: figures.select_16,
+            peer: peer_rate("d1_point_select"),
+            limit: Some(limit_select),
+            target: Some(20_000.0),
+        },
+        Row {
+            workload: "point SELECT".into(),
+            clients: 1,
+            unit: "queries",
+            kura: figures.select_1,
+            peer: peer_rate("d1_point_select"),
+            limit: Some(limit_select),
+            target: None,
+        },
+        Row {
+            workload: "INSERT, durable".into(),
+            clients: 1,
+            unit: "rows",
+            kura: figures.insert_1,
+            peer: peer_rate("d1_insert_single"),
+            limit: Some(limit_insert),
+            target: Some(2_500.0),
+        },
+        Row {
+            workload: "INSERT, durable".into(),
+            clients: 16,
+            unit: "rows",
+            kura: figures.insert_16,
+            peer: peer_rate("d1_insert_single"),
+            limit: Some(limit_insert),
+            target: Some(10_000.0),
+        },
+        Row {
+            workload: "100-INSERT batch".into(),
+            clients: 1,
+            unit: "rows",
+            kura: figures.batch_1,
+            peer: peer_batch_rows,
+            limit: Some(limit_batch),
+            target: Some(150_000.0),
+        },
+        Row {
+            workload: "100-INSERT batch".into(),
+            clients: 4,
+            unit: "rows",
+            kura: figures.batch_4,
+            peer: peer_batch_rows,
+            limit: Some(limit_batch),
+            target: Some(150_000.0),
+        },
+    ];
+    report::print(
+        "D1 over HTTP (/query), WAL + synchronous=FULL; limit = one in-process rusqlite connection, same statements, same durability",
+        &rows,
+        &peer_note,
+    );
+    Ok(())
+}
+
+#[derive(Default)]
+struct KuraFigures {
+    select_16: Stats,
+    select_1: Stats,
+    insert_1: Stats,
+    insert_16: Stats,
+    batch_1: Stats,
+    batch_4: Stats,
+}
+
+impl KuraFigures {
+    fn measured(&self) -> Vec<(&'static str, Stats)> {
+        [
+            ("select16", self.select_16),
+            ("select1", self.select_1),
+            ("insert1", self.insert_1),
+            ("insert16", self.insert_16),
+            ("batch1", self.batch_1),
+            ("batch4", self.batch_4),
+        ]
+        .into_iter()
+        .filter(|(_, s)| s.units > 0)
+        .collect()
+    }
+}
+
+async fn measure_kura(base: &str, duration: Duration, only: &[String]) -> anyhow::Result<KuraFigures> {
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let mut figures = KuraFigures::default();
+    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
+    let created: Json =
+        http.post(base).bearer_auth(TOKEN).json(&json!({ "name": "bench" })).send().await?.json().await?;
+    let Some(uuid) = created["result"]["uuid"].as_str() else { bail!("cannot create the database: {created}") };
+    let client = Client { http, query: format!("{base}/{uuid}/query").into() };
+    client
+        .post(&json!({ "sql": "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT, version INTEGER NOT NULL DEFAULT 0)" }))
+        .await;
+    for chunk in 0..ROWS / 100 {
+        let batch: Vec<Json> = (0..100)
+            .map(|j| json!({ "sql": "INSERT INTO kv (id, v) VALUES (?, ?)", "params": [chunk * 100 + j, format!("value-{}", chunk * 100 + j)] }))
+            .collect();
+        client.post(&json!({ "batch": batch })).await;
+    }
+
+    eprintln!("measuring kura…");
+    if wanted("floor") {
+        // The HTTP floor: the same client and server answering /healthz, no auth, no SQL.
+        let health = base.split("/client/v4").next().unwrap_or_default().to_owned() + "/healthz";
+        let http = client.http.clone();
+        let floor = load::run(1, duration, move |_, _| {
+            let (http, health) = (http.clone(), health.clone());
+            async move {
+                let r = http.get(&health).send().await.expect("healthz");
+                let _ = r.bytes().await;
+                1
+            }
+        })
+        .await;
+        eprintln!("HTTP floor (GET /healthz, 1 client): {:.0}/s, p50 {:?}", floor.rate(), floor.p50);
+    }
+    let select = |clients| {
+        let client = client.clone();
+        load::run(clients, duration, move |c, n| {
+            let client = client.clone();
+            async move {
+                let id = ((c as i64 * 104_729 + n as i64 * 7919) % ROWS).abs();
+                client.send(format!(r#"{{"sql":"SELECT * FROM kv WHERE id = ?","params":[{id}]}}"#)).await;
+                1
+            }
+        })
+    };
+    if wanted("select16") {
+        figures.select_16 = select(16).await;
+    }
+    if wanted("select1") {
+        figures.select_1 = select(1).await;
+    }
+
+    let next_id = Arc::new(AtomicI64::new(1_000_000));
+    let insert = |clients| {
+        let (client, next_id) = (client.clone(), Arc::clone(&next_id));
+        load::run(clients, duration, move |_, _| {
+            let (client, id) = (client.clone(), next_id.fetch_add(1, Ordering::Relaxed));
+            async move {
+                client.send(format!(r#"{{"sql":"INSERT INTO kv (id, v) VALUES (?, ?)","params":[{id},"w"]}}"#)).await;
+                1
+            }
+        })
+    };
+    if wanted("insert1") {
+        figures.insert_1 = insert(1).await;
+    }
+    if wanted("insert16") {
+        figures.insert_16 = insert(16).await;
+    }
+
+    let batch = |clients| {
+        let (client, next_id) = (client.clone(), Arc::clone(&next_id));
+        load::run(clients, duration, move |_, _| {
+            let (client, first) = (client.clone(), next_id.fetch_add(100, Ordering::Relaxed));
+            async move {
+                let statements: Vec<String> = (0..100)
+                    .map(|j| {
+                        format!(r#"{{"sql":"INSERT INTO kv (id, v) VALUES (?, ?)","params":[{},"b"]}}"#, first + j)
+                    })
+                    .collect();
+                client.send(format!(r#"{{"batch":[{}]}}"#, statements.join(","))).await;
+                100
+            }
+        })
+    };
+    if wanted("batch1") {
+        figures.batch_1 = batch(1).await;
+    }
+    if wanted("batch4") {
+        figures.batch_4 = batch(4).await;
+    }
+    Ok(figures)
+}

@@ -1,0 +1,69 @@
+//! The load generator: N concurrent clients looping over one operation for a fixed time, with
+//! every latency recorded.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// What a workload achieved.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    /// Units of work completed (rows, for batches; equal to `ops` otherwise).
+    pub units: u64,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// Median latency.
+    pub p50: Duration,
+    /// 99th-percentile latency.
+    pub p99: Duration,
+}
+
+impl Stats {
+    /// Units per second.
+    pub fn rate(&self) -> f64 {
+        self.units as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Stats from a set of latencies over a wall time.
+    pub fn from_latencies(mut latencies: Vec<Duration>, units: u64, elapsed: Duration) -> Stats {
+        latencies.sort_unstable();
+        let at = |q: f64| {
+            latencies.get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1))).copied()
+        };
+        Stats { units, elapsed, p50: at(0.50).unwrap_or_default(), p99: at(0.99).unwrap_or_default() }
+    }
+}
+
+/// Runs `clients` tasks for `duration`; each calls `op(client, n)` in a loop and reports how
+/// many units it did.
+pub async fn run<F, Fut>(clients: usize, duration: Duration, op: F) -> Stats
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = u64> + Send,
+{
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut tasks = Vec::new();
+    for client in 0..clients {
+        let op = op.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(65_536);
+            let mut units = 0;
+            let mut n = 0;
+            while Instant::now() < deadline {
+                let began = Instant::now();
+                units += op(client, n).await;
+                latencies.push(began.elapsed());
+                n += 1;
+            }
+            (latencies, units)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut units = 0;
+    for t in tasks {
+        let (latencies, u) = t.await.expect("client task");
+        all.extend(latencies);
+        units += u;
+    }
+    Stats::from_latencies(all, units, start.elapsed())
+}

@@ -1,0 +1,62 @@
+//! kura-bench: measures kura over its real HTTP API and, in the same run, the physical limit
+//! (the same statements on in-process SQLite) and the peer (Miniflare running them inside a
+//! Worker), then prints every figure beside its ratios. The machine is shared and noisy; the
+//! ratios are what count.
+//!
+//! ```text
+//! cargo run --release -p kura-bench -- d1 [--seconds 5] [--no-peer]
+//! ```
+
+mod d1;
+mod limit;
+mod load;
+mod peer;
+mod report;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kura-bench", about = "kura beside the physical limit and the Miniflare peer")]
+struct Cli {
+    #[command(subcommand)]
+    suite: Suite,
+}
+
+#[derive(Subcommand)]
+enum Suite {
+    /// D1: point SELECTs, durable single-row INSERTs, 100-statement batches.
+    D1(Settings),
+}
+
+/// Settings every suite shares.
+#[derive(Args, Clone)]
+pub struct Settings {
+    /// Seconds each kura and limit workload runs.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Skip the Miniflare peer.
+    #[arg(long)]
+    pub no_peer: bool,
+    /// The peer script (default: ../shared/bench/miniflare_peer.mjs beside the repository).
+    #[arg(long)]
+    pub peer_script: Option<PathBuf>,
+    /// Operations per peer workload.
+    #[arg(long, default_value_t = 2000)]
+    pub peer_ops: u64,
+    /// Run only these kura workloads (comma-separated: select16, select1, insert1, insert16,
+    /// batch1, batch4), skipping the limit and the peer; for profiling.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Where to keep data files (default: the system's temporary directory).
+    #[arg(long)]
+    pub scratch: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.suite {
+        Suite::D1(settings) => d1::run(&settings),
+    }
+}
