@@ -421,12 +421,8 @@ impl Database {
 
     /// Bytes in use: `(page_count - freelist_count) * page_size`, as D1 reports `size_after`.
     fn measure_size(&mut self) -> Result<u64> {
-        let pages = self.with_internal(|c| {
-            let count: i64 = c.prepare_cached("PRAGMA page_count")?.query_row([], |r| r.get(0))?;
-            let free: i64 = c.prepare_cached("PRAGMA freelist_count")?.query_row([], |r| r.get(0))?;
-            Ok::<_, rusqlite::Error>(count.saturating_sub(free).max(0) as u64)
-        });
-        let size = pages.map_err(Error::internal)? * self.page_size;
+        let pages = self.with_internal(used_pages).map_err(Error::internal)?;
+        let size = pages * self.page_size;
         self.size = Some(size);
         Ok(size)
     }
@@ -521,6 +517,26 @@ fn merge(previous: Option<StatementResult>, mut last: StatementResult) -> Statem
         last.meta.wrote |= p.meta.wrote;
     }
     last
+}
+
+/// Pages in use, from page 1 of the current transaction: the database size in pages (header
+/// offset 28) less the free pages (offset 36). Reading the page beats `PRAGMA page_count`,
+/// which SQLite prepares afresh on every run.
+#[cfg(kura_dbpage)]
+fn used_pages(conn: &rusqlite::Connection) -> rusqlite::Result<u64> {
+    let header: Vec<u8> = conn
+        .prepare_cached("SELECT substr(data, 1, 40) FROM sqlite_dbpage('main') WHERE pgno = 1")?
+        .query_row([], |r| r.get(0))?;
+    let word = |at: usize| header.get(at..at + 4).map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64);
+    Ok(word(28).saturating_sub(word(36)))
+}
+
+/// Pages in use, from the pragmas, when SQLite was built without `sqlite_dbpage`.
+#[cfg(not(kura_dbpage))]
+fn used_pages(conn: &rusqlite::Connection) -> rusqlite::Result<u64> {
+    let count: i64 = conn.prepare_cached("PRAGMA page_count")?.query_row([], |r| r.get(0))?;
+    let free: i64 = conn.prepare_cached("PRAGMA freelist_count")?.query_row([], |r| r.get(0))?;
+    Ok(count.saturating_sub(free).max(0) as u64)
 }
 
 fn load_indexes(conn: &rusqlite::Connection, table: &str) -> rusqlite::Result<Vec<IndexColumns>> {

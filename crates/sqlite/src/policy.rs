@@ -173,6 +173,11 @@ pub(crate) fn is_reserved_name(name: &str) -> bool {
     name.len() >= 4 && name.as_bytes()[..4].eq_ignore_ascii_case(b"_cf_")
 }
 
+/// SQLite's raw page and storage views, which D1 does not offer.
+fn is_raw_storage(name: &str) -> bool {
+    name.eq_ignore_ascii_case("sqlite_dbpage") || name.eq_ignore_ascii_case("dbstat")
+}
+
 fn in_main(db: Option<&str>) -> bool {
     matches!(db, None | Some("main"))
 }
@@ -181,9 +186,9 @@ fn decide(ctx: &AuthContext<'_>, facts: &mut StatementFacts, top_level: bool) ->
     let db = ctx.database_name;
     match ctx.action {
         AuthAction::Select | AuthAction::Recursive => Authorization::Allow,
-        AuthAction::Read { table_name, .. } => {
-            allow_if(!is_reserved_name(table_name) && (in_main(db) || db == Some("temp")))
-        }
+        AuthAction::Read { table_name, .. } => allow_if(
+            !is_reserved_name(table_name) && !is_raw_storage(table_name) && (in_main(db) || db == Some("temp")),
+        ),
         AuthAction::Insert { table_name } => {
             if top_level && facts.writes.is_none() {
                 facts.writes = Some((WriteKind::Insert, table_name.to_owned()));

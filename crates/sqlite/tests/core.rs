@@ -177,6 +177,12 @@ mod meta {
         let before = cx.ok("SELECT 1").await[0].meta.size_after;
         let after = cx.ok("CREATE TABLE t (x)").await[0].meta.size_after;
         assert_eq!(after, before + 4096);
+        // Inside one transaction, each statement sees the size as it stands.
+        let r = cx.ok("CREATE TABLE big (v); INSERT INTO big VALUES (zeroblob(100000)); DELETE FROM big").await;
+        assert_eq!(r[0].meta.size_after, after + 4096);
+        assert!(r[1].meta.size_after >= r[0].meta.size_after + 90_000, "{:?}", r[1].meta);
+        assert!(r[1].meta.changed_db);
+        assert_eq!(r[2].meta.size_after, r[0].meta.size_after, "freed pages are not counted");
     }
 }
 
@@ -257,6 +263,8 @@ mod authorizer {
             "PRAGMA table_info(_cf_KV)",
             "CREATE VIRTUAL TABLE v USING dbstat",
             "ALTER TABLE t RENAME TO _cf_t",
+            "SELECT * FROM sqlite_dbpage",
+            "SELECT * FROM dbstat",
         ] {
             let e = cx.err(sql).await;
             assert!(e.ends_with("SQLITE_AUTH") || e.contains("not authorized"), "{sql}: {e}");
