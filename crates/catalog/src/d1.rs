@@ -27,6 +27,8 @@ pub struct D1Database {
 /// What creating a database needs.
 #[derive(Debug, Clone, Default)]
 pub struct NewD1Database<'a> {
+    /// The id to record (a fresh random UUID when `None`).
+    pub uuid: Option<&'a str>,
     /// The owning account.
     pub account_id: &'a str,
     /// The name.
@@ -115,7 +117,7 @@ impl Catalog {
             )));
         }
         let database = D1Database {
-            uuid: uuid::Uuid::new_v4().to_string(),
+            uuid: new.uuid.map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned),
             account_id: new.account_id.to_owned(),
             name: new.name.to_owned(),
             created_at: now_iso(),

@@ -165,16 +165,20 @@ impl D1 {
         &self.catalog
     }
 
-    /// Creates a database: its catalog record, then its file.
+    /// Creates a database: its file first, then its catalog record, so a crash between the two
+    /// leaves at worst a directory without a record, which the next start removes.
     pub async fn create(&self, account_id: &str, name: &str, options: CreateOptions) -> Result<D1Database> {
-        let database = self.catalog.create_d1_database(&NewD1Database {
-            account_id,
-            name,
-            primary_location_hint: options.primary_location_hint.as_deref(),
-            jurisdiction: options.jurisdiction.as_deref(),
-            max_per_account: self.settings.max_databases_per_account,
-        })?;
-        let path = database_file(&self.root, &database.uuid);
+        if !kura_catalog::is_valid_database_name(name) {
+            return Err(Error::Invalid(format!(
+                "invalid database name '{name}': use 1 to 64 letters, digits, '_' or '-', starting with a letter or digit"
+            )));
+        }
+        if self.catalog.d1_database(account_id, name)?.is_some() {
+            return Err(Error::DuplicateName);
+        }
+        let uuid = uuid::Uuid::new_v4().to_string();
+        let dir = self.root.join(&uuid);
+        let path = database_file(&self.root, &uuid);
         let limits = self.settings.limits.clone();
         let created = tokio::task::spawn_blocking(move || -> Result<()> {
             let dir = path.parent().expect("database files live in a directory");
@@ -185,14 +189,26 @@ impl D1 {
         })
         .await
         .unwrap_or_else(|e| Err(Error::Invalid(format!("creating the database failed: {e}"))));
-        if let Err(e) = created {
-            // Leave no record pointing at a file that does not exist.
-            let _ = self.catalog.delete_d1_database(account_id, &database.uuid);
-            let _ = std::fs::remove_dir_all(self.root.join(&database.uuid));
-            return Err(e);
+        let recorded = created.and_then(|()| {
+            Ok(self.catalog.create_d1_database(&NewD1Database {
+                uuid: Some(&uuid),
+                account_id,
+                name,
+                primary_location_hint: options.primary_location_hint.as_deref(),
+                jurisdiction: options.jurisdiction.as_deref(),
+                max_per_account: self.settings.max_databases_per_account,
+            })?)
+        });
+        match recorded {
+            Ok(database) => {
+                tracing::info!(account = account_id, uuid = %database.uuid, name, "created D1 database");
+                Ok(database)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
         }
-        tracing::info!(account = account_id, uuid = %database.uuid, name, "created D1 database");
-        Ok(database)
     }
 
     /// The account's database with this id or name.

@@ -42,9 +42,67 @@ fn type_error(kind: &str, value: &serde_json::Value) -> String {
     format!("D1_TYPE_ERROR: Type '{kind}' not supported for value '{shown}'")
 }
 
-/// Converts a list of JSON parameters.
-pub fn params_from_json(values: &[serde_json::Value]) -> Result<Vec<Value>, String> {
-    values.iter().map(param_from_json).collect()
+/// A `params` array deserialized straight into SQLite values (no intermediate JSON tree), with
+/// [`param_from_json`]'s rules; `null` means no parameters.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct JsonParams(pub Vec<Value>);
+
+/// One parameter, deserialized with [`param_from_json`]'s rules.
+struct JsonParam(Value);
+
+impl<'de> serde::Deserialize<'de> for JsonParam {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = JsonParam;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a number, string, boolean, null or array of bytes")
+            }
+            fn visit_unit<E>(self) -> Result<JsonParam, E> {
+                Ok(JsonParam(Value::Null))
+            }
+            fn visit_bool<E>(self, b: bool) -> Result<JsonParam, E> {
+                Ok(JsonParam(Value::Integer(i64::from(b))))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<JsonParam, E> {
+                Ok(JsonParam(Value::Integer(n)))
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<JsonParam, E> {
+                Ok(JsonParam(i64::try_from(n).map_or(Value::Real(n as f64), Value::Integer)))
+            }
+            fn visit_f64<E>(self, x: f64) -> Result<JsonParam, E> {
+                Ok(JsonParam(Value::Real(x)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<JsonParam, E> {
+                Ok(JsonParam(Value::Text(s.to_owned())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<JsonParam, E> {
+                Ok(JsonParam(Value::Text(s)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<JsonParam, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<serde_json::Value>()? {
+                    items.push(item);
+                }
+                param_from_json(&serde_json::Value::Array(items)).map(JsonParam).map_err(serde::de::Error::custom)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<JsonParam, A::Error> {
+                let mut object = serde_json::Map::new();
+                while let Some((k, v)) = map.next_entry::<String, serde_json::Value>()? {
+                    object.insert(k, v);
+                }
+                param_from_json(&serde_json::Value::Object(object)).map(JsonParam).map_err(serde::de::Error::custom)
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for JsonParams {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let items: Option<Vec<JsonParam>> = serde::Deserialize::deserialize(d)?;
+        Ok(JsonParams(items.unwrap_or_default().into_iter().map(|p| p.0).collect()))
+    }
 }
 
 /// One value as D1 writes it: numbers as JavaScript would print them, BLOBs as byte arrays.
@@ -275,9 +333,10 @@ mod tests {
 
     #[test]
     fn params_bind_like_d1() {
-        let p =
-            params_from_json(&[json!(1), json!(1.5), json!("x"), json!(null), json!(true), json!([1, 255]), json!([])])
-                .unwrap();
+        let p: Vec<Value> = [json!(1), json!(1.5), json!("x"), json!(null), json!(true), json!([1, 255]), json!([])]
+            .iter()
+            .map(|v| param_from_json(v).unwrap())
+            .collect();
         assert_eq!(
             p,
             vec![
@@ -293,6 +352,30 @@ mod tests {
         assert!(param_from_json(&json!({"a": 1})).unwrap_err().starts_with("D1_TYPE_ERROR: Type 'object'"));
         assert!(param_from_json(&json!([1, 256])).is_err());
         assert!(param_from_json(&json!(["a"])).is_err());
+    }
+
+    #[test]
+    fn params_deserialize_straight_into_values() {
+        let p: JsonParams =
+            serde_json::from_str(r#"[1, 1.5, "x", null, false, [7, 8], 18446744073709551615]"#).unwrap();
+        assert_eq!(
+            p.0,
+            vec![
+                Value::Integer(1),
+                Value::Real(1.5),
+                Value::Text("x".into()),
+                Value::Null,
+                Value::Integer(0),
+                Value::Blob(vec![7, 8]),
+                Value::Real(18446744073709551615.0)
+            ]
+        );
+        let none: JsonParams = serde_json::from_str("null").unwrap();
+        assert!(none.0.is_empty());
+        let e = serde_json::from_str::<JsonParams>(r#"[{"a": 1}]"#).unwrap_err().to_string();
+        assert!(e.starts_with("D1_TYPE_ERROR: Type 'object' not supported"), "{e}");
+        assert!(serde_json::from_str::<JsonParams>(r#"[[1, 999]]"#).is_err());
+        assert!(serde_json::from_str::<JsonParams>(r#"{"a": 1}"#).is_err());
     }
 
     #[test]

@@ -31,7 +31,15 @@ impl<'a> Wrangler<'a> {
     }
 
     fn run(&self, cwd: &Path, args: &[&str]) -> Run {
+        self.run_with(cwd, args, true)
+    }
+
+    /// Runs wrangler; without the account id it discovers the account through the API.
+    fn run_with(&self, cwd: &Path, args: &[&str], with_account: bool) -> Run {
         let mut env = self.server.remote_env();
+        if !with_account {
+            env.retain(|(k, _)| *k != "CLOUDFLARE_ACCOUNT_ID");
+        }
         env.extend([
             ("WRANGLER_SEND_METRICS", "false".to_owned()),
             ("CI", "true".to_owned()),
@@ -66,6 +74,15 @@ fn d1_create_list_info_execute_delete() {
 
     let listed = w.ok(cwd, &["d1", "list", "--json"]).json();
     assert_eq!(names(&listed), ["compat-db"]);
+    let discovered =
+        w.run_with(cwd, &["d1", "list", "--json"], false).expect_ok("d1 list without CLOUDFLARE_ACCOUNT_ID");
+    assert_eq!(
+        names(&discovered.json()),
+        ["compat-db"],
+        "the account is discovered through /accounts and /memberships"
+    );
+    let whoami = w.run_with(cwd, &["whoami"], false).expect_ok("whoami");
+    assert!(whoami.all().contains(crate::common::ACCOUNT), "{}", whoami.all());
     let uuid = listed[0]["uuid"].as_str().unwrap().to_owned();
     let table = w.ok(cwd, &["d1", "list"]);
     assert!(table.stdout.contains("compat-db") && table.stdout.contains(&uuid), "{}", table.all());

@@ -3,9 +3,8 @@
 use axum::extract::State;
 use axum::response::Response;
 use serde::Deserialize;
-use serde_json::Value as Json;
 
-use kura_d1::wire::{JsonResults, RowFormat, created_database, database_details, database_list_item, params_from_json};
+use kura_d1::wire::{JsonParams, JsonResults, RowFormat, created_database, database_details, database_list_item};
 use kura_d1::{Access, CreateOptions, Request, Statement};
 
 use super::extract::{V4Body, V4Path, V4Query};
@@ -28,7 +27,7 @@ pub async fn list(
     let per_page = query_number(&query, "per_page")?.unwrap_or(1000).clamp(10, 10_000);
     let name = query.get("name").map(String::as_str).filter(|n| !n.is_empty());
     let listing = app.d1.list(&account_id, name, page, per_page)?;
-    let items: Vec<Json> = listing.databases.iter().map(database_list_item).collect();
+    let items: Vec<serde_json::Value> = listing.databases.iter().map(database_list_item).collect();
     let info = ResultInfo { page, per_page, count: items.len() as u64, total_count: listing.total };
     Ok(ok_paged(items, info))
 }
@@ -127,19 +126,20 @@ pub async fn delete(
 #[derive(Deserialize)]
 struct QueryBody {
     sql: Option<String>,
-    params: Option<Vec<Json>>,
+    #[serde(default)]
+    params: JsonParams,
     batch: Option<Vec<BatchItem>>,
 }
 
 #[derive(Deserialize)]
 struct BatchItem {
     sql: String,
-    params: Option<Vec<Json>>,
+    #[serde(default)]
+    params: JsonParams,
 }
 
-fn statement(sql: String, params: Option<Vec<Json>>) -> Result<Statement, ApiError> {
-    let params = params_from_json(params.as_deref().unwrap_or_default()).map_err(ApiError::bad_request)?;
-    Ok(Statement::with_params(sql, params))
+fn statement(sql: String, params: JsonParams) -> Statement {
+    Statement::with_params(sql, params.0)
 }
 
 /// Turns a `/query` or `/raw` body into a request: one `sql` (maybe several statements) with
@@ -147,8 +147,8 @@ fn statement(sql: String, params: Option<Vec<Json>>) -> Result<Statement, ApiErr
 fn parse_request(body: &[u8], caller: &Caller) -> Result<Request, ApiError> {
     let body: QueryBody = parse_json(body)?;
     let statements = match (body.sql, body.batch) {
-        (Some(sql), None) => vec![statement(sql, body.params)?],
-        (None, Some(batch)) => batch.into_iter().map(|i| statement(i.sql, i.params)).collect::<Result<_, _>>()?,
+        (Some(sql), None) => vec![statement(sql, body.params)],
+        (None, Some(batch)) => batch.into_iter().map(|i| statement(i.sql, i.params)).collect(),
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request("The request is malformed: give either 'sql' or 'batch', not both"));
         }

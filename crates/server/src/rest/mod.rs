@@ -22,6 +22,7 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/accounts", get(user::list_accounts))
         .route("/memberships", get(user::list_memberships))
+        .route("/user", get(user::user_details))
         .route("/user/tokens/verify", get(user::verify_token))
         .route("/accounts/{account_id}/tokens/verify", get(user::verify_account_token))
         .route("/accounts/{account_id}/d1/database", get(d1::list).post(d1::create))

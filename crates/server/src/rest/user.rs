@@ -38,6 +38,13 @@ pub async fn list_memberships(State(app): State<AppState>, caller: Caller) -> Re
     Ok(ok_paged(membership, one_page()))
 }
 
+/// `GET /user`: kura's tokens belong to accounts, not users, so this answers as Cloudflare does
+/// for an account token without user permissions (wrangler's `whoami` then says so and goes on
+/// to list the account).
+pub async fn user_details(_caller: Caller) -> Result<Response, ApiError> {
+    Err(ApiError::new(axum::http::StatusCode::FORBIDDEN, 9109, "Unauthorized to access requested resource"))
+}
+
 /// `GET /user/tokens/verify`
 pub async fn verify_token(caller: Caller) -> Result<Response, ApiError> {
     Ok(ok(json!({ "id": caller.token.id, "status": "active" })))
