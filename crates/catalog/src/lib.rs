@@ -5,9 +5,11 @@
 //! - accounts ([`Account`]), API tokens ([`Token`], [`Scope`]), D1 databases ([`D1Database`])
 //!   and their hourly usage ([`Usage`]).
 //!
-//! The catalog is small and written rarely, so one connection behind a mutex serves it. It is
-//! safe to open from two processes at once (a running server and `kura tokens create`): SQLite's
-//! own locking orders their writes, and nothing is cached across calls.
+//! The catalog is small and written rarely: one connection reads and another writes, each
+//! behind a mutex, so reads (every request authenticates) never wait behind a write that waits
+//! for another process. It is safe to open from two processes at once (a running server and
+//! `kura tokens create`): SQLite's own locking orders their writes, and nothing is cached across
+//! calls.
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), kura_catalog::Error> {
@@ -71,7 +73,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The open catalog of one data directory.
 pub struct Catalog {
-    conn: Mutex<rusqlite::Connection>,
+    reader: Mutex<rusqlite::Connection>,
+    writer: Mutex<rusqlite::Connection>,
     path: PathBuf,
 }
 
@@ -116,15 +119,8 @@ impl Catalog {
     /// Opens the catalog at `path`, creating it and bringing its schema up to date.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_owned();
-        let storage = |source| Error::Storage { path: path.clone(), source };
-        let conn = rusqlite::Connection::open(&path).map_err(storage)?;
-        conn.busy_timeout(Duration::from_secs(10)).map_err(storage)?;
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(storage)?;
-        conn.pragma_update(None, "synchronous", "FULL").map_err(storage)?;
-        conn.pragma_update(None, "foreign_keys", "ON").map_err(storage)?;
-        // Stable plans, so cached statements are not re-prepared for every new bound value.
-        conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(storage)?;
-        let catalog = Catalog { conn: Mutex::new(conn), path };
+        let reader = connect(&path)?;
+        let catalog = Catalog { reader: Mutex::new(reader), writer: Mutex::new(connect(&path)?), path };
         catalog.migrate()?;
         Ok(catalog)
     }
@@ -145,8 +141,12 @@ impl Catalog {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, rusqlite::Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_reader(&self) -> MutexGuard<'_, rusqlite::Connection> {
+        self.reader.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_writer(&self) -> MutexGuard<'_, rusqlite::Connection> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn storage(&self, source: rusqlite::Error) -> Error {
@@ -155,12 +155,12 @@ impl Catalog {
 
     /// Runs `f` on the connection.
     fn read<T>(&self, f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>) -> Result<T> {
-        f(&self.lock()).map_err(|e| self.storage(e))
+        f(&self.lock_reader()).map_err(|e| self.storage(e))
     }
 
     /// Runs `f` in an immediate transaction (so two processes never deadlock upgrading locks).
     fn write<T>(&self, f: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>) -> Result<T> {
-        let mut conn = self.lock();
+        let mut conn = self.lock_writer();
         let tx =
             conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(|e| self.storage(e))?;
         let out = f(&tx).map_err(|e| self.storage(e))?;
@@ -170,13 +170,26 @@ impl Catalog {
 
     /// Like [`Catalog::write`], for closures that return catalog errors of their own.
     fn write_checked<T>(&self, f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
-        let mut conn = self.lock();
+        let mut conn = self.lock_writer();
         let tx =
             conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(|e| self.storage(e))?;
         let out = f(&tx)?;
         tx.commit().map_err(|e| self.storage(e))?;
         Ok(out)
     }
+}
+
+/// One connection to the catalog file, configured.
+fn connect(path: &Path) -> Result<rusqlite::Connection> {
+    let storage = |source| Error::Storage { path: path.to_owned(), source };
+    let conn = rusqlite::Connection::open(path).map_err(storage)?;
+    conn.busy_timeout(Duration::from_secs(10)).map_err(storage)?;
+    conn.pragma_update(None, "journal_mode", "WAL").map_err(storage)?;
+    conn.pragma_update(None, "synchronous", "FULL").map_err(storage)?;
+    conn.pragma_update(None, "foreign_keys", "ON").map_err(storage)?;
+    // Stable plans, so cached statements are not re-prepared for every new bound value.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(storage)?;
+    Ok(conn)
 }
 
 /// Now, as the ISO 8601 text Cloudflare's API uses (`2024-01-01T00:00:00.000Z`).

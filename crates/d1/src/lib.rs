@@ -117,7 +117,7 @@ pub struct CreateOptions {
 /// is locked to one process), and every change here clears the cache.
 pub struct D1 {
     catalog: Arc<Catalog>,
-    records: RwLock<HashMap<(String, String), D1Database>>,
+    records: RwLock<RecordCache>,
     registry: Registry,
     root: PathBuf,
     settings: D1Settings,
@@ -126,6 +126,14 @@ pub struct D1 {
 
 /// Most database records kept in memory.
 const RECORD_CACHE_SIZE: usize = 100_000;
+
+/// Database records by (account, id or name), with a generation that every change bumps, so a
+/// record read before a change is never cached after it.
+#[derive(Default)]
+struct RecordCache {
+    generation: u64,
+    records: HashMap<(String, String), D1Database>,
+}
 
 fn database_file(root: &Path, uuid: &str) -> PathBuf {
     root.join(uuid).join("db.sqlite")
@@ -185,6 +193,9 @@ impl D1 {
             std::fs::create_dir_all(dir)
                 .map_err(|source| Error::Io { context: format!("creating {}", dir.display()), source })?;
             kura_sqlite::Database::open(&DatabaseOptions { limits, ..DatabaseOptions::new(&path).create(true) })?;
+            // The record that points at the file is written next: make the file's name durable.
+            sync_directory(dir)?;
+            sync_directory(dir.parent().expect("the d1 directory"))?;
             Ok(())
         })
         .await
@@ -214,25 +225,33 @@ impl D1 {
     /// The account's database with this id or name.
     pub fn get(&self, account_id: &str, id_or_name: &str) -> Result<D1Database> {
         let key = (account_id.to_owned(), id_or_name.to_owned());
-        if let Some(found) = self.records.read().unwrap_or_else(|p| p.into_inner()).get(&key) {
-            return Ok(found.clone());
-        }
+        let generation = {
+            let cache = self.records.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(found) = cache.records.get(&key) {
+                return Ok(found.clone());
+            }
+            cache.generation
+        };
         if !is_uuid(&id_or_name.to_ascii_lowercase()) && !kura_catalog::is_valid_database_name(id_or_name) {
             return Err(Error::InvalidId(id_or_name.to_owned()));
         }
         let found =
             self.catalog.d1_database(account_id, id_or_name)?.ok_or_else(|| Error::NotFound(id_or_name.to_owned()))?;
-        let mut records = self.records.write().unwrap_or_else(|p| p.into_inner());
-        if records.len() >= RECORD_CACHE_SIZE {
-            records.clear();
+        let mut cache = self.records.write().unwrap_or_else(|p| p.into_inner());
+        if cache.generation == generation {
+            if cache.records.len() >= RECORD_CACHE_SIZE {
+                cache.records.clear();
+            }
+            cache.records.insert(key, found.clone());
         }
-        records.insert(key, found.clone());
         Ok(found)
     }
 
     /// Forgets cached records after a change.
     fn forget_records(&self) {
-        self.records.write().unwrap_or_else(|p| p.into_inner()).clear();
+        let mut cache = self.records.write().unwrap_or_else(|p| p.into_inner());
+        cache.generation += 1;
+        cache.records.clear();
     }
 
     /// The database with its table count and size.
@@ -273,7 +292,7 @@ impl D1 {
         if !deleted? {
             return Err(Error::NotFound(id_or_name.to_owned()));
         }
-        self.registry.close(&database.uuid).await;
+        self.registry.retire(&database.uuid).await;
         self.usage.forget(&database.uuid);
         let dir = self.root.join(&database.uuid);
         tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir))
@@ -301,7 +320,14 @@ impl D1 {
 
     /// Runs a request on a database known by id (the caller has checked the account).
     pub async fn query_database(&self, uuid: &str, request: Request) -> Result<Vec<StatementResult>> {
-        let results = self.registry.execute(uuid, request).await?;
+        let results = match self.registry.execute(uuid, request).await {
+            Ok(results) => results,
+            // Deleted while the request was on its way.
+            Err(kura_sqlite::Error::Closed) if self.catalog.d1_database_by_uuid(uuid)?.is_none() => {
+                return Err(Error::NotFound(uuid.to_owned()));
+            }
+            Err(e) => return Err(e.into()),
+        };
         self.usage.record(uuid, &results);
         Ok(results)
     }
@@ -330,6 +356,13 @@ impl D1 {
             tracing::warn!(error = %e, "could not save D1 usage counters");
         }
     }
+}
+
+/// Makes a directory's entries durable.
+fn sync_directory(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| Error::Io { context: format!("syncing {}", dir.display()), source })
 }
 
 fn sweep_orphans(root: &Path, known: &[String]) {

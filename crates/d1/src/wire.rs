@@ -80,11 +80,21 @@ impl<'de> serde::Deserialize<'de> for JsonParam {
                 Ok(JsonParam(Value::Text(s)))
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<JsonParam, A::Error> {
-                let mut items = Vec::new();
-                while let Some(item) = seq.next_element::<serde_json::Value>()? {
-                    items.push(item);
+                // Bytes straight into a Vec<u8>: a JSON tree would take ~30 times the memory.
+                let mut bytes = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
+                let mut all_bytes = true;
+                while let Some(MaybeByte(byte)) = seq.next_element()? {
+                    match byte {
+                        Some(b) if all_bytes => bytes.push(b),
+                        _ => all_bytes = false,
+                    }
                 }
-                param_from_json(&serde_json::Value::Array(items)).map(JsonParam).map_err(serde::de::Error::custom)
+                if !all_bytes {
+                    return Err(serde::de::Error::custom(
+                        "D1_TYPE_ERROR: Type 'object' not supported for value: an array parameter must hold bytes (0 to 255)",
+                    ));
+                }
+                Ok(JsonParam(Value::Blob(bytes)))
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<JsonParam, A::Error> {
                 let mut object = serde_json::Map::new();
@@ -92,6 +102,48 @@ impl<'de> serde::Deserialize<'de> for JsonParam {
                     object.insert(k, v);
                 }
                 param_from_json(&serde_json::Value::Object(object)).map(JsonParam).map_err(serde::de::Error::custom)
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+/// An array element: a byte, or anything else (consumed and reported as `None`).
+struct MaybeByte(Option<u8>);
+
+impl<'de> serde::Deserialize<'de> for MaybeByte {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = MaybeByte;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a byte")
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<MaybeByte, E> {
+                Ok(MaybeByte(u8::try_from(n).ok()))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<MaybeByte, E> {
+                Ok(MaybeByte(u8::try_from(n).ok()))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<MaybeByte, E> {
+                Ok(MaybeByte(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<MaybeByte, E> {
+                Ok(MaybeByte(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<MaybeByte, E> {
+                Ok(MaybeByte(None))
+            }
+            fn visit_unit<E>(self) -> Result<MaybeByte, E> {
+                Ok(MaybeByte(None))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<MaybeByte, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(MaybeByte(None))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<MaybeByte, A::Error> {
+                while map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(MaybeByte(None))
             }
         }
         d.deserialize_any(Visit)
@@ -375,6 +427,9 @@ mod tests {
         let e = serde_json::from_str::<JsonParams>(r#"[{"a": 1}]"#).unwrap_err().to_string();
         assert!(e.starts_with("D1_TYPE_ERROR: Type 'object' not supported"), "{e}");
         assert!(serde_json::from_str::<JsonParams>(r#"[[1, 999]]"#).is_err());
+        assert!(serde_json::from_str::<JsonParams>(r#"[[1, "a", {"b": [2]}]]"#).is_err());
+        let empty: JsonParams = serde_json::from_str("[[]]").unwrap();
+        assert_eq!(empty.0, vec![Value::Blob(vec![])]);
         assert!(serde_json::from_str::<JsonParams>(r#"{"a": 1}"#).is_err());
     }
 

@@ -36,8 +36,8 @@ use tower_http::trace::TraceLayer;
 
 pub use node::{Bootstrap, CredentialsConfig, Node, NodeError, NodeSettings, bootstrap};
 
-/// Largest request body accepted, in bytes: room for a batch of 100 statements with 2 MB values.
-pub const MAX_BODY_BYTES: usize = 256 * 1024 * 1024;
+/// Largest request body accepted, in bytes: room for a batch of statements with 2 MB values.
+pub const MAX_BODY_BYTES: usize = 100 * 1024 * 1024;
 
 /// What every handler can reach.
 #[derive(Clone)]

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::database::{Database, DatabaseOptions};
+use crate::database::{Database, DatabaseOptions, Grouped};
 use crate::error::{Error, Result};
 use crate::registry::{DoneSignal, Shared};
 use crate::request::{Request, StatementResult};
@@ -45,6 +45,13 @@ struct Pending {
     request: Request,
     reply: oneshot::Sender<Result<Vec<StatementResult>>>,
     results: Vec<StatementResult>,
+}
+
+/// Results a group may hold in memory before it commits early.
+const MAX_GROUP_RESULT_BYTES: usize = 64 * 1000 * 1000;
+
+fn footprint(results: &[StatementResult]) -> usize {
+    results.iter().flat_map(|r| &r.rows).flatten().map(|v| v.footprint()).sum()
 }
 
 /// Signals the registry when the thread ends, however it ends.
@@ -108,6 +115,12 @@ pub(crate) fn run(
             tracing::error!(key = %identity.key, "database actor panicked; closing the database");
             break;
         }
+        if actor.db.is_poisoned() {
+            // After an I/O error at commit the page cache may not match the disk: close, and let
+            // the next request reopen the file (SQLite recovers from the WAL on open).
+            tracing::error!(key = %identity.key, "a commit failed with an I/O error; reopening the database");
+            break;
+        }
     }
     actor.db.rollback();
 }
@@ -116,14 +129,16 @@ pub(crate) fn run(
 fn refuse_all(rx: &Receiver<Command>, error: &Error) {
     while let Ok(command) = rx.try_recv() {
         if let Command::Execute { reply, .. } = command {
-            let _ = reply.send(Err(copy_open_error(error)));
+            let _ = reply.send(Err(copy_error(error)));
         }
     }
 }
 
-fn copy_open_error(error: &Error) -> Error {
+/// The same error again, for answering several requests with it.
+fn copy_error(error: &Error) -> Error {
     match error {
         Error::Open { path, message } => Error::Open { path: path.clone(), message: message.clone() },
+        Error::Sql { message, code } => Error::Sql { message: message.clone(), code: *code },
         _ => Error::Closed,
     }
 }
@@ -171,14 +186,29 @@ impl Actor {
             }
         }
         match self.db.execute_in_savepoint(&request) {
-            Ok(results) => group.push(Pending { request, reply, results }),
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                if !self.db.in_transaction() {
-                    // SQLite rolled back the whole transaction (ON CONFLICT ROLLBACK, a full
-                    // disk…): the earlier requests of the group are lost, never acknowledged.
-                    self.replay(group);
+            Grouped::Done(results) => {
+                group.push(Pending { request, reply, results });
+                if group.iter().map(|p| footprint(&p.results)).sum::<usize>() > MAX_GROUP_RESULT_BYTES {
+                    self.flush(group);
                 }
+            }
+            Grouped::Failed(e) => {
+                let _ = reply.send(Err(e));
+            }
+            Grouped::RunAlone => {
+                self.flush(group);
+                let outcome = self.db.execute_alone(&request);
+                let _ = reply.send(outcome);
+            }
+            Grouped::Lost(Some(e)) => {
+                // The request failed and took the transaction with it (ON CONFLICT ROLLBACK, a
+                // full disk…): the group's earlier requests, never acknowledged, run again.
+                let _ = reply.send(Err(e));
+                self.replay(group);
+            }
+            Grouped::Lost(None) => {
+                group.push(Pending { request, reply, results: Vec::new() });
+                self.replay(group);
             }
         }
     }
@@ -189,15 +219,22 @@ impl Actor {
             self.db.rollback();
             return;
         }
+        if !self.db.in_transaction() {
+            self.replay(group);
+            return;
+        }
         match self.db.commit() {
             Ok(()) => {
                 for pending in group.drain(..) {
                     let _ = pending.reply.send(Ok(pending.results));
                 }
             }
-            Err(e) if group.len() == 1 => {
-                let pending = group.pop().expect("one pending request");
-                let _ = pending.reply.send(Err(e));
+            Err(e) if group.len() == 1 || self.db.is_poisoned() => {
+                // Alone, a request would fail the same way; after an I/O error, nothing more
+                // runs on this connection.
+                for pending in group.drain(..) {
+                    let _ = pending.reply.send(Err(copy_error(&e)));
+                }
             }
             Err(e) => {
                 tracing::debug!(error = %e, requests = group.len(), "group commit failed; running requests one by one");
@@ -210,7 +247,8 @@ impl Actor {
     fn replay(&mut self, group: &mut Vec<Pending>) {
         self.db.rollback();
         for pending in group.drain(..) {
-            let outcome = self.db.execute_alone(&pending.request);
+            let outcome =
+                if self.db.is_poisoned() { Err(Error::Closed) } else { self.db.execute_alone(&pending.request) };
             let _ = pending.reply.send(outcome);
         }
     }

@@ -12,9 +12,9 @@ use rusqlite::OpenFlags;
 use rusqlite::config::DbConfig;
 
 use crate::error::{Error, Result, TRANSACTION_MESSAGE};
-use crate::policy::{Authorizer, INTERNAL_OBJECTS, Limits, StatementFacts, WriteKind};
+use crate::policy::{Authorizer, Limits, StatementFacts, WriteKind};
 use crate::raw::{RawStatement, SqlText};
-use crate::request::{Access, Meta, Request, ResultMode, Statement, StatementResult};
+use crate::request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};
 
 /// How to open a database file.
 #[derive(Debug, Clone)]
@@ -76,7 +76,25 @@ pub struct Database {
     size: Option<u64>,
     /// Indexes per table (lower-cased), for counting index writes; cleared on schema changes.
     indexes: HashMap<String, Vec<IndexColumns>>,
+    /// Bytes of results the running request may still collect.
+    result_budget: usize,
+    max_result_bytes: usize,
+    poisoned: bool,
     path: PathBuf,
+}
+
+/// What became of a request run inside a group's transaction.
+pub(crate) enum Grouped {
+    /// It succeeded; its changes wait in the open transaction for the group's COMMIT.
+    Done(Vec<StatementResult>),
+    /// It failed; its changes are undone and the transaction is still usable.
+    Failed(Error),
+    /// It must run in a transaction of its own; nothing of it remains.
+    RunAlone,
+    /// The transaction is gone (SQLite rolled it back, or a savepoint could not be released
+    /// or rolled back), and with it the group's earlier requests. With an error, the request
+    /// itself failed; without, it may simply be run again.
+    Lost(Option<Error>),
 }
 
 const SAVEPOINT: &str = "SAVEPOINT _cf_kura_request";
@@ -141,6 +159,9 @@ impl Database {
             page_size,
             size: None,
             indexes: HashMap::new(),
+            result_budget: options.limits.max_result_bytes,
+            max_result_bytes: options.limits.max_result_bytes,
+            poisoned: false,
             path: options.path.clone(),
         })
     }
@@ -183,7 +204,10 @@ impl Database {
     /// Commits the open transaction; on failure it is rolled back and the error returned.
     pub fn commit(&mut self) -> Result<()> {
         let result = self.internal("COMMIT");
-        if result.is_err() {
+        if let Err(e) = &result {
+            if matches!(e.sqlite_code(), Some(ffi::SQLITE_IOERR | ffi::SQLITE_CORRUPT | ffi::SQLITE_NOTADB)) {
+                self.poisoned = true;
+            }
             self.rollback();
         }
         result
@@ -199,25 +223,72 @@ impl Database {
         self.size = None;
     }
 
-    /// Runs a request inside the open transaction, in a savepoint of its own: on error the
-    /// request's changes are undone and the transaction stays usable (unless SQLite itself
-    /// rolled it back, which [`Database::in_transaction`] reveals).
-    pub fn execute_in_savepoint(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
-        self.internal(SAVEPOINT)?;
+    /// Runs a request inside the open transaction, in a savepoint of its own, and says what
+    /// became of it (see [`Grouped`]).
+    pub(crate) fn execute_in_savepoint(&mut self, request: &Request) -> Grouped {
+        if self.internal(SAVEPOINT).is_err() {
+            self.rollback();
+            return Grouped::Lost(None);
+        }
         match self.execute(request) {
-            Ok(results) => {
-                self.internal(RELEASE)?;
-                Ok(results)
+            Ok(_) if !self.in_transaction() => {
+                self.rollback();
+                Grouped::Lost(None)
+            }
+            // Deferred constraints are checked only at COMMIT, which this request would share
+            // with others: undo it here and run it in a transaction of its own.
+            Ok(_) if self.has_unresolved_foreign_keys() => {
+                if self.undo_savepoint() {
+                    Grouped::RunAlone
+                } else {
+                    Grouped::Lost(None)
+                }
+            }
+            Ok(results) => match self.internal(RELEASE) {
+                Ok(()) => Grouped::Done(results),
+                Err(_) => {
+                    self.rollback();
+                    Grouped::Lost(None)
+                }
+            },
+            Err(e) if !self.in_transaction() => {
+                self.size = None;
+                Grouped::Lost(Some(e))
             }
             Err(e) => {
-                if self.in_transaction() {
-                    self.internal(ROLLBACK_TO)?;
-                    self.internal(RELEASE)?;
+                if self.undo_savepoint() {
+                    Grouped::Failed(e)
+                } else {
+                    Grouped::Lost(Some(e))
                 }
-                self.size = None;
-                Err(e)
             }
         }
+    }
+
+    /// Rolls the request's savepoint back; if even that fails, the whole transaction goes and
+    /// this returns false.
+    fn undo_savepoint(&mut self) -> bool {
+        self.size = None;
+        if self.internal(ROLLBACK_TO).and_then(|()| self.internal(RELEASE)).is_ok() {
+            return true;
+        }
+        self.rollback();
+        false
+    }
+
+    /// Whether the open transaction holds foreign-key violations not yet resolved.
+    fn has_unresolved_foreign_keys(&self) -> bool {
+        let (mut current, mut highest) = (0, 0);
+        let rc = unsafe {
+            ffi::sqlite3_db_status(self.handle(), ffi::SQLITE_DBSTATUS_DEFERRED_FKS, &mut current, &mut highest, 0)
+        };
+        rc == ffi::SQLITE_OK && current > 0
+    }
+
+    /// Whether a commit failed in a way that leaves the connection untrustworthy (an I/O error
+    /// after which the page cache may not match the disk): the owner must close and reopen it.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
     }
 
     /// Runs a request in a transaction of its own and commits it.
@@ -252,6 +323,7 @@ impl Database {
     pub fn execute(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
         let deadline = self.epoch.elapsed() + self.request_timeout;
         self.deadline.store(deadline.as_nanos() as u64, Ordering::Relaxed);
+        self.result_budget = self.max_result_bytes;
         let outcome = self.execute_statements(request);
         self.deadline.store(0, Ordering::Relaxed);
         outcome.map_err(|e| self.explain_interrupt(e, deadline))
@@ -363,14 +435,26 @@ impl Database {
             Some(size) => size,
             None => self.measure_size()?,
         };
+        let reserved_before = if facts.alters_table { self.count_reserved_names()? } else { 0 };
         let columns = raw.column_names();
         let mut rows = Vec::new();
         while raw.step()? {
-            rows.push(raw.row(columns.len()));
+            let row = raw.row(columns.len());
+            let bytes = row.iter().map(Value::footprint).sum::<usize>();
+            self.result_budget = self.result_budget.checked_sub(bytes).ok_or_else(|| {
+                Error::sql(
+                    ffi::SQLITE_TOOBIG,
+                    &format!(
+                        "the results are larger than {} MB; select fewer rows or columns",
+                        self.max_result_bytes / 1_000_000
+                    ),
+                )
+            })?;
+            rows.push(row);
         }
         let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
-        if facts.alters_table {
-            self.refuse_reserved_rename()?;
+        if facts.alters_table && self.count_reserved_names()? > reserved_before {
+            return Err(Error::sql(ffi::SQLITE_AUTH, "not authorized"));
         }
         let readonly = raw.is_readonly();
         let changes = unsafe { ffi::sqlite3_total_changes64(db) - total_before }.max(0) as u64;
@@ -400,23 +484,15 @@ impl Database {
         })
     }
 
-    /// `ALTER TABLE … RENAME TO _cf_x` passes the authorizer (SQLite shows it the old name
-    /// only), so look for the new name afterwards; the caller's savepoint undoes the rename.
-    fn refuse_reserved_rename(&mut self) -> Result<()> {
-        let reserved: i64 = self
-            .with_internal(|c| {
-                let mut sql =
-                    String::from("SELECT count(*) FROM sqlite_schema WHERE name LIKE '\\_cf\\_%' ESCAPE '\\'");
-                for name in INTERNAL_OBJECTS {
-                    sql.push_str(&format!(" AND name <> '{name}'"));
-                }
-                c.query_row(&sql, [], |r| r.get(0))
-            })
-            .map_err(Error::internal)?;
-        if reserved > 0 {
-            return Err(Error::sql(ffi::SQLITE_AUTH, "not authorized"));
-        }
-        Ok(())
+    /// Schema objects with reserved names. `ALTER TABLE … RENAME TO _cf_x` passes the
+    /// authorizer (SQLite shows it the old name only), so ALTER compares this before and after;
+    /// the caller's savepoint undoes a rename that added one.
+    fn count_reserved_names(&mut self) -> Result<i64> {
+        self.with_internal(|c| {
+            c.prepare_cached("SELECT count(*) FROM sqlite_schema WHERE lower(substr(name, 1, 4)) = '_cf_'")?
+                .query_row([], |r| r.get(0))
+        })
+        .map_err(Error::internal)
     }
 
     /// Bytes in use: `(page_count - freelist_count) * page_size`, as D1 reports `size_after`.
@@ -557,4 +633,54 @@ fn load_indexes(conn: &rusqlite::Connection, table: &str) -> rusqlite::Result<Ve
         out.push(columns.into_iter().collect::<Option<Vec<String>>>());
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open() -> (tempfile::TempDir, Database) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Database::open(&DatabaseOptions::new(dir.path().join("db.sqlite")).create(true)).unwrap();
+        (dir, db)
+    }
+
+    fn request(sql: &str) -> Request {
+        Request::new(vec![Statement::new(sql)])
+    }
+
+    #[test]
+    fn deferred_foreign_keys_never_ride_on_a_shared_commit() {
+        let (_dir, mut db) = open();
+        db.execute_alone(&request(
+            "CREATE TABLE parent (id INTEGER PRIMARY KEY);
+             CREATE TABLE child (pid INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)",
+        ))
+        .unwrap();
+        db.begin().unwrap();
+        assert!(matches!(db.execute_in_savepoint(&request("INSERT INTO parent VALUES (1)")), Grouped::Done(_)));
+        // An orphan that a later request of the same group would have made whole must not pass.
+        assert!(matches!(db.execute_in_savepoint(&request("INSERT INTO child VALUES (7)")), Grouped::RunAlone));
+        assert!(matches!(db.execute_in_savepoint(&request("INSERT INTO parent VALUES (7)")), Grouped::Done(_)));
+        db.commit().unwrap();
+        let e = db.execute_alone(&request("INSERT INTO child VALUES (8)")).unwrap_err();
+        assert!(e.to_string().contains("FOREIGN KEY constraint failed"), "{e}");
+        let count = db.execute_alone(&request("SELECT count(*) FROM child")).unwrap();
+        assert_eq!(count[0].rows[0][0], Value::Integer(0));
+    }
+
+    #[test]
+    fn a_failure_that_ends_the_transaction_is_reported_as_lost() {
+        let (_dir, mut db) = open();
+        db.execute_alone(&request("CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1)")).unwrap();
+        db.begin().unwrap();
+        assert!(matches!(db.execute_in_savepoint(&request("INSERT INTO t VALUES (2)")), Grouped::Done(_)));
+        assert!(matches!(
+            db.execute_in_savepoint(&request("INSERT OR ROLLBACK INTO t VALUES (1)")),
+            Grouped::Lost(Some(_))
+        ));
+        assert!(!db.in_transaction());
+        let count = db.execute_alone(&request("SELECT count(*) FROM t")).unwrap();
+        assert_eq!(count[0].rows[0][0], Value::Integer(1), "the earlier request went with the transaction");
+    }
 }

@@ -34,6 +34,8 @@ pub struct Limits {
     pub max_trigger_depth: i32,
     /// Largest database file, in bytes.
     pub max_database_bytes: u64,
+    /// Most bytes of results one request may collect (a guard against exhausting memory).
+    pub max_result_bytes: usize,
 }
 
 impl Limits {
@@ -53,6 +55,7 @@ impl Limits {
             max_vdbe_ops: 25_000,
             max_trigger_depth: 10,
             max_database_bytes: 10 * 1000 * 1000 * 1000,
+            max_result_bytes: 64 * 1000 * 1000,
         }
     }
 
@@ -165,9 +168,6 @@ fn allow_if(ok: bool) -> Authorization {
     if ok { Authorization::Allow } else { Authorization::Deny }
 }
 
-/// Schema objects the platform itself may own (Durable Objects' KV store).
-pub(crate) const INTERNAL_OBJECTS: &[&str] = &["_cf_KV", "_cf_METADATA"];
-
 /// Names starting with `_cf_` (any case) are reserved for the platform.
 pub(crate) fn is_reserved_name(name: &str) -> bool {
     name.len() >= 4 && name.as_bytes()[..4].eq_ignore_ascii_case(b"_cf_")
@@ -193,13 +193,13 @@ fn decide(ctx: &AuthContext<'_>, facts: &mut StatementFacts, top_level: bool) ->
             if top_level && facts.writes.is_none() {
                 facts.writes = Some((WriteKind::Insert, table_name.to_owned()));
             }
-            allow_if(!is_reserved_name(table_name) && in_main(db))
+            allow_if(!is_reserved_name(table_name) && !is_raw_storage(table_name) && in_main(db))
         }
         AuthAction::Delete { table_name } => {
             if top_level && facts.writes.is_none() {
                 facts.writes = Some((WriteKind::Delete, table_name.to_owned()));
             }
-            allow_if(!is_reserved_name(table_name) && in_main(db))
+            allow_if(!is_reserved_name(table_name) && !is_raw_storage(table_name) && in_main(db))
         }
         AuthAction::Update { table_name, column_name } => {
             if top_level {
@@ -210,7 +210,9 @@ fn decide(ctx: &AuthContext<'_>, facts: &mut StatementFacts, top_level: bool) ->
                     facts.updated_columns.push(column_name.to_owned());
                 }
             }
-            allow_if(!is_reserved_name(table_name) && (in_main(db) || db == Some("temp")))
+            allow_if(
+                !is_reserved_name(table_name) && !is_raw_storage(table_name) && (in_main(db) || db == Some("temp")),
+            )
         }
         AuthAction::CreateTable { table_name } => {
             facts.changes_schema = true;
@@ -305,7 +307,6 @@ const ALLOWED_FUNCTIONS: &[&str] = &[
     "like",
     "likelihood",
     "likely",
-    "load_extension",
     "lower",
     "ltrim",
     "max",

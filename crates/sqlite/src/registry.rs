@@ -6,7 +6,7 @@
 //! listening. A new actor for a file waits until the previous one has closed it, so there is
 //! never more than one owner of a file.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -74,6 +74,8 @@ struct Entry {
 #[derive(Default)]
 struct State {
     actors: HashMap<String, Entry>,
+    /// Databases closed for good (deleted): requests for them are refused, never reopen them.
+    retired: HashSet<String>,
     /// Actors that were told to close and may still hold their file.
     closing: HashMap<String, Arc<DoneSignal>>,
     next_generation: u64,
@@ -140,6 +142,13 @@ impl Registry {
         }
     }
 
+    /// Closes the database `key` for good, as [`Registry::close`] does, and refuses every later
+    /// request for it (so a request already on its way cannot reopen a file being deleted).
+    pub async fn retire(&self, key: &str) {
+        self.shared.lock().retired.insert(key.to_owned());
+        self.close(key).await;
+    }
+
     /// Closes every database and waits for all of them; later requests are refused.
     pub async fn shutdown(&self) {
         let signals: Vec<Arc<DoneSignal>> = {
@@ -172,7 +181,7 @@ impl Shared {
 
     fn send(self: &Arc<Self>, key: &str, command: Command) -> Result<()> {
         let mut state = self.lock();
-        if state.shut_down {
+        if state.shut_down || state.retired.contains(key) {
             return Err(Error::Closed);
         }
         let mut command = command;

@@ -15,6 +15,17 @@ pub enum Value {
     Blob(Vec<u8>),
 }
 
+impl Value {
+    /// Roughly the memory the value takes, for bounding results.
+    pub fn footprint(&self) -> usize {
+        match self {
+            Value::Text(t) => 24 + t.len(),
+            Value::Blob(b) => 24 + b.len(),
+            _ => 16,
+        }
+    }
+}
+
 /// SQL text with the values for its parameters (`?` and `?NNN`, in order).
 ///
 /// The text may hold several statements; see [`ResultMode`] for how their results are returned

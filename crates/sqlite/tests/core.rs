@@ -222,6 +222,16 @@ mod limits {
     }
 
     #[tokio::test]
+    async fn results_are_bounded_in_memory() {
+        let cx = Context::new();
+        let e = cx
+            .err("WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT zeroblob(1000000) FROM r")
+            .await;
+        assert!(e.starts_with("the results are larger than") && e.ends_with("SQLITE_TOOBIG"), "{e}");
+        cx.ok("SELECT zeroblob(1000000) FROM (SELECT 1 UNION ALL SELECT 2)").await;
+    }
+
+    #[tokio::test]
     async fn compound_selects_columns_and_like_patterns() {
         let cx = Context::new();
         cx.ok("SELECT 1 UNION SELECT 2 UNION SELECT 3 UNION SELECT 4 UNION SELECT 5").await;
@@ -270,6 +280,12 @@ mod authorizer {
             assert!(e.ends_with("SQLITE_AUTH") || e.contains("not authorized"), "{sql}: {e}");
         }
         assert_eq!(cx.scalar("SELECT count(*) FROM t").await, Value::Integer(0));
+        for sql in ["PRAGMA case_sensitive_like = ON; ALTER TABLE t RENAME TO _CF_x", "ALTER TABLE t RENAME TO _cf_KV"]
+        {
+            let e = cx.err(sql).await;
+            assert!(e.contains("not authorized"), "{sql}: {e}");
+        }
+        assert_eq!(cx.scalar("SELECT count(*) FROM sqlite_schema WHERE name = 't'").await, Value::Integer(1));
         let e = cx.err("SELECT sqlite_version()").await;
         assert!(e.contains("not authorized to use function: sqlite_version"), "{e}");
     }

@@ -1,5 +1,6 @@
 //! D1's v4 endpoints: list, create, details, update, delete, `/query` and `/raw`.
 
+use axum::body::Body;
 use axum::extract::State;
 use axum::response::Response;
 use serde::Deserialize;
@@ -7,7 +8,7 @@ use serde::Deserialize;
 use kura_d1::wire::{JsonParams, JsonResults, RowFormat, created_database, database_details, database_list_item};
 use kura_d1::{Access, CreateOptions, Request, Statement};
 
-use super::extract::{V4Body, V4Path, V4Query};
+use super::extract::{V4Path, V4Query, read_body};
 use super::{ApiError, ResultInfo, ok, ok_paged, parse_json, query_number};
 use crate::AppState;
 use crate::auth::{Caller, Need};
@@ -54,10 +55,10 @@ pub async fn create(
     State(app): State<AppState>,
     caller: Caller,
     V4Path(account_id): V4Path<String>,
-    V4Body(body): V4Body,
+    body: Body,
 ) -> Result<Response, ApiError> {
     caller.require(&account_id, Need::D1Write)?;
-    let body: CreateBody = parse_json(&body)?;
+    let body: CreateBody = parse_json(&read_body(body).await?)?;
     check_choice("primary_location_hint", &body.primary_location_hint, LOCATION_HINTS)?;
     check_choice("jurisdiction", &body.jurisdiction, JURISDICTIONS)?;
     let options = CreateOptions {
@@ -100,10 +101,10 @@ pub async fn update(
     State(app): State<AppState>,
     caller: Caller,
     V4Path((account_id, database)): V4Path<(String, String)>,
-    V4Body(body): V4Body,
+    body: Body,
 ) -> Result<Response, ApiError> {
     caller.require(&account_id, Need::D1Write)?;
-    let body: UpdateBody = parse_json(&body)?;
+    let body: UpdateBody = parse_json(&read_body(body).await?)?;
     let Some(replication) = body.read_replication else {
         return Err(ApiError::bad_request("Invalid property: read_replication is required"));
     };
@@ -163,11 +164,11 @@ async fn run(
     caller: Caller,
     account_id: String,
     database: String,
-    body: &[u8],
+    body: Body,
     format: RowFormat,
 ) -> Result<Response, ApiError> {
     caller.require(&account_id, Need::D1Read)?;
-    let request = parse_request(body, &caller)?;
+    let request = parse_request(&read_body(body).await?, &caller)?;
     let results = app.d1.query(&account_id, &database, request).await?;
     Ok(ok(JsonResults { results: &results, format }))
 }
@@ -177,9 +178,9 @@ pub async fn query(
     State(app): State<AppState>,
     caller: Caller,
     V4Path((account_id, database)): V4Path<(String, String)>,
-    V4Body(body): V4Body,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    run(app, caller, account_id, database, &body, RowFormat::Objects).await
+    run(app, caller, account_id, database, body, RowFormat::Objects).await
 }
 
 /// `POST …/{database}/raw`: rows as arrays, with the column names.
@@ -187,7 +188,7 @@ pub async fn raw(
     State(app): State<AppState>,
     caller: Caller,
     V4Path((account_id, database)): V4Path<(String, String)>,
-    V4Body(body): V4Body,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    run(app, caller, account_id, database, &body, RowFormat::Raw).await
+    run(app, caller, account_id, database, body, RowFormat::Raw).await
 }

@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Path, Query};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use bytes::Bytes;
@@ -43,23 +43,19 @@ impl<S: Send + Sync> FromRequestParts<S> for V4Query {
     }
 }
 
-/// The whole body, within the server's body limit.
-pub struct V4Body(pub Bytes);
-
-impl<S: Send + Sync> FromRequest<S> for V4Body {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Bytes::from_request(req, state).await {
-            Ok(bytes) => Ok(V4Body(bytes)),
-            Err(BytesRejection::FailedToBufferBody(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    7400,
-                    "The request body is larger than this server accepts",
-                ))
-            }
-            Err(e) => Err(ApiError::bad_request(format!("The request body could not be read: {}", e.body_text()))),
+/// Reads a whole request body, within the server's limit. Handlers call it after checking the
+/// caller, so nobody without access to the account makes the server buffer a large body.
+pub async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, crate::MAX_BODY_BYTES).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                7400,
+                format!("The request body is larger than {} MB", crate::MAX_BODY_BYTES / (1024 * 1024)),
+            )
+        } else {
+            ApiError::bad_request(format!("The request body could not be read: {e}"))
         }
-    }
+    })
 }

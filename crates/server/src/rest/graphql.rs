@@ -6,10 +6,11 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use super::extract::V4Body;
+use super::extract::read_body;
 use super::{ApiError, parse_json};
 use crate::AppState;
 use crate::auth::Caller;
+use axum::body::Body;
 
 #[derive(Deserialize)]
 struct GraphqlBody {
@@ -48,8 +49,8 @@ fn graphql_error(message: &str) -> Response {
 }
 
 /// `POST /graphql`
-pub async fn query(State(app): State<AppState>, caller: Caller, V4Body(body): V4Body) -> Result<Response, ApiError> {
-    let body: GraphqlBody = parse_json(&body)?;
+pub async fn query(State(app): State<AppState>, caller: Caller, body: Body) -> Result<Response, ApiError> {
+    let body: GraphqlBody = parse_json(&read_body(body).await?)?;
     if !body.query.contains("d1AnalyticsAdaptiveGroups") {
         return Ok(graphql_error("kura answers only D1 analytics queries (d1AnalyticsAdaptiveGroups)"));
     }
@@ -64,7 +65,12 @@ pub async fn query(State(app): State<AppState>, caller: Caller, V4Body(body): V4
     if let Some(id) = find_string(&body.variables, "databaseId") {
         // Only the caller's own databases are reported; others look empty.
         if let Ok(database) = app.d1.get(&account, id) {
-            for usage in app.d1.usage(&database.uuid, from, to)? {
+            // Reading usage first saves pending counters: catalog writes stay off the runtime.
+            let d1 = std::sync::Arc::clone(&app.d1);
+            let usage = tokio::task::spawn_blocking(move || d1.usage(&database.uuid, from, to))
+                .await
+                .map_err(|e| ApiError::internal(&e))??;
+            for usage in usage {
                 let hour = jiff::Timestamp::from_second(usage.hour).map(|t| t.to_string()).unwrap_or_default();
                 groups.push(json!({
                     "sum": {

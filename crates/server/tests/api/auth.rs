@@ -98,6 +98,18 @@ async fn no_token_of_one_account_reaches_another() {
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
 
+    // A large body is refused before it is read.
+    let big = format!("{{\"sql\": \"SELECT 1\", \"params\": [\"{}\"]}}", "x".repeat(5_000_000));
+    let refused = server
+        .http
+        .post(format!("{}{}", server.base, server.d1(&format!("/{db}/query"))))
+        .bearer_auth(&other_token)
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+
     // Through its own account's URLs: our database does not exist there.
     let theirs = format!("/accounts/{}/d1/database/{db}", other.id);
     let (status, body) = server.call_as(Some(&other_token), Method::GET, &theirs, None).await;
