@@ -133,13 +133,29 @@ impl RawStatement {
         Ok(())
     }
 
-    /// Makes the statement ready to run again, with no parameters bound.
+    /// Makes the statement ready to run again, with no parameters bound and its counters at 0.
     pub(crate) fn reset(&mut self) {
         // Both return the last step's error, already reported.
         unsafe {
             ffi::sqlite3_reset(self.raw());
             ffi::sqlite3_clear_bindings(self.raw());
         }
+        self.reset_counters();
+    }
+
+    /// Zeroes the per-loop visit counters, which `sqlite3_reset` keeps.
+    #[cfg(kura_scanstatus)]
+    fn reset_counters(&mut self) {
+        unsafe extern "C" {
+            fn sqlite3_stmt_scanstatus_reset(stmt: *mut ffi::sqlite3_stmt);
+        }
+        unsafe { sqlite3_stmt_scanstatus_reset(self.raw()) };
+    }
+
+    /// Zeroes the full-scan counter, which `sqlite3_reset` keeps.
+    #[cfg(not(kura_scanstatus))]
+    fn reset_counters(&mut self) {
+        unsafe { ffi::sqlite3_stmt_status(self.raw(), ffi::SQLITE_STMTSTATUS_FULLSCAN_STEP, 1) };
     }
 
     /// Advances to the next row: `Ok(true)` on a row, `Ok(false)` when done.

@@ -144,6 +144,11 @@ mod meta {
         assert_eq!((joined[0].meta.rows_read, joined[0].meta.rows_written, joined[0].meta.changed_db), (8, 0, false));
         let scanned = cx.ok("SELECT * FROM cde WHERE c IN ('A','D','G')").await;
         assert_eq!(scanned[0].meta.rows_read, 3);
+        // The same text again runs the cached statement; its counters start from zero.
+        for _ in 0..3 {
+            let again = cx.ok("SELECT * FROM cde WHERE c IN ('A','D','G')").await;
+            assert_eq!(again[0].meta.rows_read, 3);
+        }
     }
 
     #[tokio::test]
