@@ -144,6 +144,24 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
 
     let rows = vec![
         Row {
+            workload: "HTTP floor: GET /healthz".into(),
+            clients: 16,
+            unit: "requests",
+            kura: figures.floor_16,
+            peer: None,
+            limit: None,
+            target: None,
+        },
+        Row {
+            workload: "HTTP floor: GET /healthz".into(),
+            clients: 1,
+            unit: "requests",
+            kura: figures.floor_1,
+            peer: None,
+            limit: None,
+            target: None,
+        },
+        Row {
             workload: "point SELECT".into(),
             clients: 16,
             unit: "queries",
@@ -208,6 +226,8 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
 
 #[derive(Default)]
 struct KuraFigures {
+    floor_1: Stats,
+    floor_16: Stats,
     select_16: Stats,
     select_1: Stats,
     insert_1: Stats,
@@ -219,6 +239,8 @@ struct KuraFigures {
 impl KuraFigures {
     fn measured(&self) -> Vec<(&'static str, Stats)> {
         [
+            ("floor1", self.floor_1),
+            ("floor16", self.floor_16),
             ("select16", self.select_16),
             ("select1", self.select_1),
             ("insert1", self.insert_1),
@@ -251,11 +273,11 @@ async fn measure_kura(base: &str, duration: Duration, only: &[String]) -> anyhow
     }
 
     eprintln!("measuring kura…");
-    if wanted("floor") {
+    let health = base.split("/client/v4").next().unwrap_or_default().to_owned() + "/healthz";
+    let floor = |clients| {
         // The HTTP floor: the same client and server answering /healthz, no auth, no SQL.
-        let health = base.split("/client/v4").next().unwrap_or_default().to_owned() + "/healthz";
-        let http = client.http.clone();
-        let floor = load::run(1, duration, move |_, _| {
+        let (http, health) = (client.http.clone(), health.clone());
+        load::run(clients, duration, move |_, _| {
             let (http, health) = (http.clone(), health.clone());
             async move {
                 let r = http.get(&health).send().await.expect("healthz");
@@ -263,8 +285,12 @@ async fn measure_kura(base: &str, duration: Duration, only: &[String]) -> anyhow
                 1
             }
         })
-        .await;
-        eprintln!("HTTP floor (GET /healthz, 1 client): {:.0}/s, p50 {:?}", floor.rate(), floor.p50);
+    };
+    if wanted("floor1") {
+        figures.floor_1 = floor(1).await;
+    }
+    if wanted("floor16") {
+        figures.floor_16 = floor(16).await;
     }
     let select = |clients| {
         let client = client.clone();

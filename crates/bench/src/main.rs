@@ -45,8 +45,8 @@ pub struct Settings {
     /// Operations per peer workload.
     #[arg(long, default_value_t = 2000)]
     pub peer_ops: u64,
-    /// Run only these kura workloads (comma-separated: select16, select1, insert1, insert16,
-    /// batch1, batch4), skipping the limit and the peer; for profiling.
+    /// Run only these kura workloads (comma-separated: floor1, floor16, select16, select1,
+    /// insert1, insert16, batch1, batch4), skipping the limit and the peer; for profiling.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Where to keep data files (default: the system's temporary directory).

@@ -29,6 +29,9 @@ pub fn print(title: &str, rows: &[Row], peer_note: &str) {
     println!("{title}");
     println!("peer: {peer_note}");
     println!(
+        "HTTP floor: the same client and server answering GET /healthz (no auth, no SQL): what HTTP alone costs here"
+    );
+    println!(
         "{:<26} {:>3} {:>12} {:>8} {:>8} {:>12} {:>9} {:>12} {:>9} {:>9}",
         "workload", "c", "kura/s", "p50 ms", "p99 ms", "peer/s", "vs peer", "limit/s", "vs limit", "target"
     );

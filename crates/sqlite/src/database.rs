@@ -65,6 +65,8 @@ const STATEMENT_CACHE_SIZE: usize = 128;
 pub struct Database {
     /// Prepared statements by SQL text; declared before `conn` so they are finalized first.
     statements: HashMap<String, CachedStatement>,
+    /// The statement that reads page 1 for `size_after`, prepared on first use.
+    page_one: Option<RawStatement>,
     conn: rusqlite::Connection,
     authorizer: Authorizer,
     /// Nanoseconds after `epoch` at which the running request is interrupted; 0 = none.
@@ -151,6 +153,7 @@ impl Database {
 
         Ok(Database {
             statements: HashMap::new(),
+            page_one: None,
             conn,
             authorizer,
             deadline,
@@ -348,10 +351,10 @@ impl Database {
         results: &mut Vec<StatementResult>,
     ) -> Result<()> {
         // Text seen before as exactly one statement runs its prepared statement again.
-        if let Some(mut cached) = self.statements.remove(&statement.sql) {
+        if let Some((sql, mut cached)) = self.statements.remove_entry(&statement.sql) {
             let result = self.run_prepared(&mut cached.raw, &cached.facts, statement, request, &statement.sql)?;
             cached.raw.reset();
-            self.statements.insert(statement.sql.clone(), cached);
+            self.statements.insert(sql, cached);
             results.push(result);
             return Ok(());
         }
@@ -497,10 +500,46 @@ impl Database {
 
     /// Bytes in use: `(page_count - freelist_count) * page_size`, as D1 reports `size_after`.
     fn measure_size(&mut self) -> Result<u64> {
-        let pages = self.with_internal(used_pages).map_err(Error::internal)?;
+        let pages = self.used_pages()?;
         let size = pages * self.page_size;
         self.size = Some(size);
         Ok(size)
+    }
+
+    /// Pages in use, from page 1 of the current transaction: the database size in pages (header
+    /// offset 28) less the free pages (offset 36). Reading the page through a statement kept
+    /// prepared costs a microsecond; `PRAGMA page_count` is prepared afresh on every run.
+    #[cfg(kura_dbpage)]
+    fn used_pages(&mut self) -> Result<u64> {
+        if self.page_one.is_none() {
+            let text = SqlText::new("SELECT data FROM sqlite_dbpage('main') WHERE pgno = 1")?;
+            let db = self.handle();
+            self.page_one = self.authorizer.internal(|| unsafe { RawStatement::prepare(db, &text, 0) })?.statement;
+        }
+        let (authorizer, statement) = (&self.authorizer, &mut self.page_one);
+        let statement = statement.as_mut().ok_or_else(|| Error::sql(ffi::SQLITE_INTERNAL, "cannot read page 1"))?;
+        let pages = authorizer.internal(|| -> Result<u64> {
+            if !statement.step()? {
+                return Err(Error::sql(ffi::SQLITE_CORRUPT, "page 1 is missing"));
+            }
+            let header = statement.column_bytes(0);
+            let word =
+                |at: usize| header.get(at..at + 4).map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64);
+            Ok(word(28).saturating_sub(word(36)))
+        });
+        statement.reset();
+        pages
+    }
+
+    /// Pages in use, from the pragmas, when SQLite was built without `sqlite_dbpage`.
+    #[cfg(not(kura_dbpage))]
+    fn used_pages(&mut self) -> Result<u64> {
+        self.with_internal(|conn| {
+            let count: i64 = conn.prepare_cached("PRAGMA page_count")?.query_row([], |r| r.get(0))?;
+            let free: i64 = conn.prepare_cached("PRAGMA freelist_count")?.query_row([], |r| r.get(0))?;
+            Ok(count.saturating_sub(free).max(0) as u64)
+        })
+        .map_err(Error::internal)
     }
 
     /// The current size in bytes, free pages excluded.
@@ -593,26 +632,6 @@ fn merge(previous: Option<StatementResult>, mut last: StatementResult) -> Statem
         last.meta.wrote |= p.meta.wrote;
     }
     last
-}
-
-/// Pages in use, from page 1 of the current transaction: the database size in pages (header
-/// offset 28) less the free pages (offset 36). Reading the page beats `PRAGMA page_count`,
-/// which SQLite prepares afresh on every run.
-#[cfg(kura_dbpage)]
-fn used_pages(conn: &rusqlite::Connection) -> rusqlite::Result<u64> {
-    let header: Vec<u8> = conn
-        .prepare_cached("SELECT substr(data, 1, 40) FROM sqlite_dbpage('main') WHERE pgno = 1")?
-        .query_row([], |r| r.get(0))?;
-    let word = |at: usize| header.get(at..at + 4).map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64);
-    Ok(word(28).saturating_sub(word(36)))
-}
-
-/// Pages in use, from the pragmas, when SQLite was built without `sqlite_dbpage`.
-#[cfg(not(kura_dbpage))]
-fn used_pages(conn: &rusqlite::Connection) -> rusqlite::Result<u64> {
-    let count: i64 = conn.prepare_cached("PRAGMA page_count")?.query_row([], |r| r.get(0))?;
-    let free: i64 = conn.prepare_cached("PRAGMA freelist_count")?.query_row([], |r| r.get(0))?;
-    Ok(count.saturating_sub(free).max(0) as u64)
 }
 
 fn load_indexes(conn: &rusqlite::Connection, table: &str) -> rusqlite::Result<Vec<IndexColumns>> {

@@ -215,6 +215,16 @@ impl RawStatement {
         }
     }
 
+    /// The current row's bytes in column `i`, without copying them.
+    #[cfg_attr(not(kura_dbpage), allow(dead_code))]
+    pub(crate) fn column_bytes(&self, i: usize) -> &[u8] {
+        unsafe {
+            let p = ffi::sqlite3_column_blob(self.raw(), i as c_int);
+            let n = ffi::sqlite3_column_bytes(self.raw(), i as c_int) as usize;
+            if p.is_null() || n == 0 { &[] } else { std::slice::from_raw_parts(p.cast::<u8>(), n) }
+        }
+    }
+
     /// The current row.
     pub(crate) fn row(&self, columns: usize) -> Vec<Value> {
         (0..columns).map(|i| self.column_value(i)).collect()
