@@ -32,7 +32,7 @@ pub fn print(title: &str, rows: &[Row], peer_note: &str) {
         "HTTP floor: the same client and server answering GET /healthz (no auth, no SQL): what HTTP alone costs here"
     );
     println!(
-        "{:<26} {:>3} {:>12} {:>8} {:>8} {:>12} {:>9} {:>12} {:>9} {:>9}",
+        "{:<36} {:>3} {:>12} {:>8} {:>8} {:>12} {:>9} {:>12} {:>9} {:>9}",
         "workload", "c", "kura/s", "p50 ms", "p99 ms", "peer/s", "vs peer", "limit/s", "vs limit", "target"
     );
     for r in rows {
@@ -43,7 +43,7 @@ pub fn print(title: &str, rows: &[Row], peer_note: &str) {
             None => "–".into(),
         };
         println!(
-            "{:<26} {:>3} {:>12.0} {:>8} {:>8} {:>12} {:>9} {:>12} {:>9} {:>9}",
+            "{:<36} {:>3} {:>12.0} {:>8} {:>8} {:>12} {:>9} {:>12} {:>9} {:>9}",
             format!("{} ({})", r.workload, r.unit),
             r.clients,
             kura,
