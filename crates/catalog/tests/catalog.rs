@@ -31,7 +31,7 @@ fn tokens_authenticate_until_revoked_and_only_for_their_account() {
     assert!(!other.revoke_token(&b.id, &token.id).unwrap(), "another account cannot revoke it");
     assert!(other.revoke_token(&a.id, &token.id).unwrap());
     assert!(catalog.authenticate(&secret).unwrap().is_none());
-    assert_eq!(catalog.tokens(&a.id).unwrap()[0].revoked_at.is_some(), true);
+    assert!(catalog.tokens(&a.id).unwrap()[0].revoked_at.is_some());
 }
 
 #[test]

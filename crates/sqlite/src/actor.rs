@@ -179,11 +179,11 @@ impl Actor {
         reply: oneshot::Sender<Result<Vec<StatementResult>>>,
         group: &mut Vec<Pending>,
     ) {
-        if !self.db.in_transaction() {
-            if let Err(e) = self.db.begin() {
-                let _ = reply.send(Err(e));
-                return;
-            }
+        if !self.db.in_transaction()
+            && let Err(e) = self.db.begin()
+        {
+            let _ = reply.send(Err(e));
+            return;
         }
         match self.db.execute_in_savepoint(&request) {
             Grouped::Done(results) => {

@@ -1,6 +1,12 @@
 //! One open database file: its read-write connection, configured for D1, and the executor that
 //! runs a request's statements and computes D1's per-statement meta.
 
+mod counters;
+mod transaction;
+
+use counters::{IndexColumns, schema_writes};
+pub(crate) use transaction::Grouped;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,7 +18,7 @@ use rusqlite::OpenFlags;
 use rusqlite::config::DbConfig;
 
 use crate::error::{Error, Result, TRANSACTION_MESSAGE};
-use crate::policy::{Authorizer, Limits, StatementFacts, WriteKind};
+use crate::policy::{Authorizer, Limits, StatementFacts};
 use crate::raw::{RawStatement, SqlText};
 use crate::request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};
 
@@ -46,9 +52,6 @@ impl DatabaseOptions {
         self
     }
 }
-
-/// Index columns of one index; `None` when it indexes an expression, which any update may touch.
-type IndexColumns = Option<Vec<String>>;
 
 /// A prepared statement kept for reuse, with what the authorizer learned when it was prepared.
 struct CachedStatement {
@@ -84,24 +87,6 @@ pub struct Database {
     poisoned: bool,
     path: PathBuf,
 }
-
-/// What became of a request run inside a group's transaction.
-pub(crate) enum Grouped {
-    /// It succeeded; its changes wait in the open transaction for the group's COMMIT.
-    Done(Vec<StatementResult>),
-    /// It failed; its changes are undone and the transaction is still usable.
-    Failed(Error),
-    /// It must run in a transaction of its own; nothing of it remains.
-    RunAlone,
-    /// The transaction is gone (SQLite rolled it back, or a savepoint could not be released
-    /// or rolled back), and with it the group's earlier requests. With an error, the request
-    /// itself failed; without, it may simply be run again.
-    Lost(Option<Error>),
-}
-
-const SAVEPOINT: &str = "SAVEPOINT _cf_kura_request";
-const RELEASE: &str = "RELEASE _cf_kura_request";
-const ROLLBACK_TO: &str = "ROLLBACK TO _cf_kura_request";
 
 impl Database {
     /// Opens (or creates) the file and configures the connection: WAL, `synchronous=FULL`,
@@ -194,133 +179,6 @@ impl Database {
         self.with_internal(|c| c.prepare_cached(sql)?.raw_execute()).map(|_| ()).map_err(Error::internal)
     }
 
-    /// Whether a transaction is open (SQLite may roll one back by itself on some errors).
-    pub fn in_transaction(&self) -> bool {
-        unsafe { ffi::sqlite3_get_autocommit(self.handle()) == 0 }
-    }
-
-    /// Opens a transaction for a group of requests.
-    pub fn begin(&mut self) -> Result<()> {
-        self.internal("BEGIN")
-    }
-
-    /// Commits the open transaction; on failure it is rolled back and the error returned.
-    pub fn commit(&mut self) -> Result<()> {
-        let result = self.internal("COMMIT");
-        if let Err(e) = &result {
-            if matches!(e.sqlite_code(), Some(ffi::SQLITE_IOERR | ffi::SQLITE_CORRUPT | ffi::SQLITE_NOTADB)) {
-                self.poisoned = true;
-            }
-            self.rollback();
-        }
-        result
-    }
-
-    /// Rolls back the open transaction, if any.
-    pub fn rollback(&mut self) {
-        if self.in_transaction() {
-            if let Err(e) = self.internal("ROLLBACK") {
-                tracing::warn!(path = %self.path.display(), error = %e, "rollback failed");
-            }
-        }
-        self.size = None;
-    }
-
-    /// Runs a request inside the open transaction, in a savepoint of its own, and says what
-    /// became of it (see [`Grouped`]).
-    pub(crate) fn execute_in_savepoint(&mut self, request: &Request) -> Grouped {
-        if self.internal(SAVEPOINT).is_err() {
-            self.rollback();
-            return Grouped::Lost(None);
-        }
-        match self.execute(request) {
-            Ok(_) if !self.in_transaction() => {
-                self.rollback();
-                Grouped::Lost(None)
-            }
-            // Deferred constraints are checked only at COMMIT, which this request would share
-            // with others: undo it here and run it in a transaction of its own.
-            Ok(_) if self.has_unresolved_foreign_keys() => {
-                if self.undo_savepoint() {
-                    Grouped::RunAlone
-                } else {
-                    Grouped::Lost(None)
-                }
-            }
-            Ok(results) => match self.internal(RELEASE) {
-                Ok(()) => Grouped::Done(results),
-                Err(_) => {
-                    self.rollback();
-                    Grouped::Lost(None)
-                }
-            },
-            Err(e) if !self.in_transaction() => {
-                self.size = None;
-                Grouped::Lost(Some(e))
-            }
-            Err(e) => {
-                if self.undo_savepoint() {
-                    Grouped::Failed(e)
-                } else {
-                    Grouped::Lost(Some(e))
-                }
-            }
-        }
-    }
-
-    /// Rolls the request's savepoint back; if even that fails, the whole transaction goes and
-    /// this returns false.
-    fn undo_savepoint(&mut self) -> bool {
-        self.size = None;
-        if self.internal(ROLLBACK_TO).and_then(|()| self.internal(RELEASE)).is_ok() {
-            return true;
-        }
-        self.rollback();
-        false
-    }
-
-    /// Whether the open transaction holds foreign-key violations not yet resolved.
-    fn has_unresolved_foreign_keys(&self) -> bool {
-        let (mut current, mut highest) = (0, 0);
-        let rc = unsafe {
-            ffi::sqlite3_db_status(self.handle(), ffi::SQLITE_DBSTATUS_DEFERRED_FKS, &mut current, &mut highest, 0)
-        };
-        rc == ffi::SQLITE_OK && current > 0
-    }
-
-    /// Whether a commit failed in a way that leaves the connection untrustworthy (an I/O error
-    /// after which the page cache may not match the disk): the owner must close and reopen it.
-    pub fn is_poisoned(&self) -> bool {
-        self.poisoned
-    }
-
-    /// Runs a request in a transaction of its own and commits it.
-    pub fn execute_alone(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
-        self.begin()?;
-        let outcome = match self.execute(request) {
-            Ok(results) => self.commit().map(|()| results),
-            Err(e) => {
-                self.rollback();
-                Err(e)
-            }
-        };
-        if request.needs_own_transaction() {
-            self.reset_connection_pragmas();
-        }
-        outcome
-    }
-
-    /// PRAGMAs in D1 apply to one request; undo whatever the last one changed.
-    fn reset_connection_pragmas(&mut self) {
-        let reset = "PRAGMA foreign_keys = ON; PRAGMA case_sensitive_like = OFF; \
-                     PRAGMA ignore_check_constraints = OFF; PRAGMA legacy_alter_table = OFF; \
-                     PRAGMA recursive_triggers = OFF; PRAGMA reverse_unordered_selects = OFF; \
-                     PRAGMA defer_foreign_keys = OFF;";
-        if let Err(e) = self.internal_batch(reset) {
-            tracing::warn!(path = %self.path.display(), error = %e, "resetting pragmas failed");
-        }
-    }
-
     /// Runs every statement of a request on the connection as it stands (the caller owns the
     /// transaction). Returns one result per statement, as `request.mode` says.
     pub fn execute(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
@@ -391,7 +249,7 @@ impl Database {
                 ResultMode::LastStatement => combined = Some(merge(combined.take(), result)),
             }
         }
-        if !statement.params.is_empty() && !last.as_ref().is_some_and(|l| l.raw.parameter_count() > 0) {
+        if !statement.params.is_empty() && last.as_ref().is_none_or(|l| l.raw.parameter_count() == 0) {
             return Err(wrong_parameter_count(0, statement.params.len()));
         }
         results.extend(combined);
@@ -547,39 +405,6 @@ impl Database {
         self.measure_size()
     }
 
-    /// Index entries the statement wrote: every index of the table per inserted row, the indexes
-    /// over updated columns per updated row. (D1 counts each `OP_IdxInsert`; deletes write none.)
-    fn index_writes(&mut self, facts: &StatementFacts, rows: u64) -> u64 {
-        let Some((kind, table)) = &facts.writes else {
-            return 0;
-        };
-        if rows == 0 || *kind == WriteKind::Delete {
-            return 0;
-        }
-        let indexes = self.indexes_of(table);
-        let touched = match kind {
-            WriteKind::Update => indexes
-                .iter()
-                .filter(|columns| match columns {
-                    None => true,
-                    Some(cols) => cols.iter().any(|c| facts.updated_columns.iter().any(|u| u.eq_ignore_ascii_case(c))),
-                })
-                .count(),
-            _ => indexes.len(),
-        };
-        rows * touched as u64
-    }
-
-    fn indexes_of(&mut self, table: &str) -> Vec<IndexColumns> {
-        let key = table.to_ascii_lowercase();
-        if let Some(found) = self.indexes.get(&key) {
-            return found.clone();
-        }
-        let loaded = self.with_internal(|c| load_indexes(c, table)).unwrap_or_default();
-        self.indexes.insert(key, loaded.clone());
-        loaded
-    }
-
     fn explain_interrupt(&self, error: Error, deadline: Duration) -> Error {
         match error {
             Error::Sql { code: ffi::SQLITE_INTERRUPT, .. } if self.epoch.elapsed() >= deadline => Error::sql(
@@ -614,12 +439,6 @@ fn wrong_parameter_count(expected: usize, given: usize) -> Error {
     )
 }
 
-/// Writes to `sqlite_schema` that D1's counters see: `CREATE TABLE` inserts its schema row and
-/// then updates it. Other DDL is counted as writing nothing (an approximation).
-fn schema_writes(facts: &StatementFacts) -> u64 {
-    if facts.creates_table { 2 } else { 0 }
-}
-
 /// Folds the statements of one multi-statement text into one result: rows of the last,
 /// counters summed.
 fn merge(previous: Option<StatementResult>, mut last: StatementResult) -> StatementResult {
@@ -632,74 +451,4 @@ fn merge(previous: Option<StatementResult>, mut last: StatementResult) -> Statem
         last.meta.wrote |= p.meta.wrote;
     }
     last
-}
-
-fn load_indexes(conn: &rusqlite::Connection, table: &str) -> rusqlite::Result<Vec<IndexColumns>> {
-    let without_rowid: bool = conn
-        .query_row("SELECT wr FROM pragma_table_list WHERE name = ?1 AND schema = 'main'", [table], |r| r.get(0))
-        .unwrap_or(false);
-    let mut list = conn.prepare("SELECT name, origin FROM pragma_index_list(?1)")?;
-    let names: Vec<(String, String)> =
-        list.query_map([table], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
-    let mut info = conn.prepare("SELECT name FROM pragma_index_info(?1)")?;
-    let mut out = Vec::new();
-    for (index, origin) in names {
-        // A WITHOUT ROWID table's primary key is the table itself, not a separate index.
-        if without_rowid && origin == "pk" {
-            continue;
-        }
-        let columns: Vec<Option<String>> = info.query_map([&index], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
-        out.push(columns.into_iter().collect::<Option<Vec<String>>>());
-    }
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn open() -> (tempfile::TempDir, Database) {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Database::open(&DatabaseOptions::new(dir.path().join("db.sqlite")).create(true)).unwrap();
-        (dir, db)
-    }
-
-    fn request(sql: &str) -> Request {
-        Request::new(vec![Statement::new(sql)])
-    }
-
-    #[test]
-    fn deferred_foreign_keys_never_ride_on_a_shared_commit() {
-        let (_dir, mut db) = open();
-        db.execute_alone(&request(
-            "CREATE TABLE parent (id INTEGER PRIMARY KEY);
-             CREATE TABLE child (pid INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)",
-        ))
-        .unwrap();
-        db.begin().unwrap();
-        assert!(matches!(db.execute_in_savepoint(&request("INSERT INTO parent VALUES (1)")), Grouped::Done(_)));
-        // An orphan that a later request of the same group would have made whole must not pass.
-        assert!(matches!(db.execute_in_savepoint(&request("INSERT INTO child VALUES (7)")), Grouped::RunAlone));
-        assert!(matches!(db.execute_in_savepoint(&request("INSERT INTO parent VALUES (7)")), Grouped::Done(_)));
-        db.commit().unwrap();
-        let e = db.execute_alone(&request("INSERT INTO child VALUES (8)")).unwrap_err();
-        assert!(e.to_string().contains("FOREIGN KEY constraint failed"), "{e}");
-        let count = db.execute_alone(&request("SELECT count(*) FROM child")).unwrap();
-        assert_eq!(count[0].rows[0][0], Value::Integer(0));
-    }
-
-    #[test]
-    fn a_failure_that_ends_the_transaction_is_reported_as_lost() {
-        let (_dir, mut db) = open();
-        db.execute_alone(&request("CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1)")).unwrap();
-        db.begin().unwrap();
-        assert!(matches!(db.execute_in_savepoint(&request("INSERT INTO t VALUES (2)")), Grouped::Done(_)));
-        assert!(matches!(
-            db.execute_in_savepoint(&request("INSERT OR ROLLBACK INTO t VALUES (1)")),
-            Grouped::Lost(Some(_))
-        ));
-        assert!(!db.in_transaction());
-        let count = db.execute_alone(&request("SELECT count(*) FROM t")).unwrap();
-        assert_eq!(count[0].rows[0][0], Value::Integer(1), "the earlier request went with the transaction");
-    }
 }

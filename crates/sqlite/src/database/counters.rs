@@ -1,0 +1,69 @@
+//! Rows written through indexes, counted as D1 counts them: the indexes of each written table,
+//! loaded once and kept until the schema changes.
+
+use super::Database;
+use crate::policy::{StatementFacts, WriteKind};
+
+/// Index columns of one index; `None` when it indexes an expression, which any update may touch.
+pub(super) type IndexColumns = Option<Vec<String>>;
+
+impl Database {
+    /// Index entries the statement wrote: every index of the table per inserted row, the indexes
+    /// over updated columns per updated row. (D1 counts each `OP_IdxInsert`; deletes write none.)
+    pub(super) fn index_writes(&mut self, facts: &StatementFacts, rows: u64) -> u64 {
+        let Some((kind, table)) = &facts.writes else {
+            return 0;
+        };
+        if rows == 0 || *kind == WriteKind::Delete {
+            return 0;
+        }
+        let indexes = self.indexes_of(table);
+        let touched = match kind {
+            WriteKind::Update => indexes
+                .iter()
+                .filter(|columns| match columns {
+                    None => true,
+                    Some(cols) => cols.iter().any(|c| facts.updated_columns.iter().any(|u| u.eq_ignore_ascii_case(c))),
+                })
+                .count(),
+            _ => indexes.len(),
+        };
+        rows * touched as u64
+    }
+
+    fn indexes_of(&mut self, table: &str) -> Vec<IndexColumns> {
+        let key = table.to_ascii_lowercase();
+        if let Some(found) = self.indexes.get(&key) {
+            return found.clone();
+        }
+        let loaded = self.with_internal(|c| load_indexes(c, table)).unwrap_or_default();
+        self.indexes.insert(key, loaded.clone());
+        loaded
+    }
+}
+
+/// Writes to `sqlite_schema` that D1's counters see: `CREATE TABLE` inserts its schema row and
+/// then updates it. Other DDL is counted as writing nothing (an approximation).
+pub(super) fn schema_writes(facts: &StatementFacts) -> u64 {
+    if facts.creates_table { 2 } else { 0 }
+}
+
+fn load_indexes(conn: &rusqlite::Connection, table: &str) -> rusqlite::Result<Vec<IndexColumns>> {
+    let without_rowid: bool = conn
+        .query_row("SELECT wr FROM pragma_table_list WHERE name = ?1 AND schema = 'main'", [table], |r| r.get(0))
+        .unwrap_or(false);
+    let mut list = conn.prepare("SELECT name, origin FROM pragma_index_list(?1)")?;
+    let names: Vec<(String, String)> =
+        list.query_map([table], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+    let mut info = conn.prepare("SELECT name FROM pragma_index_info(?1)")?;
+    let mut out = Vec::new();
+    for (index, origin) in names {
+        // A WITHOUT ROWID table's primary key is the table itself, not a separate index.
+        if without_rowid && origin == "pk" {
+            continue;
+        }
+        let columns: Vec<Option<String>> = info.query_map([&index], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+        out.push(columns.into_iter().collect::<Option<Vec<String>>>());
+    }
+    Ok(out)
+}
