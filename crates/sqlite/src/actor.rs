@@ -123,6 +123,9 @@ pub(crate) fn run(
         }
     }
     actor.db.rollback();
+    if !actor.db.is_poisoned() {
+        actor.db.close_cleanly();
+    }
 }
 
 /// Answers every queued command with the error that stopped the actor.

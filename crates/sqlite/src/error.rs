@@ -51,6 +51,23 @@ pub enum Error {
         /// What SQLite or the file system said.
         message: String,
     },
+    /// A bookmark or timestamp does not name a restorable point: malformed, unknown, outside
+    /// the Time Travel window, or in the future.
+    #[error("{message}")]
+    InvalidBookmark {
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The history log or a snapshot is damaged where a restore needs it; the restore stopped
+    /// and changed nothing.
+    #[error("the history is damaged: {message}")]
+    HistoryDamaged {
+        /// What is damaged, and where.
+        message: String,
+    },
+    /// The database keeps no history.
+    #[error("this database keeps no history")]
+    NoHistory,
     /// The file system failed outside SQLite.
     #[error("{context}: {source}")]
     Io {

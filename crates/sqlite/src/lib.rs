@@ -36,6 +36,7 @@
 mod actor;
 mod database;
 mod error;
+mod history;
 mod policy;
 mod raw;
 mod registry;
@@ -43,6 +44,7 @@ mod request;
 
 pub use database::{Database, DatabaseOptions};
 pub use error::{Error, Result, TRANSACTION_MESSAGE, code_name};
+pub use history::{Bookmark, HistorySettings, MalformedBookmark, Restored};
 pub use policy::Limits;
 pub use registry::{Opener, Registry, RegistrySettings};
 pub use request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};

@@ -2,6 +2,7 @@
 //! runs a request's statements and computes D1's per-statement meta.
 
 mod counters;
+mod time_travel;
 mod transaction;
 
 use counters::{IndexColumns, schema_writes};
@@ -10,7 +11,7 @@ pub(crate) use transaction::Grouped;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use libsqlite3_sys as ffi;
@@ -18,6 +19,7 @@ use rusqlite::OpenFlags;
 use rusqlite::config::DbConfig;
 
 use crate::error::{Error, Result, TRANSACTION_MESSAGE};
+use crate::history::{self, History, HistorySettings};
 use crate::policy::{Authorizer, Limits, StatementFacts};
 use crate::raw::{RawStatement, SqlText};
 use crate::request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};
@@ -33,6 +35,11 @@ pub struct DatabaseOptions {
     pub limits: Limits,
     /// Longest a request may run before it is interrupted.
     pub request_timeout: Duration,
+    /// Keep a Time Travel history (log and snapshots in a `log` directory beside the file),
+    /// with these settings; `None` keeps none.
+    pub history: Option<HistorySettings>,
+    /// The database's identity, which its bookmarks carry (its id, for a D1 database).
+    pub identity: String,
 }
 
 impl DatabaseOptions {
@@ -43,7 +50,16 @@ impl DatabaseOptions {
             create: false,
             limits: Limits::d1(),
             request_timeout: Duration::from_secs(30),
+            history: None,
+            identity: String::new(),
         }
+    }
+
+    /// Keeps a Time Travel history with these settings, under this identity.
+    pub fn history(mut self, settings: HistorySettings, identity: impl Into<String>) -> Self {
+        self.history = Some(settings);
+        self.identity = identity.into();
+        self
     }
 
     /// Creates the file if it is missing.
@@ -85,57 +101,91 @@ pub struct Database {
     result_budget: usize,
     max_result_bytes: usize,
     poisoned: bool,
+    /// The Time Travel history, if the database keeps one.
+    history: Option<History>,
+    /// WAL frames after the last commit, as the WAL hook reported them.
+    wal_frames: Arc<AtomicU32>,
+    options: DatabaseOptions,
     path: PathBuf,
+}
+
+/// Opens and configures the read-write connection: WAL, `synchronous=FULL`, foreign keys,
+/// defensive mode, D1's limits and authorizer, the request deadline, and (with a history) the
+/// WAL hook that takes checkpoints away from SQLite.
+fn connect(
+    options: &DatabaseOptions,
+    authorizer: &Authorizer,
+    deadline: &Arc<AtomicU64>,
+    epoch: Instant,
+    wal_frames: &Arc<AtomicU32>,
+) -> Result<(rusqlite::Connection, u64)> {
+    let open_error = |e: rusqlite::Error| Error::Open { path: options.path.clone(), message: e.to_string() };
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if options.create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
+    let mut conn = rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?;
+    conn.busy_timeout(Duration::from_secs(5)).map_err(open_error)?;
+    // The actor is the file's only user, so SQLite need not take file locks per transaction
+    // or keep the WAL index in shared memory.
+    conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(open_error)?;
+    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(open_error)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::Open { path: options.path.clone(), message: format!("cannot use WAL mode (got {mode})") });
+    }
+    conn.pragma_update(None, "synchronous", "FULL").map_err(open_error)?;
+    conn.pragma_update(None, "foreign_keys", "ON").map_err(open_error)?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true).map_err(open_error)?;
+    // Stable plans: without this, STAT4 builds re-prepare a cached statement whenever a
+    // bound value the planner looked at changes, which is on nearly every call.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(open_error)?;
+    options.limits.apply(&conn).map_err(open_error)?;
+    let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0)).map_err(open_error)?;
+    let page_size = page_size.max(512) as u64;
+    let max_pages = (options.limits.max_database_bytes / page_size).clamp(1, i64::MAX as u64) as i64;
+    conn.pragma_update(None, "max_page_count", max_pages).map_err(open_error)?;
+    if options.history.is_some() {
+        // Only the history checkpoints, and only frames already in its log: registering the
+        // hook turns SQLite's automatic checkpoints off, and closing must not checkpoint either.
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true).map_err(open_error)?;
+        let frames = Arc::clone(wal_frames);
+        conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, n: std::ffi::c_int| {
+            frames.store(n.max(0) as u32, Ordering::Relaxed);
+            Ok(())
+        }))
+        .map_err(open_error)?;
+    }
+    authorizer.install(&mut conn).map_err(open_error)?;
+    let watched = Arc::clone(deadline);
+    conn.progress_handler(
+        1000,
+        Some(move || {
+            let at = watched.load(Ordering::Relaxed);
+            at != 0 && epoch.elapsed().as_nanos() as u64 >= at
+        }),
+    )
+    .map_err(open_error)?;
+    Ok((conn, page_size))
 }
 
 impl Database {
     /// Opens (or creates) the file and configures the connection: WAL, `synchronous=FULL`,
     /// foreign keys, defensive mode, D1's limits and authorizer.
     pub fn open(options: &DatabaseOptions) -> Result<Self> {
-        let open_error = |e: rusqlite::Error| Error::Open { path: options.path.clone(), message: e.to_string() };
-        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        if options.create {
-            flags |= OpenFlags::SQLITE_OPEN_CREATE;
+        if options.history.is_some() && options.path.exists() {
+            history::finish_interrupted_restore(&options.path)?;
         }
-        let mut conn = rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?;
-        conn.busy_timeout(Duration::from_secs(5)).map_err(open_error)?;
-        // The actor is the file's only user, so SQLite need not take file locks per transaction
-        // or keep the WAL index in shared memory.
-        conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(open_error)?;
-        let mode: String =
-            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(open_error)?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(Error::Open {
-                path: options.path.clone(),
-                message: format!("cannot use WAL mode (got {mode})"),
-            });
-        }
-        conn.pragma_update(None, "synchronous", "FULL").map_err(open_error)?;
-        conn.pragma_update(None, "foreign_keys", "ON").map_err(open_error)?;
-        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true).map_err(open_error)?;
-        // Stable plans: without this, STAT4 builds re-prepare a cached statement whenever a
-        // bound value the planner looked at changes, which is on nearly every call.
-        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(open_error)?;
-        options.limits.apply(&conn).map_err(open_error)?;
-        let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0)).map_err(open_error)?;
-        let page_size = page_size.max(512) as u64;
-        let max_pages = (options.limits.max_database_bytes / page_size).clamp(1, i64::MAX as u64) as i64;
-        conn.pragma_update(None, "max_page_count", max_pages).map_err(open_error)?;
-
         let authorizer = Authorizer::default();
-        authorizer.install(&mut conn).map_err(open_error)?;
         let deadline = Arc::new(AtomicU64::new(0));
         let epoch = Instant::now();
-        let watched = Arc::clone(&deadline);
-        conn.progress_handler(
-            1000,
-            Some(move || {
-                let at = watched.load(Ordering::Relaxed);
-                at != 0 && epoch.elapsed().as_nanos() as u64 >= at
-            }),
-        )
-        .map_err(open_error)?;
-
+        let wal_frames = Arc::new(AtomicU32::new(0));
+        let (conn, page_size) = connect(options, &authorizer, &deadline, epoch, &wal_frames)?;
+        let history = match &options.history {
+            Some(settings) => {
+                Some(authorizer.internal(|| History::open(&options.identity, &options.path, &conn, settings.clone()))?)
+            }
+            None => None,
+        };
         Ok(Database {
             statements: HashMap::new(),
             page_one: None,
@@ -150,6 +200,9 @@ impl Database {
             result_budget: options.limits.max_result_bytes,
             max_result_bytes: options.limits.max_result_bytes,
             poisoned: false,
+            history,
+            wal_frames,
+            options: options.clone(),
             path: options.path.clone(),
         })
     }

@@ -39,11 +39,14 @@ impl Database {
     /// Commits the open transaction; on failure it is rolled back and the error returned.
     pub fn commit(&mut self) -> Result<()> {
         let result = self.internal("COMMIT");
-        if let Err(e) = &result {
-            if matches!(e.sqlite_code(), Some(ffi::SQLITE_IOERR | ffi::SQLITE_CORRUPT | ffi::SQLITE_NOTADB)) {
-                self.poisoned = true;
+        match &result {
+            Ok(()) => self.after_commit(),
+            Err(e) => {
+                if matches!(e.sqlite_code(), Some(ffi::SQLITE_IOERR | ffi::SQLITE_CORRUPT | ffi::SQLITE_NOTADB)) {
+                    self.poisoned = true;
+                }
+                self.rollback();
             }
-            self.rollback();
         }
         result
     }

@@ -1,0 +1,85 @@
+//! Time Travel on a database: capturing each commit into its history, checkpointing only what
+//! the history holds, bookmarks, and restore.
+
+use std::sync::atomic::Ordering;
+
+use super::{Database, connect};
+use crate::error::{Error, Result};
+use crate::history::{Bookmark, Restored};
+
+impl Database {
+    /// After a commit: capture its frames into the history, and checkpoint when the WAL has
+    /// grown. The commit is durable in the WAL already; if capturing fails, the connection is
+    /// marked for reopening, and reopening captures from the WAL what the log lacks.
+    pub(super) fn after_commit(&mut self) {
+        let Some(history) = self.history.as_mut() else { return };
+        let frames = self.wal_frames.load(Ordering::Relaxed);
+        if let Err(e) = history.capture(frames) {
+            tracing::error!(path = %self.path.display(), error = %e, "capturing a commit into the history failed");
+            self.poisoned = true;
+            return;
+        }
+        if history.wants_checkpoint(frames) {
+            let (conn, path) = (&self.conn, &self.path);
+            if let Err(e) = self.authorizer.internal(|| history.checkpoint(conn, path)) {
+                // The WAL only grows until the next try; nothing is lost.
+                tracing::warn!(path = %self.path.display(), error = %e, "checkpoint failed");
+            }
+        }
+    }
+
+    /// Makes the history durable and checkpoints the WAL into the database file (taking a
+    /// snapshot when one is due). Without a history, a plain checkpoint.
+    pub fn checkpoint(&mut self) -> Result<()> {
+        let (conn, path) = (&self.conn, &self.path);
+        match self.history.as_mut() {
+            Some(history) => self.authorizer.internal(|| history.checkpoint(conn, path)),
+            None => conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)").map_err(Error::internal),
+        }
+    }
+
+    /// Syncs the history and checkpoints, for a clean close; failures are only logged, since
+    /// reopening recovers from the WAL.
+    pub fn close_cleanly(&mut self) {
+        if let Err(e) = self.checkpoint() {
+            tracing::warn!(path = %self.path.display(), error = %e, "checkpoint on close failed");
+        }
+    }
+
+    /// The bookmark of the current state.
+    pub fn bookmark(&self) -> Result<Bookmark> {
+        Ok(self.history.as_ref().ok_or(Error::NoHistory)?.current())
+    }
+
+    /// The bookmark of the last commit at or before `time_ms` (Unix milliseconds).
+    pub fn bookmark_for_time(&self, time_ms: i64) -> Result<Bookmark> {
+        self.history.as_ref().ok_or(Error::NoHistory)?.bookmark_for_time(time_ms)
+    }
+
+    /// Bytes the history occupies on disk (log and snapshots).
+    pub fn history_bytes(&self) -> u64 {
+        self.history.as_ref().map_or(0, |h| h.disk_bytes())
+    }
+
+    /// Restores the database to `bookmark`: the state there is rebuilt from the history (every
+    /// byte checked), becomes a new entry in it, and replaces the file. Call between
+    /// transactions. Returns the new bookmark and the previous one (the undo point).
+    pub fn restore(&mut self, bookmark: &Bookmark) -> Result<Restored> {
+        self.history.as_ref().ok_or(Error::NoHistory)?.check(bookmark)?;
+        self.rollback();
+        let history = self.history.as_mut().ok_or(Error::NoHistory)?;
+        // Close the file (finalizing every statement first); the history swaps it.
+        self.statements.clear();
+        self.page_one = None;
+        let closed =
+            std::mem::replace(&mut self.conn, rusqlite::Connection::open_in_memory().map_err(Error::internal)?);
+        drop(closed);
+        let outcome = history.restore(bookmark, &self.path);
+        // Whatever happened, serve the file as it now is.
+        let (conn, _) = connect(&self.options, &self.authorizer, &self.deadline, self.epoch, &self.wal_frames)?;
+        self.conn = conn;
+        self.size = None;
+        self.indexes.clear();
+        outcome
+    }
+}

@@ -1,0 +1,721 @@
+//! Time Travel's history: an append-only, checksummed log of every committed transaction, plus
+//! snapshots, from which any past state can be rebuilt.
+//!
+//! After each commit the database's owner hands the new WAL frames to [`History::capture`],
+//! which appends one record per transaction (its final page images) to the open segment. The
+//! record is written but not synced: the WAL itself is durable, and SQLite never checkpoints on
+//! its own (the WAL hook disables it). The owner checkpoints through [`History::checkpoint`],
+//! which first syncs the log, so no committed transaction can be missing from history. After a
+//! crash, [`History::open`] drops a torn tail record and captures from the WAL whatever the log
+//! lacks.
+//!
+//! Every entry has a `seq` that only grows, across restores too. A restore rebuilds the image
+//! at a past `seq` (a snapshot, then records), records it as a new snapshot and a restore entry
+//! at a new `seq`, and replaces the database file. Nothing is erased, so every restore can be
+//! undone. See docs/design.md for the on-disk formats.
+
+mod bookmark;
+mod record;
+mod segment;
+mod snapshot;
+mod wal;
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use bookmark::{Bookmark, MalformedBookmark};
+use record::{Header, Kind, ReadError};
+use segment::{Entry, OpenSegment, Sealed, sync_dir};
+
+use crate::error::{Error, Result};
+
+/// How a database's history is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistorySettings {
+    /// How far back bookmarks stay restorable (D1: 30 days).
+    pub retention: Duration,
+    /// A segment is sealed once it holds this many bytes…
+    pub segment_bytes: u64,
+    /// …or has been open this long.
+    pub segment_age: Duration,
+    /// WAL frames after which the owner checkpoints.
+    pub checkpoint_frames: u32,
+    /// A snapshot is taken at a checkpoint once the log since the last one exceeds both this and
+    /// the database's size (so restores replay at most about one database's worth of log)…
+    pub snapshot_log_bytes: u64,
+    /// …or once the last one is this old and there were commits since.
+    pub snapshot_age: Duration,
+}
+
+impl Default for HistorySettings {
+    fn default() -> Self {
+        HistorySettings {
+            retention: Duration::from_secs(30 * 24 * 3600),
+            segment_bytes: 64 * 1024 * 1024,
+            segment_age: Duration::from_secs(3600),
+            checkpoint_frames: 1000,
+            snapshot_log_bytes: 64 * 1024 * 1024,
+            snapshot_age: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// A past state, ready to be rebuilt: a snapshot and the records after it.
+#[derive(Debug, Clone)]
+struct RestorePlan {
+    snapshot: PathBuf,
+    /// Records to apply in order: (segment file, offset, seq).
+    records: Vec<(PathBuf, u64, u64)>,
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restored {
+    /// The bookmark of the restored state (a new entry in history).
+    pub bookmark: Bookmark,
+    /// The bookmark just before the restore: restoring it undoes this one.
+    pub previous: Bookmark,
+}
+
+/// The history of one database file.
+pub(crate) struct History {
+    id: String,
+    dir: PathBuf,
+    wal_path: PathBuf,
+    settings: HistorySettings,
+    page_size: u32,
+    sealed: Vec<Sealed>,
+    open: OpenSegment,
+    /// Snapshot positions, ascending.
+    snapshots: Vec<u64>,
+    last_seq: u64,
+    last_time_ms: i64,
+    /// The WAL incarnation and frame captured up to.
+    wal_salt: u64,
+    wal_frame: u32,
+    wal: Option<File>,
+    log_bytes_since_snapshot: u64,
+    last_snapshot_ms: i64,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+fn io_error(context: &str) -> impl Fn(io::Error) -> Error + '_ {
+    move |source| Error::Io { context: context.to_owned(), source }
+}
+
+fn damaged(what: String) -> Error {
+    Error::HistoryDamaged { message: what }
+}
+
+fn read_error(e: ReadError, context: &str) -> Error {
+    match e {
+        ReadError::Io(source) => Error::Io { context: context.to_owned(), source },
+        ReadError::Truncated => damaged(format!("{context}: a record is cut short")),
+        ReadError::Corrupt(why) => damaged(format!("{context}: {why}")),
+    }
+}
+
+/// The log directory of a database file.
+pub(crate) fn log_dir(db_path: &Path) -> PathBuf {
+    db_path.with_file_name("log")
+}
+
+fn wal_path(db_path: &Path) -> PathBuf {
+    let mut name = db_path.as_os_str().to_owned();
+    name.push("-wal");
+    PathBuf::from(name)
+}
+
+/// Before SQLite opens the file: if the history's last entry is a restore whose database file
+/// swap did not finish (a crash in between), finish it.
+pub(crate) fn finish_interrupted_restore(db_path: &Path) -> Result<()> {
+    let dir = log_dir(db_path);
+    let Some(open) = find_open_segment(&dir).map_err(io_error("reading the history"))? else { return Ok(()) };
+    let recovered = OpenSegment::recover(&open.0, open.1).map_err(|e| read_error(e, "recovering the log"))?;
+    let entries = &recovered.segment.entries;
+    let Some(last) = entries.last().filter(|e| e.kind == Kind::Restore) else { return Ok(()) };
+    // The restore entry records the salt of the WAL it replaced. A WAL written after the swap
+    // has fresh salts; the old one still carries that salt; no WAL at all means no write since.
+    let wal_header = File::open(wal_path(db_path)).ok().and_then(|f| wal::read_header(&f).ok().flatten());
+    let swapped = wal_header.is_some_and(|h| h.salt != last.wal_salt);
+    if !swapped {
+        tracing::warn!(db = %db_path.display(), seq = last.seq, "finishing a restore interrupted by a crash");
+        install_image(db_path, &snapshot::path_for(&dir, last.seq))?;
+    }
+    Ok(())
+}
+
+/// Replaces the database file with a snapshot's image and drops the WAL.
+fn install_image(db_path: &Path, snapshot_path: &Path) -> Result<()> {
+    let tmp = db_path.with_extension("restore.tmp");
+    let out = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(io_error("creating the restored image"))?;
+    let header = snapshot::copy_image(snapshot_path, &out).map_err(|e| read_error(e, "reading the snapshot"))?;
+    out.set_len(header.db_pages as u64 * header.page_size as u64).map_err(io_error("sizing the restored image"))?;
+    out.sync_all().map_err(io_error("syncing the restored image"))?;
+    swap_in(db_path, &tmp)
+}
+
+/// Renames `tmp` over the database file and removes its WAL, durably.
+fn swap_in(db_path: &Path, tmp: &Path) -> Result<()> {
+    std::fs::rename(tmp, db_path).map_err(io_error("replacing the database file"))?;
+    for leftover in [wal_path(db_path), db_path.with_extension("sqlite-shm")] {
+        match std::fs::remove_file(&leftover) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error("removing the old WAL")(e)),
+        }
+    }
+    sync_dir(db_path.parent().unwrap_or(Path::new("."))).map_err(io_error("syncing the database directory"))
+}
+
+/// The open segment's path and first seq, if there is one (the newest, if a crash left two).
+fn find_open_segment(dir: &Path) -> io::Result<Option<(PathBuf, u64)>> {
+    let mut found = None;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        let first = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".open"))
+            .and_then(|n| u64::from_str_radix(n, 16).ok());
+        if let Some(first) = first
+            && found.as_ref().is_none_or(|(_, f)| first > *f)
+        {
+            found = Some((path, first));
+        }
+    }
+    Ok(found)
+}
+
+impl History {
+    /// Opens the history of the database at `db_path` (already open on `conn`): recovers the
+    /// log, starts it with a snapshot if it is new, and captures whatever the WAL holds that
+    /// the log does not.
+    pub(crate) fn open(
+        id: &str,
+        db_path: &Path,
+        conn: &rusqlite::Connection,
+        settings: HistorySettings,
+    ) -> Result<History> {
+        let dir = log_dir(db_path);
+        let fresh = !dir.exists();
+        std::fs::create_dir_all(&dir).map_err(io_error("creating the log directory"))?;
+        let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).map_err(Error::internal)?;
+        let (mut sealed, mut snapshots) = (Vec::new(), Vec::new());
+        for entry in std::fs::read_dir(&dir).map_err(io_error("reading the log directory"))? {
+            let path = entry.map_err(io_error("reading the log directory"))?.path();
+            if path.extension().is_some_and(|e| e == "tmp") {
+                let _ = std::fs::remove_file(&path);
+            } else if let Some(s) = Sealed::from_path(&path) {
+                sealed.push(s);
+            } else if let Some(seq) = snapshot::seq_of(&path) {
+                snapshots.push(seq);
+            }
+        }
+        sealed.sort_by_key(|s| s.first_seq);
+        snapshots.sort_unstable();
+        let last_sealed = sealed.last().map_or(0, |s| s.last_seq);
+        let (open, damage) = match find_open_segment(&dir).map_err(io_error("reading the log directory"))? {
+            Some((path, first)) => {
+                let r = OpenSegment::recover(&path, first).map_err(|e| read_error(e, "recovering the log"))?;
+                if r.dropped_bytes > 0 {
+                    tracing::warn!(segment = %path.display(), bytes = r.dropped_bytes, damage = ?r.damage, "dropped the log's torn or damaged tail");
+                }
+                (r.segment, r.damage)
+            }
+            None => {
+                let first = last_sealed.max(snapshots.last().copied().unwrap_or(0)) + 1;
+                (OpenSegment::create(&dir, first).map_err(io_error("creating a log segment"))?, None)
+            }
+        };
+        let last_entry = open.entries.last().copied();
+        let mut history = History {
+            id: id.to_owned(),
+            wal_path: wal_path(db_path),
+            dir,
+            settings,
+            page_size: page_size as u32,
+            sealed,
+            open,
+            snapshots,
+            last_seq: 0,
+            last_time_ms: 0,
+            wal_salt: 0,
+            wal_frame: 0,
+            wal: None,
+            log_bytes_since_snapshot: 0,
+            last_snapshot_ms: now_ms(),
+        };
+        history.find_last_position(last_entry)?;
+        if fresh || history.snapshots.is_empty() {
+            // The history starts with the database as it is now.
+            history.checkpoint_fully(conn)?;
+            let db_pages = history.db_pages(conn)?;
+            history.snapshot(db_path, history.last_seq, db_pages)?;
+            history.skip_checkpointed_wal(conn)?;
+        }
+        history.catch_up(conn)?;
+        if let Some(why) = damage {
+            // Records after the damage may be lost for good: start a new base from the database
+            // as it is, so every later bookmark restores exactly.
+            tracing::error!(db = %db_path.display(), damage = %why, "the log was damaged; history continues from a new snapshot");
+            history.rebase(conn, db_path)?;
+        }
+        Ok(history)
+    }
+
+    /// Sets the last position and the WAL cursor from the newest entry anywhere. Snapshots newer
+    /// than every entry were left by a restore that a crash interrupted before its entry was
+    /// written: the restore did not happen, so they go.
+    fn find_last_position(&mut self, last_open: Option<Entry>) -> Result<()> {
+        let last = match last_open {
+            Some(e) => Some(e),
+            None => match self.sealed.last() {
+                Some(s) => s.entries().map_err(|e| read_error(e, "reading a sealed segment"))?.last().copied(),
+                None => None,
+            },
+        };
+        match last {
+            Some(e) => {
+                for orphan in self.snapshots.iter().filter(|&&s| s > e.seq) {
+                    std::fs::remove_file(snapshot::path_for(&self.dir, *orphan))
+                        .map_err(io_error("removing a snapshot"))?;
+                }
+                self.snapshots.retain(|&s| s <= e.seq);
+                self.last_seq = e.seq;
+                self.last_time_ms = e.time_ms;
+                if e.kind == Kind::Commit {
+                    self.wal_salt = e.wal_salt;
+                    self.wal_frame = e.wal_frame;
+                }
+            }
+            None => {
+                if let Some(&seq) = self.snapshots.last() {
+                    let header = snapshot::read_header(&snapshot::path_for(&self.dir, seq))
+                        .map_err(|e| read_error(e, "reading a snapshot"))?;
+                    self.last_seq = seq;
+                    self.last_time_ms = header.time_ms;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The bookmark of the current state.
+    pub(crate) fn current(&self) -> Bookmark {
+        Bookmark::new(&self.id, self.last_seq, self.last_time_ms)
+    }
+
+    fn wal_file(&mut self) -> Result<Option<&File>> {
+        if self.wal.is_none() {
+            match File::open(&self.wal_path) {
+                Ok(f) => self.wal = Some(f),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(io_error("opening the WAL")(e)),
+            }
+        }
+        Ok(self.wal.as_ref())
+    }
+
+    /// Appends a record for every transaction committed to the WAL since the last capture, up
+    /// to frame `frames` (the count the WAL hook reported after the commit).
+    pub(crate) fn capture(&mut self, frames: u32) -> Result<()> {
+        let Some(file) = self.wal_file()? else { return Ok(()) };
+        let file = file.try_clone().map_err(io_error("reading the WAL"))?;
+        let Some(header) = wal::read_header(&file).map_err(io_error("reading the WAL"))? else { return Ok(()) };
+        let after = if header.salt == self.wal_salt && frames >= self.wal_frame { self.wal_frame } else { 0 };
+        if frames <= after {
+            return Ok(());
+        }
+        let transactions = wal::transactions(&file, &header, after, frames).map_err(io_error("reading the WAL"))?;
+        let mut page = vec![0u8; header.page_size as usize];
+        for txn in transactions {
+            let time_ms = now_ms().max(self.last_time_ms);
+            let record = Header {
+                kind: Kind::Commit,
+                seq: self.last_seq + 1,
+                time_ms,
+                page_size: header.page_size,
+                db_pages: txn.db_pages,
+                wal_salt: header.salt,
+                wal_frame: txn.last_frame,
+                n_pages: txn.pages.len() as u32,
+            };
+            self.open
+                .append(&record, |w| {
+                    for &(pgno, frame) in &txn.pages {
+                        wal::read_page(&file, &header, frame, &mut page)?;
+                        w.page(pgno, &page)?;
+                    }
+                    Ok(())
+                })
+                .map_err(io_error("appending to the log"))?;
+            self.last_seq = record.seq;
+            self.last_time_ms = time_ms;
+            self.wal_salt = header.salt;
+            self.wal_frame = txn.last_frame;
+            self.log_bytes_since_snapshot += record.record_len();
+        }
+        if self.open.len >= self.settings.segment_bytes || self.open.opened.elapsed() >= self.settings.segment_age {
+            self.roll()?;
+        }
+        Ok(())
+    }
+
+    /// Captures what the WAL holds beyond the log (after a crash, or on first open).
+    fn catch_up(&mut self, conn: &rusqlite::Connection) -> Result<()> {
+        let (frames, _) = wal_counts(conn, -1)?; // SQLITE_CHECKPOINT_NOOP: count, change nothing
+        self.capture(frames.max(0) as u32)
+    }
+
+    /// Treats everything now in the WAL as captured (it is all in the database file and in a
+    /// snapshot already).
+    fn skip_checkpointed_wal(&mut self, conn: &rusqlite::Connection) -> Result<()> {
+        let (frames, _) = wal_counts(conn, -1)?;
+        self.wal_salt = self.current_wal_salt()?;
+        self.wal_frame = frames.max(0) as u32;
+        Ok(())
+    }
+
+    /// The salt of the WAL file as it is now (0 when there is none).
+    fn current_wal_salt(&mut self) -> Result<u64> {
+        self.wal = None;
+        let Some(file) = self.wal_file()? else { return Ok(0) };
+        Ok(wal::read_header(file).map_err(io_error("reading the WAL"))?.map_or(0, |h| h.salt))
+    }
+
+    /// Records the database as it is now as a new entry with its own snapshot.
+    fn rebase(&mut self, conn: &rusqlite::Connection, db_path: &Path) -> Result<()> {
+        self.checkpoint_fully(conn)?;
+        let db_pages = self.db_pages(conn)?;
+        let seq = self.last_seq + 1;
+        let wal_salt = self.current_wal_salt()?;
+        self.snapshot(db_path, seq, db_pages)?;
+        self.append_restore_entry(seq, db_pages, wal_salt)?;
+        self.skip_checkpointed_wal(conn)
+    }
+
+    /// Appends (and syncs) the entry saying the state at `seq` is the snapshot at `seq`.
+    fn append_restore_entry(&mut self, seq: u64, db_pages: u32, replaced_wal_salt: u64) -> Result<()> {
+        let time_ms = now_ms().max(self.last_time_ms);
+        let entry = Header {
+            kind: Kind::Restore,
+            seq,
+            time_ms,
+            page_size: self.page_size,
+            db_pages,
+            wal_salt: replaced_wal_salt,
+            wal_frame: 0,
+            n_pages: 0,
+        };
+        self.open.append(&entry, |_| Ok(())).map_err(io_error("appending to the log"))?;
+        self.sync()?;
+        self.last_seq = seq;
+        self.last_time_ms = time_ms;
+        Ok(())
+    }
+
+    /// Whether the WAL has grown enough to checkpoint.
+    pub(crate) fn wants_checkpoint(&self, frames: u32) -> bool {
+        frames >= self.settings.checkpoint_frames
+    }
+
+    /// Makes the log durable, then checkpoints the WAL into the database file; takes a snapshot
+    /// and prunes what retention no longer needs when it is time.
+    pub(crate) fn checkpoint(&mut self, conn: &rusqlite::Connection, db_path: &Path) -> Result<()> {
+        self.checkpoint_fully(conn)?;
+        let db_pages = self.db_pages(conn)?;
+        let db_bytes = db_pages as u64 * self.page_size as u64;
+        let snapshot_due = self.log_bytes_since_snapshot >= self.settings.snapshot_log_bytes.max(db_bytes)
+            || (self.log_bytes_since_snapshot > 0
+                && now_ms() - self.last_snapshot_ms >= self.settings.snapshot_age.as_millis() as i64);
+        if snapshot_due && self.snapshots.last() != Some(&self.last_seq) {
+            self.snapshot(db_path, self.last_seq, db_pages)?;
+            self.prune()?;
+        }
+        Ok(())
+    }
+
+    /// Syncs the log, then checkpoints every frame into the database file.
+    fn checkpoint_fully(&mut self, conn: &rusqlite::Connection) -> Result<()> {
+        self.open.sync().map_err(io_error("syncing the log"))?;
+        let (log, done) = wal_counts(conn, rusqlite::ffi::SQLITE_CHECKPOINT_PASSIVE)?;
+        if log != done {
+            return Err(Error::sql(rusqlite::ffi::SQLITE_BUSY, "the checkpoint could not finish"));
+        }
+        Ok(())
+    }
+
+    fn db_pages(&self, conn: &rusqlite::Connection) -> Result<u32> {
+        conn.query_row("PRAGMA page_count", [], |r| r.get::<_, i64>(0)).map(|n| n as u32).map_err(Error::internal)
+    }
+
+    /// Snapshots the database file (checkpointed, so it is the state at `seq`).
+    fn snapshot(&mut self, db_path: &Path, seq: u64, db_pages: u32) -> Result<()> {
+        let image = File::open(db_path).map_err(io_error("opening the database file"))?;
+        snapshot::write(&self.dir, &image, seq, self.last_time_ms.max(now_ms()), self.page_size, db_pages)
+            .map_err(io_error("writing a snapshot"))?;
+        self.snapshots.push(seq);
+        self.snapshots.sort_unstable();
+        self.snapshots.dedup();
+        self.log_bytes_since_snapshot = 0;
+        self.last_snapshot_ms = now_ms();
+        Ok(())
+    }
+
+    /// Seals the open segment and starts the next.
+    fn roll(&mut self) -> Result<()> {
+        let next = OpenSegment::create(&self.dir, self.last_seq + 1).map_err(io_error("creating a log segment"))?;
+        let old = std::mem::replace(&mut self.open, next);
+        if let Some(sealed) = old.seal(&self.dir).map_err(io_error("sealing a log segment"))? {
+            self.sealed.push(sealed);
+        }
+        Ok(())
+    }
+
+    /// Makes every captured record durable.
+    pub(crate) fn sync(&mut self) -> Result<()> {
+        self.open.sync().map_err(io_error("syncing the log"))
+    }
+
+    /// Every entry, oldest first (sealed segments' headers are read from disk).
+    fn entries(&self) -> Result<Vec<(PathBuf, Entry)>> {
+        let mut all = Vec::new();
+        for s in &self.sealed {
+            let entries = s.entries().map_err(|e| read_error(e, &format!("reading {}", s.path.display())))?;
+            all.extend(entries.into_iter().map(|e| (s.path.clone(), e)));
+        }
+        all.extend(self.open.entries.iter().map(|e| (self.open.path.clone(), *e)));
+        Ok(all)
+    }
+
+    /// The oldest position still restorable: the last entry at or before the start of the
+    /// retention window (or the first there is).
+    fn oldest_restorable(&self) -> Result<u64> {
+        let window_start = now_ms() - self.settings.retention.as_millis() as i64;
+        Ok(self.position_at(window_start)?.map_or_else(|| self.snapshots.first().copied().unwrap_or(0), |(seq, _)| seq))
+    }
+
+    /// The last entry (seq, time) at or before `time_ms`; a snapshot taken at the start of the
+    /// history counts as an entry.
+    fn position_at(&self, time_ms: i64) -> Result<Option<(u64, i64)>> {
+        let mut best = None;
+        if let Some(&first) = self.snapshots.first() {
+            let header = snapshot::read_header(&snapshot::path_for(&self.dir, first))
+                .map_err(|e| read_error(e, "reading a snapshot"))?;
+            if header.time_ms <= time_ms {
+                best = Some((first, header.time_ms));
+            }
+        }
+        for s in &self.sealed {
+            if s.first_ms > time_ms {
+                return Ok(best);
+            }
+            if s.last_ms <= time_ms {
+                best = Some((s.last_seq, s.last_ms));
+                continue;
+            }
+            let entries = s.entries().map_err(|e| read_error(e, &format!("reading {}", s.path.display())))?;
+            for e in entries.iter().take_while(|e| e.time_ms <= time_ms) {
+                best = Some((e.seq, e.time_ms));
+            }
+            return Ok(best);
+        }
+        for e in self.open.entries.iter().take_while(|e| e.time_ms <= time_ms) {
+            best = Some((e.seq, e.time_ms));
+        }
+        Ok(best)
+    }
+
+    /// The bookmark of the last commit at or before `time_ms`.
+    pub(crate) fn bookmark_for_time(&self, time_ms: i64) -> Result<Bookmark> {
+        if time_ms > now_ms() + 1000 {
+            return Err(Error::InvalidBookmark { message: "the timestamp is in the future".into() });
+        }
+        let window_start = now_ms() - self.settings.retention.as_millis() as i64;
+        if time_ms < window_start {
+            return Err(Error::InvalidBookmark {
+                message: format!(
+                    "the timestamp is older than the {}-day Time Travel window",
+                    self.settings.retention.as_secs() / 86_400
+                ),
+            });
+        }
+        match self.position_at(time_ms)? {
+            Some((seq, t)) => Ok(Bookmark::new(&self.id, seq, t)),
+            None => Err(Error::InvalidBookmark { message: "the database did not exist at that time".into() }),
+        }
+    }
+
+    /// Checks that `bookmark` names a restorable point of this database.
+    pub(crate) fn check(&self, bookmark: &Bookmark) -> Result<()> {
+        if !bookmark.belongs_to(&self.id) || bookmark.seq > self.last_seq {
+            return Err(Error::InvalidBookmark { message: format!("unknown bookmark {bookmark}") });
+        }
+        if bookmark.seq < self.oldest_restorable()? {
+            return Err(Error::InvalidBookmark {
+                message: format!(
+                    "bookmark {bookmark} is older than the {}-day Time Travel window",
+                    self.settings.retention.as_secs() / 86_400
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The snapshot and records that rebuild the state at `target`.
+    fn plan(&self, target: u64) -> Result<RestorePlan> {
+        let base = self
+            .snapshots
+            .iter()
+            .rev()
+            .find(|&&s| s <= target)
+            .copied()
+            .ok_or_else(|| damaged(format!("no snapshot at or before position {target}")))?;
+        let mut records = Vec::new();
+        let mut expected = base + 1;
+        for (path, e) in self.entries()? {
+            if e.seq <= base || e.seq > target {
+                continue;
+            }
+            if e.seq != expected || e.kind != Kind::Commit {
+                return Err(damaged(format!(
+                    "the log has no usable record for position {expected} (found {} at {})",
+                    e.seq,
+                    path.display()
+                )));
+            }
+            records.push((path, e.offset, e.seq));
+            expected += 1;
+        }
+        if expected != target + 1 {
+            return Err(damaged(format!("the log is missing positions {expected} to {target}")));
+        }
+        Ok(RestorePlan { snapshot: snapshot::path_for(&self.dir, base), records })
+    }
+
+    /// Rebuilds the state at `target` into `out`, checking every byte read; returns its size in
+    /// pages.
+    fn build(&self, plan: &RestorePlan, out: &File) -> Result<u32> {
+        let header = snapshot::copy_image(&plan.snapshot, out)
+            .map_err(|e| read_error(e, &format!("reading {}", plan.snapshot.display())))?;
+        let mut db_pages = header.db_pages;
+        let mut files: Vec<(PathBuf, File)> = Vec::new();
+        for (path, offset, seq) in &plan.records {
+            if files.last().is_none_or(|(p, _)| p != path) {
+                files.push((path.clone(), File::open(path).map_err(io_error("opening a log segment"))?));
+            }
+            let file = &files.last().expect("just pushed").1;
+            let len = file.metadata().map_err(io_error("reading a log segment"))?.len();
+            let context = format!("record {seq} in {}", path.display());
+            let record = record::verify_at(file, *offset, len)
+                .map_err(|e| read_error(e, &context))?
+                .ok_or_else(|| damaged(format!("{context} is missing")))?;
+            record::pages_at(file, *offset, &record, |pgno, data| {
+                out.write_all_at(data, (pgno as u64 - 1) * record.page_size as u64)
+            })
+            .map_err(io_error("writing the restored image"))?;
+            db_pages = record.db_pages;
+        }
+        out.set_len(db_pages as u64 * self.page_size as u64).map_err(io_error("sizing the restored image"))?;
+        out.sync_all().map_err(io_error("syncing the restored image"))?;
+        Ok(db_pages)
+    }
+
+    /// Restores the state at `target`: rebuilds it, records it in history as a new entry, and
+    /// swaps it in for the database file at `db_path`, which the caller has closed. Returns the
+    /// new bookmark and the one before (the undo point).
+    pub(crate) fn restore(&mut self, target: &Bookmark, db_path: &Path) -> Result<Restored> {
+        self.check(target)?;
+        let previous = self.current();
+        let plan = self.plan(target.seq)?;
+        self.sync()?;
+        let tmp = db_path.with_extension("restore.tmp");
+        let out = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io_error("creating the restored image"))?;
+        let db_pages = match self.build(&plan, &out) {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        // The new state enters history first (snapshot, then the entry), then the file: a crash
+        // in between is finished on the next open (`finish_interrupted_restore`).
+        let seq = self.last_seq + 1;
+        let replaced_wal_salt = self.current_wal_salt()?;
+        snapshot::write(&self.dir, &out, seq, now_ms().max(self.last_time_ms), self.page_size, db_pages)
+            .map_err(io_error("writing a snapshot"))?;
+        self.snapshots.push(seq);
+        self.log_bytes_since_snapshot = 0;
+        self.last_snapshot_ms = now_ms();
+        self.append_restore_entry(seq, db_pages, replaced_wal_salt)?;
+        self.wal_salt = 0;
+        self.wal_frame = 0;
+        self.wal = None;
+        drop(out);
+        swap_in(db_path, &tmp)?;
+        Ok(Restored { bookmark: self.current(), previous })
+    }
+
+    /// Deletes snapshots and sealed segments no restorable bookmark needs.
+    fn prune(&mut self) -> Result<()> {
+        let oldest = self.oldest_restorable()?;
+        let Some(base) = self.snapshots.iter().rev().find(|&&s| s <= oldest).copied() else { return Ok(()) };
+        let mut removed = false;
+        for seq in self.snapshots.iter().filter(|&&s| s < base) {
+            std::fs::remove_file(snapshot::path_for(&self.dir, *seq)).map_err(io_error("removing an old snapshot"))?;
+            removed = true;
+        }
+        self.snapshots.retain(|&s| s >= base);
+        for s in self.sealed.iter().filter(|s| s.last_seq <= base) {
+            std::fs::remove_file(&s.path).map_err(io_error("removing an old log segment"))?;
+            removed = true;
+        }
+        self.sealed.retain(|s| s.last_seq > base);
+        if removed {
+            sync_dir(&self.dir).map_err(io_error("syncing the log directory"))?;
+        }
+        Ok(())
+    }
+
+    /// Bytes the history occupies on disk.
+    pub(crate) fn disk_bytes(&self) -> u64 {
+        std::fs::read_dir(&self.dir)
+            .map(|entries| entries.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0)
+    }
+}
+
+/// Runs a checkpoint in `mode` and returns (frames in the WAL, frames checkpointed).
+fn wal_counts(conn: &rusqlite::Connection, mode: i32) -> Result<(i32, i32)> {
+    let (mut log, mut done) = (0, 0);
+    let rc =
+        unsafe { rusqlite::ffi::sqlite3_wal_checkpoint_v2(conn.handle(), std::ptr::null(), mode, &mut log, &mut done) };
+    if rc != rusqlite::ffi::SQLITE_OK {
+        return Err(unsafe { Error::from_connection(conn.handle(), rc, false) });
+    }
+    Ok((log, done))
+}

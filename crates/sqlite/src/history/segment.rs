@@ -1,0 +1,246 @@
+//! Log segments: append-only files of records. One segment is open for appending; sealed ones
+//! are immutable, and their names say what they hold, so the history can be surveyed from a
+//! directory listing alone.
+//!
+//! ```text
+//! <first seq>.open                                        being appended
+//! <first seq>-<last seq>-<first ms>-<last ms>.seg         sealed (hex, fixed width)
+//! ```
+//!
+//! A segment starts with 16 bytes (`KURALOG1` and the first seq, little-endian), then records.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::record::{self, Header, ReadError};
+
+const MAGIC: &[u8; 8] = b"KURALOG1";
+pub(crate) const SEGMENT_HEADER_LEN: u64 = 16;
+
+/// Where one record sits, and what it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub seq: u64,
+    pub time_ms: i64,
+    pub offset: u64,
+    pub kind: record::Kind,
+    pub wal_salt: u64,
+    pub wal_frame: u32,
+}
+
+/// A sealed segment, as its name describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Sealed {
+    pub path: PathBuf,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub first_ms: i64,
+    pub last_ms: i64,
+}
+
+impl Sealed {
+    /// Parses a sealed segment's file name.
+    pub(crate) fn from_path(path: &Path) -> Option<Sealed> {
+        let name = path.file_name()?.to_str()?.strip_suffix(".seg")?;
+        let parts: Vec<&str> = name.split('-').collect();
+        let [first, last, first_ms, last_ms] = parts.as_slice() else { return None };
+        Some(Sealed {
+            path: path.to_owned(),
+            first_seq: u64::from_str_radix(first, 16).ok()?,
+            last_seq: u64::from_str_radix(last, 16).ok()?,
+            first_ms: i64::from_str_radix(first_ms, 16).ok()?,
+            last_ms: i64::from_str_radix(last_ms, 16).ok()?,
+        })
+    }
+
+    /// Every record's place, read from the headers (the records themselves are checked when
+    /// they are applied).
+    pub(crate) fn entries(&self) -> Result<Vec<Entry>, ReadError> {
+        let file = File::open(&self.path)?;
+        check_magic(&file, &self.path)?;
+        let len = file.metadata()?.len();
+        let mut entries = Vec::new();
+        let mut offset = SEGMENT_HEADER_LEN;
+        while offset < len {
+            let header = record::header_at(&file, offset, len)?;
+            entries.push(entry(&header, offset));
+            offset += header.record_len();
+        }
+        Ok(entries)
+    }
+}
+
+fn entry(header: &Header, offset: u64) -> Entry {
+    Entry {
+        seq: header.seq,
+        time_ms: header.time_ms,
+        offset,
+        kind: header.kind,
+        wal_salt: header.wal_salt,
+        wal_frame: header.wal_frame,
+    }
+}
+
+fn check_magic(file: &File, path: &Path) -> Result<(), ReadError> {
+    use std::os::unix::fs::FileExt;
+    let mut magic = [0u8; 8];
+    match file.read_exact_at(&mut magic, 0) {
+        Ok(()) if &magic == MAGIC => Ok(()),
+        Ok(()) => Err(ReadError::Corrupt(format!("{} is not a kura log segment", path.display()))),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(ReadError::Truncated),
+        Err(e) => Err(ReadError::Io(e)),
+    }
+}
+
+/// The segment being appended to.
+pub(crate) struct OpenSegment {
+    pub path: PathBuf,
+    /// Records in this segment, in order.
+    pub entries: Vec<Entry>,
+    /// Bytes in the file, records included.
+    pub len: u64,
+    pub opened: Instant,
+    out: BufWriter<File>,
+    /// Whether bytes were written since the last fsync.
+    dirty: bool,
+}
+
+/// What recovering an open segment found.
+pub(crate) struct Recovered {
+    pub segment: OpenSegment,
+    /// Bytes cut off the end: a torn or damaged tail.
+    pub dropped_bytes: u64,
+    /// Why they were cut, if something was.
+    pub damage: Option<String>,
+}
+
+pub(crate) fn open_name(first_seq: u64) -> String {
+    format!("{first_seq:016x}.open")
+}
+
+impl OpenSegment {
+    /// Starts a new, empty segment whose first record will have `first_seq`.
+    pub(crate) fn create(dir: &Path, first_seq: u64) -> io::Result<OpenSegment> {
+        let path = dir.join(open_name(first_seq));
+        let mut file = OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+        file.write_all(MAGIC)?;
+        file.write_all(&first_seq.to_le_bytes())?;
+        file.sync_all()?;
+        sync_dir(dir)?;
+        Ok(OpenSegment {
+            path,
+            entries: Vec::new(),
+            len: SEGMENT_HEADER_LEN,
+            opened: Instant::now(),
+            out: BufWriter::with_capacity(64 * 1024, file),
+            dirty: false,
+        })
+    }
+
+    /// Reopens an open segment after a restart: every record is checked, and anything after
+    /// the last whole, valid record (a torn write, or damage) is cut off.
+    pub(crate) fn recover(path: &Path, first_seq: u64) -> Result<Recovered, ReadError> {
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        let len = file.metadata()?.len();
+        if len < SEGMENT_HEADER_LEN {
+            // Torn while being created: start it again.
+            file.set_len(0)?;
+            let mut file = file;
+            file.write_all(MAGIC)?;
+            file.write_all(&first_seq.to_le_bytes())?;
+            file.sync_all()?;
+            return Ok(Recovered {
+                segment: Self::from_parts(path, file, Vec::new(), SEGMENT_HEADER_LEN),
+                dropped_bytes: len,
+                damage: None,
+            });
+        }
+        check_magic(&file, path)?;
+        let mut entries = Vec::new();
+        let mut offset = SEGMENT_HEADER_LEN;
+        let mut damage = None;
+        loop {
+            match record::verify_at(&file, offset, len) {
+                Ok(Some(header)) => {
+                    entries.push(entry(&header, offset));
+                    offset += header.record_len();
+                }
+                Ok(None) => break,
+                Err(ReadError::Truncated) => break,
+                Err(ReadError::Corrupt(why)) => {
+                    damage = Some(why);
+                    break;
+                }
+                Err(ReadError::Io(e)) => return Err(ReadError::Io(e)),
+            }
+        }
+        if offset < len {
+            file.set_len(offset)?;
+            file.sync_all()?;
+        }
+        Ok(Recovered { segment: Self::from_parts(path, file, entries, offset), dropped_bytes: len - offset, damage })
+    }
+
+    fn from_parts(path: &Path, file: File, entries: Vec<Entry>, len: u64) -> OpenSegment {
+        let mut out = BufWriter::with_capacity(64 * 1024, file);
+        // Appends go to the end: position the file there once.
+        let _ = std::io::Seek::seek(out.get_mut(), std::io::SeekFrom::Start(len));
+        OpenSegment { path: path.to_owned(), entries, len, opened: Instant::now(), out, dirty: false }
+    }
+
+    /// Appends a record: `write_pages` writes its pages through the writer it is given.
+    pub(crate) fn append(
+        &mut self,
+        header: &Header,
+        write_pages: impl FnOnce(&mut record::RecordWriter<'_, BufWriter<File>>) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let offset = self.len;
+        let mut writer = record::RecordWriter::begin(&mut self.out, header)?;
+        write_pages(&mut writer)?;
+        writer.finish()?;
+        self.out.flush()?;
+        self.len += header.record_len();
+        self.dirty = true;
+        self.entries.push(entry(header, offset));
+        Ok(())
+    }
+
+    /// Makes every appended record durable.
+    pub(crate) fn sync(&mut self) -> io::Result<()> {
+        if self.dirty {
+            self.out.flush()?;
+            self.out.get_ref().sync_data()?;
+            self.dirty = false;
+        }
+        Ok(())
+    }
+
+    /// Syncs and renames the segment to its sealed name; `None` if it holds no record (it is
+    /// then deleted).
+    pub(crate) fn seal(mut self, dir: &Path) -> io::Result<Option<Sealed>> {
+        self.sync()?;
+        let (Some(first), Some(last)) = (self.entries.first(), self.entries.last()) else {
+            std::fs::remove_file(&self.path)?;
+            sync_dir(dir)?;
+            return Ok(None);
+        };
+        let sealed = Sealed {
+            path: dir
+                .join(format!("{:016x}-{:016x}-{:012x}-{:012x}.seg", first.seq, last.seq, first.time_ms, last.time_ms)),
+            first_seq: first.seq,
+            last_seq: last.seq,
+            first_ms: first.time_ms,
+            last_ms: last.time_ms,
+        };
+        std::fs::rename(&self.path, &sealed.path)?;
+        sync_dir(dir)?;
+        Ok(Some(sealed))
+    }
+}
+
+/// Makes a directory's entries (creations, renames, removals) durable.
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}

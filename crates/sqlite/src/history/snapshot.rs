@@ -1,0 +1,173 @@
+//! Snapshots: whole database images at a history position, each checked by a CRC when used.
+//!
+//! `<seq>.snap` (16 hex digits): a 48-byte header, then the image (`db_pages` pages). Header,
+//! little-endian: `KURASNAP`, u32 version (1), u32 page size, u64 seq, i64 time (Unix ms),
+//! u32 database pages, u32 CRC-32 of the image, u32 CRC-32 of the header's first 40 bytes, and
+//! 4 zero bytes. Written to `.tmp`, synced, then renamed into place.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::record::ReadError;
+use super::segment::sync_dir;
+
+const MAGIC: &[u8; 8] = b"KURASNAP";
+const HEADER_LEN: u64 = 48;
+const CHUNK: usize = 1 << 20;
+
+/// A snapshot file's header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SnapshotHeader {
+    pub seq: u64,
+    pub time_ms: i64,
+    pub page_size: u32,
+    pub db_pages: u32,
+    pub image_crc: u32,
+}
+
+impl SnapshotHeader {
+    fn encode(&self) -> [u8; HEADER_LEN as usize] {
+        let mut b = [0u8; HEADER_LEN as usize];
+        b[0..8].copy_from_slice(MAGIC);
+        b[8..12].copy_from_slice(&1u32.to_le_bytes());
+        b[12..16].copy_from_slice(&self.page_size.to_le_bytes());
+        b[16..24].copy_from_slice(&self.seq.to_le_bytes());
+        b[24..32].copy_from_slice(&self.time_ms.to_le_bytes());
+        b[32..36].copy_from_slice(&self.db_pages.to_le_bytes());
+        b[36..40].copy_from_slice(&self.image_crc.to_le_bytes());
+        let crc = crc32fast::hash(&b[..40]);
+        b[40..44].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; HEADER_LEN as usize]) -> Option<SnapshotHeader> {
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if &b[0..8] != MAGIC || u32_at(8) != 1 || crc32fast::hash(&b[..40]) != u32_at(40) {
+            return None;
+        }
+        Some(SnapshotHeader {
+            page_size: u32_at(12),
+            seq: u64_at(16),
+            time_ms: u64_at(24) as i64,
+            db_pages: u32_at(32),
+            image_crc: u32_at(36),
+        })
+    }
+}
+
+/// The path of the snapshot at `seq`.
+pub(crate) fn path_for(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("{seq:016x}.snap"))
+}
+
+/// The seq a snapshot file name stands for.
+pub(crate) fn seq_of(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?.strip_suffix(".snap")?;
+    (name.len() == 16).then(|| u64::from_str_radix(name, 16).ok()).flatten()
+}
+
+/// Writes a snapshot of the first `db_pages` pages of `image` (a database file whose every
+/// change is checkpointed into it).
+pub(crate) fn write(
+    dir: &Path,
+    image: &File,
+    seq: u64,
+    time_ms: i64,
+    page_size: u32,
+    db_pages: u32,
+) -> io::Result<PathBuf> {
+    let path = path_for(dir, seq);
+    let tmp = path.with_extension("snap.tmp");
+    let mut out = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+    out.write_all(&[0u8; HEADER_LEN as usize])?;
+    let mut crc = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; CHUNK];
+    let total = db_pages as u64 * page_size as u64;
+    let mut at = 0u64;
+    while at < total {
+        let n = CHUNK.min((total - at) as usize);
+        image.read_exact_at(&mut buf[..n], at)?;
+        crc.update(&buf[..n]);
+        out.write_all(&buf[..n])?;
+        at += n as u64;
+    }
+    let header = SnapshotHeader { seq, time_ms, page_size, db_pages, image_crc: crc.finalize() };
+    out.write_all_at(&header.encode(), 0)?;
+    out.sync_all()?;
+    drop(out);
+    std::fs::rename(&tmp, &path)?;
+    sync_dir(dir)?;
+    Ok(path)
+}
+
+/// A snapshot's header, checked.
+pub(crate) fn read_header(path: &Path) -> Result<SnapshotHeader, ReadError> {
+    let file = File::open(path)?;
+    header_of(&file, path)
+}
+
+fn header_of(file: &File, path: &Path) -> Result<SnapshotHeader, ReadError> {
+    let mut b = [0u8; HEADER_LEN as usize];
+    match file.read_exact_at(&mut b, 0) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(ReadError::Truncated),
+        Err(e) => return Err(ReadError::Io(e)),
+    }
+    let header = SnapshotHeader::decode(&b)
+        .ok_or_else(|| ReadError::Corrupt(format!("{} has no valid snapshot header", path.display())))?;
+    if file.metadata()?.len() < HEADER_LEN + header.db_pages as u64 * header.page_size as u64 {
+        return Err(ReadError::Corrupt(format!("{} is shorter than its header says", path.display())));
+    }
+    Ok(header)
+}
+
+/// Copies a snapshot's image into `out` from offset 0, checking its CRC on the way; on a
+/// mismatch the copy must be discarded.
+pub(crate) fn copy_image(path: &Path, out: &File) -> Result<SnapshotHeader, ReadError> {
+    let file = File::open(path)?;
+    let header = header_of(&file, path)?;
+    let total = header.db_pages as u64 * header.page_size as u64;
+    let mut crc = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut at = 0u64;
+    while at < total {
+        let n = CHUNK.min((total - at) as usize);
+        file.read_exact_at(&mut buf[..n], HEADER_LEN + at)?;
+        crc.update(&buf[..n]);
+        out.write_all_at(&buf[..n], at)?;
+        at += n as u64;
+    }
+    if crc.finalize() != header.image_crc {
+        return Err(ReadError::Corrupt(format!("snapshot {} fails its checksum", path.display())));
+    }
+    Ok(header)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_checks_and_copies_an_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("db");
+        std::fs::write(&source, [7u8; 4096 * 3]).unwrap();
+        let path = write(dir.path(), &File::open(&source).unwrap(), 5, 1234, 4096, 2).unwrap();
+        assert_eq!(seq_of(&path), Some(5));
+        let header = read_header(&path).unwrap();
+        assert_eq!((header.seq, header.time_ms, header.db_pages), (5, 1234, 2));
+        let out_path = dir.path().join("out");
+        let out = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&out_path).unwrap();
+        copy_image(&path, &out).unwrap();
+        assert_eq!(std::fs::read(&out_path).unwrap(), vec![7u8; 4096 * 2]);
+
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        assert!(matches!(copy_image(&path, &out), Err(ReadError::Corrupt(_))));
+    }
+}

@@ -1,0 +1,11 @@
+//! The SQLite core against real files: splitting, meta counters, limits, the authorizer,
+//! atomicity, group commit, the registry's lifecycle, and Time Travel.
+
+mod atomicity;
+mod authorizer;
+mod common;
+mod limits;
+mod meta;
+mod registry;
+mod splitting;
+mod time_travel;
