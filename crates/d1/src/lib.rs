@@ -15,14 +15,17 @@ pub mod migrations;
 mod usage;
 pub mod wire;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use kura_catalog::{Catalog, D1Database, D1DatabaseList, NewD1Database};
-use kura_sqlite::{DatabaseOptions, Limits, Registry, RegistrySettings};
+use kura_sqlite::{DatabaseOptions, HistorySettings, Limits, Registry, RegistrySettings};
 
-pub use kura_sqlite::{Access, Error as SqlError, Meta, Request, ResultMode, Statement, StatementResult, Value};
+pub use kura_sqlite::{
+    Access, Bookmark, Error as SqlError, Meta, Request, Restored, ResultMode, Statement, StatementResult, Value,
+};
 pub use usage::UsageTotals;
 
 /// What can go wrong, grouped by what the caller must do.
@@ -38,6 +41,14 @@ pub enum Error {
     /// The name is taken in the account.
     #[error("A database with that name already exists")]
     DuplicateName,
+    /// The database was restored as often as the window allows.
+    #[error("too many restores: at most {limit} per {minutes} minutes for one database")]
+    TooManyRestores {
+        /// Restores allowed per window.
+        limit: usize,
+        /// The window, in minutes.
+        minutes: u64,
+    },
     /// The account holds as many databases as it may.
     #[error("System limit reached: databases per account ({0})")]
     LimitReached(u64),
@@ -83,12 +94,34 @@ pub struct D1Settings {
     pub limits: Limits,
     /// Most databases one account may hold (D1: 50,000 on paid plans).
     pub max_databases_per_account: u64,
+    /// How Time Travel's history is kept.
+    pub history: HistorySettings,
+    /// Restores allowed per database in `restore_window` (D1: 10 per 10 minutes).
+    pub max_restores: usize,
+    /// The window `max_restores` counts over.
+    pub restore_window: Duration,
 }
 
 impl Default for D1Settings {
     fn default() -> Self {
-        D1Settings { registry: RegistrySettings::default(), limits: Limits::d1(), max_databases_per_account: 50_000 }
+        D1Settings {
+            registry: RegistrySettings::default(),
+            limits: Limits::d1(),
+            max_databases_per_account: 50_000,
+            history: HistorySettings::default(),
+            max_restores: 10,
+            restore_window: Duration::from_secs(600),
+        }
     }
+}
+
+/// Where a restore goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreTarget {
+    /// To this bookmark.
+    Bookmark(String),
+    /// To the last commit at or before this time (Unix milliseconds).
+    Time(i64),
 }
 
 /// What `GET /d1/database/{id}` reports beyond the catalog record.
@@ -118,6 +151,8 @@ pub struct CreateOptions {
 pub struct D1 {
     catalog: Arc<Catalog>,
     records: RwLock<RecordCache>,
+    /// Recent restores per database, for the rate limit.
+    restores: Mutex<HashMap<String, VecDeque<Instant>>>,
     registry: Registry,
     root: PathBuf,
     settings: D1Settings,
@@ -137,6 +172,12 @@ struct RecordCache {
 
 fn database_file(root: &Path, uuid: &str) -> PathBuf {
     root.join(uuid).join("db.sqlite")
+}
+
+/// How a D1 database's file opens: D1's limits, and a history under the database's id.
+fn database_options(root: &Path, uuid: &str, limits: &Limits, history: &HistorySettings) -> DatabaseOptions {
+    DatabaseOptions { limits: limits.clone(), ..DatabaseOptions::new(database_file(root, uuid)) }
+        .history(history.clone(), uuid)
 }
 
 /// Database ids are lowercase hyphenated UUIDs; nothing else ever names a directory.
@@ -159,13 +200,19 @@ impl D1 {
         sweep_orphans(&root, &known);
         let opener_root = root.clone();
         let limits = settings.limits.clone();
+        let history = settings.history.clone();
         let registry = Registry::new(settings.registry.clone(), move |uuid: &str| {
-            is_uuid(uuid).then(|| DatabaseOptions {
-                limits: limits.clone(),
-                ..DatabaseOptions::new(database_file(&opener_root, uuid))
-            })
+            is_uuid(uuid).then(|| database_options(&opener_root, uuid, &limits, &history))
         });
-        Ok(D1 { catalog, records: RwLock::default(), registry, root, settings, usage: usage::UsageRecorder::default() })
+        Ok(D1 {
+            catalog,
+            records: RwLock::default(),
+            restores: Mutex::default(),
+            registry,
+            root,
+            settings,
+            usage: usage::UsageRecorder::default(),
+        })
     }
 
     /// The catalog the engine records databases in.
@@ -187,12 +234,13 @@ impl D1 {
         let uuid = uuid::Uuid::new_v4().to_string();
         let dir = self.root.join(&uuid);
         let path = database_file(&self.root, &uuid);
-        let limits = self.settings.limits.clone();
+        let (root, id) = (self.root.clone(), uuid.clone());
+        let (limits, history) = (self.settings.limits.clone(), self.settings.history.clone());
         let created = tokio::task::spawn_blocking(move || -> Result<()> {
             let dir = path.parent().expect("database files live in a directory");
             std::fs::create_dir_all(dir)
                 .map_err(|source| Error::Io { context: format!("creating {}", dir.display()), source })?;
-            kura_sqlite::Database::open(&DatabaseOptions { limits, ..DatabaseOptions::new(&path).create(true) })?;
+            kura_sqlite::Database::open(&database_options(&root, &id, &limits, &history).create(true))?;
             // The record that points at the file is written next: make the file's name durable.
             sync_directory(dir)?;
             sync_directory(dir.parent().expect("the d1 directory"))?;
@@ -332,6 +380,61 @@ impl D1 {
         Ok(results)
     }
 
+    /// The current bookmark of a database, or with `at` (Unix milliseconds) the bookmark of its
+    /// last commit at or before then.
+    pub async fn bookmark(&self, account_id: &str, id_or_name: &str, at: Option<i64>) -> Result<Bookmark> {
+        let database = self.get(account_id, id_or_name)?;
+        let found = self
+            .registry
+            .with_database(&database.uuid, move |db| match at {
+                Some(t) => db.bookmark_for_time(t),
+                None => db.bookmark(),
+            })
+            .await?;
+        Ok(found?)
+    }
+
+    /// Restores a database to a bookmark or a time. Queries already queued run first; later ones
+    /// see the restored state. Returns the new bookmark and the previous one (the undo point).
+    pub async fn restore(&self, account_id: &str, id_or_name: &str, target: RestoreTarget) -> Result<Restored> {
+        let database = self.get(account_id, id_or_name)?;
+        self.check_restore_limit(&database.uuid)?;
+        let restored = self
+            .registry
+            .with_database(&database.uuid, move |db| {
+                let bookmark = match target {
+                    RestoreTarget::Bookmark(text) => text
+                        .parse::<Bookmark>()
+                        .map_err(|e| kura_sqlite::Error::InvalidBookmark { message: e.to_string() })?,
+                    RestoreTarget::Time(t) => db.bookmark_for_time(t)?,
+                };
+                db.restore(&bookmark)
+            })
+            .await??;
+        self.restores
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(database.uuid.clone())
+            .or_default()
+            .push_back(Instant::now());
+        tracing::info!(uuid = %database.uuid, to = %restored.bookmark, from = %restored.previous, "restored D1 database");
+        Ok(restored)
+    }
+
+    /// Refuses a restore when the database had as many as the window allows.
+    fn check_restore_limit(&self, uuid: &str) -> Result<()> {
+        let mut restores = self.restores.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = restores.entry(uuid.to_owned()).or_default();
+        let window = self.settings.restore_window;
+        while recent.front().is_some_and(|t| t.elapsed() >= window) {
+            recent.pop_front();
+        }
+        if recent.len() >= self.settings.max_restores {
+            return Err(Error::TooManyRestores { limit: self.settings.max_restores, minutes: window.as_secs() / 60 });
+        }
+        Ok(())
+    }
+
     /// Usage of a database over the hours from `from` to `to` (Unix seconds), hour by hour.
     pub fn usage(&self, uuid: &str, from: i64, to: i64) -> Result<Vec<kura_catalog::Usage>> {
         self.flush_usage()?;
@@ -365,6 +468,26 @@ fn sync_directory(dir: &Path) -> Result<()> {
         .map_err(|source| Error::Io { context: format!("syncing {}", dir.display()), source })
 }
 
+/// Parses a point in time as D1's API and wrangler give it: ISO 8601 (`2026-01-01T00:00:00Z`),
+/// or Unix time in seconds (10 digits or fewer) or milliseconds. Returns Unix milliseconds.
+pub fn parse_timestamp(text: &str) -> std::result::Result<i64, String> {
+    let text = text.trim();
+    let invalid = || format!("invalid timestamp '{text}': use ISO 8601 (2026-01-01T00:00:00Z) or Unix seconds");
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        let n: i64 = text.parse().map_err(|_| invalid())?;
+        return Ok(if text.len() <= 10 { n.saturating_mul(1000) } else { n });
+    }
+    if let Ok(t) = text.parse::<jiff::Timestamp>() {
+        return Ok(t.as_millisecond());
+    }
+    // A date and time without an offset is UTC, as JavaScript's toISOString writes it.
+    text.parse::<jiff::civil::DateTime>()
+        .ok()
+        .and_then(|d| jiff::tz::TimeZone::UTC.to_ambiguous_zoned_datetime(d).compatible().ok())
+        .map(|z| z.timestamp().as_millisecond())
+        .ok_or_else(invalid)
+}
+
 fn sweep_orphans(root: &Path, known: &[String]) {
     let Ok(entries) = std::fs::read_dir(root) else { return };
     for entry in entries.flatten() {
@@ -381,6 +504,16 @@ fn sweep_orphans(root: &Path, known: &[String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_parse_as_wrangler_sends_them() {
+        assert_eq!(parse_timestamp("2026-01-01T00:00:00.000Z").unwrap(), 1_767_225_600_000);
+        assert_eq!(parse_timestamp("2026-01-01T00:00:00").unwrap(), 1_767_225_600_000);
+        assert_eq!(parse_timestamp("1767225600").unwrap(), 1_767_225_600_000);
+        assert_eq!(parse_timestamp("1767225600123").unwrap(), 1_767_225_600_123);
+        assert!(parse_timestamp("yesterday").is_err());
+        assert!(parse_timestamp("").is_err());
+    }
 
     #[test]
     fn only_lowercase_uuids_name_directories() {

@@ -28,6 +28,11 @@ pub enum Backend {
     Remote(ApiClient),
 }
 
+/// Unix milliseconds as the ISO 8601 text Cloudflare's API takes.
+fn iso(ms: i64) -> anyhow::Result<String> {
+    Ok(jiff::Timestamp::from_millisecond(ms)?.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+}
+
 /// Percent-encodes a path segment (database names are plain, but be safe with anything).
 fn segment(s: &str) -> String {
     s.bytes()
@@ -167,6 +172,42 @@ impl Backend {
                 let path = api.account_path(&format!("/d1/database/{uuid}/query"));
                 let result = api.call(Method::POST, &path, Some(&json!({ "sql": sql }))).await?;
                 Ok(result.as_array().cloned().unwrap_or_default())
+            }
+        }
+    }
+
+    /// The current bookmark, or the one for a time (Unix milliseconds).
+    pub async fn bookmark(&self, uuid: &str, at: Option<i64>) -> anyhow::Result<String> {
+        match self {
+            Backend::Local(l) => Ok(l.node.d1().bookmark(&l.account, uuid, at).await?.to_string()),
+            Backend::Remote(api) => {
+                let query = match at {
+                    Some(ms) => format!("?timestamp={}", segment(&iso(ms)?)),
+                    None => String::new(),
+                };
+                let path = api.account_path(&format!("/d1/database/{uuid}/time_travel/bookmark{query}"));
+                let result = api.call(Method::GET, &path, None).await?;
+                result["bookmark"].as_str().map(str::to_owned).context("the API answered without a bookmark")
+            }
+        }
+    }
+
+    /// Restores to a bookmark; returns `{bookmark, previous_bookmark, message}`.
+    pub async fn restore(&self, uuid: &str, bookmark: &str) -> anyhow::Result<Json> {
+        match self {
+            Backend::Local(l) => {
+                let target = kura_d1::RestoreTarget::Bookmark(bookmark.to_owned());
+                let restored = l.node.d1().restore(&l.account, uuid, target).await?;
+                Ok(json!({
+                    "bookmark": restored.bookmark.to_string(),
+                    "previous_bookmark": restored.previous.to_string(),
+                    "message": "Database restored successfully",
+                }))
+            }
+            Backend::Remote(api) => {
+                let path = api
+                    .account_path(&format!("/d1/database/{uuid}/time_travel/restore?bookmark={}", segment(bookmark)));
+                api.call(Method::POST, &path, None).await
             }
         }
     }

@@ -3,6 +3,7 @@
 
 mod backend;
 mod migrations;
+mod time_travel;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -106,6 +107,9 @@ pub enum D1Command {
     /// Create, list and apply migrations (as wrangler does).
     #[command(subcommand)]
     Migrations(migrations::MigrationsCommand),
+    /// Bookmarks and point-in-time restore.
+    #[command(subcommand, name = "time-travel")]
+    TimeTravel(time_travel::TimeTravelCommand),
 }
 
 pub async fn run(command: D1Command) -> anyhow::Result<()> {
@@ -176,6 +180,7 @@ pub async fn run(command: D1Command) -> anyhow::Result<()> {
             print_results(&outcome?, json);
         }
         D1Command::Migrations(command) => migrations::run(command).await?,
+        D1Command::TimeTravel(command) => time_travel::run(command).await?,
     }
     Ok(())
 }
@@ -193,7 +198,7 @@ async fn info(backend: &Backend, target: &Target) -> anyhow::Result<Json> {
     Ok(info)
 }
 
-fn confirm(question: &str) -> anyhow::Result<bool> {
+pub(crate) fn confirm(question: &str) -> anyhow::Result<bool> {
     if !std::io::stdin().is_terminal() {
         return Ok(true);
     }

@@ -174,3 +174,54 @@ fn d1_migrations_apply_and_roll_back_a_failing_one_whole() {
     assert_eq!(state[1]["results"][0]["n"], 0, "nothing of the failed migration, nothing after it");
     assert_eq!(state[2]["results"][0]["n"], 1);
 }
+
+#[test]
+fn d1_time_travel_info_and_restore() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let cwd = tempfile::tempdir().unwrap();
+    let cwd = cwd.path();
+    w.ok(cwd, &["d1", "create", "travel"]);
+    w.ok(cwd, &["d1", "execute", "travel", "--remote", "--command", "CREATE TABLE t (x); INSERT INTO t VALUES (1)"]);
+    let info = w.ok(cwd, &["d1", "time-travel", "info", "travel"]);
+    assert!(info.stdout.contains("The current bookmark is '"), "{}", info.all());
+    let first =
+        w.ok(cwd, &["d1", "time-travel", "info", "travel", "--json"]).json()["bookmark"].as_str().unwrap().to_owned();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let between = jiff::Timestamp::now().as_second().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    w.ok(cwd, &["d1", "execute", "travel", "--remote", "--command", "INSERT INTO t VALUES (2)"]);
+    let at = w.ok(cwd, &["d1", "time-travel", "info", "travel", &format!("--timestamp={between}"), "--json"]).json();
+    assert_eq!(at["bookmark"], first, "the timestamp's bookmark is the last commit at or before it");
+    let second =
+        w.ok(cwd, &["d1", "time-travel", "info", "travel", "--json"]).json()["bookmark"].as_str().unwrap().to_owned();
+
+    let restored = w.ok(cwd, &["d1", "time-travel", "restore", "travel", &format!("--bookmark={first}")]);
+    assert!(
+        restored.stdout.contains("restored back to bookmark") && restored.stdout.contains(&second),
+        "{}",
+        restored.all()
+    );
+    let count = |w: &Wrangler| {
+        w.ok(cwd, &["d1", "execute", "travel", "--remote", "--json", "--command", "SELECT count(*) AS n FROM t"]).json()
+            [0]["results"][0]["n"]
+            .as_u64()
+    };
+    assert_eq!(count(&w), Some(1));
+    let undo = w.ok(cwd, &["d1", "time-travel", "restore", "travel", &format!("--bookmark={second}"), "--json"]).json();
+    assert_eq!(undo["previous_bookmark"].as_str().map(|b| b > second.as_str()), Some(true), "{undo}");
+    assert_eq!(count(&w), Some(2));
+    w.ok(cwd, &["d1", "time-travel", "restore", "travel", &format!("--timestamp={between}")]);
+    assert_eq!(count(&w), Some(1));
+    let bad = w.run(
+        cwd,
+        &[
+            "d1",
+            "time-travel",
+            "restore",
+            "travel",
+            "--bookmark=00000000-00000001-00000000-00000000000000000000000000000000",
+        ],
+    );
+    assert!(!bad.ok && bad.all().contains("unknown bookmark"), "{}", bad.all());
+}

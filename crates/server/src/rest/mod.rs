@@ -4,6 +4,7 @@
 mod d1;
 mod extract;
 mod graphql;
+mod time_travel;
 mod user;
 
 use std::collections::HashMap;
@@ -32,6 +33,8 @@ pub fn routes() -> Router<AppState> {
         )
         .route("/accounts/{account_id}/d1/database/{database}/query", post(d1::query))
         .route("/accounts/{account_id}/d1/database/{database}/raw", post(d1::raw))
+        .route("/accounts/{account_id}/d1/database/{database}/time_travel/bookmark", get(time_travel::bookmark))
+        .route("/accounts/{account_id}/d1/database/{database}/time_travel/restore", post(time_travel::restore))
         .route("/graphql", post(graphql::query))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, 7003, "No route for that URI") })
         .method_not_allowed_fallback(|| async {
@@ -163,6 +166,11 @@ impl From<kura_d1::Error> for ApiError {
             E::DuplicateName => {
                 ApiError::new(StatusCode::BAD_REQUEST, 7502, "A database with that name already exists")
             }
+            E::TooManyRestores { limit, minutes } => ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                7400,
+                format!("too many restores: at most {limit} per {minutes} minutes for one database"),
+            ),
             E::LimitReached(n) => ApiError::new(
                 StatusCode::BAD_REQUEST,
                 7406,
@@ -170,6 +178,11 @@ impl From<kura_d1::Error> for ApiError {
             ),
             E::Invalid(m) => ApiError::bad_request(m),
             E::Sql(sql) => match sql {
+                S::InvalidBookmark { message } => ApiError::bad_request(message),
+                S::HistoryDamaged { .. } => {
+                    tracing::error!(error = %sql, "restore refused: damaged history");
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, 7500, sql.to_string())
+                }
                 S::Sql { message, .. } => ApiError::new(StatusCode::BAD_REQUEST, 7500, message),
                 S::NoStatements => ApiError::new(StatusCode::BAD_REQUEST, 7500, "No SQL statements detected."),
                 S::ReadOnly { sql } => ApiError::new(

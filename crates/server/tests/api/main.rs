@@ -7,3 +7,4 @@ mod databases;
 mod limits;
 mod patterns;
 mod query;
+mod time_travel;

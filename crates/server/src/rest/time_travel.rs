@@ -1,0 +1,52 @@
+//! D1 Time Travel's v4 endpoints: the bookmark for now or for a time, and restore.
+
+use axum::extract::State;
+use axum::response::Response;
+use serde_json::json;
+
+use kura_d1::{RestoreTarget, parse_timestamp};
+
+use super::extract::{V4Path, V4Query};
+use super::{ApiError, ok};
+use crate::AppState;
+use crate::auth::{Caller, Need};
+
+/// `GET …/{database}/time_travel/bookmark[?timestamp=]`
+pub async fn bookmark(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, database)): V4Path<(String, String)>,
+    V4Query(query): V4Query,
+) -> Result<Response, ApiError> {
+    caller.require(&account_id, Need::D1Read)?;
+    let at = match query.get("timestamp").filter(|t| !t.is_empty()) {
+        Some(t) => Some(parse_timestamp(t).map_err(ApiError::bad_request)?),
+        None => None,
+    };
+    let bookmark = app.d1.bookmark(&account_id, &database, at).await?;
+    Ok(ok(json!({ "bookmark": bookmark.to_string() })))
+}
+
+/// `POST …/{database}/time_travel/restore?bookmark=|timestamp=`
+pub async fn restore(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, database)): V4Path<(String, String)>,
+    V4Query(query): V4Query,
+) -> Result<Response, ApiError> {
+    caller.require(&account_id, Need::D1Write)?;
+    let bookmark = query.get("bookmark").filter(|b| !b.is_empty());
+    let timestamp = query.get("timestamp").filter(|t| !t.is_empty());
+    let target = match (bookmark, timestamp) {
+        (Some(b), None) => RestoreTarget::Bookmark(b.clone()),
+        (None, Some(t)) => RestoreTarget::Time(parse_timestamp(t).map_err(ApiError::bad_request)?),
+        (Some(_), Some(_)) => return Err(ApiError::bad_request("Give either bookmark or timestamp, not both")),
+        (None, None) => return Err(ApiError::bad_request("A restore needs a bookmark or a timestamp")),
+    };
+    let restored = app.d1.restore(&account_id, &database, target).await?;
+    Ok(ok(json!({
+        "bookmark": restored.bookmark.to_string(),
+        "previous_bookmark": restored.previous.to_string(),
+        "message": "Database restored successfully",
+    })))
+}
