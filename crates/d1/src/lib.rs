@@ -11,6 +11,8 @@
 
 #![deny(missing_docs)]
 
+pub mod dump;
+pub mod import;
 pub mod migrations;
 mod usage;
 pub mod wire;
@@ -61,6 +63,12 @@ pub enum Error {
     /// The catalog failed.
     #[error(transparent)]
     Catalog(kura_catalog::Error),
+    /// An export failed (a virtual table, or the output could not be written).
+    #[error(transparent)]
+    Export(#[from] dump::DumpError),
+    /// An import failed; nothing of it was applied.
+    #[error(transparent)]
+    Import(#[from] import::ImportError),
     /// The file system failed.
     #[error("{context}: {source}")]
     Io {
@@ -433,6 +441,48 @@ impl D1 {
             return Err(Error::TooManyRestores { limit: self.settings.max_restores, minutes: window.as_secs() / 60 });
         }
         Ok(())
+    }
+
+    /// Exports a database as SQL into `output`; returns the bookmark of the exported state.
+    pub async fn export(
+        &self,
+        account_id: &str,
+        id_or_name: &str,
+        options: dump::DumpOptions,
+        output: PathBuf,
+    ) -> Result<(Bookmark, dump::DumpStats)> {
+        let database = self.get(account_id, id_or_name)?;
+        self.registry
+            .with_database(&database.uuid, move |db| -> Result<(Bookmark, dump::DumpStats)> {
+                let bookmark = db.bookmark()?;
+                let file = std::fs::File::create(&output)
+                    .map_err(|source| Error::Io { context: format!("creating {}", output.display()), source })?;
+                let mut out = std::io::BufWriter::new(file);
+                let stats = dump::dump(db, &options, &mut out)?;
+                std::io::Write::flush(&mut out).map_err(dump::DumpError::from)?;
+                Ok((bookmark, stats))
+            })
+            .await?
+    }
+
+    /// Runs SQL from `input` in one transaction (all of it, or none); returns what it did and
+    /// the bookmark after it.
+    pub async fn import(
+        &self,
+        account_id: &str,
+        id_or_name: &str,
+        mut input: Box<dyn std::io::BufRead + Send>,
+    ) -> Result<(import::ImportOutcome, Bookmark)> {
+        let database = self.get(account_id, id_or_name)?;
+        let outcome = self
+            .registry
+            .with_database(&database.uuid, move |db| -> Result<(import::ImportOutcome, Bookmark)> {
+                let outcome = import::import(db, &mut input)?;
+                Ok((outcome, db.bookmark()?))
+            })
+            .await??;
+        tracing::info!(uuid = %database.uuid, statements = outcome.0.num_queries, "imported SQL");
+        Ok(outcome)
     }
 
     /// Usage of a database over the hours from `from` to `to` (Unix seconds), hour by hour.

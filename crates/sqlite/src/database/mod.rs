@@ -207,6 +207,12 @@ impl Database {
         })
     }
 
+    /// Sets the longest statement accepted, in bytes, and returns the previous limit. Imports
+    /// raise it: a dump's INSERT of a 2 MB value is a statement of up to 4 MB.
+    pub fn set_max_statement_bytes(&mut self, bytes: i32) -> i32 {
+        self.conn.set_limit(rusqlite::limits::Limit::SQLITE_LIMIT_SQL_LENGTH, bytes).unwrap_or(bytes)
+    }
+
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
