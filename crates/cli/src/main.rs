@@ -8,6 +8,7 @@ mod api;
 mod config;
 mod d1;
 mod output;
+mod progress;
 mod serve;
 
 use std::path::PathBuf;

@@ -481,6 +481,16 @@ impl D1 {
                 Ok((outcome, db.bookmark()?))
             })
             .await??;
+        let meta = &outcome.0.meta;
+        self.usage.add(
+            &database.uuid,
+            UsageTotals {
+                read_queries: 0,
+                write_queries: outcome.0.num_queries,
+                rows_read: meta.rows_read,
+                rows_written: meta.rows_written,
+            },
+        );
         tracing::info!(uuid = %database.uuid, statements = outcome.0.num_queries, "imported SQL");
         Ok(outcome)
     }

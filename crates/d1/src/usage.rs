@@ -41,6 +41,10 @@ impl UsageRecorder {
             totals.rows_read += r.meta.rows_read;
             totals.rows_written += r.meta.rows_written;
         }
+        self.add(uuid, totals);
+    }
+
+    pub(crate) fn add(&self, uuid: &str, totals: UsageTotals) {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let entry = pending.entry((uuid.to_owned(), current_hour())).or_default();
         entry.read_queries += totals.read_queries;

@@ -20,6 +20,7 @@ pub mod auth;
 mod node;
 pub mod rest;
 mod s3;
+pub mod transfer;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -46,12 +47,15 @@ pub struct AppState {
     pub catalog: Arc<Catalog>,
     /// The D1 engine.
     pub d1: Arc<D1>,
+    /// Export downloads and import uploads.
+    pub transfers: Arc<transfer::Transfers>,
 }
 
 /// The API listener's whole application: `/healthz` and `/client/v4/…`.
 pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/d1-transfers/{token}", get(transfer::download).put(transfer::upload))
         .nest("/client/v4", rest::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(TraceLayer::new_for_http())
@@ -66,7 +70,8 @@ pub async fn serve(
     s3: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let state = AppState { catalog: Arc::clone(node.catalog()), d1: Arc::clone(node.d1()) };
+    let transfers = Arc::new(transfer::Transfers::open(&node.dir().join("transfers"))?);
+    let state = AppState { catalog: Arc::clone(node.catalog()), d1: Arc::clone(node.d1()), transfers };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;

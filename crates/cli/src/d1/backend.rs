@@ -2,10 +2,13 @@
 //! server speaking Cloudflare's v4 API (`--remote`). Both answer in the v4 API's JSON shapes,
 //! so the commands print the same way whichever runs them.
 
-use anyhow::Context;
+use std::path::Path;
+
+use anyhow::{Context, bail};
 use reqwest::Method;
 use serde_json::{Value as Json, json};
 
+use kura_d1::dump::DumpOptions;
 use kura_d1::wire::{JsonResults, RowFormat, created_database, database_details, database_list_item};
 use kura_d1::{CreateOptions, Request, Statement};
 use kura_server::{CredentialsConfig, Node, NodeSettings};
@@ -26,6 +29,95 @@ pub enum Backend {
     Local(Local),
     /// Over the v4 API.
     Remote(ApiClient),
+}
+
+/// Streams a URL into a file, with a progress bar.
+async fn download(url: &str, output: &Path) -> anyhow::Result<()> {
+    let mut response = reqwest::get(url).await.context("downloading the export")?;
+    if !response.status().is_success() {
+        bail!("downloading the export failed with status {}", response.status());
+    }
+    let bar = crate::progress::bytes("Downloading", response.content_length().unwrap_or(0));
+    let mut out =
+        tokio::fs::File::create(output).await.with_context(|| format!("cannot create {}", output.display()))?;
+    while let Some(chunk) = response.chunk().await.context("downloading the export")? {
+        tokio::io::AsyncWriteExt::write_all(&mut out, &chunk).await?;
+        bar.inc(chunk.len() as u64);
+    }
+    tokio::io::AsyncWriteExt::flush(&mut out).await?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// D1's import flow: announce the file by its MD5, upload it, have it ingested, poll.
+async fn import_remotely(api: &ApiClient, uuid: &str, file: &Path, size: u64) -> anyhow::Result<Json> {
+    let etag = md5_of(file)?;
+    let path = api.account_path(&format!("/d1/database/{uuid}/import"));
+    let init = api.call(Method::POST, &path, Some(&json!({ "action": "init", "etag": etag }))).await?;
+    let mut answer = match init["upload_url"].as_str() {
+        Some(url) => {
+            let filename = init["filename"].clone();
+            upload(url, file, size, &etag).await?;
+            api.call(Method::POST, &path, Some(&json!({ "action": "ingest", "filename": filename, "etag": etag })))
+                .await?
+        }
+        None => init,
+    };
+    loop {
+        if answer["success"] == false {
+            bail!("the import failed: {}", answer["error"].as_str().unwrap_or("unknown error"));
+        }
+        match answer["status"].as_str() {
+            Some("complete") => return Ok(answer["result"].clone()),
+            Some("error") => {
+                let errors: Vec<&str> =
+                    answer["errors"].as_array().into_iter().flatten().filter_map(Json::as_str).collect();
+                bail!("the import failed and changed nothing: {}", errors.join("; "));
+            }
+            _ => {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                let poll = json!({ "action": "poll", "current_bookmark": answer["at_bookmark"] });
+                answer = api.call(Method::POST, &path, Some(&poll)).await?;
+            }
+        }
+    }
+}
+
+fn md5_of(file: &Path) -> anyhow::Result<String> {
+    use md5::Digest;
+    let mut hash = md5::Md5::new();
+    let mut reader = std::fs::File::open(file).with_context(|| format!("cannot read {}", file.display()))?;
+    std::io::copy(&mut reader, &mut hash)?;
+    Ok(hex::encode(hash.finalize()))
+}
+
+/// PUTs a file to an upload URL with a progress bar, and checks the ETag that comes back.
+async fn upload(url: &str, file: &Path, size: u64, etag: &str) -> anyhow::Result<()> {
+    let bar = crate::progress::bytes("Uploading", size);
+    let reader = tokio::fs::File::open(file).await.with_context(|| format!("cannot read {}", file.display()))?;
+    let stream = tokio_util::io::ReaderStream::with_capacity(bar.wrap_async_read(reader), 256 * 1024);
+    let response = reqwest::Client::new()
+        .put(url)
+        .header(reqwest::header::CONTENT_LENGTH, size)
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .context("uploading the file")?;
+    bar.finish_and_clear();
+    if !response.status().is_success() {
+        bail!("the file could not be uploaded: {}", response.text().await.unwrap_or_default());
+    }
+    let echoed = response
+        .headers()
+        .get(reqwest::header::ETAG)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .trim_matches('"')
+        .to_owned();
+    if echoed != etag {
+        bail!("the file did not upload intact (sent MD5 {etag}, the server got {echoed}); please retry");
+    }
+    Ok(())
 }
 
 /// Unix milliseconds as the ISO 8601 text Cloudflare's API takes.
@@ -209,6 +301,57 @@ impl Backend {
                     .account_path(&format!("/d1/database/{uuid}/time_travel/restore?bookmark={}", segment(bookmark)));
                 api.call(Method::POST, &path, None).await
             }
+        }
+    }
+
+    /// Exports the database as SQL into `output`.
+    pub async fn export(&self, uuid: &str, options: DumpOptions, output: &Path) -> anyhow::Result<()> {
+        match self {
+            Backend::Local(l) => {
+                l.node.d1().export(&l.account, uuid, options, output.to_owned()).await?;
+                Ok(())
+            }
+            Backend::Remote(api) => {
+                let body = json!({
+                    "output_format": "polling",
+                    "dump_options": { "no_schema": options.no_schema, "no_data": options.no_data, "tables": options.tables },
+                });
+                let path = api.account_path(&format!("/d1/database/{uuid}/export"));
+                let mut answer = api.call(Method::POST, &path, Some(&body)).await?;
+                // A server that exports in the background answers "active" until it is done.
+                while answer["status"] == "active" {
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    let poll = json!({ "output_format": "polling", "dump_options": body["dump_options"], "current_bookmark": answer["at_bookmark"] });
+                    answer = api.call(Method::POST, &path, Some(&poll)).await?;
+                }
+                if answer["status"] != "complete" {
+                    bail!("the export failed: {}", answer["error"].as_str().unwrap_or("unknown error"));
+                }
+                let url = answer["result"]["signed_url"].as_str().context("the export has no download URL")?;
+                download(url, output).await
+            }
+        }
+    }
+
+    /// Runs a file of SQL in one transaction; returns wrangler's import result
+    /// (`num_queries`, `final_bookmark`, `meta`).
+    pub async fn import(&self, uuid: &str, file: &Path) -> anyhow::Result<Json> {
+        let size = std::fs::metadata(file).with_context(|| format!("cannot read {}", file.display()))?.len();
+        match self {
+            Backend::Local(l) => {
+                let bar = crate::progress::bytes("Importing", size);
+                let reader = std::fs::File::open(file).with_context(|| format!("cannot read {}", file.display()))?;
+                let input = Box::new(std::io::BufReader::with_capacity(256 * 1024, bar.wrap_read(reader)));
+                let outcome = l.node.d1().import(&l.account, uuid, input).await;
+                bar.finish_and_clear();
+                let (outcome, bookmark) = outcome?;
+                Ok(json!({
+                    "num_queries": outcome.num_queries,
+                    "final_bookmark": bookmark.to_string(),
+                    "meta": kura_d1::wire::JsonMeta(&outcome.meta),
+                }))
+            }
+            Backend::Remote(api) => import_remotely(api, uuid, file, size).await,
         }
     }
 

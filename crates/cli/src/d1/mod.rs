@@ -104,6 +104,25 @@ pub enum D1Command {
         #[command(flatten)]
         at: Location,
     },
+    /// Export a database as a .sql file (D1's dump format).
+    Export {
+        /// The database name, or its binding in the configuration.
+        name: String,
+        /// The file to write.
+        #[arg(long)]
+        output: PathBuf,
+        /// Only this table (repeatable).
+        #[arg(long = "table")]
+        tables: Vec<String>,
+        /// Only the data, no CREATE statements.
+        #[arg(long, conflicts_with = "no_data")]
+        no_schema: bool,
+        /// Only the schema, no rows.
+        #[arg(long)]
+        no_data: bool,
+        #[command(flatten)]
+        at: Location,
+    },
     /// Create, list and apply migrations (as wrangler does).
     #[command(subcommand)]
     Migrations(migrations::MigrationsCommand),
@@ -163,21 +182,41 @@ pub async fn run(command: D1Command) -> anyhow::Result<()> {
             outcome?;
         }
         D1Command::Execute { name, command, file, json, at } => {
-            let sql = match (command, file) {
-                (Some(sql), None) => sql,
+            let target = at.target(&name)?;
+            match (command, file) {
+                (Some(sql), None) => {
+                    let backend = at.backend().await?;
+                    let outcome = execute(&backend, &target, &sql).await;
+                    backend.close().await;
+                    print_results(&outcome?, json);
+                }
                 (None, Some(path)) => {
-                    std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?
+                    let mut head = [0u8; 16];
+                    let mut opened =
+                        std::fs::File::open(&path).with_context(|| format!("cannot read {}", path.display()))?;
+                    let n = std::io::Read::read(&mut opened, &mut head)?;
+                    if head[..n].starts_with(b"SQLite format 3") {
+                        bail!("that file is an SQLite database, not SQL text; export it to SQL first");
+                    }
+                    let backend = at.backend().await?;
+                    let outcome = import(&backend, &target, &path).await;
+                    backend.close().await;
+                    print_import(&outcome?, json);
                 }
                 _ => bail!("Missing required option --command or --file."),
-            };
-            if sql.starts_with("SQLite format 3") {
-                bail!("that file is an SQLite database, not SQL text; export it to SQL first");
+            }
+        }
+        D1Command::Export { name, output, tables, no_schema, no_data, at } => {
+            if output.is_dir() {
+                bail!("--output must be a file, and {} is a directory", output.display());
             }
             let target = at.target(&name)?;
             let backend = at.backend().await?;
-            let outcome = execute(&backend, &target, &sql).await;
+            let options = kura_d1::dump::DumpOptions { no_schema, no_data, tables };
+            let outcome = export(&backend, &target, options, &output).await;
             backend.close().await;
-            print_results(&outcome?, json);
+            outcome?;
+            println!("🌀 Exported to {} successfully!", output.display());
         }
         D1Command::Migrations(command) => migrations::run(command).await?,
         D1Command::TimeTravel(command) => time_travel::run(command).await?,
@@ -227,6 +266,51 @@ async fn execute(backend: &Backend, target: &Target, sql: &str) -> anyhow::Resul
     let place = if backend.is_remote() { "remote" } else { "local" };
     eprintln!("🌀 Executing on {place} database {} ({uuid}):", target.name);
     backend.query(&uuid, sql).await
+}
+
+async fn import(backend: &Backend, target: &Target, file: &std::path::Path) -> anyhow::Result<Json> {
+    let uuid = backend.resolve(target).await?;
+    let place = if backend.is_remote() { "remote" } else { "local" };
+    eprintln!("🌀 Importing {} into {place} database {} ({uuid}), in one transaction:", file.display(), target.name);
+    backend.import(&uuid, file).await
+}
+
+async fn export(
+    backend: &Backend,
+    target: &Target,
+    options: kura_d1::dump::DumpOptions,
+    output: &std::path::Path,
+) -> anyhow::Result<()> {
+    let uuid = backend.resolve(target).await?;
+    let place = if backend.is_remote() { "remote" } else { "local" };
+    eprintln!("🌀 Exporting {place} database {} ({uuid}) to {}", target.name, output.display());
+    backend.export(&uuid, options, output).await
+}
+
+/// Prints an import's result as wrangler does.
+fn print_import(result: &Json, json: bool) {
+    let meta = &result["meta"];
+    let (read, written) = (meta["rows_read"].as_u64().unwrap_or(0), meta["rows_written"].as_u64().unwrap_or(0));
+    if json {
+        print_json(&serde_json::json!([{
+            "results": [{
+                "Total queries executed": result["num_queries"],
+                "Rows read": read,
+                "Rows written": written,
+                "Database size (MB)": format!("{:.2}", meta["size_after"].as_f64().unwrap_or(0.0) / 1e6),
+            }],
+            "success": true,
+            "finalBookmark": result["final_bookmark"],
+            "meta": meta,
+        }]));
+        return;
+    }
+    println!(
+        "🚣 Executed {} queries in {:.2}ms ({read} rows read, {written} rows written)",
+        result["num_queries"],
+        meta["duration"].as_f64().unwrap_or(0.0)
+    );
+    println!("   Database is currently at bookmark {}.", result["final_bookmark"].as_str().unwrap_or_default());
 }
 
 fn print_results(results: &[Json], json: bool) {

@@ -75,7 +75,23 @@ fn local_mode_works_without_a_server() {
     .json();
     assert_eq!(tables[0]["results"], serde_json::json!([{"name": "tags"}]));
 
+    // Export and import, locally, round trip; Time Travel locally too.
+    let before = ok(&["d1", "time-travel", "info", "notes", "--json"]).json()["bookmark"].as_str().unwrap().to_owned();
+    let dump = cwd.join("notes.sql");
+    ok(&["d1", "export", "notes", "--output", dump.to_str().unwrap()]);
+    ok(&["d1", "create", "copy"]);
+    let imported = ok(&["d1", "execute", "copy", "--file", dump.to_str().unwrap(), "--json"]).json();
+    assert_eq!(imported[0]["success"], true);
+    let select = "SELECT id, body FROM n ORDER BY id";
+    let rows = |db: &str| ok(&["d1", "execute", db, "--json", "--command", select]).json()[0]["results"].clone();
+    assert_eq!(rows("copy"), rows("notes"));
+    ok(&["d1", "execute", "notes", "--command", "DELETE FROM n"]);
+    let restored = ok(&["d1", "time-travel", "restore", "notes", &format!("--bookmark={before}"), "--json"]).json();
+    assert_eq!(restored["previous_bookmark"].as_str().map(|p| p > before.as_str()), Some(true));
+    assert_eq!(rows("notes"), rows("copy"), "the restore brought the rows back");
+
     ok(&["d1", "delete", "notes", "-y"]);
+    ok(&["d1", "delete", "copy", "-y"]);
     assert_eq!(ok(&["d1", "list", "--json"]).json(), serde_json::json!([]));
 }
 
@@ -93,6 +109,15 @@ fn remote_mode_and_tokens_against_a_live_server() {
         ok(&["d1", "execute", "remote-db", "--remote", "--json", "--command", "SELECT sum(x) AS s FROM t"]).json();
     assert_eq!(rows[0]["results"][0]["s"], 3);
     assert!(ok(&["d1", "info", "remote-db", "--remote"]).stdout.contains("remote-db"));
+    let dump = cwd.join("remote.sql");
+    ok(&["d1", "export", "remote-db", "--remote", "--output", dump.to_str().unwrap()]);
+    assert!(std::fs::read_to_string(&dump).unwrap().contains("INSERT INTO \"t\" (\"x\") VALUES(2);"));
+    ok(&["d1", "create", "remote-copy", "--remote"]);
+    let imported = ok(&["d1", "execute", "remote-copy", "--remote", "--file", dump.to_str().unwrap()]);
+    assert!(imported.stdout.contains("Executed 4 queries"), "{}", imported.all());
+    let copied =
+        ok(&["d1", "execute", "remote-copy", "--remote", "--json", "--command", "SELECT sum(x) AS s FROM t"]).json();
+    assert_eq!(copied[0]["results"][0]["s"], 3);
 
     // Local commands refuse a directory a server holds, and say what to do instead.
     let refused = kura(&cwd, &data, &["d1", "list"], &[]);

@@ -225,3 +225,45 @@ fn d1_time_travel_info_and_restore() {
     );
     assert!(!bad.ok && bad.all().contains("unknown bookmark"), "{}", bad.all());
 }
+
+#[test]
+fn d1_export_and_import_round_trip() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let cwd = tempfile::tempdir().unwrap();
+    let cwd = cwd.path();
+    w.ok(cwd, &["d1", "create", "source"]);
+    w.ok(cwd, &["d1", "create", "copy"]);
+    let seed = cwd.join("seed.sql");
+    std::fs::write(
+        &seed,
+        "CREATE TABLE notes (id INTEGER PRIMARY KEY AUTOINCREMENT, body TEXT, raw BLOB, score REAL);\n\
+         CREATE INDEX notes_body ON notes(body);\n\
+         INSERT INTO notes (body, raw, score) VALUES ('it''s \"quoted\"', X'00ff', 2.0);\n\
+         INSERT INTO notes (body, raw, score) VALUES ('two\nlines\r\nand CRLF', NULL, -1.5);\n\
+         INSERT INTO notes (body, raw, score) VALUES ('unicode ✓', zeroblob(2), NULL);\n",
+    )
+    .unwrap();
+    let imported = w.ok(cwd, &["d1", "execute", "source", "--remote", "--file", seed.to_str().unwrap(), "-y"]);
+    assert!(imported.all().contains("Executed 5 queries"), "{}", imported.all());
+
+    let dump = cwd.join("dump.sql");
+    let exported = w.ok(cwd, &["d1", "export", "source", "--remote", "--output", dump.to_str().unwrap(), "-y"]);
+    assert!(exported.all().contains("Downloaded to"), "{}", exported.all());
+    let text = std::fs::read_to_string(&dump).unwrap();
+    assert!(text.starts_with("PRAGMA defer_foreign_keys=TRUE;") && text.contains("char(10)"), "{text}");
+    w.ok(cwd, &["d1", "execute", "copy", "--remote", "--file", dump.to_str().unwrap(), "-y"]);
+    let select = "SELECT id, body, hex(raw) AS raw, typeof(score) AS t, score FROM notes ORDER BY id";
+    let rows = |db: &str| {
+        w.ok(cwd, &["d1", "execute", db, "--remote", "--json", "--command", select]).json()[0]["results"].clone()
+    };
+    assert_eq!(rows("copy"), rows("source"));
+    assert_eq!(rows("copy")[1]["body"], "two\nlines\r\nand CRLF");
+
+    // A failing import changes nothing.
+    let bad = cwd.join("bad.sql");
+    std::fs::write(&bad, "INSERT INTO notes (body) VALUES ('new');\nINSERT INTO missing VALUES (1);\n").unwrap();
+    let failed = w.run(cwd, &["d1", "execute", "copy", "--remote", "--file", bad.to_str().unwrap(), "-y"]);
+    assert!(!failed.ok && failed.all().contains("no such table: missing"), "{}", failed.all());
+    assert_eq!(rows("copy").as_array().unwrap().len(), 3);
+}

@@ -4,6 +4,7 @@
 mod d1;
 mod extract;
 mod graphql;
+mod import_export;
 mod time_travel;
 mod user;
 
@@ -33,6 +34,8 @@ pub fn routes() -> Router<AppState> {
         )
         .route("/accounts/{account_id}/d1/database/{database}/query", post(d1::query))
         .route("/accounts/{account_id}/d1/database/{database}/raw", post(d1::raw))
+        .route("/accounts/{account_id}/d1/database/{database}/export", post(import_export::export))
+        .route("/accounts/{account_id}/d1/database/{database}/import", post(import_export::import))
         .route("/accounts/{account_id}/d1/database/{database}/time_travel/bookmark", get(time_travel::bookmark))
         .route("/accounts/{account_id}/d1/database/{database}/time_travel/restore", post(time_travel::restore))
         .route("/graphql", post(graphql::query))
@@ -177,6 +180,8 @@ impl From<kura_d1::Error> for ApiError {
                 format!("System limit reached: databases per account ({n})"),
             ),
             E::Invalid(m) => ApiError::bad_request(m),
+            E::Import(e) => ApiError::new(StatusCode::BAD_REQUEST, 7500, e.to_string()),
+            E::Export(e) => ApiError::new(StatusCode::BAD_REQUEST, 7500, e.to_string()),
             E::Sql(sql) => match sql {
                 S::InvalidBookmark { message } => ApiError::bad_request(message),
                 S::HistoryDamaged { .. } => {
