@@ -5,5 +5,6 @@
 //! these tests fail, rather than skip, when it is missing.
 
 mod common;
+mod crash;
 mod kura_cli;
 mod wrangler;
