@@ -26,13 +26,18 @@ struct Kura {
 }
 
 impl Kura {
-    fn start(dir: &std::path::Path) -> anyhow::Result<Kura> {
+    /// A server on `dir`; `history: false` switches Time Travel's capture off.
+    fn start(dir: &std::path::Path, history: bool) -> anyhow::Result<Kura> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("kura-server")
             .enable_all()
             .build()?;
-        let node = Node::open(dir, NodeSettings::default())?;
+        let mut settings = NodeSettings::default();
+        if !history {
+            settings.d1.history = None;
+        }
+        let node = Node::open(dir, settings)?;
         node.bootstrap(&CredentialsConfig { account_id: Some(ACCOUNT.into()), api_token: Some(TOKEN.into()) })?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (base, done) = runtime.block_on(async {
@@ -99,11 +104,22 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         None => tempfile::tempdir()?,
     };
     let duration = Duration::from_secs_f64(settings.seconds);
-    let kura = Kura::start(&scratch.path().join("kura")).context("starting kura")?;
+    let kura = Kura::start(&scratch.path().join("kura"), true).context("starting kura")?;
     let client_runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("load").enable_all().build()?;
     let figures = client_runtime.block_on(measure_kura(&kura.base, duration, &settings.only))?;
     kura.shutdown();
+    let log_cost = if settings.only.is_empty() {
+        eprintln!("measuring Time Travel's log: the same server with capture on and off, alternating…");
+        let with = Kura::start(&scratch.path().join("log-on"), true)?;
+        let without = Kura::start(&scratch.path().join("log-off"), false)?;
+        let costs = client_runtime.block_on(measure_log_cost(&with.base, &without.base, duration))?;
+        with.shutdown();
+        without.shutdown();
+        Some(costs)
+    } else {
+        None
+    };
     if !settings.only.is_empty() {
         for (name, stats) in figures.measured() {
             println!("{name}: {:.0}/s p50 {:?} p99 {:?}", stats.rate(), stats.p50, stats.p99);
@@ -221,6 +237,16 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         &rows,
         &peer_note,
     );
+    if let Some(costs) = log_cost {
+        println!();
+        println!("Time Travel's log on durable INSERTs: the same server with capture on and off, measured alternately");
+        for (clients, with, without) in costs {
+            println!(
+                "  {clients:>2} client(s): {with:.0}/s with the log, {without:.0}/s without: the log costs {:+.1}%",
+                (without / with - 1.0) * 100.0
+            );
+        }
+    }
     Ok(())
 }
 
@@ -254,9 +280,43 @@ impl KuraFigures {
     }
 }
 
-async fn measure_kura(base: &str, duration: Duration, only: &[String]) -> anyhow::Result<KuraFigures> {
-    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
-    let mut figures = KuraFigures::default();
+/// INSERT throughput with the log and without, at 1 and 16 clients. The machine is noisy, so the
+/// two servers take turns in one-second slices and the slices are summed.
+async fn measure_log_cost(with: &str, without: &str, duration: Duration) -> anyhow::Result<Vec<(usize, f64, f64)>> {
+    let clients = [prepare(with).await?, prepare(without).await?];
+    let slices = duration.as_secs().max(2) as usize;
+    let next_id = Arc::new(AtomicI64::new(1_000_000));
+    let mut out = Vec::new();
+    for threads in [1usize, 16] {
+        let mut totals = [(0u64, Duration::ZERO); 2];
+        for _ in 0..slices {
+            for (i, client) in clients.iter().enumerate() {
+                let stats = insert_load(client, &next_id, threads, Duration::from_secs(1)).await;
+                totals[i].0 += stats.units;
+                totals[i].1 += stats.elapsed;
+            }
+        }
+        let rate = |(units, elapsed): (u64, Duration)| units as f64 / elapsed.as_secs_f64();
+        out.push((threads, rate(totals[0]), rate(totals[1])));
+    }
+    Ok(out)
+}
+
+/// Single-row durable INSERTs from `clients` concurrent clients.
+async fn insert_load(client: &Client, next_id: &Arc<AtomicI64>, clients: usize, duration: Duration) -> Stats {
+    let (client, next_id) = (client.clone(), Arc::clone(next_id));
+    load::run(clients, duration, move |_, _| {
+        let (client, id) = (client.clone(), next_id.fetch_add(1, Ordering::Relaxed));
+        async move {
+            client.send(format!(r#"{{"sql":"INSERT INTO kv (id, v) VALUES (?, ?)","params":[{id},"w"]}}"#)).await;
+            1
+        }
+    })
+    .await
+}
+
+/// Creates the benchmark's database on a server and fills it.
+async fn prepare(base: &str) -> anyhow::Result<Client> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
     let created: Json =
         http.post(base).bearer_auth(TOKEN).json(&json!({ "name": "bench" })).send().await?.json().await?;
@@ -271,6 +331,13 @@ async fn measure_kura(base: &str, duration: Duration, only: &[String]) -> anyhow
             .collect();
         client.post(&json!({ "batch": batch })).await;
     }
+    Ok(client)
+}
+
+async fn measure_kura(base: &str, duration: Duration, only: &[String]) -> anyhow::Result<KuraFigures> {
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let mut figures = KuraFigures::default();
+    let client = prepare(base).await?;
 
     eprintln!("measuring kura…");
     let health = base.split("/client/v4").next().unwrap_or_default().to_owned() + "/healthz";
@@ -311,16 +378,7 @@ async fn measure_kura(base: &str, duration: Duration, only: &[String]) -> anyhow
     }
 
     let next_id = Arc::new(AtomicI64::new(1_000_000));
-    let insert = |clients| {
-        let (client, next_id) = (client.clone(), Arc::clone(&next_id));
-        load::run(clients, duration, move |_, _| {
-            let (client, id) = (client.clone(), next_id.fetch_add(1, Ordering::Relaxed));
-            async move {
-                client.send(format!(r#"{{"sql":"INSERT INTO kv (id, v) VALUES (?, ?)","params":[{id},"w"]}}"#)).await;
-                1
-            }
-        })
-    };
+    let insert = |clients| insert_load(&client, &next_id, clients, duration);
     if wanted("insert1") {
         figures.insert_1 = insert(1).await;
     }

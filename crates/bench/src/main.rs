@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -p kura-bench -- d1 [--seconds 5] [--no-peer]
+//! cargo run --release -p kura-bench -- time-travel [--gib 1] [--transactions 100000]
 //! ```
 
 mod d1;
@@ -12,6 +13,7 @@ mod limit;
 mod load;
 mod peer;
 mod report;
+mod time_travel;
 
 use std::path::PathBuf;
 
@@ -28,6 +30,17 @@ struct Cli {
 enum Suite {
     /// D1: point SELECTs, durable single-row INSERTs, 100-statement batches.
     D1(Settings),
+    /// Time Travel: restore time beside a file copy, log bytes per small transaction.
+    TimeTravel {
+        #[command(flatten)]
+        settings: Settings,
+        /// Size of the database, in GiB.
+        #[arg(long, default_value_t = 1.0)]
+        gib: f64,
+        /// Small transactions logged after the last snapshot.
+        #[arg(long, default_value_t = 100_000)]
+        transactions: u64,
+    },
 }
 
 /// Settings every suite shares.
@@ -58,5 +71,6 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.suite {
         Suite::D1(settings) => d1::run(&settings),
+        Suite::TimeTravel { settings, gib, transactions } => time_travel::run_suite(&settings, gib, transactions),
     }
 }

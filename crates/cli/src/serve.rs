@@ -26,10 +26,17 @@ pub struct ServeArgs {
     /// Make this secret an admin API token of the account.
     #[arg(long, env = "KURA_API_TOKEN", hide_env_values = true)]
     api_token: Option<String>,
+    /// Days of history Time Travel keeps restorable.
+    #[arg(long, env = "KURA_TIME_TRAVEL_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3650))]
+    time_travel_days: u64,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let node = Node::open(&args.data.data, NodeSettings::default())?;
+    let mut settings = NodeSettings::default();
+    if let Some(history) = settings.d1.history.as_mut() {
+        history.retention = std::time::Duration::from_secs(args.time_travel_days * 24 * 3600);
+    }
+    let node = Node::open(&args.data.data, settings)?;
     let credentials = CredentialsConfig { account_id: args.account_id.clone(), api_token: args.api_token.clone() };
     let boot = node.bootstrap(&credentials)?;
     let api = TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;

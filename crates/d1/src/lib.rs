@@ -102,8 +102,9 @@ pub struct D1Settings {
     pub limits: Limits,
     /// Most databases one account may hold (D1: 50,000 on paid plans).
     pub max_databases_per_account: u64,
-    /// How Time Travel's history is kept.
-    pub history: HistorySettings,
+    /// How Time Travel's history is kept (`None` keeps none: for measuring its cost only, since
+    /// bookmarks, restores and exports then fail).
+    pub history: Option<HistorySettings>,
     /// Restores allowed per database in `restore_window` (D1: 10 per 10 minutes).
     pub max_restores: usize,
     /// The window `max_restores` counts over.
@@ -116,7 +117,7 @@ impl Default for D1Settings {
             registry: RegistrySettings::default(),
             limits: Limits::d1(),
             max_databases_per_account: 50_000,
-            history: HistorySettings::default(),
+            history: Some(HistorySettings::default()),
             max_restores: 10,
             restore_window: Duration::from_secs(600),
         }
@@ -183,9 +184,12 @@ fn database_file(root: &Path, uuid: &str) -> PathBuf {
 }
 
 /// How a D1 database's file opens: D1's limits, and a history under the database's id.
-fn database_options(root: &Path, uuid: &str, limits: &Limits, history: &HistorySettings) -> DatabaseOptions {
-    DatabaseOptions { limits: limits.clone(), ..DatabaseOptions::new(database_file(root, uuid)) }
-        .history(history.clone(), uuid)
+fn database_options(root: &Path, uuid: &str, limits: &Limits, history: &Option<HistorySettings>) -> DatabaseOptions {
+    let options = DatabaseOptions { limits: limits.clone(), ..DatabaseOptions::new(database_file(root, uuid)) };
+    match history {
+        Some(settings) => options.history(settings.clone(), uuid),
+        None => options,
+    }
 }
 
 /// Database ids are lowercase hyphenated UUIDs; nothing else ever names a directory.

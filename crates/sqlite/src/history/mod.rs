@@ -97,6 +97,10 @@ pub(crate) struct History {
     wal_salt: u64,
     wal_frame: u32,
     wal: Option<File>,
+    /// The WAL's header as last read.
+    wal_header: Option<wal::WalHeader>,
+    /// Whether SQLite may restart the log at the next write (after a checkpoint, or on open).
+    wal_may_restart: bool,
     log_bytes_since_snapshot: u64,
     last_snapshot_ms: i64,
 }
@@ -260,6 +264,8 @@ impl History {
             wal_salt: 0,
             wal_frame: 0,
             wal: None,
+            wal_header: None,
+            wal_may_restart: true,
             log_bytes_since_snapshot: 0,
             last_snapshot_ms: now_ms(),
         };
@@ -337,16 +343,20 @@ impl History {
     /// Appends a record for every transaction committed to the WAL since the last capture, up
     /// to frame `frames` (the count the WAL hook reported after the commit).
     pub(crate) fn capture(&mut self, frames: u32) -> Result<()> {
-        let Some(file) = self.wal_file()? else { return Ok(()) };
-        let file = file.try_clone().map_err(io_error("reading the WAL"))?;
-        let Some(header) = wal::read_header(&file).map_err(io_error("reading the WAL"))? else { return Ok(()) };
+        // The header changes only when SQLite restarts the log: at the first write after one
+        // of our checkpoints. Until a capture has seen such a write, read it afresh.
+        if self.wal_header.is_none() || self.wal_may_restart {
+            let Some(file) = self.wal_file()? else { return Ok(()) };
+            self.wal_header = wal::read_header(file).map_err(io_error("reading the WAL"))?;
+        }
+        let Some(header) = self.wal_header else { return Ok(()) };
         let after = if header.salt == self.wal_salt && frames >= self.wal_frame { self.wal_frame } else { 0 };
         if frames <= after {
             return Ok(());
         }
-        let transactions = wal::transactions(&file, &header, after, frames).map_err(io_error("reading the WAL"))?;
-        let mut page = vec![0u8; header.page_size as usize];
-        for txn in transactions {
+        let file = self.wal.as_ref().expect("the WAL was opened to read its header");
+        let frames_read = wal::Frames::read(file, &header, after, frames).map_err(io_error("reading the WAL"))?;
+        for txn in frames_read.transactions() {
             let time_ms = now_ms().max(self.last_time_ms);
             let record = Header {
                 kind: Kind::Commit,
@@ -358,11 +368,11 @@ impl History {
                 wal_frame: txn.last_frame,
                 n_pages: txn.pages.len() as u32,
             };
+            let mut page = Vec::new();
             self.open
                 .append(&record, |w| {
                     for &(pgno, frame) in &txn.pages {
-                        wal::read_page(&file, &header, frame, &mut page)?;
-                        w.page(pgno, &page)?;
+                        w.page(pgno, frames_read.page(file, frame, &mut page)?)?;
                     }
                     Ok(())
                 })
@@ -372,6 +382,7 @@ impl History {
             self.wal_salt = header.salt;
             self.wal_frame = txn.last_frame;
             self.log_bytes_since_snapshot += record.record_len();
+            self.wal_may_restart = false;
         }
         if self.open.len >= self.settings.segment_bytes || self.open.opened.elapsed() >= self.settings.segment_age {
             self.roll()?;
@@ -397,6 +408,8 @@ impl History {
     /// The salt of the WAL file as it is now (0 when there is none).
     fn current_wal_salt(&mut self) -> Result<u64> {
         self.wal = None;
+        self.wal_header = None;
+        self.wal_may_restart = true;
         let Some(file) = self.wal_file()? else { return Ok(0) };
         Ok(wal::read_header(file).map_err(io_error("reading the WAL"))?.map_or(0, |h| h.salt))
     }
@@ -457,6 +470,8 @@ impl History {
     fn checkpoint_fully(&mut self, conn: &rusqlite::Connection) -> Result<()> {
         self.open.sync().map_err(io_error("syncing the log"))?;
         let (log, done) = wal_counts(conn, rusqlite::ffi::SQLITE_CHECKPOINT_PASSIVE)?;
+        // Fully checkpointed, SQLite restarts the log (new salts) at the next write.
+        self.wal_may_restart = true;
         if log != done {
             return Err(Error::sql(rusqlite::ffi::SQLITE_BUSY, "the checkpoint could not finish"));
         }
@@ -675,6 +690,8 @@ impl History {
         self.wal_salt = 0;
         self.wal_frame = 0;
         self.wal = None;
+        self.wal_header = None;
+        self.wal_may_restart = true;
         drop(out);
         swap_in(db_path, &tmp)?;
         Ok(Restored { bookmark: self.current(), previous })

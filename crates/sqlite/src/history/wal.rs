@@ -60,33 +60,83 @@ fn frame_offset(header: &WalHeader, frame: u32) -> u64 {
     WAL_HEADER_LEN + (frame as u64 - 1) * (FRAME_HEADER_LEN + header.page_size as u64)
 }
 
-/// The transactions committed in frames `after + 1 ..= upto`. Frames past the last commit
-/// frame in that range belong to no finished transaction and are left out.
-pub(crate) fn transactions(file: &File, header: &WalHeader, after: u32, upto: u32) -> io::Result<Vec<WalTransaction>> {
-    let mut done = Vec::new();
-    let mut pending: HashMap<u32, u32> = HashMap::new();
-    let mut frame_header = [0u8; FRAME_HEADER_LEN as usize];
-    for frame in after + 1..=upto {
-        file.read_exact_at(&mut frame_header, frame_offset(header, frame))?;
-        let salt = (be32(&frame_header[8..12]) as u64) << 32 | be32(&frame_header[12..16]) as u64;
-        if salt != header.salt {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("WAL frame {frame} belongs to another incarnation of the log"),
-            ));
-        }
-        pending.insert(be32(&frame_header[0..4]), frame);
-        let db_pages = be32(&frame_header[4..8]);
-        if db_pages != 0 {
-            let mut pages: Vec<(u32, u32)> = pending.drain().filter(|(pgno, _)| *pgno <= db_pages).collect();
-            pages.sort_unstable();
-            done.push(WalTransaction { pages, db_pages, last_frame: frame });
-        }
-    }
-    Ok(done)
+/// Frames of the log, read for capturing. A small range (the usual: one commit's few pages) is
+/// read with one system call, headers and pages together; a large one frame by frame.
+pub(crate) struct Frames {
+    header: WalHeader,
+    first: u32,
+    /// Frames `first..` as they are in the file, when the range was small enough to buffer.
+    buffer: Option<Vec<u8>>,
+    transactions: Vec<WalTransaction>,
 }
 
-/// Reads the page image of `frame` into `page` (which must be one page long).
-pub(crate) fn read_page(file: &File, header: &WalHeader, frame: u32, page: &mut [u8]) -> io::Result<()> {
-    file.read_exact_at(page, frame_offset(header, frame) + FRAME_HEADER_LEN)
+/// Ranges up to this many bytes are read in one go.
+const BUFFERED_BYTES: u64 = 1 << 20;
+
+impl Frames {
+    /// Reads frames `after + 1 ..= upto` and groups them into committed transactions; frames
+    /// past the last commit frame in that range belong to no finished transaction.
+    pub(crate) fn read(file: &File, header: &WalHeader, after: u32, upto: u32) -> io::Result<Frames> {
+        let stride = FRAME_HEADER_LEN + header.page_size as u64;
+        let bytes = (upto - after) as u64 * stride;
+        let buffer = if bytes <= BUFFERED_BYTES {
+            let mut buf = vec![0u8; bytes as usize];
+            file.read_exact_at(&mut buf, frame_offset(header, after + 1))?;
+            Some(buf)
+        } else {
+            None
+        };
+        let mut frames = Frames { header: *header, first: after + 1, buffer, transactions: Vec::new() };
+        let mut pending: HashMap<u32, u32> = HashMap::new();
+        let mut head = [0u8; FRAME_HEADER_LEN as usize];
+        for frame in after + 1..=upto {
+            let head = match &frames.buffer {
+                Some(buf) => {
+                    let at = ((frame - frames.first) as u64 * stride) as usize;
+                    &buf[at..at + FRAME_HEADER_LEN as usize]
+                }
+                None => {
+                    file.read_exact_at(&mut head, frame_offset(header, frame))?;
+                    &head[..]
+                }
+            };
+            let salt = (be32(&head[8..12]) as u64) << 32 | be32(&head[12..16]) as u64;
+            if salt != header.salt {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("WAL frame {frame} belongs to another incarnation of the log"),
+                ));
+            }
+            pending.insert(be32(&head[0..4]), frame);
+            let db_pages = be32(&head[4..8]);
+            if db_pages != 0 {
+                let mut pages: Vec<(u32, u32)> = pending.drain().filter(|(pgno, _)| *pgno <= db_pages).collect();
+                pages.sort_unstable();
+                frames.transactions.push(WalTransaction { pages, db_pages, last_frame: frame });
+            }
+        }
+        Ok(frames)
+    }
+
+    /// The committed transactions, in order.
+    pub(crate) fn transactions(&self) -> &[WalTransaction] {
+        &self.transactions
+    }
+
+    /// The page image of `frame`, from the buffer or else read into `scratch`.
+    pub(crate) fn page<'a>(&'a self, file: &File, frame: u32, scratch: &'a mut Vec<u8>) -> io::Result<&'a [u8]> {
+        let page_size = self.header.page_size as usize;
+        match &self.buffer {
+            Some(buf) => {
+                let stride = FRAME_HEADER_LEN as usize + page_size;
+                let at = (frame - self.first) as usize * stride + FRAME_HEADER_LEN as usize;
+                Ok(&buf[at..at + page_size])
+            }
+            None => {
+                scratch.resize(page_size, 0);
+                file.read_exact_at(scratch, frame_offset(&self.header, frame) + FRAME_HEADER_LEN)?;
+                Ok(scratch)
+            }
+        }
+    }
 }
