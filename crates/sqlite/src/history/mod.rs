@@ -140,10 +140,9 @@ fn wal_path(db_path: &Path) -> PathBuf {
 /// swap did not finish (a crash in between), finish it.
 pub(crate) fn finish_interrupted_restore(db_path: &Path) -> Result<()> {
     let dir = log_dir(db_path);
-    let Some(open) = find_open_segment(&dir).map_err(io_error("reading the history"))? else { return Ok(()) };
-    let recovered = OpenSegment::recover(&open.0, open.1).map_err(|e| read_error(e, "recovering the log"))?;
-    let entries = &recovered.segment.entries;
-    let Some(last) = entries.last().filter(|e| e.kind == Kind::Restore) else { return Ok(()) };
+    let Some((open, _)) = find_open_segment(&dir).map_err(io_error("reading the history"))? else { return Ok(()) };
+    let last = segment::last_valid_entry(&open).map_err(|e| read_error(e, "reading the log"))?;
+    let Some(last) = last.filter(|e| e.kind == Kind::Restore) else { return Ok(()) };
     // The restore entry records the salt of the WAL it replaced. A WAL written after the swap
     // has fresh salts; the old one still carries that salt; no WAL at all means no write since.
     let wal_header = File::open(wal_path(db_path)).ok().and_then(|f| wal::read_header(&f).ok().flatten());

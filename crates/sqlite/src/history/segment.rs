@@ -94,6 +94,29 @@ fn check_magic(file: &File, path: &Path) -> Result<(), ReadError> {
     }
 }
 
+/// The last whole, valid record of an open segment, found without checking every record: the
+/// headers are walked, and only the last records are checked, newest first.
+pub(crate) fn last_valid_entry(path: &Path) -> Result<Option<Entry>, ReadError> {
+    let file = File::open(path)?;
+    let len = file.metadata()?.len();
+    if len < SEGMENT_HEADER_LEN {
+        return Ok(None);
+    }
+    check_magic(&file, path)?;
+    let mut offsets = Vec::new();
+    let mut offset = SEGMENT_HEADER_LEN;
+    while let Ok(header) = record::header_at(&file, offset, len) {
+        offsets.push(offset);
+        offset += header.record_len();
+    }
+    for &offset in offsets.iter().rev() {
+        if let Ok(Some(header)) = record::verify_at(&file, offset, len) {
+            return Ok(Some(entry(&header, offset)));
+        }
+    }
+    Ok(None)
+}
+
 /// The segment being appended to.
 pub(crate) struct OpenSegment {
     pub path: PathBuf,

@@ -228,3 +228,29 @@ async fn every_recorded_bookmark_restores_exactly() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_interrupted_before_its_swap_is_finished_on_open() {
+    let cx = Context::with_history(small());
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (1, 'a')").await;
+    let b1 = bookmark(&cx).await;
+    cx.ok("INSERT INTO t VALUES (2, 'b'), (3, 'c')").await;
+    cx.registry.close("db").await;
+    let dir = cx.dir.path().join("db");
+    let saved: Vec<(PathBuf, Vec<u8>)> = ["db.sqlite", "db.sqlite-wal"]
+        .iter()
+        .filter_map(|n| std::fs::read(dir.join(n)).ok().map(|b| (dir.join(n), b)))
+        .collect();
+    let restored = restore(&cx, b1).await.unwrap();
+    cx.registry.close("db").await;
+    // As if the server had died after recording the restore but before replacing the file.
+    let _ = std::fs::remove_file(dir.join("db.sqlite-wal"));
+    for (path, bytes) in &saved {
+        std::fs::write(path, bytes).unwrap();
+    }
+    assert_eq!(ids(&rows(&cx).await), [1], "opening finished the restore");
+    assert_eq!(bookmark(&cx).await, restored.bookmark);
+    cx.ok("INSERT INTO t VALUES (4, 'd')").await;
+    cx.registry.close("db").await;
+    assert_eq!(ids(&rows(&cx).await), [1, 4], "and writes after it are not undone by a later open");
+}
