@@ -4,17 +4,17 @@
 //! Layout, little-endian (`HEADER_LEN` bytes of header, then the pages, then the CRC):
 //!
 //! ```text
-//!  0  u32  total length of the record, CRC included
-//!  4  u8   kind: 1 = commit, 2 = restore (the state becomes the snapshot at `seq`)
-//!  5  [3]  zero
-//!  8  u64  seq: the history position, strictly increasing, restores included
-//! 16  i64  commit time, Unix milliseconds (never decreasing within a database)
-//! 24  u32  page size
-//! 28  u32  database size after the commit, in pages
-//! 32  u64  WAL salts (salt-1 << 32 | salt-2) of the frames captured; 0 for a restore
-//! 40  u32  last WAL frame captured; 0 for a restore
-//! 44  u32  number of pages that follow
-//! 48  n × (u32 page number, page bytes)
+//!  0  u64  total length of the record, CRC included (a transaction may exceed 4 GiB)
+//!  8  u8   kind: 1 = commit, 2 = restore (the state becomes the snapshot at `seq`)
+//!  9  [7]  zero
+//! 16  u64  seq: the history position, strictly increasing, restores included
+//! 24  i64  commit time, Unix milliseconds (never decreasing within a database)
+//! 32  u32  page size
+//! 36  u32  database size after the commit, in pages
+//! 40  u64  WAL salts (salt-1 << 32 | salt-2) of the frames captured; 0 for a restore
+//! 48  u32  last WAL frame captured; 0 for a restore
+//! 52  u32  number of pages that follow
+//! 56  n × (u32 page number, page bytes)
 //! end-4    u32  CRC-32 of every byte before it
 //! ```
 
@@ -23,7 +23,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 
 /// Bytes before the first page.
-pub(crate) const HEADER_LEN: usize = 48;
+pub(crate) const HEADER_LEN: usize = 56;
 
 /// What a record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,15 +55,15 @@ impl Header {
 
     fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
-        b[0..4].copy_from_slice(&(self.record_len() as u32).to_le_bytes());
-        b[4] = self.kind as u8;
-        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        b[16..24].copy_from_slice(&self.time_ms.to_le_bytes());
-        b[24..28].copy_from_slice(&self.page_size.to_le_bytes());
-        b[28..32].copy_from_slice(&self.db_pages.to_le_bytes());
-        b[32..40].copy_from_slice(&self.wal_salt.to_le_bytes());
-        b[40..44].copy_from_slice(&self.wal_frame.to_le_bytes());
-        b[44..48].copy_from_slice(&self.n_pages.to_le_bytes());
+        b[0..8].copy_from_slice(&self.record_len().to_le_bytes());
+        b[8] = self.kind as u8;
+        b[16..24].copy_from_slice(&self.seq.to_le_bytes());
+        b[24..32].copy_from_slice(&self.time_ms.to_le_bytes());
+        b[32..36].copy_from_slice(&self.page_size.to_le_bytes());
+        b[36..40].copy_from_slice(&self.db_pages.to_le_bytes());
+        b[40..48].copy_from_slice(&self.wal_salt.to_le_bytes());
+        b[48..52].copy_from_slice(&self.wal_frame.to_le_bytes());
+        b[52..56].copy_from_slice(&self.n_pages.to_le_bytes());
         b
     }
 
@@ -71,23 +71,23 @@ impl Header {
     pub(crate) fn decode(b: &[u8; HEADER_LEN]) -> Option<Header> {
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let kind = match b[4] {
+        let kind = match b[8] {
             1 => Kind::Commit,
             2 => Kind::Restore,
             _ => return None,
         };
         let header = Header {
             kind,
-            seq: u64_at(8),
-            time_ms: u64_at(16) as i64,
-            page_size: u32_at(24),
-            db_pages: u32_at(28),
-            wal_salt: u64_at(32),
-            wal_frame: u32_at(40),
-            n_pages: u32_at(44),
+            seq: u64_at(16),
+            time_ms: u64_at(24) as i64,
+            page_size: u32_at(32),
+            db_pages: u32_at(36),
+            wal_salt: u64_at(40),
+            wal_frame: u32_at(48),
+            n_pages: u32_at(52),
         };
         let sane_page_size = header.page_size.is_power_of_two() && (512..=65536).contains(&header.page_size);
-        (sane_page_size && u32_at(0) as u64 == header.record_len()).then_some(header)
+        (sane_page_size && b[9..16].iter().all(|&z| z == 0) && u64_at(0) == header.record_len()).then_some(header)
     }
 }
 
