@@ -93,6 +93,7 @@ pub(crate) fn run(
         }
     };
     let mut actor = Actor { db };
+    let mut panicked = false;
     loop {
         let first = match rx.recv_timeout(tuning.idle_timeout) {
             Ok(command) => command,
@@ -112,7 +113,9 @@ pub(crate) fn run(
             }
         }
         if std::panic::catch_unwind(AssertUnwindSafe(|| actor.process(commands))).is_err() {
+            // Nothing more runs on the connection, not even the checkpoint of a clean close.
             tracing::error!(key = %identity.key, "database actor panicked; closing the database");
+            panicked = true;
             break;
         }
         if actor.db.is_poisoned() {
@@ -122,18 +125,30 @@ pub(crate) fn run(
             break;
         }
     }
-    actor.db.rollback();
-    if !actor.db.is_poisoned() {
-        actor.db.close_cleanly();
+    if !panicked {
+        actor.db.rollback();
+        if !actor.db.is_poisoned() {
+            actor.db.close_cleanly();
+        }
     }
 }
 
 /// Answers every queued command with the error that stopped the actor.
 fn refuse_all(rx: &Receiver<Command>, error: &Error) {
     while let Ok(command) = rx.try_recv() {
-        if let Command::Execute { reply, .. } = command {
-            let _ = reply.send(Err(copy_error(error)));
+        match command {
+            Command::Execute { reply, .. } => {
+                let _ = reply.send(Err(copy_error(error)));
+            }
+            other => refuse(other),
         }
+    }
+}
+
+/// Answers a command without running it: the database is closing.
+fn refuse(command: Command) {
+    if let Command::Execute { reply, .. } = command {
+        let _ = reply.send(Err(Error::Closed));
     }
 }
 
@@ -154,6 +169,12 @@ impl Actor {
     fn process(&mut self, commands: Vec<Command>) {
         let mut group = Vec::new();
         for command in commands {
+            if self.db.is_poisoned() {
+                // A failed commit, capture or restore: the rest are answered, not run.
+                self.replay(&mut group);
+                refuse(command);
+                continue;
+            }
             match command {
                 Command::Execute { request, reply } => {
                     if reply.is_closed() {

@@ -125,6 +125,18 @@ fn connect(
         flags |= OpenFlags::SQLITE_OPEN_CREATE;
     }
     let mut conn = rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?;
+    if options.history.is_some() {
+        // Only the history checkpoints, and only frames already in its log: registering the
+        // hook turns SQLite's automatic checkpoints off, and closing must not checkpoint either, even
+        // if configuring the connection fails below.
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true).map_err(open_error)?;
+        let frames = Arc::clone(wal_frames);
+        conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, n: std::ffi::c_int| {
+            frames.store(n.max(0) as u32, Ordering::Relaxed);
+            Ok(())
+        }))
+        .map_err(open_error)?;
+    }
     conn.busy_timeout(Duration::from_secs(5)).map_err(open_error)?;
     // The actor is the file's only user, so SQLite need not take file locks per transaction
     // or keep the WAL index in shared memory.
@@ -144,17 +156,6 @@ fn connect(
     let page_size = page_size.max(512) as u64;
     let max_pages = (options.limits.max_database_bytes / page_size).clamp(1, i64::MAX as u64) as i64;
     conn.pragma_update(None, "max_page_count", max_pages).map_err(open_error)?;
-    if options.history.is_some() {
-        // Only the history checkpoints, and only frames already in its log: registering the
-        // hook turns SQLite's automatic checkpoints off, and closing must not checkpoint either.
-        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true).map_err(open_error)?;
-        let frames = Arc::clone(wal_frames);
-        conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, n: std::ffi::c_int| {
-            frames.store(n.max(0) as u32, Ordering::Relaxed);
-            Ok(())
-        }))
-        .map_err(open_error)?;
-    }
     authorizer.install(&mut conn).map_err(open_error)?;
     let watched = Arc::clone(deadline);
     conn.progress_handler(

@@ -9,8 +9,9 @@ use crate::history::{Bookmark, Restored};
 
 impl Database {
     /// After a commit: capture its frames into the history, and checkpoint when the WAL has
-    /// grown. The commit is durable in the WAL already; if capturing fails, the connection is
-    /// marked for reopening, and reopening captures from the WAL what the log lacks.
+    /// grown. The commit is durable in the WAL already; if capturing or checkpointing fails,
+    /// the connection is marked for reopening, and reopening recovers the log and captures
+    /// from the WAL what it lacks.
     pub(super) fn after_commit(&mut self) {
         let Some(history) = self.history.as_mut() else { return };
         let frames = self.wal_frames.load(Ordering::Relaxed);
@@ -20,26 +21,34 @@ impl Database {
             return;
         }
         if history.wants_checkpoint(frames) {
-            let (conn, path) = (&self.conn, &self.path);
-            if let Err(e) = self.authorizer.internal(|| history.checkpoint(conn, path)) {
-                // The WAL only grows until the next try; nothing is lost.
-                tracing::warn!(path = %self.path.display(), error = %e, "checkpoint failed");
+            let conn = &self.conn;
+            if let Err(e) = self.authorizer.internal(|| history.checkpoint(conn)) {
+                tracing::error!(path = %self.path.display(), error = %e, "checkpoint failed");
+                self.poisoned = true;
             }
         }
     }
 
     /// Makes the history durable and checkpoints the WAL into the database file (taking a
-    /// snapshot when one is due). Without a history, a plain checkpoint.
+    /// snapshot when one is due). Without a history, a plain checkpoint. A failure marks the
+    /// connection for reopening.
     pub fn checkpoint(&mut self) -> Result<()> {
-        let (conn, path) = (&self.conn, &self.path);
-        match self.history.as_mut() {
-            Some(history) => self.authorizer.internal(|| history.checkpoint(conn, path)),
+        let conn = &self.conn;
+        let outcome = match self.history.as_mut() {
+            Some(history) => self.authorizer.internal(|| {
+                history.capture(self.wal_frames.load(Ordering::Relaxed))?;
+                history.checkpoint(conn)
+            }),
             None => conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)").map_err(Error::internal),
+        };
+        if outcome.is_err() {
+            self.poisoned = true;
         }
+        outcome
     }
 
-    /// Syncs the history and checkpoints, for a clean close; failures are only logged, since
-    /// reopening recovers from the WAL.
+    /// Captures, syncs the history and checkpoints, for a clean close; failures are only
+    /// logged, since reopening recovers from the WAL.
     pub fn close_cleanly(&mut self) {
         if let Err(e) = self.checkpoint() {
             tracing::warn!(path = %self.path.display(), error = %e, "checkpoint on close failed");
@@ -75,9 +84,16 @@ impl Database {
             std::mem::replace(&mut self.conn, rusqlite::Connection::open_in_memory().map_err(Error::internal)?);
         drop(closed);
         let outcome = history.restore(bookmark, &self.path);
-        // Whatever happened, serve the file as it now is.
-        let (conn, _) = connect(&self.options, &self.authorizer, &self.deadline, self.epoch, &self.wal_frames)?;
-        self.conn = conn;
+        // Whatever happened, serve the file as it now is; if that fails, or the history can
+        // take no more, nothing more runs on this connection.
+        self.poisoned = history.is_broken();
+        match connect(&self.options, &self.authorizer, &self.deadline, self.epoch, &self.wal_frames) {
+            Ok((conn, _)) => self.conn = conn,
+            Err(e) => {
+                self.poisoned = true;
+                return Err(e);
+            }
+        }
         self.size = None;
         self.indexes.clear();
         outcome

@@ -27,8 +27,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use bookmark::{Bookmark, MalformedBookmark};
-use record::{Header, Kind, ReadError};
+use record::{HEADER_LEN, Header, Kind, ReadError};
 use segment::{Entry, OpenSegment, Sealed, sync_dir};
+use snapshot::SnapshotWriter;
 
 use crate::error::{Error, Result};
 
@@ -103,6 +104,9 @@ pub(crate) struct History {
     wal_may_restart: bool,
     log_bytes_since_snapshot: u64,
     last_snapshot_ms: i64,
+    /// A write to the log failed part-way: nothing more may be appended (the database is
+    /// reopened, and opening recovers the log).
+    broken: bool,
 }
 
 fn now_ms() -> i64 {
@@ -136,27 +140,64 @@ fn wal_path(db_path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Before SQLite opens the file: if the history's last entry is a restore whose database file
-/// swap did not finish (a crash in between), finish it.
+/// The file that says a restore is swapping the database file: it names the restore's
+/// position, and exists from before its entry is written until the swap is durable.
+fn restore_marker(dir: &Path) -> PathBuf {
+    dir.join("restore.pending")
+}
+
+/// The scratch file a restore builds its image in, beside the database file.
+fn restore_image_path(db_path: &Path) -> PathBuf {
+    db_path.with_extension("restore.tmp")
+}
+
+fn write_restore_marker(dir: &Path, seq: u64) -> io::Result<()> {
+    let mut file = File::create(restore_marker(dir))?;
+    io::Write::write_all(&mut file, format!("{seq:016x}\n").as_bytes())?;
+    file.sync_all()?;
+    sync_dir(dir)
+}
+
+fn remove_restore_marker(dir: &Path) -> io::Result<()> {
+    std::fs::remove_file(restore_marker(dir))?;
+    sync_dir(dir)
+}
+
+/// Before SQLite opens the file: finishes a restore a crash interrupted after its entry was
+/// written (installing the snapshot it recorded), or forgets one interrupted before; and
+/// removes a half-built image.
 pub(crate) fn finish_interrupted_restore(db_path: &Path) -> Result<()> {
-    let dir = log_dir(db_path);
-    let Some((open, _)) = find_open_segment(&dir).map_err(io_error("reading the history"))? else { return Ok(()) };
-    let last = segment::last_valid_entry(&open).map_err(|e| read_error(e, "reading the log"))?;
-    let Some(last) = last.filter(|e| e.kind == Kind::Restore) else { return Ok(()) };
-    // The restore entry records the salt of the WAL it replaced. A WAL written after the swap
-    // has fresh salts; the old one still carries that salt; no WAL at all means no write since.
-    let wal_header = File::open(wal_path(db_path)).ok().and_then(|f| wal::read_header(&f).ok().flatten());
-    let swapped = wal_header.is_some_and(|h| h.salt != last.wal_salt);
-    if !swapped {
-        tracing::warn!(db = %db_path.display(), seq = last.seq, "finishing a restore interrupted by a crash");
-        install_image(db_path, &snapshot::path_for(&dir, last.seq))?;
+    match std::fs::remove_file(restore_image_path(db_path)) {
+        Ok(()) => tracing::warn!(db = %db_path.display(), "removed an unfinished restore image"),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_error("removing an unfinished restore image")(e)),
     }
-    Ok(())
+    let dir = log_dir(db_path);
+    let marker = match std::fs::read_to_string(restore_marker(&dir)) {
+        Ok(text) => u64::from_str_radix(text.trim(), 16).ok(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_error("reading the restore marker")(e)),
+    };
+    let open = open_segments(&dir).map_err(io_error("reading the history"))?.pop();
+    let last = match open {
+        Some((path, _)) => segment::last_valid_entry(&path).map_err(|e| read_error(e, "reading the log"))?,
+        None => None,
+    };
+    match (marker, last) {
+        (Some(seq), Some(last)) if last.kind == Kind::Restore && last.seq == seq => {
+            tracing::warn!(db = %db_path.display(), seq, "finishing a restore interrupted by a crash");
+            install_image(db_path, &snapshot::path_for(&dir, seq))?;
+        }
+        // The restore's entry was never written: it did not happen (its snapshot, newer than
+        // every entry, is removed when the history opens).
+        _ => tracing::warn!(db = %db_path.display(), "forgetting a restore interrupted by a crash"),
+    }
+    remove_restore_marker(&dir).map_err(io_error("removing the restore marker"))
 }
 
 /// Replaces the database file with a snapshot's image and drops the WAL.
 fn install_image(db_path: &Path, snapshot_path: &Path) -> Result<()> {
-    let tmp = db_path.with_extension("restore.tmp");
+    let tmp = restore_image_path(db_path);
     let out = OpenOptions::new()
         .read(true)
         .write(true)
@@ -183,14 +224,15 @@ fn swap_in(db_path: &Path, tmp: &Path) -> Result<()> {
     sync_dir(db_path.parent().unwrap_or(Path::new("."))).map_err(io_error("syncing the database directory"))
 }
 
-/// The open segment's path and first seq, if there is one (the newest, if a crash left two).
-fn find_open_segment(dir: &Path) -> io::Result<Option<(PathBuf, u64)>> {
-    let mut found = None;
+/// Every open segment's path and first seq, oldest first. There is one, except after a crash
+/// in an older version that started a segment before sealing the previous one.
+fn open_segments(dir: &Path) -> io::Result<Vec<(PathBuf, u64)>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
+    let mut found = Vec::new();
     for entry in entries {
         let path = entry?.path();
         let first = path
@@ -198,13 +240,55 @@ fn find_open_segment(dir: &Path) -> io::Result<Option<(PathBuf, u64)>> {
             .and_then(|n| n.to_str())
             .and_then(|n| n.strip_suffix(".open"))
             .and_then(|n| u64::from_str_radix(n, 16).ok());
-        if let Some(first) = first
-            && found.as_ref().is_none_or(|(_, f)| first > *f)
-        {
-            found = Some((path, first));
+        if let Some(first) = first {
+            found.push((path, first));
         }
     }
+    found.sort_by_key(|(_, first)| *first);
     Ok(found)
+}
+
+/// Where the bytes cut from a damaged segment are kept.
+fn damaged_copy_path(segment: &Path, offset: u64) -> PathBuf {
+    let mut name = segment.as_os_str().to_owned();
+    name.push(format!(".{offset:x}.damaged"));
+    PathBuf::from(name)
+}
+
+/// Whether the bytes after an open segment's last valid record are an append a crash tore
+/// (which the WAL can rebuild) rather than damage to records already made durable.
+fn tail_is_torn(tail: &segment::BadTail, wal: &WalState) -> bool {
+    match tail.header {
+        Some(header) if header.kind == Kind::Commit => wal.holds(&header),
+        // A restore's entry is synced before the database file is swapped: torn, it is the last
+        // thing written, and the restore never happened.
+        Some(header) => tail.truncated || tail.offset + header.record_len() >= tail.file_len,
+        None => tail.all_zero || tail.file_len - tail.offset < HEADER_LEN as u64,
+    }
+}
+
+/// The salt in the WAL's header; 0 when there is no WAL or it has no header yet.
+fn read_wal_salt(wal_path: &Path) -> Result<u64> {
+    match File::open(wal_path) {
+        Ok(file) => Ok(wal::read_header(&file).map_err(io_error("reading the WAL"))?.map_or(0, |h| h.salt)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(io_error("opening the WAL")(e)),
+    }
+}
+
+/// The WAL as SQLite sees it now: its salt (0 if it has no header) and valid frames.
+#[derive(Debug, Clone, Copy)]
+struct WalState {
+    salt: u64,
+    frames: u32,
+}
+
+impl WalState {
+    /// Whether the WAL still holds the transaction a record captured, so capturing again
+    /// rebuilds the record exactly.
+    fn holds(&self, record: &Header) -> bool {
+        record.kind == Kind::Commit && record.wal_salt == self.salt && record.wal_frame <= self.frames
+    }
 }
 
 impl History {
@@ -232,18 +316,44 @@ impl History {
                 snapshots.push(seq);
             }
         }
+        let mut opens = open_segments(&dir).map_err(io_error("reading the log directory"))?;
+        let newest = opens.pop();
+        for (path, first) in opens {
+            // Left by an older version's crash between starting a segment and sealing the last.
+            let mut r = OpenSegment::recover(&path, first).map_err(|e| read_error(e, "recovering the log"))?;
+            if let Some(tail) = r.tail {
+                r.segment.cut_tail(&tail, Some(&damaged_copy_path(&path, tail.offset))).map_err(io_error("recovering the log"))?;
+            }
+            sealed.extend(r.segment.seal(&dir).map_err(io_error("sealing a log segment"))?);
+        }
         sealed.sort_by_key(|s| s.first_seq);
         snapshots.sort_unstable();
-        let last_sealed = sealed.last().map_or(0, |s| s.last_seq);
-        let (open, damage) = match find_open_segment(&dir).map_err(io_error("reading the log directory"))? {
+        let wal = WalState {
+            salt: read_wal_salt(&wal_path(db_path))?,
+            frames: wal_counts(conn, -1)?.0.max(0) as u32, // SQLITE_CHECKPOINT_NOOP: count, change nothing
+        };
+        let (open, skipped) = match newest {
             Some((path, first)) => {
-                let r = OpenSegment::recover(&path, first).map_err(|e| read_error(e, "recovering the log"))?;
-                if r.dropped_bytes > 0 {
-                    tracing::warn!(segment = %path.display(), bytes = r.dropped_bytes, damage = ?r.damage, "dropped the log's torn or damaged tail");
+                let mut r = OpenSegment::recover(&path, first).map_err(|e| read_error(e, "recovering the log"))?;
+                let mut skipped = None;
+                if let Some(tail) = r.tail {
+                    if tail_is_torn(&tail, &wal) {
+                        // Never synced, so never checkpointed: the WAL still holds it all, and
+                        // catching up below writes it again.
+                        tracing::warn!(segment = %path.display(), bytes = tail.file_len - tail.offset, "dropping the log's torn tail");
+                        r.segment.cut_tail(&tail, None).map_err(io_error("recovering the log"))?;
+                    } else {
+                        let keep = damaged_copy_path(&path, tail.offset);
+                        tracing::error!(segment = %path.display(), damage = %tail.why, kept = %keep.display(), "the log is damaged; history continues from a new snapshot");
+                        r.segment.cut_tail(&tail, Some(&keep)).map_err(io_error("recovering the log"))?;
+                        // Every record is longer than a header: no lost position can be reused.
+                        skipped = Some((tail.file_len - tail.offset) / HEADER_LEN as u64 + 1);
+                    }
                 }
-                (r.segment, r.damage)
+                (r.segment, skipped)
             }
             None => {
+                let last_sealed = sealed.last().map_or(0, |s| s.last_seq);
                 let first = last_sealed.max(snapshots.last().copied().unwrap_or(0)) + 1;
                 (OpenSegment::create(&dir, first).map_err(io_error("creating a log segment"))?, None)
             }
@@ -267,21 +377,25 @@ impl History {
             wal_may_restart: true,
             log_bytes_since_snapshot: 0,
             last_snapshot_ms: now_ms(),
+            broken: false,
         };
         history.find_last_position(last_entry)?;
         if fresh || history.snapshots.is_empty() {
             // The history starts with the database as it is now.
             history.checkpoint_fully(conn)?;
             let db_pages = history.db_pages(conn)?;
-            history.snapshot(db_path, history.last_seq, db_pages)?;
+            history.snapshot(conn, history.last_seq, db_pages)?;
             history.skip_checkpointed_wal(conn)?;
         }
-        history.catch_up(conn)?;
-        if let Some(why) = damage {
-            // Records after the damage may be lost for good: start a new base from the database
-            // as it is, so every later bookmark restores exactly.
-            tracing::error!(db = %db_path.display(), damage = %why, "the log was damaged; history continues from a new snapshot");
-            history.rebase(conn, db_path)?;
+        match skipped {
+            None => history.catch_up(conn)?,
+            Some(lost) => {
+                // What the damaged records held cannot be rebuilt: later bookmarks restore from
+                // a new base, the database as it is (the WAL checkpointed into it), and the
+                // positions the damage took are never handed out again.
+                history.last_seq += lost;
+                history.rebase(conn)?;
+            }
         }
         Ok(history)
     }
@@ -339,9 +453,39 @@ impl History {
         Ok(self.wal.as_ref())
     }
 
+    /// Refuses to go on after a failed write to the log.
+    fn usable(&self) -> Result<()> {
+        if self.broken {
+            return Err(Error::Io {
+                context: "the history".into(),
+                source: io::Error::other("an earlier write to the log failed; the database must be reopened"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a write to the log failed, so the database must be reopened.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Runs a step that writes to the log; if it fails, the log is left alone from then on.
+    fn writing<T>(&mut self, step: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.usable()?;
+        let outcome = step(self);
+        self.broken |= outcome.is_err();
+        outcome
+    }
+
     /// Appends a record for every transaction committed to the WAL since the last capture, up
     /// to frame `frames` (the count the WAL hook reported after the commit).
     pub(crate) fn capture(&mut self, frames: u32) -> Result<()> {
+        self.writing(|h| h.capture_at(frames, None))
+    }
+
+    /// Captures as [`History::capture`] does; the records are stamped `time_ms` if given, else
+    /// now.
+    fn capture_at(&mut self, frames: u32, time_ms: Option<i64>) -> Result<()> {
         // The header changes only when SQLite restarts the log: at the first write after one
         // of our checkpoints. Until a capture has seen such a write, read it afresh.
         if self.wal_header.is_none() || self.wal_may_restart {
@@ -356,7 +500,7 @@ impl History {
         let file = self.wal.as_ref().expect("the WAL was opened to read its header");
         let frames_read = wal::Frames::read(file, &header, after, frames).map_err(io_error("reading the WAL"))?;
         for txn in frames_read.transactions() {
-            let time_ms = now_ms().max(self.last_time_ms);
+            let time_ms = time_ms.unwrap_or_else(now_ms).max(self.last_time_ms);
             let record = Header {
                 kind: Kind::Commit,
                 seq: self.last_seq + 1,
@@ -389,10 +533,17 @@ impl History {
         Ok(())
     }
 
-    /// Captures what the WAL holds beyond the log (after a crash, or on first open).
+    /// Captures what the WAL holds beyond the log (after a crash, or on first open). Those
+    /// commits happened before the WAL was last modified, which is the best time they can have.
     fn catch_up(&mut self, conn: &rusqlite::Connection) -> Result<()> {
         let (frames, _) = wal_counts(conn, -1)?; // SQLITE_CHECKPOINT_NOOP: count, change nothing
-        self.capture(frames.max(0) as u32)
+        let modified_ms = std::fs::metadata(&self.wal_path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as i64);
+        let time_ms = modified_ms.map(|t| t.min(now_ms()));
+        self.capture_at(frames.max(0) as u32, time_ms)
     }
 
     /// Treats everything now in the WAL as captured (it is all in the database file and in a
@@ -414,18 +565,17 @@ impl History {
     }
 
     /// Records the database as it is now as a new entry with its own snapshot.
-    fn rebase(&mut self, conn: &rusqlite::Connection, db_path: &Path) -> Result<()> {
+    fn rebase(&mut self, conn: &rusqlite::Connection) -> Result<()> {
         self.checkpoint_fully(conn)?;
         let db_pages = self.db_pages(conn)?;
         let seq = self.last_seq + 1;
-        let wal_salt = self.current_wal_salt()?;
-        self.snapshot(db_path, seq, db_pages)?;
-        self.append_restore_entry(seq, db_pages, wal_salt)?;
+        self.snapshot(conn, seq, db_pages)?;
+        self.append_restore_entry(seq, db_pages)?;
         self.skip_checkpointed_wal(conn)
     }
 
     /// Appends (and syncs) the entry saying the state at `seq` is the snapshot at `seq`.
-    fn append_restore_entry(&mut self, seq: u64, db_pages: u32, replaced_wal_salt: u64) -> Result<()> {
+    fn append_restore_entry(&mut self, seq: u64, db_pages: u32) -> Result<()> {
         let time_ms = now_ms().max(self.last_time_ms);
         let entry = Header {
             kind: Kind::Restore,
@@ -433,7 +583,7 @@ impl History {
             time_ms,
             page_size: self.page_size,
             db_pages,
-            wal_salt: replaced_wal_salt,
+            wal_salt: 0,
             wal_frame: 0,
             n_pages: 0,
         };
@@ -451,7 +601,11 @@ impl History {
 
     /// Makes the log durable, then checkpoints the WAL into the database file; takes a snapshot
     /// and prunes what retention no longer needs when it is time.
-    pub(crate) fn checkpoint(&mut self, conn: &rusqlite::Connection, db_path: &Path) -> Result<()> {
+    pub(crate) fn checkpoint(&mut self, conn: &rusqlite::Connection) -> Result<()> {
+        self.writing(|h| h.checkpoint_and_snapshot(conn))
+    }
+
+    fn checkpoint_and_snapshot(&mut self, conn: &rusqlite::Connection) -> Result<()> {
         self.checkpoint_fully(conn)?;
         let db_pages = self.db_pages(conn)?;
         let db_bytes = db_pages as u64 * self.page_size as u64;
@@ -459,7 +613,7 @@ impl History {
             || (self.log_bytes_since_snapshot > 0
                 && now_ms() - self.last_snapshot_ms >= self.settings.snapshot_age.as_millis() as i64);
         if snapshot_due && self.snapshots.last() != Some(&self.last_seq) {
-            self.snapshot(db_path, self.last_seq, db_pages)?;
+            self.snapshot(conn, self.last_seq, db_pages)?;
             self.prune()?;
         }
         Ok(())
@@ -481,10 +635,14 @@ impl History {
         conn.query_row("PRAGMA page_count", [], |r| r.get::<_, i64>(0)).map(|n| n as u32).map_err(Error::internal)
     }
 
-    /// Snapshots the database file (checkpointed, so it is the state at `seq`).
-    fn snapshot(&mut self, db_path: &Path, seq: u64, db_pages: u32) -> Result<()> {
-        let image = File::open(db_path).map_err(io_error("opening the database file"))?;
-        snapshot::write(&self.dir, &image, seq, self.last_time_ms.max(now_ms()), self.page_size, db_pages)
+    /// Snapshots the database (every change checkpointed, so it is the state at `seq`). The
+    /// pages are read through the connection: a second descriptor on the file, once closed,
+    /// would release the locks SQLite holds on it.
+    fn snapshot(&mut self, conn: &rusqlite::Connection, seq: u64, db_pages: u32) -> Result<()> {
+        let mut writer = SnapshotWriter::create(&self.dir, seq).map_err(io_error("writing a snapshot"))?;
+        copy_pages(conn, &mut writer)?;
+        writer
+            .finish(seq, self.last_time_ms.max(now_ms()), self.page_size, db_pages)
             .map_err(io_error("writing a snapshot"))?;
         self.snapshots.push(seq);
         self.snapshots.sort_unstable();
@@ -494,19 +652,18 @@ impl History {
         Ok(())
     }
 
-    /// Seals the open segment and starts the next.
+    /// Seals the open segment, then starts the next (so a crash leaves at most one open).
     fn roll(&mut self) -> Result<()> {
-        let next = OpenSegment::create(&self.dir, self.last_seq + 1).map_err(io_error("creating a log segment"))?;
-        let old = std::mem::replace(&mut self.open, next);
-        if let Some(sealed) = old.seal(&self.dir).map_err(io_error("sealing a log segment"))? {
+        if let Some(sealed) = self.open.seal(&self.dir).map_err(io_error("sealing a log segment"))? {
             self.sealed.push(sealed);
         }
+        self.open = OpenSegment::create(&self.dir, self.last_seq + 1).map_err(io_error("creating a log segment"))?;
         Ok(())
     }
 
     /// Makes every captured record durable.
     pub(crate) fn sync(&mut self) -> Result<()> {
-        self.open.sync().map_err(io_error("syncing the log"))
+        self.writing(|h| h.open.sync().map_err(io_error("syncing the log")))
     }
 
     /// Every entry, oldest first (sealed segments' headers are read from disk).
@@ -657,11 +814,12 @@ impl History {
     /// swaps it in for the database file at `db_path`, which the caller has closed. Returns the
     /// new bookmark and the one before (the undo point).
     pub(crate) fn restore(&mut self, target: &Bookmark, db_path: &Path) -> Result<Restored> {
+        self.usable()?;
         self.check(target)?;
         let previous = self.current();
         let plan = self.plan(target.seq)?;
         self.sync()?;
-        let tmp = db_path.with_extension("restore.tmp");
+        let tmp = restore_image_path(db_path);
         let out = OpenOptions::new()
             .read(true)
             .write(true)
@@ -676,24 +834,31 @@ impl History {
                 return Err(e);
             }
         };
-        // The new state enters history first (snapshot, then the entry), then the file: a crash
-        // in between is finished on the next open (`finish_interrupted_restore`).
+        self.writing(|h| h.install_restored(db_path, &tmp, out, db_pages))?;
+        Ok(Restored { bookmark: self.current(), previous })
+    }
+
+    /// Records the rebuilt image as a new position in history, then swaps it in. The history
+    /// takes it first (snapshot, marker, entry): a crash before the entry forgets the restore,
+    /// and one after it is finished on the next open ([`finish_interrupted_restore`]).
+    fn install_restored(&mut self, db_path: &Path, image_path: &Path, image: File, db_pages: u32) -> Result<()> {
         let seq = self.last_seq + 1;
-        let replaced_wal_salt = self.current_wal_salt()?;
-        snapshot::write(&self.dir, &out, seq, now_ms().max(self.last_time_ms), self.page_size, db_pages)
+        snapshot::write_from_file(&self.dir, &image, seq, now_ms().max(self.last_time_ms), self.page_size, db_pages)
             .map_err(io_error("writing a snapshot"))?;
+        drop(image);
         self.snapshots.push(seq);
         self.log_bytes_since_snapshot = 0;
         self.last_snapshot_ms = now_ms();
-        self.append_restore_entry(seq, db_pages, replaced_wal_salt)?;
+        write_restore_marker(&self.dir, seq).map_err(io_error("writing the restore marker"))?;
+        self.append_restore_entry(seq, db_pages)?;
         self.wal_salt = 0;
         self.wal_frame = 0;
         self.wal = None;
         self.wal_header = None;
         self.wal_may_restart = true;
-        drop(out);
-        swap_in(db_path, &tmp)?;
-        Ok(Restored { bookmark: self.current(), previous })
+        swap_in(db_path, image_path)?;
+        // Durably gone before any write reaches the new file, or reopening would undo them.
+        remove_restore_marker(&self.dir).map_err(io_error("removing the restore marker"))
     }
 
     /// Deletes snapshots and sealed segments no restorable bookmark needs.
@@ -734,4 +899,36 @@ fn wal_counts(conn: &rusqlite::Connection, mode: i32) -> Result<(i32, i32)> {
         return Err(unsafe { Error::from_connection(conn.handle(), rc, false) });
     }
     Ok((log, done))
+}
+
+/// Streams every page of the database, in order, into a snapshot.
+#[cfg(kura_dbpage)]
+fn copy_pages(conn: &rusqlite::Connection, writer: &mut SnapshotWriter) -> Result<()> {
+    let mut pages = conn.prepare("SELECT data FROM sqlite_dbpage('main')").map_err(Error::internal)?;
+    let mut rows = pages.query([]).map_err(Error::internal)?;
+    while let Some(row) = rows.next().map_err(Error::internal)? {
+        let data = row.get_ref(0).and_then(|v| Ok(v.as_blob()?)).map_err(Error::internal)?;
+        writer.write(data).map_err(io_error("writing a snapshot"))?;
+    }
+    Ok(())
+}
+
+/// Streams every page of the database into a snapshot, reading the file itself: without
+/// `sqlite_dbpage` there is no other way, at the cost that closing the descriptor releases
+/// SQLite's POSIX locks on the file (the data directory's own lock still keeps other kura
+/// processes out).
+#[cfg(not(kura_dbpage))]
+fn copy_pages(conn: &rusqlite::Connection, writer: &mut SnapshotWriter) -> Result<()> {
+    let path = conn.path().map(PathBuf::from).ok_or_else(|| Error::internal("the database has no file"))?;
+    let image = File::open(&path).map_err(io_error("opening the database file"))?;
+    let len = image.metadata().map_err(io_error("reading the database file"))?.len();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < len {
+        let n = buf.len().min((len - at) as usize);
+        image.read_exact_at(&mut buf[..n], at).map_err(io_error("reading the database file"))?;
+        writer.write(&buf[..n]).map_err(io_error("writing a snapshot"))?;
+        at += n as u64;
+    }
+    Ok(())
 }

@@ -152,6 +152,16 @@ pub(crate) fn header_at(file: &File, offset: u64, len: u64) -> Result<Header, Re
     raw_header_at(file, offset, len).map(|(header, _)| header)
 }
 
+/// The header's bytes at `offset`, undecoded, if the file holds that many.
+pub(crate) fn header_bytes_at(file: &File, offset: u64, len: u64) -> io::Result<Option<[u8; HEADER_LEN]>> {
+    if len.saturating_sub(offset) < HEADER_LEN as u64 {
+        return Ok(None);
+    }
+    let mut head = [0u8; HEADER_LEN];
+    file.read_exact_at(&mut head, offset)?;
+    Ok(Some(head))
+}
+
 /// The header at `offset`, with its bytes as they are on disk.
 fn raw_header_at(file: &File, offset: u64, len: u64) -> Result<(Header, [u8; HEADER_LEN]), ReadError> {
     if len.saturating_sub(offset) < HEADER_LEN as u64 {

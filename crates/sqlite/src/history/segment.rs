@@ -11,6 +11,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -84,7 +85,6 @@ fn entry(header: &Header, offset: u64) -> Entry {
 }
 
 fn check_magic(file: &File, path: &Path) -> Result<(), ReadError> {
-    use std::os::unix::fs::FileExt;
     let mut magic = [0u8; 8];
     match file.read_exact_at(&mut magic, 0) {
         Ok(()) if &magic == MAGIC => Ok(()),
@@ -149,11 +149,25 @@ fn start_writeback(_file: &File) {}
 
 /// What recovering an open segment found.
 pub(crate) struct Recovered {
+    /// The segment, holding every whole, valid record before the first bad one.
     pub segment: OpenSegment,
-    /// Bytes cut off the end: a torn or damaged tail.
-    pub dropped_bytes: u64,
-    /// Why they were cut, if something was.
-    pub damage: Option<String>,
+    /// What follows the last valid record, if anything does; the file still holds it until
+    /// the caller decides what it is ([`OpenSegment::cut_tail`]).
+    pub tail: Option<BadTail>,
+}
+
+/// Bytes after an open segment's last valid record: a torn append, or damage.
+#[derive(Debug)]
+pub(crate) struct BadTail {
+    pub offset: u64,
+    pub file_len: u64,
+    /// The first bad record's header, if it has a readable one.
+    pub header: Option<Header>,
+    /// The record runs past the end of the file.
+    pub truncated: bool,
+    /// Every byte of the tail is zero (blocks allocated but never written).
+    pub all_zero: bool,
+    pub why: String,
 }
 
 pub(crate) fn open_name(first_seq: u64) -> String {
@@ -180,8 +194,8 @@ impl OpenSegment {
         })
     }
 
-    /// Reopens an open segment after a restart: every record is checked, and anything after
-    /// the last whole, valid record (a torn write, or damage) is cut off.
+    /// Reopens an open segment after a restart: every record is checked, up to the first that
+    /// is not whole and valid. What follows it stays in the file until [`OpenSegment::cut_tail`].
     pub(crate) fn recover(path: &Path, first_seq: u64) -> Result<Recovered, ReadError> {
         let file = OpenOptions::new().read(true).write(true).open(path)?;
         let len = file.metadata()?.len();
@@ -192,36 +206,48 @@ impl OpenSegment {
             file.write_all(MAGIC)?;
             file.write_all(&first_seq.to_le_bytes())?;
             file.sync_all()?;
-            return Ok(Recovered {
-                segment: Self::from_parts(path, file, Vec::new(), SEGMENT_HEADER_LEN),
-                dropped_bytes: len,
-                damage: None,
-            });
+            return Ok(Recovered { segment: Self::from_parts(path, file, Vec::new(), SEGMENT_HEADER_LEN), tail: None });
         }
         check_magic(&file, path)?;
         let mut entries = Vec::new();
         let mut offset = SEGMENT_HEADER_LEN;
-        let mut damage = None;
-        loop {
-            match record::verify_at(&file, offset, len) {
+        let tail = loop {
+            let (truncated, why) = match record::verify_at(&file, offset, len) {
                 Ok(Some(header)) => {
                     entries.push(entry(&header, offset));
                     offset += header.record_len();
+                    continue;
                 }
-                Ok(None) => break,
-                Err(ReadError::Truncated) => break,
-                Err(ReadError::Corrupt(why)) => {
-                    damage = Some(why);
-                    break;
-                }
+                Ok(None) => break None,
+                Err(ReadError::Truncated) => (true, "a record is cut short".to_owned()),
+                Err(ReadError::Corrupt(why)) => (false, why),
                 Err(ReadError::Io(e)) => return Err(ReadError::Io(e)),
+            };
+            let header = record::header_bytes_at(&file, offset, len)?.and_then(|b| Header::decode(&b));
+            break Some(BadTail { offset, file_len: len, header, truncated, all_zero: all_zero(&file, offset, len)?, why });
+        };
+        Ok(Recovered { segment: Self::from_parts(path, file, entries, offset), tail })
+    }
+
+    /// Cuts the file back to its last valid record; with `keep`, the bytes cut are first copied
+    /// there (for whoever investigates damage).
+    pub(crate) fn cut_tail(&mut self, tail: &BadTail, keep: Option<&Path>) -> io::Result<()> {
+        let file = self.out.get_ref();
+        if let Some(keep) = keep {
+            let mut copy = OpenOptions::new().write(true).create(true).truncate(true).open(keep)?;
+            let mut buf = vec![0u8; 1 << 20];
+            let mut at = tail.offset;
+            while at < tail.file_len {
+                let n = buf.len().min((tail.file_len - at) as usize);
+                file.read_exact_at(&mut buf[..n], at)?;
+                copy.write_all(&buf[..n])?;
+                at += n as u64;
             }
+            copy.sync_all()?;
+            sync_dir(keep.parent().unwrap_or(Path::new(".")))?;
         }
-        if offset < len {
-            file.set_len(offset)?;
-            file.sync_all()?;
-        }
-        Ok(Recovered { segment: Self::from_parts(path, file, entries, offset), dropped_bytes: len - offset, damage })
+        file.set_len(tail.offset)?;
+        file.sync_all()
     }
 
     fn from_parts(path: &Path, file: File, entries: Vec<Entry>, len: u64) -> OpenSegment {
@@ -265,9 +291,9 @@ impl OpenSegment {
         Ok(())
     }
 
-    /// Syncs and renames the segment to its sealed name; `None` if it holds no record (it is
-    /// then deleted).
-    pub(crate) fn seal(mut self, dir: &Path) -> io::Result<Option<Sealed>> {
+    /// Syncs and renames the segment to its sealed name, durably; `None` if it holds no record
+    /// (it is then deleted). Nothing may be appended afterwards.
+    pub(crate) fn seal(&mut self, dir: &Path) -> io::Result<Option<Sealed>> {
         self.sync()?;
         let (Some(first), Some(last)) = (self.entries.first(), self.entries.last()) else {
             std::fs::remove_file(&self.path)?;
@@ -284,8 +310,24 @@ impl OpenSegment {
         };
         std::fs::rename(&self.path, &sealed.path)?;
         sync_dir(dir)?;
+        self.path = sealed.path.clone();
         Ok(Some(sealed))
     }
+}
+
+/// Whether every byte of `file` from `from` to `to` is zero.
+fn all_zero(file: &File, from: u64, to: u64) -> io::Result<bool> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = from;
+    while at < to {
+        let n = buf.len().min((to - at) as usize);
+        file.read_exact_at(&mut buf[..n], at)?;
+        if buf[..n].iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+    Ok(true)
 }
 
 /// Makes a directory's entries (creations, renames, removals) durable.

@@ -6,7 +6,7 @@
 //! 4 zero bytes. Written to `.tmp`, synced, then renamed into place.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -69,9 +69,55 @@ pub(crate) fn seq_of(path: &Path) -> Option<u64> {
     (name.len() == 16).then(|| u64::from_str_radix(name, 16).ok()).flatten()
 }
 
-/// Writes a snapshot of the first `db_pages` pages of `image` (a database file whose every
-/// change is checkpointed into it).
-pub(crate) fn write(
+/// A snapshot being written: the image is streamed in, page by page, then sealed with its
+/// header and renamed into place.
+pub(crate) struct SnapshotWriter {
+    path: PathBuf,
+    tmp: PathBuf,
+    out: BufWriter<File>,
+    crc: crc32fast::Hasher,
+    written: u64,
+}
+
+impl SnapshotWriter {
+    pub(crate) fn create(dir: &Path, seq: u64) -> io::Result<SnapshotWriter> {
+        let path = path_for(dir, seq);
+        let tmp = path.with_extension("snap.tmp");
+        let mut out = BufWriter::with_capacity(CHUNK, OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?);
+        out.write_all(&[0u8; HEADER_LEN as usize])?;
+        Ok(SnapshotWriter { path, tmp, out, crc: crc32fast::Hasher::new(), written: 0 })
+    }
+
+    /// Appends the next bytes of the image.
+    pub(crate) fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.crc.update(bytes);
+        self.written += bytes.len() as u64;
+        self.out.write_all(bytes)
+    }
+
+    /// Checks the image is whole, writes the header, and makes the snapshot durable.
+    pub(crate) fn finish(self, seq: u64, time_ms: i64, page_size: u32, db_pages: u32) -> io::Result<PathBuf> {
+        if self.written != db_pages as u64 * page_size as u64 {
+            let _ = std::fs::remove_file(&self.tmp);
+            return Err(io::Error::other(format!(
+                "the snapshot image has {} bytes, not {db_pages} pages of {page_size}",
+                self.written
+            )));
+        }
+        let header = SnapshotHeader { seq, time_ms, page_size, db_pages, image_crc: self.crc.finalize() };
+        let out = self.out.into_inner().map_err(|e| e.into_error())?;
+        out.write_all_at(&header.encode(), 0)?;
+        out.sync_all()?;
+        drop(out);
+        std::fs::rename(&self.tmp, &self.path)?;
+        sync_dir(self.path.parent().unwrap_or(Path::new(".")))?;
+        Ok(self.path)
+    }
+}
+
+/// Writes a snapshot of the first `db_pages` pages of `image`, a file only kura has open (a
+/// restored image; never the live database, whose locks closing a second descriptor would drop).
+pub(crate) fn write_from_file(
     dir: &Path,
     image: &File,
     seq: u64,
@@ -79,28 +125,17 @@ pub(crate) fn write(
     page_size: u32,
     db_pages: u32,
 ) -> io::Result<PathBuf> {
-    let path = path_for(dir, seq);
-    let tmp = path.with_extension("snap.tmp");
-    let mut out = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
-    out.write_all(&[0u8; HEADER_LEN as usize])?;
-    let mut crc = crc32fast::Hasher::new();
+    let mut writer = SnapshotWriter::create(dir, seq)?;
     let mut buf = vec![0u8; CHUNK];
     let total = db_pages as u64 * page_size as u64;
     let mut at = 0u64;
     while at < total {
         let n = CHUNK.min((total - at) as usize);
         image.read_exact_at(&mut buf[..n], at)?;
-        crc.update(&buf[..n]);
-        out.write_all(&buf[..n])?;
+        writer.write(&buf[..n])?;
         at += n as u64;
     }
-    let header = SnapshotHeader { seq, time_ms, page_size, db_pages, image_crc: crc.finalize() };
-    out.write_all_at(&header.encode(), 0)?;
-    out.sync_all()?;
-    drop(out);
-    std::fs::rename(&tmp, &path)?;
-    sync_dir(dir)?;
-    Ok(path)
+    writer.finish(seq, time_ms, page_size, db_pages)
 }
 
 /// A snapshot's header, checked.
@@ -155,7 +190,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let source = dir.path().join("db");
         std::fs::write(&source, [7u8; 4096 * 3]).unwrap();
-        let path = write(dir.path(), &File::open(&source).unwrap(), 5, 1234, 4096, 2).unwrap();
+        let path = write_from_file(dir.path(), &File::open(&source).unwrap(), 5, 1234, 4096, 2).unwrap();
         assert_eq!(seq_of(&path), Some(5));
         let header = read_header(&path).unwrap();
         assert_eq!((header.seq, header.time_ms, header.db_pages), (5, 1234, 2));

@@ -113,6 +113,14 @@ async fn history_survives_reopening_and_segments_roll() {
     assert!(log_files(&cx, ".seg").len() >= 2, "small segments were sealed");
     assert!(log_files(&cx, ".snap").len() >= 2, "snapshots were taken");
     cx.registry.close("db").await;
+    // As an older version could leave it: a crash after starting a segment, before sealing the
+    // previous one. Opening seals it again.
+    let last_sealed = log_files(&cx, ".seg").pop().unwrap();
+    let first = last_sealed.file_name().unwrap().to_string_lossy()[..16].to_owned();
+    std::fs::rename(&last_sealed, last_sealed.with_file_name(format!("{first}.open"))).unwrap();
+    assert_eq!(log_files(&cx, ".open").len(), 2);
+    assert_eq!(rows(&cx).await.len(), 60);
+    assert_eq!(log_files(&cx, ".open").len(), 1);
     for (b, n) in marks.iter().rev().step_by(7) {
         restore(&cx, *b).await.unwrap();
         assert_eq!(rows(&cx).await.len(), *n as usize, "bookmark {b}");
@@ -173,6 +181,74 @@ async fn damage_is_reported_and_never_applied() {
     );
     assert_eq!(rows(&cx).await, before, "a failed restore changes nothing");
     cx.ok("INSERT INTO t VALUES (1000, 'still writable')").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_interrupted_before_its_entry_is_forgotten() {
+    let cx = Context::with_history(small());
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (1, 'a')").await;
+    cx.ok("INSERT INTO t VALUES (2, 'b')").await;
+    let current = bookmark(&cx).await;
+    cx.registry.close("db").await;
+    // As if the server had died after the restore's snapshot and marker, before its entry.
+    let log = cx.dir.path().join("db/log");
+    let stray = log.join(format!("{:016x}.snap", current.seq + 1));
+    std::fs::copy(log_files(&cx, ".snap").remove(0), &stray).unwrap();
+    std::fs::write(log.join("restore.pending"), format!("{:016x}\n", current.seq + 1)).unwrap();
+    std::fs::write(cx.dir.path().join("db/db.restore.tmp"), b"half an image").unwrap();
+
+    assert_eq!(ids(&rows(&cx).await), [1, 2], "the restore did not happen");
+    assert_eq!(bookmark(&cx).await, current);
+    for leftover in [stray, log.join("restore.pending"), cx.dir.path().join("db/db.restore.tmp")] {
+        assert!(!leftover.exists(), "{} was cleaned up", leftover.display());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_inside_the_open_segment_keeps_what_is_sound_and_never_reuses_a_position() {
+    let cx = Context::with_history(HistorySettings {
+        segment_bytes: u64::MAX,
+        snapshot_log_bytes: u64::MAX,
+        ..small()
+    });
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
+    let mut marks = Vec::new();
+    for i in 0..40 {
+        cx.ok(&format!("INSERT INTO t VALUES ({i}, '{}')", "z".repeat(900))).await;
+        marks.push(bookmark(&cx).await);
+    }
+    cx.registry.close("db").await;
+    // Damage a record the log synced long ago (checkpoints every few frames since, so the WAL
+    // no longer holds it).
+    let open = log_files(&cx, ".open").pop().unwrap();
+    let mut bytes = std::fs::read(&open).unwrap();
+    let at = bytes.len() / 3;
+    bytes[at] ^= 0x5a;
+    std::fs::write(&open, bytes).unwrap();
+
+    assert_eq!(ids(&rows(&cx).await), (0..40).collect::<Vec<_>>(), "the database itself lost nothing");
+    let after = bookmark(&cx).await;
+    assert!(after.seq > marks.last().unwrap().seq + 1, "the damaged positions are skipped, never reused");
+    assert_eq!(log_files(&cx, ".damaged").len(), 1, "the damaged bytes are kept aside");
+    let mut sound = 0;
+    for (i, b) in marks.iter().enumerate() {
+        match restore(&cx, *b).await {
+            Ok(_) => {
+                assert_eq!(sound, i, "only a prefix of the history survives");
+                assert_eq!(ids(&rows(&cx).await), (0..=i as i64).collect::<Vec<_>>());
+                sound += 1;
+            }
+            Err(e) => assert!(matches!(e, Error::HistoryDamaged { .. }), "bookmark #{i}: {e}"),
+        }
+    }
+    assert!(sound > 0 && sound < marks.len(), "{sound} of {} bookmarks survived", marks.len());
+    restore(&cx, after).await.unwrap();
+    assert_eq!(ids(&rows(&cx).await), (0..40).collect::<Vec<_>>(), "the new base restores");
+    cx.ok("INSERT INTO t VALUES (100, 'later')").await;
+    let later = bookmark(&cx).await;
+    restore(&cx, marks[0]).await.unwrap();
+    restore(&cx, later).await.unwrap();
+    assert_eq!(ids(&rows(&cx).await).last(), Some(&100), "history goes on after the damage");
 }
 
 /// A small deterministic generator, so a failure can be replayed from its seed.
@@ -248,6 +324,7 @@ async fn a_restore_interrupted_before_its_swap_is_finished_on_open() {
     for (path, bytes) in &saved {
         std::fs::write(path, bytes).unwrap();
     }
+    std::fs::write(dir.join("log/restore.pending"), format!("{:016x}\n", restored.bookmark.seq)).unwrap();
     assert_eq!(ids(&rows(&cx).await), [1], "opening finished the restore");
     assert_eq!(bookmark(&cx).await, restored.bookmark);
     cx.ok("INSERT INTO t VALUES (4, 'd')").await;
