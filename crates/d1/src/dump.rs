@@ -3,9 +3,11 @@
 //!
 //! The format: `PRAGMA defer_foreign_keys=TRUE;`, then each table's schema and its rows as
 //! `INSERT INTO "t" ("a","b") VALUES(…);`, then indexes, triggers and views. Text containing
-//! line breaks is written as SQLite's shell writes it (`replace('…\n…','\n',char(10))`), BLOBs
-//! as `X'…'`. Where D1 writes a JavaScript number, kura writes integers exactly and REALs so
-//! they read back as REALs (`2.0`, not `2`), so a round trip keeps every value and its type.
+//! line breaks is written as SQLite's shell writes it (`replace('…\n…','\n',char(10))`), text
+//! holding a NUL or bytes that are not UTF-8 as `CAST(X'…' AS TEXT)`, BLOBs as `X'…'`; indexes,
+//! triggers and views in the order they were created. Where D1 writes a JavaScript number,
+//! kura writes integers exactly and REALs so they read back as REALs (`2.0`, not `2`), so a
+//! round trip keeps every value and its type.
 
 use std::io::{self, Write};
 
@@ -100,6 +102,16 @@ fn format_real(x: f64, out: &mut String) {
     }
 }
 
+/// Bytes as a BLOB literal, `X'…'`.
+fn push_hex(bytes: &[u8], out: &mut String) {
+    use std::fmt::Write as _;
+    out.push_str("X'");
+    for byte in bytes {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out.push('\'');
+}
+
 fn push_value(value: ValueRef<'_>, out: &mut String) {
     use std::fmt::Write as _;
     match value {
@@ -108,14 +120,16 @@ fn push_value(value: ValueRef<'_>, out: &mut String) {
             let _ = write!(out, "{i}");
         }
         ValueRef::Real(x) => format_real(x, out),
-        ValueRef::Text(t) => quote_text(&String::from_utf8_lossy(t), out),
-        ValueRef::Blob(b) => {
-            out.push_str("X'");
-            for byte in b {
-                let _ = write!(out, "{byte:02x}");
+        ValueRef::Text(t) => match std::str::from_utf8(t) {
+            Ok(text) if !text.contains('\0') => quote_text(text, out),
+            // Bytes no SQL string literal can hold (a NUL, or not UTF-8) keep every byte.
+            _ => {
+                out.push_str("CAST(");
+                push_hex(t, out);
+                out.push_str(" AS TEXT)");
             }
-            out.push('\'');
-        }
+        },
+        ValueRef::Blob(b) => push_hex(b, out),
     }
 }
 
@@ -195,13 +209,14 @@ fn dump_connection(
     }
     if !options.no_schema {
         let mut rest = conn.prepare(
-            "SELECT name, sql FROM sqlite_schema WHERE sql NOT NULL AND type IN ('index', 'trigger', 'view') \
-             ORDER BY type COLLATE NOCASE",
+            "SELECT tbl_name, sql FROM sqlite_schema WHERE sql NOT NULL AND type IN ('index', 'trigger', 'view') \
+             ORDER BY rowid",
         )?;
         let rest: Vec<(String, String)> =
             rest.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
-        for (name, sql) in rest {
-            if wanted(&name) {
+        // In creation order, so a view over a view, or a trigger on a view, follows what it uses.
+        for (table, sql) in rest {
+            if wanted(&table) {
                 line(&format!("{sql};"), &mut stats)?;
             }
         }

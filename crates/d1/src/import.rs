@@ -7,7 +7,7 @@ use kura_sqlite::{Database, Meta, Request, Statement};
 
 /// Statements longer than this are refused even in an import (a dump writes one INSERT per
 /// row; a 2 MB BLOB is a 4 MB hex literal).
-const MAX_IMPORT_STATEMENT_BYTES: i32 = 10_000_000;
+const MAX_IMPORT_STATEMENT_BYTES: usize = 10_000_000;
 
 /// What an import did.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -37,7 +37,7 @@ fn is_complete(sql: &str) -> bool {
 
 /// Runs every statement of `input` in one transaction on `db`.
 pub fn import(db: &mut Database, input: &mut dyn BufRead) -> Result<ImportOutcome, ImportError> {
-    let previous_limit = db.set_max_statement_bytes(MAX_IMPORT_STATEMENT_BYTES);
+    let previous_limit = db.set_max_statement_bytes(MAX_IMPORT_STATEMENT_BYTES as i32);
     db.begin()?;
     let outcome = run_all(db, input);
     let outcome = match outcome {
@@ -48,6 +48,8 @@ pub fn import(db: &mut Database, input: &mut dyn BufRead) -> Result<ImportOutcom
         }
     };
     db.set_max_statement_bytes(previous_limit);
+    // Whatever PRAGMAs the file set (a dump starts with `defer_foreign_keys`) end with it.
+    db.reset_connection_pragmas();
     outcome
 }
 
@@ -60,7 +62,16 @@ fn run_all(db: &mut Database, input: &mut dyn BufRead) -> Result<ImportOutcome, 
         let n = input.read_line(&mut line)?;
         if n > 0 {
             pending.push_str(&line);
-            if !is_complete(&pending) {
+            if pending.len() > MAX_IMPORT_STATEMENT_BYTES {
+                return Err(kura_sqlite::Error::Sql {
+                    message: format!("statement too long (over {MAX_IMPORT_STATEMENT_BYTES} bytes)"),
+                    code: rusqlite::ffi::SQLITE_TOOBIG,
+                }
+                .into());
+            }
+            // A statement ends with a `;`: only then is the tokenizer asked, so a statement of
+            // many lines is scanned once per `;`, not once per line.
+            if !line.contains(';') || !is_complete(&pending) {
                 continue;
             }
         }

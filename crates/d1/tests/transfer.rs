@@ -49,6 +49,9 @@ CREATE TABLE pets (id INTEGER PRIMARY KEY, owner INTEGER REFERENCES people(id), 
 CREATE INDEX people_name ON people(name);
 CREATE VIEW adults AS SELECT * FROM people WHERE score > 1;
 CREATE TRIGGER people_touch AFTER UPDATE ON people BEGIN UPDATE people SET note = note WHERE id = new.id; END;
+CREATE VIEW adult_names AS SELECT name FROM adults;
+CREATE TRIGGER adults_insert INSTEAD OF INSERT ON adults BEGIN INSERT INTO people (name, score) VALUES (new.name, 2); END;
+CREATE INDEX pets_kind ON pets(kind);
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,6 +65,8 @@ async fn a_dump_imports_back_exactly() {
         "INSERT INTO people (name, note, score, photo) VALUES ('crlf', 'a\r\nb\\n literal', 1.5e300, NULL)",
         "INSERT INTO people (name, note, score, photo) VALUES ('unicode ✓ 東京', NULL, -0.1, zeroblob(3))",
         "INSERT INTO people (name, note, score, photo) VALUES ('big', '9007199254740993', 9007199254740993, '')",
+        "INSERT INTO people (name, note) VALUES ('nul', 'a' || char(0) || 'b')",
+        "INSERT INTO people (name, note) VALUES ('not utf-8', CAST(X'ff00fe' AS TEXT))",
         "INSERT INTO \"quoted table\" VALUES ('x''y')",
         "INSERT INTO pets VALUES (1, 1, 'cat')",
     ];
@@ -77,8 +82,13 @@ async fn a_dump_imports_back_exactly() {
 
     let (outcome, _) = e.import("copy", dump.clone()).await.unwrap();
     assert!(outcome.num_queries >= 10);
-    let compare =
-        "SELECT id, name, note, typeof(note), score, typeof(score), photo, typeof(photo) FROM people ORDER BY id";
+    assert_eq!(
+        e.sql("copy", "PRAGMA defer_foreign_keys").await,
+        [[Value::Integer(0)]],
+        "the dump's PRAGMA ended with it"
+    );
+    let compare = "SELECT id, name, hex(note), typeof(note), score, typeof(score), photo, typeof(photo) \
+                   FROM people ORDER BY id";
     assert_eq!(e.sql("copy", compare).await, e.sql("source", compare).await);
     assert_eq!(
         e.sql("copy", "SELECT * FROM \"quoted table\"").await,
@@ -96,6 +106,7 @@ async fn a_dump_imports_back_exactly() {
     assert!(!data_only.contains("CREATE") && data_only.contains("INSERT INTO \"people\""));
     let one_table = e.export("source", DumpOptions { tables: vec!["pets".into()], ..Default::default() }).await;
     assert!(one_table.contains("INSERT INTO \"pets\"") && !one_table.contains("INSERT INTO \"people\""));
+    assert!(one_table.contains("pets_kind") && !one_table.contains("people_name"), "a table's indexes go with it");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,6 +131,11 @@ async fn a_failing_import_changes_nothing() {
     for refused in ["BEGIN TRANSACTION;\nINSERT INTO t VALUES (9);\nCOMMIT;\n", "ATTACH 'x' AS y;\n"] {
         assert!(e.import("db", refused.to_owned()).await.is_err(), "{refused}");
     }
+    // A statement that never ends is refused once it outgrows the limit, not buffered forever.
+    let endless = format!("INSERT INTO t VALUES (4);\nINSERT INTO t VALUES ('{}\n", "x\n".repeat(6_000_000));
+    let too_long = e.import("db", endless).await.unwrap_err();
+    assert!(too_long.to_string().contains("statement too long"), "{too_long}");
+    assert_eq!(e.d1.bookmark(&e.account, "db", None).await.unwrap(), before);
     let (ok, after) =
         e.import("db", "-- a comment\nINSERT INTO t VALUES (2);\nINSERT INTO t VALUES (3)".into()).await.unwrap();
     assert_eq!(ok.num_queries, 2);

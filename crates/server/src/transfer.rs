@@ -37,9 +37,29 @@ pub struct Upload {
     pub etag: String,
     /// Where it is stored.
     pub path: PathBuf,
-    /// The MD5 of what arrived, once it has.
-    pub received_md5: Option<String>,
+    /// How far it has got.
+    pub state: UploadState,
     expires: Instant,
+}
+
+/// Where an import file is in its journey.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UploadState {
+    /// Its URL was handed out.
+    Expected,
+    /// A PUT is storing it.
+    Receiving,
+    /// It arrived whole.
+    Received {
+        /// Its MD5, hex.
+        md5: String,
+    },
+}
+
+/// Why an upload URL cannot take a PUT.
+enum UploadRefused {
+    Unknown,
+    Busy,
 }
 
 #[derive(Default)]
@@ -98,27 +118,52 @@ impl Transfers {
             database: database.to_owned(),
             etag: etag.to_owned(),
             path: self.dir.join(format!("{token}.import.sql")),
-            received_md5: None,
+            state: UploadState::Expected,
             expires: Instant::now() + TRANSFER_LIFETIME,
         };
         self.lock().uploads.insert(token.clone(), upload);
         token
     }
 
-    /// The upload a token stands for.
-    pub fn upload(&self, token: &str) -> Option<Upload> {
-        self.lock().uploads.get(token).filter(|u| u.expires > Instant::now()).cloned()
+    /// Claims an expected upload for one PUT: a second, concurrent or later, is refused.
+    fn begin_receiving(&self, token: &str) -> Result<Upload, UploadRefused> {
+        let mut state = self.lock();
+        let upload =
+            state.uploads.get_mut(token).filter(|u| u.expires > Instant::now()).ok_or(UploadRefused::Unknown)?;
+        if upload.state != UploadState::Expected {
+            return Err(UploadRefused::Busy);
+        }
+        upload.state = UploadState::Receiving;
+        Ok(upload.clone())
     }
 
-    fn received(&self, token: &str, md5: String) {
+    /// Ends a PUT: the file arrived with this MD5, or (`None`) the URL may be used again.
+    fn end_receiving(&self, token: &str, md5: Option<String>) {
         if let Some(u) = self.lock().uploads.get_mut(token) {
-            u.received_md5 = Some(md5);
+            u.state = match md5 {
+                Some(md5) => UploadState::Received { md5 },
+                None => UploadState::Expected,
+            };
         }
     }
 
-    /// Hands over a received upload for ingestion (it can be ingested once).
-    pub fn take_upload(&self, token: &str) -> Option<Upload> {
-        self.lock().uploads.remove(token).filter(|u| u.expires > Instant::now())
+    /// The upload a token stands for, for this database, if its URL is still valid.
+    pub fn upload(&self, token: &str, account: &str, database: &str) -> Option<Upload> {
+        self.lock()
+            .uploads
+            .get(token)
+            .filter(|u| u.expires > Instant::now() && u.account == account && u.database == database)
+            .cloned()
+    }
+
+    /// Hands over a received upload for ingestion, once; `None` unless it has arrived whole.
+    pub fn take_received(&self, token: &str) -> Option<(Upload, String)> {
+        let mut state = self.lock();
+        let md5 = match &state.uploads.get(token)?.state {
+            UploadState::Received { md5 } => md5.clone(),
+            _ => return None,
+        };
+        state.uploads.remove(token).map(|u| (u, md5))
     }
 
     /// Remembers an import's outcome for later polls.
@@ -186,12 +231,18 @@ pub async fn download(State(app): State<AppState>, UrlPath(token): UrlPath<Strin
 
 /// `PUT /d1-transfers/{token}`: an import's SQL; answers with its MD5 as the ETag.
 pub async fn upload(State(app): State<AppState>, UrlPath(token): UrlPath<String>, body: Body) -> Response {
-    let Some(expected) = app.transfers.upload(&token) else {
-        return plain(StatusCode::NOT_FOUND, "This upload link is unknown or has expired.");
+    let expected = match app.transfers.begin_receiving(&token) {
+        Ok(upload) => upload,
+        Err(UploadRefused::Unknown) => {
+            return plain(StatusCode::NOT_FOUND, "This upload link is unknown or has expired.");
+        }
+        Err(UploadRefused::Busy) => {
+            return plain(StatusCode::CONFLICT, "This upload link has already been used.");
+        }
     };
     match receive(body, &expected.path).await {
         Ok(md5) => {
-            app.transfers.received(&token, md5.clone());
+            app.transfers.end_receiving(&token, Some(md5.clone()));
             let mut response = StatusCode::OK.into_response();
             if let Ok(value) = HeaderValue::from_str(&format!("\"{md5}\"")) {
                 response.headers_mut().insert(header::ETAG, value);
@@ -200,6 +251,7 @@ pub async fn upload(State(app): State<AppState>, UrlPath(token): UrlPath<String>
         }
         Err((status, why)) => {
             let _ = tokio::fs::remove_file(&expected.path).await;
+            app.transfers.end_receiving(&token, None);
             plain(status, &why)
         }
     }

@@ -119,11 +119,13 @@ pub async fn import(
             let token = body.filename.ok_or_else(|| ApiError::bad_request("Invalid property: filename is required"))?;
             let upload = app
                 .transfers
-                .take_upload(&token)
-                .filter(|u| u.account == account_id && u.database == db.uuid)
+                .upload(&token, &account_id, &db.uuid)
                 .ok_or_else(|| ApiError::bad_request("Not currently importing anything."))?;
-            let Some(md5) = upload.received_md5.clone() else {
+            if !matches!(upload.state, transfer::UploadState::Received { .. }) {
                 return Ok(ok(json!({ "success": false, "error": "The file was not uploaded." })));
+            }
+            let Some((upload, md5)) = app.transfers.take_received(&token) else {
+                return Err(ApiError::bad_request("Not currently importing anything."));
             };
             if body.etag.as_deref().is_some_and(|e| e != md5) || md5 != upload.etag {
                 let _ = std::fs::remove_file(&upload.path);

@@ -8,3 +8,4 @@ mod limits;
 mod patterns;
 mod query;
 mod time_travel;
+mod transfers;

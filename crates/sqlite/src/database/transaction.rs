@@ -146,7 +146,7 @@ impl Database {
     }
 
     /// PRAGMAs in D1 apply to one request; undo whatever the last one changed.
-    fn reset_connection_pragmas(&mut self) {
+    pub fn reset_connection_pragmas(&mut self) {
         let reset = "PRAGMA foreign_keys = ON; PRAGMA case_sensitive_like = OFF; \
                      PRAGMA ignore_check_constraints = OFF; PRAGMA legacy_alter_table = OFF; \
                      PRAGMA recursive_triggers = OFF; PRAGMA reverse_unordered_selects = OFF; \

@@ -322,7 +322,9 @@ impl History {
             // Left by an older version's crash between starting a segment and sealing the last.
             let mut r = OpenSegment::recover(&path, first).map_err(|e| read_error(e, "recovering the log"))?;
             if let Some(tail) = r.tail {
-                r.segment.cut_tail(&tail, Some(&damaged_copy_path(&path, tail.offset))).map_err(io_error("recovering the log"))?;
+                r.segment
+                    .cut_tail(&tail, Some(&damaged_copy_path(&path, tail.offset)))
+                    .map_err(io_error("recovering the log"))?;
             }
             sealed.extend(r.segment.seal(&dir).map_err(io_error("sealing a log segment"))?);
         }

@@ -224,7 +224,14 @@ impl OpenSegment {
                 Err(ReadError::Io(e)) => return Err(ReadError::Io(e)),
             };
             let header = record::header_bytes_at(&file, offset, len)?.and_then(|b| Header::decode(&b));
-            break Some(BadTail { offset, file_len: len, header, truncated, all_zero: all_zero(&file, offset, len)?, why });
+            break Some(BadTail {
+                offset,
+                file_len: len,
+                header,
+                truncated,
+                all_zero: all_zero(&file, offset, len)?,
+                why,
+            });
         };
         Ok(Recovered { segment: Self::from_parts(path, file, entries, offset), tail })
     }

@@ -83,7 +83,8 @@ impl SnapshotWriter {
     pub(crate) fn create(dir: &Path, seq: u64) -> io::Result<SnapshotWriter> {
         let path = path_for(dir, seq);
         let tmp = path.with_extension("snap.tmp");
-        let mut out = BufWriter::with_capacity(CHUNK, OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?);
+        let mut out =
+            BufWriter::with_capacity(CHUNK, OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?);
         out.write_all(&[0u8; HEADER_LEN as usize])?;
         Ok(SnapshotWriter { path, tmp, out, crc: crc32fast::Hasher::new(), written: 0 })
     }

@@ -206,11 +206,8 @@ async fn a_restore_interrupted_before_its_entry_is_forgotten() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damage_inside_the_open_segment_keeps_what_is_sound_and_never_reuses_a_position() {
-    let cx = Context::with_history(HistorySettings {
-        segment_bytes: u64::MAX,
-        snapshot_log_bytes: u64::MAX,
-        ..small()
-    });
+    let cx =
+        Context::with_history(HistorySettings { segment_bytes: u64::MAX, snapshot_log_bytes: u64::MAX, ..small() });
     cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
     let mut marks = Vec::new();
     for i in 0..40 {
