@@ -26,7 +26,8 @@ use kura_catalog::{Catalog, D1Database, D1DatabaseList, NewD1Database};
 use kura_sqlite::{DatabaseOptions, HistorySettings, Limits, Registry, RegistrySettings};
 
 pub use kura_sqlite::{
-    Access, Bookmark, Error as SqlError, Meta, Request, Restored, ResultMode, Statement, StatementResult, Value,
+    Access, Bookmark, Error as SqlError, Executed, Meta, Request, Restored, ResultMode, Statement, StatementResult,
+    Value,
 };
 pub use usage::UsageTotals;
 
@@ -374,22 +375,23 @@ impl D1 {
 
     /// Runs a request on the account's database `id`, atomically; answers once it is durable.
     pub async fn query(&self, account_id: &str, id_or_name: &str, request: Request) -> Result<Vec<StatementResult>> {
-        let database = self.get(account_id, id_or_name)?;
-        self.query_database(&database.uuid, request).await
+        Ok(self.query_with_bookmark(account_id, id_or_name, request).await?.results)
     }
 
-    /// Runs a request on a database known by id (the caller has checked the account).
-    pub async fn query_database(&self, uuid: &str, request: Request) -> Result<Vec<StatementResult>> {
-        let results = match self.registry.execute(uuid, request).await {
-            Ok(results) => results,
+    /// Runs a request as [`D1::query`] does, and answers with the bookmark of a state that
+    /// includes it as well (what D1's sessions hand back).
+    pub async fn query_with_bookmark(&self, account_id: &str, id_or_name: &str, request: Request) -> Result<Executed> {
+        let database = self.get(account_id, id_or_name)?;
+        let executed = match self.registry.execute_with_bookmark(&database.uuid, request).await {
+            Ok(executed) => executed,
             // Deleted while the request was on its way.
-            Err(kura_sqlite::Error::Closed) if self.catalog.d1_database_by_uuid(uuid)?.is_none() => {
-                return Err(Error::NotFound(uuid.to_owned()));
+            Err(kura_sqlite::Error::Closed) if self.catalog.d1_database_by_uuid(&database.uuid)?.is_none() => {
+                return Err(Error::NotFound(database.uuid));
             }
             Err(e) => return Err(e.into()),
         };
-        self.usage.record(uuid, &results);
-        Ok(results)
+        self.usage.record(&database.uuid, &executed.results);
+        Ok(executed)
     }
 
     /// The current bookmark of a database, or with `at` (Unix milliseconds) the bookmark of its

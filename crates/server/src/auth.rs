@@ -2,6 +2,7 @@
 //! what it may do in which account.
 
 use axum::extract::FromRequestParts;
+use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 
@@ -51,11 +52,10 @@ impl Caller {
     }
 }
 
-impl FromRequestParts<AppState> for Caller {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let header = parts.headers.get(AUTHORIZATION).ok_or_else(ApiError::missing_credentials)?;
+impl Caller {
+    /// Authenticates a request by its `Authorization: Bearer` header.
+    pub fn from_headers(headers: &HeaderMap, state: &AppState) -> Result<Caller, ApiError> {
+        let header = headers.get(AUTHORIZATION).ok_or_else(ApiError::missing_credentials)?;
         let header = header.to_str().map_err(|_| ApiError::malformed_credentials())?;
         let secret = match header.split_once(' ') {
             Some((scheme, secret)) if scheme.eq_ignore_ascii_case("bearer") => secret.trim(),
@@ -69,5 +69,13 @@ impl FromRequestParts<AppState> for Caller {
             Ok(None) => Err(ApiError::invalid_token()),
             Err(e) => Err(ApiError::internal(&e)),
         }
+    }
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        Caller::from_headers(&parts.headers, state)
     }
 }

@@ -1,5 +1,6 @@
-//! kura's HTTP server: Cloudflare's v4 REST API (D1) under `/client/v4`, `/healthz`, and the
-//! S3 listener, over the engines of one data directory.
+//! kura's HTTP server: Cloudflare's v4 REST API (D1) under `/client/v4`, the binding protocol
+//! (what workerd's `env.DB` speaks), `/healthz`, and the S3 listener, over the engines of one
+//! data directory.
 //!
 //! - [`Node`]: an opened, locked data directory with its catalog and engines.
 //! - [`serve`]: runs the API and S3 listeners until a shutdown future resolves.
@@ -17,6 +18,7 @@
 #![deny(missing_docs)]
 
 pub mod auth;
+mod binding;
 mod node;
 pub mod rest;
 mod s3;
@@ -57,6 +59,7 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/d1-transfers/{token}", get(transfer::download).put(transfer::upload))
         .nest("/client/v4", rest::routes())
+        .merge(binding::routes())
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(TraceLayer::new_for_http())
         .with_state(state)

@@ -15,13 +15,24 @@ use tokio::sync::oneshot;
 
 use crate::database::{Database, DatabaseOptions, Grouped};
 use crate::error::{Error, Result};
+use crate::history::Bookmark;
 use crate::registry::{DoneSignal, Shared};
 use crate::request::{Request, StatementResult};
+
+/// A request's answer: its results, and the database's bookmark once they were durable (for
+/// D1's sessions; `None` without a history).
+#[derive(Debug)]
+pub struct Executed {
+    /// One result per statement, as the request's mode says.
+    pub results: Vec<StatementResult>,
+    /// The bookmark of a state that includes the request's writes.
+    pub bookmark: Option<Bookmark>,
+}
 
 /// Work for an actor.
 pub(crate) enum Command {
     /// Run a request; answer when it is durable (or failed).
-    Execute { request: Request, reply: oneshot::Sender<Result<Vec<StatementResult>>> },
+    Execute { request: Request, reply: oneshot::Sender<Result<Executed>> },
     /// Run a closure with the database to itself, outside any transaction.
     Exclusive(Box<dyn FnOnce(&mut Database) + Send>),
 }
@@ -43,7 +54,7 @@ pub(crate) struct Tuning {
 /// A request that succeeded inside the open group transaction and waits for its COMMIT.
 struct Pending {
     request: Request,
-    reply: oneshot::Sender<Result<Vec<StatementResult>>>,
+    reply: oneshot::Sender<Result<Executed>>,
     results: Vec<StatementResult>,
 }
 
@@ -182,7 +193,7 @@ impl Actor {
                     }
                     if request.needs_own_transaction() {
                         self.flush(&mut group);
-                        let outcome = self.db.execute_alone(&request);
+                        let outcome = self.db.execute_alone(&request).map(|r| self.executed(r));
                         let _ = reply.send(outcome);
                     } else {
                         self.run_grouped(request, reply, &mut group);
@@ -197,12 +208,7 @@ impl Actor {
         self.flush(&mut group);
     }
 
-    fn run_grouped(
-        &mut self,
-        request: Request,
-        reply: oneshot::Sender<Result<Vec<StatementResult>>>,
-        group: &mut Vec<Pending>,
-    ) {
+    fn run_grouped(&mut self, request: Request, reply: oneshot::Sender<Result<Executed>>, group: &mut Vec<Pending>) {
         if !self.db.in_transaction()
             && let Err(e) = self.db.begin()
         {
@@ -221,7 +227,7 @@ impl Actor {
             }
             Grouped::RunAlone => {
                 self.flush(group);
-                let outcome = self.db.execute_alone(&request);
+                let outcome = self.db.execute_alone(&request).map(|r| self.executed(r));
                 let _ = reply.send(outcome);
             }
             Grouped::Lost(Some(e)) => {
@@ -249,8 +255,9 @@ impl Actor {
         }
         match self.db.commit() {
             Ok(()) => {
+                let bookmark = self.db.bookmark().ok();
                 for pending in group.drain(..) {
-                    let _ = pending.reply.send(Ok(pending.results));
+                    let _ = pending.reply.send(Ok(Executed { results: pending.results, bookmark }));
                 }
             }
             Err(e) if group.len() == 1 || self.db.is_poisoned() => {
@@ -267,12 +274,20 @@ impl Actor {
         }
     }
 
+    /// A request's results with the bookmark as it stands (call after its commit).
+    fn executed(&self, results: Vec<StatementResult>) -> Executed {
+        Executed { results, bookmark: self.db.bookmark().ok() }
+    }
+
     /// Runs each request again in a transaction of its own.
     fn replay(&mut self, group: &mut Vec<Pending>) {
         self.db.rollback();
         for pending in group.drain(..) {
-            let outcome =
-                if self.db.is_poisoned() { Err(Error::Closed) } else { self.db.execute_alone(&pending.request) };
+            let outcome = if self.db.is_poisoned() {
+                Err(Error::Closed)
+            } else {
+                self.db.execute_alone(&pending.request).map(|r| self.executed(r))
+            };
             let _ = pending.reply.send(outcome);
         }
     }

@@ -42,6 +42,7 @@ mod raw;
 mod registry;
 mod request;
 
+pub use actor::Executed;
 pub use database::{Database, DatabaseOptions};
 pub use error::{Error, Result, TRANSACTION_MESSAGE, code_name};
 pub use history::{Bookmark, HistorySettings, MalformedBookmark, Restored};

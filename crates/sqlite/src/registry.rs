@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::actor::{self, Command, Identity, Tuning};
+use crate::actor::{self, Command, Executed, Identity, Tuning};
 use crate::database::{Database, DatabaseOptions};
 use crate::error::{Error, Result};
 use crate::request::{Request, StatementResult};
@@ -108,6 +108,12 @@ impl Registry {
     /// Runs a request on the database `key` (in a group commit when it can); answers once the
     /// outcome is durable.
     pub async fn execute(&self, key: &str, request: Request) -> Result<Vec<StatementResult>> {
+        self.execute_with_bookmark(key, request).await.map(|e| e.results)
+    }
+
+    /// Runs a request as [`Registry::execute`] does, and answers with the bookmark of a state
+    /// that includes it as well.
+    pub async fn execute_with_bookmark(&self, key: &str, request: Request) -> Result<Executed> {
         let (reply, answer) = oneshot::channel();
         self.shared.send(key, Command::Execute { request, reply })?;
         answer.await.unwrap_or(Err(Error::Closed))

@@ -127,6 +127,34 @@ pub fn run(program: &Path, args: &[&str], cwd: &Path, env: &[(&str, String)]) ->
     Run::from(command.output().unwrap_or_else(|e| panic!("cannot run {}: {e}", program.display())))
 }
 
+/// Runs the `kura` CLI on the data directory `data`.
+pub fn kura(cwd: &Path, data: &Path, args: &[&str], env: &[(&str, String)]) -> Run {
+    let mut full: Vec<&str> = args.to_vec();
+    let data = data.display().to_string();
+    full.extend(["--data", &data]);
+    let mut env = env.to_vec();
+    env.push(("KURA_LOG", "error".into()));
+    run(Path::new(kura_bin()), &full, cwd, &env)
+}
+
+/// Where `scripts/test` installed the npm packages the suites drive.
+pub fn compat_dir() -> PathBuf {
+    std::env::var_os("KURA_COMPAT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/compat"))
+}
+
+/// A program `scripts/test` installed; the suites fail, rather than skip, without it.
+pub fn installed(relative: &str) -> PathBuf {
+    let bin = compat_dir().join(relative);
+    assert!(
+        bin.exists(),
+        "{} is not installed; run the README's test command (scripts/test), which installs it",
+        bin.display()
+    );
+    bin
+}
+
 /// Writes a wrangler.toml binding `DB` to the database `name` (with `id` if given).
 pub fn write_wrangler_toml(dir: &Path, name: &str, id: Option<&str>) {
     let id_line = id.map(|i| format!("database_id = \"{i}\"\n")).unwrap_or_default();

@@ -1,18 +1,7 @@
 //! The `kura` CLI: local mode on a data directory, remote mode against a live server, the data
 //! directory lock, and token management while a server runs.
 
-use std::path::Path;
-
-use crate::common::{KuraProcess, Run, TOKEN, kura_bin, run, write_wrangler_toml};
-
-fn kura(cwd: &Path, data: &Path, args: &[&str], env: &[(&str, String)]) -> Run {
-    let mut full: Vec<&str> = args.to_vec();
-    let data = data.display().to_string();
-    full.extend(["--data", &data]);
-    let mut env = env.to_vec();
-    env.push(("KURA_LOG", "error".into()));
-    run(Path::new(kura_bin()), &full, cwd, &env)
-}
+use crate::common::{KuraProcess, TOKEN, kura, write_wrangler_toml};
 
 #[test]
 fn local_mode_works_without_a_server() {

@@ -4,20 +4,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 
-use crate::common::{KuraProcess, Run, run, write_wrangler_toml};
+use crate::common::{KuraProcess, Run, installed, run, write_wrangler_toml};
 
 /// wrangler as `scripts/test` installed it.
 fn wrangler() -> PathBuf {
-    let dir = std::env::var_os("KURA_COMPAT_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/compat"));
-    let bin = dir.join("node_modules/.bin/wrangler");
-    assert!(
-        bin.exists(),
-        "wrangler is not installed at {}; run the README's test command (scripts/test), which installs it",
-        bin.display()
-    );
-    bin
+    installed("node_modules/.bin/wrangler")
 }
 
 struct Wrangler<'a> {

@@ -2,7 +2,7 @@
 //! one place where every error becomes its wire form (status, Cloudflare code, message).
 
 mod d1;
-mod extract;
+pub(crate) mod extract;
 mod graphql;
 mod import_export;
 mod time_travel;
@@ -142,6 +142,11 @@ impl ApiError {
     /// The status this error is answered with.
     pub fn status(&self) -> StatusCode {
         self.status
+    }
+
+    /// The message, as the envelope carries it.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 }
 

@@ -2,6 +2,7 @@
 //! HTTP client, one module per topic.
 
 mod auth;
+mod binding;
 mod common;
 mod databases;
 mod limits;

@@ -1,0 +1,164 @@
+//! D1's binding protocol (reference d1.md §2.1, §2.3): `POST /query` and `/execute` with one
+//! statement `{"sql", "params"}` or an array of them, run as one transaction; an array of
+//! `{"success", "meta", "results"}` back, or `{"success": false, "error"}`. Every answer
+//! carries the database's bookmark in `x-cf-d1-session-commit-token`, which D1's sessions keep.
+
+use std::collections::HashMap;
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use kura_d1::wire::{JsonParams, JsonResults, RowFormat};
+use kura_d1::{Access, Bookmark, Request, ResultMode, Statement};
+
+use crate::AppState;
+use crate::auth::{Caller, Need};
+use crate::rest::ApiError;
+use crate::rest::extract::read_body;
+
+/// The header naming the database, for clients whose URL is fixed (workerd's shim).
+pub const DATABASE_HEADER: &str = "x-kura-d1-database";
+
+/// D1's session header: a constraint or bookmark in, the current bookmark out.
+pub const SESSION_HEADER: &str = "x-cf-d1-session-commit-token";
+
+/// A failure in the binding's shape; the shim reads `error` and ignores the status.
+struct BindingError(ApiError);
+
+impl From<ApiError> for BindingError {
+    fn from(e: ApiError) -> Self {
+        BindingError(e)
+    }
+}
+
+impl From<kura_d1::Error> for BindingError {
+    fn from(e: kura_d1::Error) -> Self {
+        BindingError(e.into())
+    }
+}
+
+impl IntoResponse for BindingError {
+    fn into_response(self) -> Response {
+        // The status is the v4 API's for the same error (a SQL error is a 400, where Miniflare
+        // answers 500): the shim reads only `error`, and a user's bad SQL is not a server fault.
+        let body = serde_json::json!({ "success": false, "error": self.0.message() });
+        (self.0.status(), axum::Json(body)).into_response()
+    }
+}
+
+fn malformed(why: impl std::fmt::Display) -> BindingError {
+    BindingError(ApiError::bad_request(format!("The request is malformed: {why}")))
+}
+
+#[derive(Deserialize)]
+struct BindingStatement {
+    sql: String,
+    #[serde(default)]
+    params: JsonParams,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum BindingBody {
+    Many(Vec<BindingStatement>),
+    One(BindingStatement),
+}
+
+/// `POST /query`: rows as the `resultsFormat` query parameter asks.
+pub async fn query(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+    body: Body,
+) -> Response {
+    run(app, headers, None, query, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /execute`: as `/query` (D1 answers `NONE` with rows anyway).
+pub async fn execute(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+    body: Body,
+) -> Response {
+    run(app, headers, None, query, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /binding/d1/{database}/query`
+pub async fn query_at(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(database): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    body: Body,
+) -> Response {
+    run(app, headers, Some(database), query, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /binding/d1/{database}/execute`
+pub async fn execute_at(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(database): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    body: Body,
+) -> Response {
+    run(app, headers, Some(database), query, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A session header's constraint: kura has one copy of each database, always current, so
+/// every constraint is met at once; a bookmark must at least be one.
+fn check_session(headers: &HeaderMap) -> Result<(), BindingError> {
+    let Some(value) = headers.get(SESSION_HEADER) else { return Ok(()) };
+    let value = value.to_str().map_err(|_| malformed(format!("{SESSION_HEADER} is not text")))?;
+    if value == "first-primary" || value == "first-unconstrained" {
+        return Ok(());
+    }
+    value.parse::<Bookmark>().map(|_| ()).map_err(|e| malformed(format!("{SESSION_HEADER}: {e}")))
+}
+
+async fn run(
+    app: AppState,
+    headers: HeaderMap,
+    database: Option<String>,
+    query: HashMap<String, String>,
+    body: Body,
+) -> Result<Response, BindingError> {
+    let caller = Caller::from_headers(&headers, &app)?;
+    let account = caller.token.account_id.clone();
+    caller.require(&account, Need::D1Read)?;
+    let database = match database {
+        Some(database) => database,
+        None => headers
+            .get(DATABASE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| malformed(format!("the {DATABASE_HEADER} header names no database")))?,
+    };
+    check_session(&headers)?;
+    let format = match query.get("resultsFormat").map(String::as_str) {
+        Some("ROWS_AND_COLUMNS") => RowFormat::Raw,
+        // ARRAY_OF_OBJECTS, the default; NONE answers rows all the same, as D1 does.
+        _ => RowFormat::Objects,
+    };
+    let body = read_body(body).await?;
+    let statements = match serde_json::from_slice::<BindingBody>(&body).map_err(malformed)? {
+        BindingBody::One(s) => vec![s],
+        BindingBody::Many(many) => many,
+    };
+    let statements = statements.into_iter().map(|s| Statement::with_params(s.sql, s.params.0)).collect();
+    // Each element answers once, for its last statement, as workerd's `sql.exec` does.
+    let access = if caller.can_write_d1() { Access::ReadWrite } else { Access::ReadOnly };
+    let request = Request { statements, mode: ResultMode::LastStatement, access };
+    let executed = app.d1.query_with_bookmark(&account, &database, request).await?;
+    let mut response = axum::Json(JsonResults { results: &executed.results, format }).into_response();
+    if let Some(value) = executed.bookmark.and_then(|b| HeaderValue::from_str(&b.to_string()).ok()) {
+        response.headers_mut().insert(SESSION_HEADER, value);
+    }
+    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
