@@ -1,5 +1,6 @@
 //! The D1 suite: kura's `/query` endpoint over HTTP (server and load generator on runtimes of
-//! their own, as two processes would be), then the limit, then the peer.
+//! their own, as two processes would be), then the limit, then the peer, then the peer's own
+//! Worker code with its D1 binding pointed at kura.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -11,7 +12,7 @@ use serde_json::{Value as Json, json};
 
 use crate::load::{self, Stats};
 use crate::report::{self, Row};
-use crate::{Settings, limit, peer};
+use crate::{Settings, limit, peer, worker};
 
 const ACCOUNT: &str = "bench";
 const TOKEN: &str = "bench-token-0123456789abcdefghij";
@@ -53,6 +54,11 @@ impl Kura {
             anyhow::Ok((base, done))
         })?;
         Ok(Kura { base, runtime, stop: Some(stop), done: Some(done) })
+    }
+
+    /// The API listener's host:port.
+    fn api_host(&self) -> String {
+        self.base.trim_start_matches("http://").split('/').next().unwrap_or_default().to_owned()
     }
 
     fn shutdown(mut self) {
@@ -237,6 +243,46 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         &rows,
         &peer_note,
     );
+    if !peer_figures.is_empty() {
+        match worker::workerd() {
+            Some(workerd) => {
+                eprintln!("running the peer's workloads in a Worker bound to kura…");
+                let kura = Kura::start(&scratch.path().join("worker"), true)?;
+                let ops = ["d1_point_select", "d1_insert_single", "d1_batch_100"];
+                let measured = client_runtime.block_on(async {
+                    let client = create_database(&kura.base, "worker").await?;
+                    client.post(&json!({ "sql": KV_TABLE })).await;
+                    worker::run(&workerd, &kura.api_host(), TOKEN, "worker", &ops, settings.peer_ops).await
+                });
+                kura.shutdown();
+                println!();
+                println!(
+                    "Inside a Worker: the peer's code in the peer's workerd; env.DB is workerd's own D1 binding, \
+                     to kura over HTTP (kura) or to Miniflare's simulator (peer); one client, {} ops",
+                    settings.peer_ops
+                );
+                match measured {
+                    Ok(figures) => {
+                        println!("{:<20} {:>10} {:>10} {:>9}", "workload", "kura/s", "peer/s", "vs peer");
+                        for (op, rate) in figures {
+                            let peer = peer_rate(&op);
+                            let ratio = peer.map_or("–".to_owned(), |p| format!("{:.2}×", rate / p));
+                            // Every op counts rows: a batch of 100 is 100.
+                            println!(
+                                "{:<20} {:>10.0} {:>10} {:>9}",
+                                if op == "d1_batch_100" { "d1_batch_100 (rows)" } else { op.as_str() },
+                                rate,
+                                peer.map_or("–".to_owned(), |p| format!("{p:.0}")),
+                                ratio
+                            );
+                        }
+                    }
+                    Err(e) => println!("not measured: {e}"),
+                }
+            }
+            None => println!("\nInside a Worker: not measured (the peer's workerd is not installed)"),
+        }
+    }
     if let Some(costs) = log_cost {
         println!();
         println!("Time Travel's log on durable INSERTs: the same server with capture on and off, measured alternately");
@@ -315,16 +361,20 @@ async fn insert_load(client: &Client, next_id: &Arc<AtomicI64>, clients: usize, 
     .await
 }
 
+const KV_TABLE: &str = "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT, version INTEGER NOT NULL DEFAULT 0)";
+
+/// Creates a database on a server; answers a client for its `/query`.
+async fn create_database(base: &str, name: &str) -> anyhow::Result<Client> {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
+    let created: Json = http.post(base).bearer_auth(TOKEN).json(&json!({ "name": name })).send().await?.json().await?;
+    let Some(uuid) = created["result"]["uuid"].as_str() else { bail!("cannot create the database: {created}") };
+    Ok(Client { http, query: format!("{base}/{uuid}/query").into() })
+}
+
 /// Creates the benchmark's database on a server and fills it.
 async fn prepare(base: &str) -> anyhow::Result<Client> {
-    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
-    let created: Json =
-        http.post(base).bearer_auth(TOKEN).json(&json!({ "name": "bench" })).send().await?.json().await?;
-    let Some(uuid) = created["result"]["uuid"].as_str() else { bail!("cannot create the database: {created}") };
-    let client = Client { http, query: format!("{base}/{uuid}/query").into() };
-    client
-        .post(&json!({ "sql": "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT, version INTEGER NOT NULL DEFAULT 0)" }))
-        .await;
+    let client = create_database(base, "bench").await?;
+    client.post(&json!({ "sql": KV_TABLE })).await;
     for chunk in 0..ROWS / 100 {
         let batch: Vec<Json> = (0..100)
             .map(|j| json!({ "sql": "INSERT INTO kv (id, v) VALUES (?, ?)", "params": [chunk * 100 + j, format!("value-{}", chunk * 100 + j)] }))

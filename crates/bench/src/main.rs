@@ -1,6 +1,7 @@
 //! kura-bench: measures kura over its real HTTP API and, in the same run, the physical limit
 //! (the same statements on in-process SQLite) and the peer (Miniflare running them inside a
-//! Worker), then prints every figure beside its ratios. The machine is shared and noisy; the
+//! Worker), and the peer's Worker code again with workerd's D1 binding pointed at kura; then
+//! prints every figure beside its ratios. The machine is shared and noisy; the
 //! ratios are what count.
 //!
 //! ```text
@@ -14,6 +15,7 @@ mod load;
 mod peer;
 mod report;
 mod time_travel;
+mod worker;
 
 use std::path::PathBuf;
 
