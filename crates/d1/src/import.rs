@@ -56,22 +56,27 @@ pub fn import(db: &mut Database, input: &mut dyn BufRead) -> Result<ImportOutcom
 fn run_all(db: &mut Database, input: &mut dyn BufRead) -> Result<ImportOutcome, ImportError> {
     let mut outcome = ImportOutcome::default();
     let mut pending = String::new();
-    let mut line = String::new();
+    let mut line = Vec::new();
     loop {
         line.clear();
-        let n = input.read_line(&mut line)?;
+        // Never more than the statement may still grow by: one endless line is refused, not held.
+        let room = (MAX_IMPORT_STATEMENT_BYTES - pending.len()) as u64 + 1;
+        let n = std::io::Read::take(&mut *input, room).read_until(b'\n', &mut line)?;
         if n > 0 {
-            pending.push_str(&line);
-            if pending.len() > MAX_IMPORT_STATEMENT_BYTES {
+            if pending.len() + line.len() > MAX_IMPORT_STATEMENT_BYTES {
                 return Err(kura_sqlite::Error::Sql {
                     message: format!("statement too long (over {MAX_IMPORT_STATEMENT_BYTES} bytes)"),
                     code: rusqlite::ffi::SQLITE_TOOBIG,
                 }
                 .into());
             }
+            let text = std::str::from_utf8(&line).map_err(|e| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the SQL is not UTF-8: {e}"))
+            })?;
+            pending.push_str(text);
             // A statement ends with a `;`: only then is the tokenizer asked, so a statement of
             // many lines is scanned once per `;`, not once per line.
-            if !line.contains(';') || !is_complete(&pending) {
+            if !text.contains(';') || !is_complete(&pending) {
                 continue;
             }
         }

@@ -408,6 +408,22 @@ impl D1 {
         Ok(found?)
     }
 
+    /// The current bookmark of a database whose owner is closing to reopen it: asked again
+    /// until the reopened file answers.
+    async fn bookmark_after_reopening(&self, uuid: &str) -> Result<Bookmark> {
+        let mut tries = 0;
+        loop {
+            match self.registry.with_database(uuid, |db| db.bookmark()).await {
+                Ok(found) => return Ok(found?),
+                Err(kura_sqlite::Error::Closed) if tries < 20 => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
     /// Restores a database to a bookmark or a time. Queries already queued run first; later ones
     /// see the restored state. Returns the new bookmark and the previous one (the undo point).
     pub async fn restore(&self, account_id: &str, id_or_name: &str, target: RestoreTarget) -> Result<Restored> {
@@ -482,11 +498,18 @@ impl D1 {
         let database = self.get(account_id, id_or_name)?;
         let outcome = self
             .registry
-            .with_database(&database.uuid, move |db| -> Result<(import::ImportOutcome, Bookmark)> {
+            .with_database(&database.uuid, move |db| -> Result<(import::ImportOutcome, Option<Bookmark>)> {
                 let outcome = import::import(db, &mut input)?;
-                Ok((outcome, db.bookmark()?))
+                // After a failed capture the import is durable but has no position yet.
+                let bookmark = if db.is_poisoned() { None } else { Some(db.bookmark()?) };
+                Ok((outcome, bookmark))
             })
             .await??;
+        let bookmark = match outcome.1 {
+            Some(bookmark) => bookmark,
+            None => self.bookmark_after_reopening(&database.uuid).await?,
+        };
+        let outcome = (outcome.0, bookmark);
         let meta = &outcome.0.meta;
         self.usage.add(
             &database.uuid,

@@ -135,6 +135,9 @@ async fn a_failing_import_changes_nothing() {
     let endless = format!("INSERT INTO t VALUES (4);\nINSERT INTO t VALUES ('{}\n", "x\n".repeat(6_000_000));
     let too_long = e.import("db", endless).await.unwrap_err();
     assert!(too_long.to_string().contains("statement too long"), "{too_long}");
+    let one_line = format!("INSERT INTO t VALUES ('{}", "y".repeat(11_000_000));
+    let too_long = e.import("db", one_line).await.unwrap_err();
+    assert!(too_long.to_string().contains("statement too long"), "{too_long}");
     assert_eq!(e.d1.bookmark(&e.account, "db", None).await.unwrap(), before);
     let (ok, after) =
         e.import("db", "-- a comment\nINSERT INTO t VALUES (2);\nINSERT INTO t VALUES (3)".into()).await.unwrap();

@@ -138,13 +138,15 @@ impl Transfers {
     }
 
     /// Ends a PUT: the file arrived with this MD5, or (`None`) the URL may be used again.
-    fn end_receiving(&self, token: &str, md5: Option<String>) {
-        if let Some(u) = self.lock().uploads.get_mut(token) {
-            u.state = match md5 {
-                Some(md5) => UploadState::Received { md5 },
-                None => UploadState::Expected,
-            };
-        }
+    /// Answers whether the upload is still expected (its URL may have expired meanwhile).
+    fn end_receiving(&self, token: &str, md5: Option<String>) -> bool {
+        let mut state = self.lock();
+        let Some(u) = state.uploads.get_mut(token) else { return false };
+        u.state = match md5 {
+            Some(md5) => UploadState::Received { md5 },
+            None => UploadState::Expected,
+        };
+        true
     }
 
     /// The upload a token stands for, for this database, if its URL is still valid.
@@ -180,15 +182,17 @@ impl Transfers {
     fn sweep(&self) {
         let now = Instant::now();
         let mut state = self.lock();
+        // An upload being received stays until its PUT ends, whatever its age.
+        let gone = |u: &Upload| u.expires <= now && u.state != UploadState::Receiving;
         let expired: Vec<PathBuf> = state
             .downloads
             .values()
             .filter(|(_, t)| *t <= now)
             .map(|(p, _)| p.clone())
-            .chain(state.uploads.values().filter(|u| u.expires <= now).map(|u| u.path.clone()))
+            .chain(state.uploads.values().filter(|u| gone(u)).map(|u| u.path.clone()))
             .collect();
         state.downloads.retain(|_, (_, t)| *t > now);
-        state.uploads.retain(|_, u| u.expires > now);
+        state.uploads.retain(|_, u| !gone(u));
         drop(state);
         for path in expired {
             let _ = std::fs::remove_file(path);
@@ -229,6 +233,24 @@ pub async fn download(State(app): State<AppState>, UrlPath(token): UrlPath<Strin
     }
 }
 
+/// Puts an upload back to expected, and removes what arrived of it, unless the PUT finished:
+/// a PUT whose connection drops never runs to its end.
+struct ReceivingGuard<'a> {
+    transfers: &'a Transfers,
+    token: &'a str,
+    path: &'a Path,
+    finished: bool,
+}
+
+impl Drop for ReceivingGuard<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_file(self.path);
+            self.transfers.end_receiving(self.token, None);
+        }
+    }
+}
+
 /// `PUT /d1-transfers/{token}`: an import's SQL; answers with its MD5 as the ETag.
 pub async fn upload(State(app): State<AppState>, UrlPath(token): UrlPath<String>, body: Body) -> Response {
     let expected = match app.transfers.begin_receiving(&token) {
@@ -240,20 +262,22 @@ pub async fn upload(State(app): State<AppState>, UrlPath(token): UrlPath<String>
             return plain(StatusCode::CONFLICT, "This upload link has already been used.");
         }
     };
+    let mut guard = ReceivingGuard { transfers: &app.transfers, token: &token, path: &expected.path, finished: false };
     match receive(body, &expected.path).await {
         Ok(md5) => {
-            app.transfers.end_receiving(&token, Some(md5.clone()));
+            guard.finished = true;
+            if !app.transfers.end_receiving(&token, Some(md5.clone())) {
+                let _ = tokio::fs::remove_file(&expected.path).await;
+                return plain(StatusCode::NOT_FOUND, "This upload link expired while the file arrived.");
+            }
             let mut response = StatusCode::OK.into_response();
             if let Ok(value) = HeaderValue::from_str(&format!("\"{md5}\"")) {
                 response.headers_mut().insert(header::ETAG, value);
             }
             response
         }
-        Err((status, why)) => {
-            let _ = tokio::fs::remove_file(&expected.path).await;
-            app.transfers.end_receiving(&token, None);
-            plain(status, &why)
-        }
+        // The guard removes the partial file and frees the URL for another try.
+        Err((status, why)) => plain(status, &why),
     }
 }
 

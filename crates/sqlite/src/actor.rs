@@ -255,7 +255,7 @@ impl Actor {
         }
         match self.db.commit() {
             Ok(()) => {
-                let bookmark = self.db.bookmark().ok();
+                let bookmark = self.current_bookmark();
                 for pending in group.drain(..) {
                     let _ = pending.reply.send(Ok(Executed { results: pending.results, bookmark }));
                 }
@@ -276,7 +276,13 @@ impl Actor {
 
     /// A request's results with the bookmark as it stands (call after its commit).
     fn executed(&self, results: Vec<StatementResult>) -> Executed {
-        Executed { results, bookmark: self.db.bookmark().ok() }
+        Executed { results, bookmark: self.current_bookmark() }
+    }
+
+    /// The bookmark of the state just committed; none if the history could not take the
+    /// commit (it gets its position when the file is reopened).
+    fn current_bookmark(&self) -> Option<Bookmark> {
+        if self.db.is_poisoned() { None } else { self.db.bookmark().ok() }
     }
 
     /// Runs each request again in a transaction of its own.

@@ -173,18 +173,17 @@ impl Database {
     /// Opens (or creates) the file and configures the connection: WAL, `synchronous=FULL`,
     /// foreign keys, defensive mode, D1's limits and authorizer.
     pub fn open(options: &DatabaseOptions) -> Result<Self> {
-        if options.history.is_some() && options.path.exists() {
-            history::finish_interrupted_restore(&options.path)?;
-        }
+        let restore_interrupted =
+            options.history.is_some() && options.path.exists() && history::finish_interrupted_restore(&options.path)?;
         let authorizer = Authorizer::default();
         let deadline = Arc::new(AtomicU64::new(0));
         let epoch = Instant::now();
         let wal_frames = Arc::new(AtomicU32::new(0));
         let (conn, page_size) = connect(options, &authorizer, &deadline, epoch, &wal_frames)?;
         let history = match &options.history {
-            Some(settings) => {
-                Some(authorizer.internal(|| History::open(&options.identity, &options.path, &conn, settings.clone()))?)
-            }
+            Some(settings) => Some(authorizer.internal(|| {
+                History::open(&options.identity, &options.path, &conn, settings.clone(), restore_interrupted)
+            })?),
             None => None,
         };
         Ok(Database {

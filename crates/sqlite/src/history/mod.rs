@@ -140,44 +140,54 @@ fn wal_path(db_path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// The file that says a restore is swapping the database file: it names the restore's
-/// position, and exists from before its entry is written until the swap is durable.
-fn restore_marker(dir: &Path) -> PathBuf {
-    dir.join("restore.pending")
-}
+/// Names a restore's position from before its entry is written until the swapped database
+/// file is durable.
+const RESTORE_MARKER: &str = "restore.pending";
+
+/// Names the position a new base must take, from before damage is cut out of the log until
+/// that base's entry is durable.
+const REBASE_MARKER: &str = "rebase.pending";
 
 /// The scratch file a restore builds its image in, beside the database file.
 fn restore_image_path(db_path: &Path) -> PathBuf {
     db_path.with_extension("restore.tmp")
 }
 
-fn write_restore_marker(dir: &Path, seq: u64) -> io::Result<()> {
-    let mut file = File::create(restore_marker(dir))?;
+/// Writes a marker naming a position, durably.
+fn write_marker(dir: &Path, name: &str, seq: u64) -> io::Result<()> {
+    let mut file = File::create(dir.join(name))?;
     io::Write::write_all(&mut file, format!("{seq:016x}\n").as_bytes())?;
     file.sync_all()?;
     sync_dir(dir)
 }
 
-fn remove_restore_marker(dir: &Path) -> io::Result<()> {
-    std::fs::remove_file(restore_marker(dir))?;
+/// A marker's position: `None` without the marker, `Some(None)` if a crash tore its writing
+/// (which happens before anything it guards).
+fn read_marker(dir: &Path, name: &str) -> Result<Option<Option<u64>>> {
+    match std::fs::read_to_string(dir.join(name)) {
+        Ok(text) => Ok(Some(u64::from_str_radix(text.trim(), 16).ok())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_error("reading a marker")(e)),
+    }
+}
+
+/// Removes a marker, durably.
+fn remove_marker(dir: &Path, name: &str) -> io::Result<()> {
+    std::fs::remove_file(dir.join(name))?;
     sync_dir(dir)
 }
 
 /// Before SQLite opens the file: finishes a restore a crash interrupted after its entry was
 /// written (installing the snapshot it recorded), or forgets one interrupted before; and
-/// removes a half-built image.
-pub(crate) fn finish_interrupted_restore(db_path: &Path) -> Result<()> {
+/// removes a half-built image. Answers whether a restore was interrupted.
+pub(crate) fn finish_interrupted_restore(db_path: &Path) -> Result<bool> {
     match std::fs::remove_file(restore_image_path(db_path)) {
         Ok(()) => tracing::warn!(db = %db_path.display(), "removed an unfinished restore image"),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_error("removing an unfinished restore image")(e)),
     }
     let dir = log_dir(db_path);
-    let marker = match std::fs::read_to_string(restore_marker(&dir)) {
-        Ok(text) => u64::from_str_radix(text.trim(), 16).ok(),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io_error("reading the restore marker")(e)),
-    };
+    let Some(marker) = read_marker(&dir, RESTORE_MARKER)? else { return Ok(false) };
     let open = open_segments(&dir).map_err(io_error("reading the history"))?.pop();
     let last = match open {
         Some((path, _)) => segment::last_valid_entry(&path).map_err(|e| read_error(e, "reading the log"))?,
@@ -192,7 +202,8 @@ pub(crate) fn finish_interrupted_restore(db_path: &Path) -> Result<()> {
         // every entry, is removed when the history opens).
         _ => tracing::warn!(db = %db_path.display(), "forgetting a restore interrupted by a crash"),
     }
-    remove_restore_marker(&dir).map_err(io_error("removing the restore marker"))
+    remove_marker(&dir, RESTORE_MARKER).map_err(io_error("removing the restore marker"))?;
+    Ok(true)
 }
 
 /// Replaces the database file with a snapshot's image and drops the WAL.
@@ -257,12 +268,12 @@ fn damaged_copy_path(segment: &Path, offset: u64) -> PathBuf {
 
 /// Whether the bytes after an open segment's last valid record are an append a crash tore
 /// (which the WAL can rebuild) rather than damage to records already made durable.
-fn tail_is_torn(tail: &segment::BadTail, wal: &WalState) -> bool {
+fn tail_is_torn(tail: &segment::BadTail, wal: &WalState, restore_interrupted: bool) -> bool {
     match tail.header {
         Some(header) if header.kind == Kind::Commit => wal.holds(&header),
-        // A restore's entry is synced before the database file is swapped: torn, it is the last
-        // thing written, and the restore never happened.
-        Some(header) => tail.truncated || tail.offset + header.record_len() >= tail.file_len,
+        // A restore's entry is written while its marker exists and is the last thing written:
+        // torn, the restore never happened. Without the marker, it was durable: damage.
+        Some(header) => restore_interrupted && (tail.truncated || tail.offset + header.record_len() >= tail.file_len),
         None => tail.all_zero || tail.file_len - tail.offset < HEADER_LEN as u64,
     }
 }
@@ -300,6 +311,7 @@ impl History {
         db_path: &Path,
         conn: &rusqlite::Connection,
         settings: HistorySettings,
+        restore_interrupted: bool,
     ) -> Result<History> {
         let dir = log_dir(db_path);
         let fresh = !dir.exists();
@@ -334,25 +346,10 @@ impl History {
             salt: read_wal_salt(&wal_path(db_path))?,
             frames: wal_counts(conn, -1)?.0.max(0) as u32, // SQLITE_CHECKPOINT_NOOP: count, change nothing
         };
-        let (open, skipped) = match newest {
+        let (open, tail) = match newest {
             Some((path, first)) => {
-                let mut r = OpenSegment::recover(&path, first).map_err(|e| read_error(e, "recovering the log"))?;
-                let mut skipped = None;
-                if let Some(tail) = r.tail {
-                    if tail_is_torn(&tail, &wal) {
-                        // Never synced, so never checkpointed: the WAL still holds it all, and
-                        // catching up below writes it again.
-                        tracing::warn!(segment = %path.display(), bytes = tail.file_len - tail.offset, "dropping the log's torn tail");
-                        r.segment.cut_tail(&tail, None).map_err(io_error("recovering the log"))?;
-                    } else {
-                        let keep = damaged_copy_path(&path, tail.offset);
-                        tracing::error!(segment = %path.display(), damage = %tail.why, kept = %keep.display(), "the log is damaged; history continues from a new snapshot");
-                        r.segment.cut_tail(&tail, Some(&keep)).map_err(io_error("recovering the log"))?;
-                        // Every record is longer than a header: no lost position can be reused.
-                        skipped = Some((tail.file_len - tail.offset) / HEADER_LEN as u64 + 1);
-                    }
-                }
-                (r.segment, skipped)
+                let r = OpenSegment::recover(&path, first).map_err(|e| read_error(e, "recovering the log"))?;
+                (r.segment, r.tail)
             }
             None => {
                 let last_sealed = sealed.last().map_or(0, |s| s.last_seq);
@@ -382,21 +379,47 @@ impl History {
             broken: false,
         };
         history.find_last_position(last_entry)?;
-        if fresh || history.snapshots.is_empty() {
-            // The history starts with the database as it is now.
-            history.checkpoint_fully(conn)?;
-            let db_pages = history.db_pages(conn)?;
-            history.snapshot(conn, history.last_seq, db_pages)?;
-            history.skip_checkpointed_wal(conn)?;
+        // A new base an earlier recovery decided on but did not finish.
+        let mut rebase_to = read_marker(&history.dir, REBASE_MARKER)?.flatten();
+        if let Some(tail) = tail {
+            let segment = history.open.path.clone();
+            if tail_is_torn(&tail, &wal, restore_interrupted) {
+                // Never synced, so never checkpointed: the WAL still holds it all, and
+                // catching up below writes it again, at the same positions.
+                tracing::warn!(segment = %segment.display(), bytes = tail.file_len - tail.offset, "dropping the log's torn tail");
+                history.open.cut_tail(&tail, None).map_err(io_error("recovering the log"))?;
+            } else {
+                // Positions the damaged bytes held (every record is longer than a header), and
+                // those of records that never reached the file (each came from at least one
+                // frame of the WAL), are never handed out again: the new base comes after all.
+                let lost = (tail.file_len - tail.offset) / HEADER_LEN as u64 + 1 + wal.frames as u64;
+                let base = history.last_seq + lost + 1;
+                write_marker(&history.dir, REBASE_MARKER, base).map_err(io_error("writing the rebase marker"))?;
+                let keep = damaged_copy_path(&segment, tail.offset);
+                tracing::error!(segment = %segment.display(), damage = %tail.why, kept = %keep.display(), "the log is damaged; history continues from a new snapshot");
+                history.open.cut_tail(&tail, Some(&keep)).map_err(io_error("recovering the log"))?;
+                rebase_to = Some(rebase_to.map_or(base, |b| b.max(base)));
+            }
         }
-        match skipped {
-            None => history.catch_up(conn)?,
-            Some(lost) => {
+        match rebase_to {
+            Some(base) => {
                 // What the damaged records held cannot be rebuilt: later bookmarks restore from
-                // a new base, the database as it is (the WAL checkpointed into it), and the
-                // positions the damage took are never handed out again.
-                history.last_seq += lost;
-                history.rebase(conn)?;
+                // a new base, the database as it is (the WAL checkpointed into it).
+                if history.last_seq < base {
+                    history.last_seq = base - 1;
+                    history.rebase(conn)?;
+                }
+                remove_marker(&history.dir, REBASE_MARKER).map_err(io_error("removing the rebase marker"))?;
+            }
+            None => {
+                if fresh || history.snapshots.is_empty() {
+                    // The history starts with the database as it is now.
+                    history.checkpoint_fully(conn)?;
+                    let db_pages = history.db_pages(conn)?;
+                    history.snapshot(conn, history.last_seq, db_pages)?;
+                    history.skip_checkpointed_wal(conn)?;
+                }
+                history.catch_up(conn)?;
             }
         }
         Ok(history)
@@ -603,12 +626,18 @@ impl History {
 
     /// Makes the log durable, then checkpoints the WAL into the database file; takes a snapshot
     /// and prunes what retention no longer needs when it is time.
+    /// A failed snapshot or prune is only logged: the log is whole without them, and the next
+    /// checkpoint tries again.
     pub(crate) fn checkpoint(&mut self, conn: &rusqlite::Connection) -> Result<()> {
-        self.writing(|h| h.checkpoint_and_snapshot(conn))
+        self.writing(|h| h.checkpoint_fully(conn))?;
+        if let Err(e) = self.snapshot_if_due(conn) {
+            tracing::warn!(log = %self.dir.display(), error = %e, "taking a snapshot or pruning failed; retrying at the next checkpoint");
+        }
+        Ok(())
     }
 
-    fn checkpoint_and_snapshot(&mut self, conn: &rusqlite::Connection) -> Result<()> {
-        self.checkpoint_fully(conn)?;
+    /// Takes a snapshot (the WAL just checkpointed) when one is due, then prunes.
+    fn snapshot_if_due(&mut self, conn: &rusqlite::Connection) -> Result<()> {
         let db_pages = self.db_pages(conn)?;
         let db_bytes = db_pages as u64 * self.page_size as u64;
         let snapshot_due = self.log_bytes_since_snapshot >= self.settings.snapshot_log_bytes.max(db_bytes)
@@ -851,7 +880,7 @@ impl History {
         self.snapshots.push(seq);
         self.log_bytes_since_snapshot = 0;
         self.last_snapshot_ms = now_ms();
-        write_restore_marker(&self.dir, seq).map_err(io_error("writing the restore marker"))?;
+        write_marker(&self.dir, RESTORE_MARKER, seq).map_err(io_error("writing the restore marker"))?;
         self.append_restore_entry(seq, db_pages)?;
         self.wal_salt = 0;
         self.wal_frame = 0;
@@ -860,28 +889,33 @@ impl History {
         self.wal_may_restart = true;
         swap_in(db_path, image_path)?;
         // Durably gone before any write reaches the new file, or reopening would undo them.
-        remove_restore_marker(&self.dir).map_err(io_error("removing the restore marker"))
+        remove_marker(&self.dir, RESTORE_MARKER).map_err(io_error("removing the restore marker"))
     }
 
     /// Deletes snapshots and sealed segments no restorable bookmark needs.
     fn prune(&mut self) -> Result<()> {
         let oldest = self.oldest_restorable()?;
         let Some(base) = self.snapshots.iter().rev().find(|&&s| s <= oldest).copied() else { return Ok(()) };
-        let mut removed = false;
-        for seq in self.snapshots.iter().filter(|&&s| s < base) {
-            std::fs::remove_file(snapshot::path_for(&self.dir, *seq)).map_err(io_error("removing an old snapshot"))?;
-            removed = true;
+        // The lists lose each file as it goes, so a failure part-way leaves them true.
+        let mut outcome = Ok(());
+        while let Some(&seq) = self.snapshots.first().filter(|&&s| s < base) {
+            if let Err(e) = std::fs::remove_file(snapshot::path_for(&self.dir, seq)) {
+                outcome = Err(io_error("removing an old snapshot")(e));
+                break;
+            }
+            self.snapshots.remove(0);
         }
-        self.snapshots.retain(|&s| s >= base);
-        for s in self.sealed.iter().filter(|s| s.last_seq <= base) {
-            std::fs::remove_file(&s.path).map_err(io_error("removing an old log segment"))?;
-            removed = true;
+        while outcome.is_ok()
+            && let Some(segment) = self.sealed.first().filter(|s| s.last_seq <= base)
+        {
+            if let Err(e) = std::fs::remove_file(&segment.path) {
+                outcome = Err(io_error("removing an old log segment")(e));
+                break;
+            }
+            self.sealed.remove(0);
         }
-        self.sealed.retain(|s| s.last_seq > base);
-        if removed {
-            sync_dir(&self.dir).map_err(io_error("syncing the log directory"))?;
-        }
-        Ok(())
+        sync_dir(&self.dir).map_err(io_error("syncing the log directory"))?;
+        outcome
     }
 
     /// Bytes the history occupies on disk.

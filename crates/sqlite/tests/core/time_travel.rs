@@ -248,6 +248,54 @@ async fn damage_inside_the_open_segment_keeps_what_is_sound_and_never_reuses_a_p
     assert_eq!(ids(&rows(&cx).await).last(), Some(&100), "history goes on after the damage");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_base_decided_before_a_crash_is_taken_on_the_next_open() {
+    let cx = Context::with_history(small());
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (1, 'a')").await;
+    let b1 = bookmark(&cx).await;
+    cx.ok("INSERT INTO t VALUES (2, 'b')").await;
+    let b2 = bookmark(&cx).await;
+    cx.registry.close("db").await;
+    // As if recovery had cut damage out of the log and died before taking the new base.
+    let base = b2.seq + 1000;
+    std::fs::write(cx.dir.path().join("db/log/rebase.pending"), format!("{base:016x}\n")).unwrap();
+
+    assert_eq!(ids(&rows(&cx).await), [1, 2]);
+    assert_eq!(bookmark(&cx).await.seq, base, "the new base takes the position decided before the crash");
+    assert!(!cx.dir.path().join("db/log/rebase.pending").exists());
+    cx.ok("INSERT INTO t VALUES (3, 'c')").await;
+    restore(&cx, b1).await.unwrap();
+    assert_eq!(ids(&rows(&cx).await), [1], "history before the base still restores");
+    cx.registry.close("db").await;
+    assert_eq!(ids(&rows(&cx).await), [1], "and reopening does not take the base again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_restore_entry_is_damage_not_a_torn_append() {
+    let cx = Context::with_history(small());
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (1, 'a')").await;
+    let b1 = bookmark(&cx).await;
+    cx.ok("INSERT INTO t VALUES (2, 'b')").await;
+    let restored = restore(&cx, b1).await.unwrap();
+    cx.registry.close("db").await;
+    // The restore finished; then its entry, the log's last record, rots.
+    let open = log_files(&cx, ".open").pop().unwrap();
+    let mut bytes = std::fs::read(&open).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&open, bytes).unwrap();
+
+    assert_eq!(ids(&rows(&cx).await), [1], "the restored file stays");
+    assert!(bookmark(&cx).await.seq > restored.bookmark.seq, "the restore's position is not reused");
+    assert_eq!(log_files(&cx, ".damaged").len(), 1);
+    cx.ok("INSERT INTO t VALUES (3, 'c')").await;
+    let later = bookmark(&cx).await;
+    restore(&cx, restored.previous).await.unwrap();
+    assert_eq!(ids(&rows(&cx).await), [1, 2], "the state before the restore still restores");
+    restore(&cx, later).await.unwrap();
+    assert_eq!(ids(&rows(&cx).await), [1, 3]);
+}
+
 /// A small deterministic generator, so a failure can be replayed from its seed.
 struct Rng(u64);
 
