@@ -8,16 +8,18 @@ use kura_sqlite::{Database, DatabaseOptions, HistorySettings, Request, Statement
 
 use crate::Settings;
 
-fn history(snapshot_log_bytes: u64) -> HistorySettings {
-    HistorySettings {
-        snapshot_log_bytes,
-        snapshot_age: Duration::from_secs(365 * 86_400),
-        ..HistorySettings::default()
-    }
+fn history(snapshot_log_bytes: u64, snapshot_age: Duration) -> HistorySettings {
+    HistorySettings { snapshot_log_bytes, snapshot_age, ..HistorySettings::default() }
+}
+
+const NEVER: Duration = Duration::from_secs(365 * 86_400);
+
+fn open_with(path: &std::path::Path, settings: HistorySettings) -> anyhow::Result<Database> {
+    Ok(Database::open(&DatabaseOptions::new(path).create(true).history(settings, "bench"))?)
 }
 
 fn open(path: &std::path::Path, snapshot_log_bytes: u64) -> anyhow::Result<Database> {
-    Ok(Database::open(&DatabaseOptions::new(path).create(true).history(history(snapshot_log_bytes), "bench"))?)
+    open_with(path, history(snapshot_log_bytes, NEVER))
 }
 
 fn run(db: &mut Database, sql: &str, params: Vec<Value>) -> anyhow::Result<()> {
@@ -58,6 +60,13 @@ pub fn run_suite(settings: &Settings, gib: f64, transactions: u64) -> anyhow::Re
         db.checkpoint()?;
     }
     let fill = started.elapsed();
+    {
+        // One more commit and a checkpoint that must snapshot: the history's last snapshot is
+        // now the full database, and only the small transactions below come after it.
+        let mut db = open_with(&path, history(u64::MAX, Duration::ZERO))?;
+        run(&mut db, "UPDATE blobs SET body = zeroblob(40) WHERE id = 0", vec![])?;
+        db.checkpoint()?;
+    }
     let db_bytes = std::fs::metadata(&path)?.len();
 
     eprintln!("running {transactions} small transactions after the last snapshot…");

@@ -819,21 +819,20 @@ impl History {
         let header = snapshot::copy_image(&plan.snapshot, out)
             .map_err(|e| read_error(e, &format!("reading {}", plan.snapshot.display())))?;
         let mut db_pages = header.db_pages;
-        let mut files: Vec<(PathBuf, File)> = Vec::new();
+        let mut segment: Option<(&Path, File, u64)> = None;
+        let mut buf = Vec::new();
         for (path, offset, seq) in &plan.records {
-            if files.last().is_none_or(|(p, _)| p != path) {
-                files.push((path.clone(), File::open(path).map_err(io_error("opening a log segment"))?));
+            if segment.as_ref().is_none_or(|(p, _, _)| p != path) {
+                let file = File::open(path).map_err(io_error("opening a log segment"))?;
+                let len = file.metadata().map_err(io_error("reading a log segment"))?.len();
+                segment = Some((path, file, len));
             }
-            let file = &files.last().expect("just pushed").1;
-            let len = file.metadata().map_err(io_error("reading a log segment"))?.len();
-            let context = format!("record {seq} in {}", path.display());
-            let record = record::verify_at(file, *offset, len)
-                .map_err(|e| read_error(e, &context))?
-                .ok_or_else(|| damaged(format!("{context} is missing")))?;
-            record::pages_at(file, *offset, &record, |pgno, data| {
-                out.write_all_at(data, (pgno as u64 - 1) * record.page_size as u64)
+            let (_, file, len) = segment.as_ref().expect("just opened");
+            let page_size = self.page_size as u64;
+            let record = record::apply_at(file, *offset, *len, &mut buf, |pgno, data| {
+                out.write_all_at(data, (pgno as u64 - 1) * page_size)
             })
-            .map_err(io_error("writing the restored image"))?;
+            .map_err(|e| read_error(e, &format!("record {seq} in {}", path.display())))?;
             db_pages = record.db_pages;
         }
         out.set_len(db_pages as u64 * self.page_size as u64).map_err(io_error("sizing the restored image"))?;

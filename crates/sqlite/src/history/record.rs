@@ -203,6 +203,38 @@ pub(crate) fn verify_at(file: &File, offset: u64, len: u64) -> Result<Option<Hea
     Ok(Some(header))
 }
 
+/// Records up to this size are read once, whole, into the caller's buffer.
+const WHOLE_RECORD_MAX: u64 = 8 << 20;
+
+/// Checks the record at `offset` (of a file `len` bytes long) and hands each of its pages to
+/// `page`, in order, only once every byte is checked. A record of up to `WHOLE_RECORD_MAX`
+/// bytes is read once into `buf` (kept by the caller across records); a larger one is streamed
+/// twice, to check it and then to apply it.
+pub(crate) fn apply_at(
+    file: &File,
+    offset: u64,
+    len: u64,
+    buf: &mut Vec<u8>,
+    mut page: impl FnMut(u32, &[u8]) -> io::Result<()>,
+) -> Result<Header, ReadError> {
+    let (header, _) = raw_header_at(file, offset, len)?;
+    if header.record_len() > WHOLE_RECORD_MAX {
+        let checked = verify_at(file, offset, len)?.ok_or(ReadError::Truncated)?;
+        pages_at(file, offset, &checked, page)?;
+        return Ok(checked);
+    }
+    buf.resize(header.record_len() as usize, 0);
+    file.read_exact_at(buf, offset)?;
+    let body_end = buf.len() - 4;
+    if crc32fast::hash(&buf[..body_end]).to_le_bytes() != buf[body_end..] {
+        return Err(ReadError::Corrupt(format!("record {} (at byte {offset}) fails its checksum", header.seq)));
+    }
+    for entry in buf[HEADER_LEN..body_end].chunks_exact(4 + header.page_size as usize) {
+        page(u32::from_le_bytes(entry[..4].try_into().expect("4 bytes")), &entry[4..])?;
+    }
+    Ok(header)
+}
+
 /// Hands each page of a record already checked by [`verify_at`] to `page`, in order.
 pub(crate) fn pages_at(
     file: &File,
@@ -282,6 +314,30 @@ mod tests {
             let (_keep, file) = file_of(&bad);
             assert!(verify_at(&file, 0, bad.len() as u64).is_err(), "flipping byte {flip} went unnoticed");
         }
+    }
+
+    #[test]
+    fn applying_checks_before_handing_out_pages() {
+        let bytes = encoded();
+        let (_keep, file) = file_of(&bytes);
+        let mut buf = Vec::new();
+        let mut pages = Vec::new();
+        let h = apply_at(&file, 0, bytes.len() as u64, &mut buf, |n, d| {
+            pages.push((n, d[0]));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((h, pages), (header(2), vec![(1, 1), (3, 3)]));
+        let mut bad = bytes.clone();
+        bad[HEADER_LEN + 100] ^= 1;
+        let (_keep, file) = file_of(&bad);
+        let mut handed = 0;
+        let outcome = apply_at(&file, 0, bad.len() as u64, &mut buf, |_, _| {
+            handed += 1;
+            Ok(())
+        });
+        assert!(matches!(outcome, Err(ReadError::Corrupt(_))));
+        assert_eq!(handed, 0, "no page of a damaged record is used");
     }
 
     #[test]
