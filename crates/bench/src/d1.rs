@@ -39,7 +39,11 @@ impl Kura {
             settings.d1.history = None;
         }
         let node = Node::open(dir, settings)?;
-        node.bootstrap(&CredentialsConfig { account_id: Some(ACCOUNT.into()), api_token: Some(TOKEN.into()) })?;
+        node.bootstrap(&CredentialsConfig {
+            account_id: Some(ACCOUNT.into()),
+            api_token: Some(TOKEN.into()),
+            s3_key: None,
+        })?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (base, done) = runtime.block_on(async {
             let api = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -3,7 +3,8 @@
 //!
 //! - [`Catalog`]: the open catalog; cheap to share behind an `Arc`.
 //! - accounts ([`Account`]), API tokens ([`Token`], [`Scope`]), D1 databases ([`D1Database`])
-//!   and their hourly usage ([`Usage`]).
+//!   and their hourly usage ([`Usage`]), R2 buckets ([`R2Bucket`]) and the S3 keys that reach
+//!   them ([`S3Credential`], derived from tokens as R2 derives them).
 //!
 //! The catalog is small and written rarely: one connection reads and another writes, each
 //! behind a mutex, so reads (every request authenticates) never wait behind a write that waits
@@ -24,6 +25,7 @@
 
 mod account;
 mod d1;
+mod r2;
 mod token;
 
 use std::path::{Path, PathBuf};
@@ -32,6 +34,7 @@ use std::time::Duration;
 
 pub use account::{Account, is_valid_account_id};
 pub use d1::{D1Database, D1DatabaseList, NewD1Database, Usage, UsageDelta, is_valid_database_name};
+pub use r2::{R2Bucket, S3Credential, is_valid_bucket_name};
 pub use token::{Scope, Token};
 
 /// What can go wrong with the catalog, grouped by what the caller must do.
@@ -79,7 +82,8 @@ pub struct Catalog {
 }
 
 /// The catalog's schema, one entry per version; applied in order, never edited once shipped.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
     CREATE TABLE accounts (
         id         TEXT PRIMARY KEY,
         name       TEXT NOT NULL,
@@ -113,7 +117,28 @@ const MIGRATIONS: &[&str] = &[r#"
         rows_written  INTEGER NOT NULL DEFAULT 0,
         PRIMARY KEY (database_id, hour)
     ) WITHOUT ROWID;
-"#];
+"#,
+    r#"
+    CREATE TABLE r2_buckets (
+        id            TEXT PRIMARY KEY,
+        account_id    TEXT NOT NULL REFERENCES accounts(id),
+        name          TEXT NOT NULL,
+        created_at    TEXT NOT NULL,
+        location      TEXT,
+        storage_class TEXT NOT NULL DEFAULT 'Standard',
+        UNIQUE (account_id, name)
+    );
+    CREATE TABLE s3_keys (
+        access_key_id TEXT PRIMARY KEY,
+        account_id    TEXT NOT NULL REFERENCES accounts(id),
+        secret        TEXT NOT NULL,
+        scope         TEXT NOT NULL,
+        buckets       TEXT,
+        created_at    TEXT NOT NULL
+    );
+    ALTER TABLE tokens ADD COLUMN buckets TEXT;
+"#,
+];
 
 impl Catalog {
     /// Opens the catalog at `path`, creating it and bringing its schema up to date.

@@ -19,6 +19,10 @@ pub enum Scope {
     D1Read,
     /// Read and write D1 databases: create, delete, run any statement.
     D1Write,
+    /// Read R2 buckets and objects (R2's "Object Read only").
+    R2Read,
+    /// Read and write R2 buckets and objects (R2's "Admin Read & Write").
+    R2Write,
 }
 
 impl Scope {
@@ -32,8 +36,18 @@ impl Scope {
         matches!(self, Scope::Admin | Scope::D1Write)
     }
 
+    /// Whether a token with this scope may read R2 buckets and objects.
+    pub fn can_read_r2(self) -> bool {
+        matches!(self, Scope::Admin | Scope::R2Read | Scope::R2Write)
+    }
+
+    /// Whether a token with this scope may create, change and delete R2 buckets and objects.
+    pub fn can_write_r2(self) -> bool {
+        matches!(self, Scope::Admin | Scope::R2Write)
+    }
+
     /// Every scope, for help texts.
-    pub const ALL: &'static [Scope] = &[Scope::Admin, Scope::D1Read, Scope::D1Write];
+    pub const ALL: &'static [Scope] = &[Scope::Admin, Scope::D1Read, Scope::D1Write, Scope::R2Read, Scope::R2Write];
 }
 
 impl fmt::Display for Scope {
@@ -42,6 +56,8 @@ impl fmt::Display for Scope {
             Scope::Admin => "admin",
             Scope::D1Read => "d1:read",
             Scope::D1Write => "d1:write",
+            Scope::R2Read => "r2:read",
+            Scope::R2Write => "r2:write",
         })
     }
 }
@@ -54,7 +70,11 @@ impl FromStr for Scope {
             "admin" => Ok(Scope::Admin),
             "d1:read" => Ok(Scope::D1Read),
             "d1:write" => Ok(Scope::D1Write),
-            other => Err(Error::Invalid(format!("unknown scope '{other}': use admin, d1:read or d1:write"))),
+            "r2:read" => Ok(Scope::R2Read),
+            "r2:write" => Ok(Scope::R2Write),
+            other => Err(Error::Invalid(format!(
+                "unknown scope '{other}': use admin, d1:read, d1:write, r2:read or r2:write"
+            ))),
         }
     }
 }

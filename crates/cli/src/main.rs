@@ -84,7 +84,9 @@ fn main() -> ExitCode {
 /// The server logs its start and notable events; other commands stay quiet unless asked.
 fn default_log_filter(command: &Command) -> &'static str {
     match command {
-        Command::Serve(_) => "info,tower_http=warn",
-        _ => "warn",
+        // s3s reports every client error (a bad signature, an unknown key) at ERROR; kura answers
+        // those to the client, they are not the server's failures.
+        Command::Serve(_) => "info,tower_http=warn,s3s=off",
+        _ => "warn,s3s=off",
     }
 }

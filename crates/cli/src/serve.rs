@@ -26,6 +26,12 @@ pub struct ServeArgs {
     /// Make this secret an admin API token of the account.
     #[arg(long, env = "KURA_API_TOKEN", hide_env_values = true)]
     api_token: Option<String>,
+    /// Make this access key id (with --s3-secret-access-key) a read-write S3 key of the account.
+    #[arg(long, env = "KURA_S3_ACCESS_KEY_ID", hide_env_values = true, requires = "s3_secret_access_key")]
+    s3_access_key_id: Option<String>,
+    /// The secret of --s3-access-key-id.
+    #[arg(long, env = "KURA_S3_SECRET_ACCESS_KEY", hide_env_values = true, requires = "s3_access_key_id")]
+    s3_secret_access_key: Option<String>,
     /// Days of history Time Travel keeps restorable.
     #[arg(long, env = "KURA_TIME_TRAVEL_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3650))]
     time_travel_days: u64,
@@ -37,7 +43,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         history.retention = std::time::Duration::from_secs(args.time_travel_days * 24 * 3600);
     }
     let node = Node::open(&args.data.data, settings)?;
-    let credentials = CredentialsConfig { account_id: args.account_id.clone(), api_token: args.api_token.clone() };
+    let credentials = CredentialsConfig {
+        account_id: args.account_id.clone(),
+        api_token: args.api_token.clone(),
+        s3_key: args.s3_access_key_id.clone().zip(args.s3_secret_access_key.clone()),
+    };
     let boot = node.bootstrap(&credentials)?;
     let api = TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
     let s3 = TcpListener::bind(args.s3_listen).await.with_context(|| format!("cannot listen on {}", args.s3_listen))?;
@@ -57,6 +67,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         println!("  export CLOUDFLARE_API_BASE_URL={api_url}");
         println!("  export CLOUDFLARE_ACCOUNT_ID={}", boot.account.id);
         println!("  export CLOUDFLARE_API_TOKEN={secret}");
+        if let Some(token) = node.catalog().authenticate(secret)?
+            && let Some(key) = node.catalog().s3_credential(&token.id)?
+        {
+            println!();
+            println!("and the AWS CLI or SDKs at its S3 listener (R2 derives S3 keys from tokens the same way) with:");
+            println!("  export AWS_ACCESS_KEY_ID={}", key.access_key_id);
+            println!("  export AWS_SECRET_ACCESS_KEY={}", key.secret_access_key);
+            println!("  export AWS_DEFAULT_REGION=auto AWS_ENDPOINT_URL={s3_url}");
+        }
     }
     println!("ready");
 

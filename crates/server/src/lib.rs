@@ -51,6 +51,8 @@ pub struct AppState {
     pub d1: Arc<D1>,
     /// Export downloads and import uploads.
     pub transfers: Arc<transfer::Transfers>,
+    /// The R2 engine.
+    pub r2: Arc<kura_r2::R2>,
 }
 
 /// The API listener's whole application: `/healthz` and `/client/v4/…`.
@@ -74,7 +76,12 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let transfers = Arc::new(transfer::Transfers::open(&node.dir().join("transfers"))?);
-    let state = AppState { catalog: Arc::clone(node.catalog()), d1: Arc::clone(node.d1()), transfers };
+    let state = AppState {
+        catalog: Arc::clone(node.catalog()),
+        d1: Arc::clone(node.d1()),
+        transfers,
+        r2: Arc::clone(node.r2()),
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
@@ -83,14 +90,22 @@ pub async fn serve(
     let api = api.tap_io(no_delay);
     let s3 = s3.tap_io(no_delay);
     let api_server = axum::serve(api, app(state.clone())).with_graceful_shutdown(stopped(stop_rx.clone()));
-    let s3_server = axum::serve(s3, s3::routes()).with_graceful_shutdown(stopped(stop_rx));
+    let sweeper = tokio::spawn(sweep_r2_periodically(
+        Arc::clone(&state.catalog),
+        Arc::clone(&state.r2),
+        stopped(stop_rx.clone()),
+    ));
+    let s3_routes = s3::routes(Arc::clone(&state.catalog), Arc::clone(&state.r2));
+    let s3_server = axum::serve(s3, s3_routes).with_graceful_shutdown(stopped(stop_rx));
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
     let (api_result, s3_result) = tokio::join!(api_server.into_future(), s3_server.into_future());
     let _ = usage_flusher.await;
+    let _ = sweeper.await;
     state.d1.shutdown().await;
+    state.r2.shutdown().await;
     drop(node);
     api_result.and(s3_result)
 }
@@ -99,6 +114,33 @@ pub async fn serve(
 fn no_delay(stream: &mut tokio::net::TcpStream) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+    }
+}
+
+/// Sweeps every bucket at start-up (orphan blobs left by a crash) and then hourly (expired
+/// multipart uploads, blobs whose removal failed).
+async fn sweep_r2_periodically(catalog: Arc<Catalog>, r2: Arc<kura_r2::R2>, stop: impl Future<Output = ()>) {
+    tokio::pin!(stop);
+    loop {
+        let buckets = {
+            let catalog = Arc::clone(&catalog);
+            tokio::task::spawn_blocking(move || catalog.all_r2_buckets()).await
+        };
+        match buckets {
+            Ok(Ok(buckets)) => {
+                for bucket in buckets {
+                    if let Err(e) = r2.sweep(&bucket.id).await {
+                        tracing::warn!(bucket = bucket.name, error = %e, "could not sweep a bucket");
+                    }
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not list buckets to sweep"),
+            Err(e) => tracing::warn!(error = %e, "the sweep task failed"),
+        }
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+        }
     }
 }
 

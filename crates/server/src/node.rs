@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use kura_catalog::{Account, Catalog, Scope};
 use kura_d1::{D1, D1Settings};
+use kura_r2::{R2, R2Settings};
 
 /// Why a data directory could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +39,9 @@ pub enum NodeError {
     /// The D1 engine failed to start.
     #[error(transparent)]
     D1(#[from] kura_d1::Error),
+    /// The R2 engine failed to start.
+    #[error(transparent)]
+    R2(#[from] kura_r2::R2Error),
 }
 
 /// Credentials pinned by configuration (`KURA_ACCOUNT_ID`, `KURA_API_TOKEN`).
@@ -47,6 +51,9 @@ pub struct CredentialsConfig {
     pub account_id: Option<String>,
     /// Make this secret an admin token of that account.
     pub api_token: Option<String>,
+    /// Make this pair a read-write S3 key of that account (`KURA_S3_ACCESS_KEY_ID`,
+    /// `KURA_S3_SECRET_ACCESS_KEY`).
+    pub s3_key: Option<(String, String)>,
 }
 
 /// The account kura acts for by default, and an admin token if one was just created.
@@ -63,6 +70,8 @@ pub struct Bootstrap {
 pub struct NodeSettings {
     /// The D1 engine's settings.
     pub d1: D1Settings,
+    /// The R2 engine's settings.
+    pub r2: R2Settings,
 }
 
 /// An opened data directory. Dropping it releases the directory.
@@ -70,6 +79,7 @@ pub struct Node {
     dir: PathBuf,
     catalog: Arc<Catalog>,
     d1: Arc<D1>,
+    r2: Arc<R2>,
     _lock: File,
 }
 
@@ -81,7 +91,8 @@ impl Node {
         let lock = lock_directory(dir)?;
         let catalog = Arc::new(Catalog::open(dir.join("catalog.sqlite"))?);
         let d1 = Arc::new(D1::open(dir, Arc::clone(&catalog), settings.d1)?);
-        Ok(Node { dir: dir.to_owned(), catalog, d1, _lock: lock })
+        let r2 = Arc::new(R2::open(dir.join("r2"), settings.r2)?);
+        Ok(Node { dir: dir.to_owned(), catalog, d1, r2, _lock: lock })
     }
 
     /// The data directory.
@@ -97,6 +108,11 @@ impl Node {
     /// The D1 engine.
     pub fn d1(&self) -> &Arc<D1> {
         &self.d1
+    }
+
+    /// The R2 engine.
+    pub fn r2(&self) -> &Arc<R2> {
+        &self.r2
     }
 
     /// Makes sure the default account exists (with `config`'s id if given) and, if configured,
@@ -117,6 +133,9 @@ pub fn bootstrap(catalog: &Catalog, config: &CredentialsConfig) -> Result<Bootst
         Some(account) => (account, false),
         None => (catalog.create_account(config.account_id.as_deref(), "default")?, true),
     };
+    if let Some((access_key_id, secret)) = &config.s3_key {
+        catalog.ensure_s3_key(&account.id, access_key_id, secret)?;
+    }
     if let Some(secret) = &config.api_token {
         catalog.ensure_admin_token(&account.id, secret)?;
         return Ok(Bootstrap { account, new_token: None });

@@ -141,7 +141,8 @@ impl Backend {
             return Ok(Backend::Remote(ApiClient::from_env().await?));
         }
         let node = Node::open(&data.data, NodeSettings::default())?;
-        let credentials = CredentialsConfig { account_id: std::env::var("KURA_ACCOUNT_ID").ok(), api_token: None };
+        let credentials =
+            CredentialsConfig { account_id: std::env::var("KURA_ACCOUNT_ID").ok(), api_token: None, s3_key: None };
         let boot = node.bootstrap(&credentials)?;
         if let Some(secret) = boot.new_token {
             eprintln!(

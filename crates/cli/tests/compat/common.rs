@@ -8,6 +8,8 @@ use std::time::Duration;
 
 pub const ACCOUNT: &str = "compat-account";
 pub const TOKEN: &str = "compat-admin-token-0123456789abcdef";
+pub const S3_ACCESS_KEY_ID: &str = "compat-s3-key";
+pub const S3_SECRET_ACCESS_KEY: &str = "compat-s3-secret-0123456789abcdef";
 
 pub fn kura_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kura")
@@ -17,6 +19,7 @@ pub fn kura_bin() -> &'static str {
 pub struct KuraProcess {
     child: Child,
     pub api: String,
+    pub s3: String,
     pub data: PathBuf,
     pub dir: tempfile::TempDir,
 }
@@ -34,7 +37,9 @@ impl KuraProcess {
             .arg(&data)
             .env("KURA_ACCOUNT_ID", ACCOUNT)
             .env("KURA_API_TOKEN", TOKEN)
-            .env("KURA_LOG", "warn")
+            .env("KURA_S3_ACCESS_KEY_ID", S3_ACCESS_KEY_ID)
+            .env("KURA_S3_SECRET_ACCESS_KEY", S3_SECRET_ACCESS_KEY)
+            .env("KURA_LOG", "warn,s3s=off")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -43,23 +48,26 @@ impl KuraProcess {
         let (tx, rx) = std::sync::mpsc::channel();
         // Read the banner for the address, then keep draining so the server never blocks on it.
         std::thread::spawn(move || {
-            let mut api = None;
+            let (mut api, mut s3) = (None, None);
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 if let Some(url) = line.trim().strip_prefix("API (Cloudflare v4):") {
                     api = Some(url.trim().to_owned());
                 }
+                if let Some(url) = line.trim().strip_prefix("S3:") {
+                    s3 = Some(url.trim().to_owned());
+                }
                 if line == "ready" {
-                    let _ = tx.send(api.take());
+                    let _ = tx.send(api.take().zip(s3.take()));
                 }
             }
         });
-        let api = rx
+        let (api, s3) = rx
             .recv_timeout(Duration::from_secs(60))
             .ok()
             .flatten()
-            .expect("kura serve printed its API address and became ready");
-        KuraProcess { child, api, data, dir }
+            .expect("kura serve printed its API and S3 addresses and became ready");
+        KuraProcess { child, api, s3, data, dir }
     }
 
     /// Environment that points wrangler (or `kura --remote`) at this server.
@@ -68,6 +76,21 @@ impl KuraProcess {
             ("CLOUDFLARE_API_BASE_URL", self.api.clone()),
             ("CLOUDFLARE_API_TOKEN", TOKEN.to_owned()),
             ("CLOUDFLARE_ACCOUNT_ID", ACCOUNT.to_owned()),
+        ]
+    }
+
+    /// Environment that points the AWS CLI and SDKs at this server's S3 listener.
+    pub fn s3_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ACCESS_KEY_ID", S3_ACCESS_KEY_ID.to_owned()),
+            ("AWS_SECRET_ACCESS_KEY", S3_SECRET_ACCESS_KEY.to_owned()),
+            ("AWS_DEFAULT_REGION", "auto".to_owned()),
+            ("AWS_ENDPOINT_URL", self.s3.clone()),
+            ("KURA_S3_ENDPOINT", self.s3.clone()),
+            // Nothing from the developer's own AWS setup may leak in.
+            ("AWS_CONFIG_FILE", "/dev/null".to_owned()),
+            ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null".to_owned()),
+            ("AWS_PAGER", String::new()),
         ]
     }
 

@@ -1,12 +1,13 @@
 //! Client compatibility: the real `kura` binary as a server, driven by real wrangler 4.85.0,
-//! by real workerd through its own D1 binding, and by the `kura` CLI itself, locally and
-//! remotely.
+//! by real workerd through its own D1 binding, by the AWS CLI and boto3 over S3, and by the
+//! `kura` CLI itself, locally and remotely.
 //!
-//! wrangler (and the workerd it depends on) is installed by the README's test command
-//! (`scripts/test`) into `target/compat`; these tests fail, rather than skip, when it is missing.
+//! wrangler (and the workerd it depends on), the AWS CLI and boto3 are installed by the README's
+//! test command (`scripts/test`) when missing; these tests fail, rather than skip, without them.
 
 mod common;
 mod crash;
 mod kura_cli;
+mod s3_clients;
 mod workerd;
 mod wrangler;

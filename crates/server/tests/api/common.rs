@@ -25,7 +25,12 @@ impl Server {
     pub async fn start() -> Server {
         let dir = tempfile::tempdir().unwrap();
         let node = Node::open(dir.path(), NodeSettings::default()).unwrap();
-        node.bootstrap(&CredentialsConfig { account_id: Some(ACCOUNT.into()), api_token: Some(TOKEN.into()) }).unwrap();
+        node.bootstrap(&CredentialsConfig {
+            account_id: Some(ACCOUNT.into()),
+            api_token: Some(TOKEN.into()),
+            s3_key: None,
+        })
+        .unwrap();
         let catalog = Arc::clone(node.catalog());
         let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let s3 = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -39,7 +39,10 @@ impl Database {
                 history.capture(self.wal_frames.load(Ordering::Relaxed))?;
                 history.checkpoint(conn)
             }),
-            None => conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)").map_err(Error::internal),
+            None => self
+                .authorizer
+                .internal(|| conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)"))
+                .map_err(Error::internal),
         };
         if outcome.is_err() {
             self.poisoned = true;

@@ -1,0 +1,230 @@
+"""boto3 against kura's S3 listener: what R2's users do with the SDK, each check a real request.
+
+Run by the compat suite (s3_clients.rs) with KURA_S3_ENDPOINT, AWS_ACCESS_KEY_ID and
+AWS_SECRET_ACCESS_KEY set. CHECKSUMS picks botocore's checksum mode: when_supported (the
+default since boto3 1.36, CRC32 on every upload) or when_required.
+"""
+
+import hashlib
+import os
+import sys
+import urllib.error
+import urllib.request
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+ENDPOINT = os.environ["KURA_S3_ENDPOINT"]
+MODE = os.environ.get("CHECKSUMS", "when_supported")
+s3 = boto3.client(
+    "s3",
+    endpoint_url=ENDPOINT,
+    region_name="auto",
+    config=Config(
+        signature_version="s3v4",
+        s3={"addressing_style": "path"},
+        request_checksum_calculation=MODE,
+        response_checksum_validation=MODE,
+    ),
+)
+
+
+def expect_error(code, status, fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except ClientError as e:
+        got = (e.response["Error"]["Code"], e.response["ResponseMetadata"]["HTTPStatusCode"])
+        assert got == (code, status), f"expected {code}/{status}, got {got}: {e}"
+        return e
+    raise AssertionError(f"expected {code}/{status}, the call succeeded")
+
+
+bucket = f"boto-{MODE.replace('_', '-')}"
+s3.create_bucket(Bucket=bucket)
+expect_error("BucketAlreadyExists", 409, s3.create_bucket, Bucket=bucket)
+assert bucket in [b["Name"] for b in s3.list_buckets()["Buckets"]]
+s3.head_bucket(Bucket=bucket)
+expect_error("404", 404, s3.head_bucket, Bucket="no-such-bucket")
+
+# Metadata round trip.
+body = b"hello, kura\n"
+put = s3.put_object(
+    Bucket=bucket,
+    Key="docs/readme.txt",
+    Body=body,
+    ContentType="text/plain; charset=utf-8",
+    ContentLanguage="en",
+    ContentDisposition='attachment; filename="readme.txt"',
+    CacheControl="max-age=60",
+    Metadata={"owner": "alice", "purpose": "test"},
+)
+assert put["ETag"] == '"%s"' % hashlib.md5(body).hexdigest(), put["ETag"]
+head = s3.head_object(Bucket=bucket, Key="docs/readme.txt")
+assert head["ContentLength"] == len(body)
+assert head["ContentType"] == "text/plain; charset=utf-8"
+assert head["ContentLanguage"] == "en"
+assert head["ContentDisposition"] == 'attachment; filename="readme.txt"'
+assert head["CacheControl"] == "max-age=60"
+assert head["Metadata"] == {"owner": "alice", "purpose": "test"}, head["Metadata"]
+got = s3.get_object(Bucket=bucket, Key="docs/readme.txt")
+assert got["Body"].read() == body
+
+# Ranges.
+part = s3.get_object(Bucket=bucket, Key="docs/readme.txt", Range="bytes=0-4")
+assert part["ResponseMetadata"]["HTTPStatusCode"] == 206
+assert part["ContentRange"] == f"bytes 0-4/{len(body)}", part["ContentRange"]
+assert part["Body"].read() == b"hello"
+assert s3.get_object(Bucket=bucket, Key="docs/readme.txt", Range="bytes=-5")["Body"].read() == body[-5:]
+assert s3.get_object(Bucket=bucket, Key="docs/readme.txt", Range="bytes=7-999")["Body"].read() == body[7:]
+expect_error("InvalidRange", 416, s3.get_object, Bucket=bucket, Key="docs/readme.txt", Range="bytes=100-200")
+
+# Conditionals.
+etag = put["ETag"]
+expect_error("PreconditionFailed", 412, s3.put_object, Bucket=bucket, Key="docs/readme.txt", Body=b"x", IfNoneMatch="*")
+s3.put_object(Bucket=bucket, Key="fresh", Body=b"first", IfNoneMatch="*")
+expect_error("PreconditionFailed", 412, s3.get_object, Bucket=bucket, Key="docs/readme.txt", IfMatch='"0000"')
+assert s3.get_object(Bucket=bucket, Key="docs/readme.txt", IfMatch=etag)["Body"].read() == body
+expect_error("304", 304, s3.get_object, Bucket=bucket, Key="docs/readme.txt", IfNoneMatch=etag)
+
+# Unicode keys and the 1,024-byte limit.
+for key in ["ünïcödé/ファイル.txt", "emoji/🎉 party.txt", "spaces and+plus%percent.txt"]:
+    s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == key.encode()
+s3.put_object(Bucket=bucket, Key="k" * 1024, Body=b"longest")
+try:
+    s3.put_object(Bucket=bucket, Key="k" * 1025, Body=b"too long")
+    raise AssertionError("a 1,025-byte key was accepted")
+except ClientError as e:
+    assert e.response["ResponseMetadata"]["HTTPStatusCode"] == 400, e.response
+listed = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+assert "ünïcödé/ファイル.txt" in listed and "spaces and+plus%percent.txt" in listed, listed
+assert "k" * 1025 not in listed
+
+# Delimiter listing and pagination.
+for i in range(5):
+    s3.put_object(Bucket=bucket, Key=f"page/{i}", Body=b"p")
+    s3.put_object(Bucket=bucket, Key=f"page/sub{i}/x", Body=b"p")
+top = s3.list_objects_v2(Bucket=bucket, Delimiter="/")
+assert [p["Prefix"] for p in top["CommonPrefixes"]] == ["docs/", "emoji/", "page/", "ünïcödé/"], top["CommonPrefixes"]
+keys, token, pages = [], None, 0
+while True:
+    kwargs = {"Bucket": bucket, "Prefix": "page/", "Delimiter": "/", "MaxKeys": 3}
+    if token:
+        kwargs["ContinuationToken"] = token
+    page = s3.list_objects_v2(**kwargs)
+    pages += 1
+    keys += [o["Key"] for o in page.get("Contents", [])] + [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+    assert page["KeyCount"] <= 3
+    if not page["IsTruncated"]:
+        break
+    token = page["NextContinuationToken"]
+assert sorted(keys) == sorted([f"page/{i}" for i in range(5)] + [f"page/sub{i}/" for i in range(5)]), keys
+assert pages == 4, pages
+v1 = s3.list_objects(Bucket=bucket, Prefix="page/", MaxKeys=2)
+assert v1["IsTruncated"] and [o["Key"] for o in v1["Contents"]] == ["page/0", "page/1"]
+v1 = s3.list_objects(Bucket=bucket, Prefix="page/", Marker=v1["NextMarker"], MaxKeys=2)
+assert [o["Key"] for o in v1["Contents"]] == ["page/2", "page/3"]
+
+# Copy, with the metadata directive.
+s3.copy_object(Bucket=bucket, Key="copy-same", CopySource={"Bucket": bucket, "Key": "docs/readme.txt"})
+assert s3.head_object(Bucket=bucket, Key="copy-same")["Metadata"] == {"owner": "alice", "purpose": "test"}
+s3.copy_object(
+    Bucket=bucket,
+    Key="copy-new",
+    CopySource={"Bucket": bucket, "Key": "docs/readme.txt"},
+    MetadataDirective="REPLACE",
+    Metadata={"owner": "bob"},
+    ContentType="text/markdown",
+)
+copied = s3.head_object(Bucket=bucket, Key="copy-new")
+assert copied["Metadata"] == {"owner": "bob"} and copied["ContentType"] == "text/markdown"
+assert s3.get_object(Bucket=bucket, Key="copy-new")["Body"].read() == body
+expect_error("NoSuchKey", 404, s3.copy_object, Bucket=bucket, Key="x", CopySource={"Bucket": bucket, "Key": "missing"})
+
+# Multipart: 5 MiB parts, the last smaller; ETag of the part MD5s; listing parts; abort.
+MiB = 1024 * 1024
+parts_data = [os.urandom(5 * MiB), os.urandom(5 * MiB), os.urandom(MiB // 2)]
+upload = s3.create_multipart_upload(Bucket=bucket, Key="multi", ContentType="application/x-test")
+uid = upload["UploadId"]
+etags = []
+for n, data in enumerate(parts_data, start=1):
+    etags.append(s3.upload_part(Bucket=bucket, Key="multi", UploadId=uid, PartNumber=n, Body=data)["ETag"])
+listed_parts = s3.list_parts(Bucket=bucket, Key="multi", UploadId=uid)["Parts"]
+assert [p["PartNumber"] for p in listed_parts] == [1, 2, 3]
+assert uid in [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+done = s3.complete_multipart_upload(
+    Bucket=bucket,
+    Key="multi",
+    UploadId=uid,
+    MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, start=1)]},
+)
+md5s = b"".join(hashlib.md5(d).digest() for d in parts_data)
+assert done["ETag"] == '"%s-3"' % hashlib.md5(md5s).hexdigest(), done["ETag"]
+whole = b"".join(parts_data)
+obj = s3.get_object(Bucket=bucket, Key="multi")
+assert obj["ContentType"] == "application/x-test"
+assert obj["Body"].read() == whole
+span = s3.get_object(Bucket=bucket, Key="multi", Range=f"bytes={5 * MiB - 10}-{5 * MiB + 9}")["Body"].read()
+assert span == whole[5 * MiB - 10 : 5 * MiB + 10]
+expect_error("NoSuchUpload", 404, s3.upload_part, Bucket=bucket, Key="multi", UploadId=uid, PartNumber=4, Body=b"x")
+
+small = s3.create_multipart_upload(Bucket=bucket, Key="small")["UploadId"]
+e1 = s3.upload_part(Bucket=bucket, Key="small", UploadId=small, PartNumber=1, Body=b"a" * 100)["ETag"]
+e2 = s3.upload_part(Bucket=bucket, Key="small", UploadId=small, PartNumber=2, Body=b"b" * 100)["ETag"]
+expect_error(
+    "EntityTooSmall", 400, s3.complete_multipart_upload, Bucket=bucket, Key="small", UploadId=small,
+    MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]},
+)
+expect_error(
+    "InvalidPart", 400, s3.complete_multipart_upload, Bucket=bucket, Key="small", UploadId=small,
+    MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"00000000000000000000000000000000"'}]},
+)
+s3.abort_multipart_upload(Bucket=bucket, Key="small", UploadId=small)
+expect_error("NoSuchKey", 404, s3.head_object, Bucket=bucket, Key="small") if False else None
+expect_error("NoSuchUpload", 404, s3.list_parts, Bucket=bucket, Key="small", UploadId=small)
+
+# Bad digests change nothing.
+import base64
+expect_error(
+    "BadDigest", 400, s3.put_object, Bucket=bucket, Key="fresh", Body=b"changed",
+    ContentMD5=base64.b64encode(hashlib.md5(b"other").digest()).decode(),
+)
+assert s3.get_object(Bucket=bucket, Key="fresh")["Body"].read() == b"first"
+
+# Presigned GET and PUT (content-type signed), and tampering.
+url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "docs/readme.txt"}, ExpiresIn=300)
+assert urllib.request.urlopen(url).read() == body
+tampered = url.replace("X-Amz-Signature=", "X-Amz-Signature=0")[:-1]
+try:
+    urllib.request.urlopen(tampered)
+    raise AssertionError("a tampered signature was accepted")
+except urllib.error.HTTPError as e:
+    assert e.code == 403, e.code
+put_url = s3.generate_presigned_url(
+    "put_object", Params={"Bucket": bucket, "Key": "upload.png", "ContentType": "image/png"}, ExpiresIn=300
+)
+ok = urllib.request.Request(put_url, data=b"\x89PNG", method="PUT", headers={"Content-Type": "image/png"})
+assert urllib.request.urlopen(ok).status == 200
+bad = urllib.request.Request(put_url, data=b"<html>", method="PUT", headers={"Content-Type": "text/html"})
+try:
+    urllib.request.urlopen(bad)
+    raise AssertionError("a presigned PUT with another content-type was accepted")
+except urllib.error.HTTPError as e:
+    assert e.code == 403, e.code
+assert s3.get_object(Bucket=bucket, Key="upload.png")["Body"].read() == b"\x89PNG"
+
+# Batch delete lists every key, missing ones too; a non-empty bucket is not deleted.
+out = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "copy-same"}, {"Key": "never-was"}]})
+assert sorted(d["Key"] for d in out["Deleted"]) == ["copy-same", "never-was"]
+expect_error("NoSuchKey", 404, s3.get_object, Bucket=bucket, Key="copy-same")
+expect_error("BucketNotEmpty", 409, s3.delete_bucket, Bucket=bucket)
+while True:
+    page = s3.list_objects_v2(Bucket=bucket)
+    keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+    if not keys:
+        break
+    s3.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+s3.delete_bucket(Bucket=bucket)
+expect_error("NoSuchBucket", 404, s3.list_objects_v2, Bucket=bucket)
+print(f"boto3 suite ({MODE}) passed")

@@ -1,0 +1,213 @@
+//! R2's S3 API against the clients people use: the AWS CLI (`s3api` calls, `s3 cp` large
+//! enough for multipart, presigned URLs) and boto3 (both of botocore's checksum modes).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::common::KuraProcess;
+
+fn aws(server: &KuraProcess, args: &[&str]) -> Output {
+    Command::new("aws").args(args).envs(server.s3_env()).output().expect("the AWS CLI runs (scripts/test installs it)")
+}
+
+fn ok(server: &KuraProcess, args: &[&str]) -> String {
+    let out = aws(server, args);
+    assert!(
+        out.status.success(),
+        "aws {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails_with(server: &KuraProcess, args: &[&str], code: &str) {
+    let out = aws(server, args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains(code), "aws {args:?} should fail with {code}: {stderr}");
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn curl_status(url: &str, extra: &[&str]) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}"])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap();
+    (status.trim().parse().unwrap(), body.to_owned())
+}
+
+#[test]
+fn aws_cli_s3api_and_multipart_cp() {
+    let server = KuraProcess::start();
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().join("small.txt");
+    std::fs::write(&small, b"hello from the aws cli\n").unwrap();
+
+    ok(&server, &["s3api", "create-bucket", "--bucket", "cli-bucket"]);
+    fails_with(&server, &["s3api", "create-bucket", "--bucket", "No_Such.Name"], "InvalidBucketName");
+    let put = json(&ok(
+        &server,
+        &[
+            "s3api",
+            "put-object",
+            "--bucket",
+            "cli-bucket",
+            "--key",
+            "a/b.txt",
+            "--body",
+            small.to_str().unwrap(),
+            "--content-type",
+            "text/plain",
+            "--metadata",
+            "k=v,team=storage",
+        ],
+    ));
+    assert_eq!(put["ETag"], format!("\"{}\"", md5_hex(b"hello from the aws cli\n")));
+    let head = json(&ok(&server, &["s3api", "head-object", "--bucket", "cli-bucket", "--key", "a/b.txt"]));
+    assert_eq!(head["ContentType"], "text/plain");
+    assert_eq!(head["Metadata"]["k"], "v");
+    assert_eq!(head["Metadata"]["team"], "storage");
+    assert_eq!(head["ContentLength"], 23);
+
+    let ranged = dir.path().join("ranged");
+    let got = json(&ok(
+        &server,
+        &[
+            "s3api",
+            "get-object",
+            "--bucket",
+            "cli-bucket",
+            "--key",
+            "a/b.txt",
+            "--range",
+            "bytes=0-4",
+            ranged.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(got["ContentRange"], "bytes 0-4/23");
+    assert_eq!(std::fs::read(&ranged).unwrap(), b"hello");
+
+    let listing = json(&ok(&server, &["s3api", "list-objects-v2", "--bucket", "cli-bucket", "--delimiter", "/"]));
+    assert_eq!(listing["CommonPrefixes"][0]["Prefix"], "a/");
+
+    // A file past the CLI's 8 MiB threshold goes up as a multipart upload and comes back whole.
+    let big = dir.path().join("big.bin");
+    let data: Vec<u8> = (0..20 * 1024 * 1024u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
+    std::fs::write(&big, &data).unwrap();
+    ok(&server, &["s3", "cp", big.to_str().unwrap(), "s3://cli-bucket/big.bin", "--no-progress"]);
+    let head = json(&ok(&server, &["s3api", "head-object", "--bucket", "cli-bucket", "--key", "big.bin"]));
+    assert!(head["ETag"].as_str().unwrap().ends_with("-3\""), "a multipart ETag: {head}");
+    let back = dir.path().join("back.bin");
+    ok(&server, &["s3", "cp", "s3://cli-bucket/big.bin", back.to_str().unwrap(), "--no-progress"]);
+    assert!(std::fs::read(&back).unwrap() == data, "the multipart object reads back byte for byte");
+
+    ok(
+        &server,
+        &["s3api", "copy-object", "--bucket", "cli-bucket", "--key", "c", "--copy-source", "cli-bucket/a/b.txt"],
+    );
+    let deleted = json(&ok(
+        &server,
+        &[
+            "s3api",
+            "delete-objects",
+            "--bucket",
+            "cli-bucket",
+            "--delete",
+            r#"{"Objects":[{"Key":"c"},{"Key":"nope"}]}"#,
+        ],
+    ));
+    assert_eq!(deleted["Deleted"].as_array().unwrap().len(), 2);
+    fails_with(
+        &server,
+        &[
+            "s3api",
+            "put-object",
+            "--bucket",
+            "cli-bucket",
+            "--key",
+            "a/b.txt",
+            "--body",
+            small.to_str().unwrap(),
+            "--if-none-match",
+            "*",
+        ],
+        "PreconditionFailed",
+    );
+
+    // Presigned GET; a tampered signature, an over-long expiry.
+    let url = ok(&server, &["s3", "presign", "s3://cli-bucket/a/b.txt", "--expires-in", "300"]).trim().to_owned();
+    assert_eq!(curl_status(&url, &[]), (200, "hello from the aws cli\n".to_owned()));
+    let tampered = url.replace("X-Amz-Signature=", "X-Amz-Signature=f");
+    let (status, body) = curl_status(&tampered[..tampered.len() - 1], &[]);
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("<Code>SignatureDoesNotMatch</Code>"), "{body}");
+    let url = ok(&server, &["s3", "presign", "s3://cli-bucket/a/b.txt", "--expires-in", "604801"]).trim().to_owned();
+    let (status, body) = curl_status(&url, &[]);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("X-Amz-Expires must be less than a week"), "{body}");
+
+    // No credentials at all is R2's 400, an unknown key its 401; neither reaches the bucket.
+    let (status, body) = curl_status(&format!("{}/cli-bucket", server.s3), &[]);
+    assert_eq!((status, body.contains("<Message>Authorization</Message>")), (400, true), "{body}");
+    let out = Command::new("aws")
+        .args(["s3api", "list-objects-v2", "--bucket", "cli-bucket"])
+        .envs(server.s3_env())
+        .env("AWS_ACCESS_KEY_ID", "not-a-key")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Unauthorized"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("aws")
+        .args(["s3api", "list-objects-v2", "--bucket", "cli-bucket"])
+        .envs(server.s3_env())
+        .env("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("SignatureDoesNotMatch"));
+
+    fails_with(&server, &["s3api", "delete-bucket", "--bucket", "cli-bucket"], "BucketNotEmpty");
+    ok(&server, &["s3", "rb", "s3://cli-bucket", "--force"]);
+    fails_with(&server, &["s3api", "head-bucket", "--bucket", "cli-bucket"], "404");
+}
+
+fn md5_hex(bytes: &[u8]) -> String {
+    let out = Command::new("python3")
+        .args(["-c", "import hashlib,sys; print(hashlib.md5(sys.stdin.buffer.read()).hexdigest())"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(bytes)?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn run_boto3(server: &KuraProcess, mode: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/compat/s3/boto3_suite.py");
+    let out = Command::new("python3").arg(&script).envs(server.s3_env()).env("CHECKSUMS", mode).output().unwrap();
+    assert!(
+        out.status.success(),
+        "boto3 suite ({mode}) failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn boto3_with_default_checksums() {
+    run_boto3(&KuraProcess::start(), "when_supported");
+}
+
+#[test]
+fn boto3_with_checksums_only_when_required() {
+    run_boto3(&KuraProcess::start(), "when_required");
+}

@@ -1,0 +1,340 @@
+//! The blob store: immutable files named by random ids, written and synced before any row
+//! points at them, removed only after the row that pointed at them is gone, and never while a
+//! read holds them.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::{Stream, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+use crate::error::{R2Error, Result};
+use crate::object::{Digester, ExpectedDigests};
+
+/// Bytes gathered before each write to the file.
+const WRITE_CHUNK: usize = 1 << 20;
+/// Bytes per chunk handed to a reader.
+const READ_CHUNK: usize = 256 * 1024;
+
+/// A fresh random id: 32 hex characters.
+pub(crate) fn new_id() -> String {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("the operating system's random source failed");
+    hex::encode(bytes)
+}
+
+/// Blob ids are only ever kura's own hex ids; anything else is refused before it reaches a path.
+fn is_blob_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+#[derive(Default)]
+struct Leases {
+    readers: HashMap<String, usize>,
+    /// Blobs whose row is gone but a reader still streams them.
+    doomed: HashSet<String>,
+}
+
+/// The blobs of every bucket under one root (`<data>/r2`).
+pub(crate) struct Blobs {
+    root: PathBuf,
+    /// Blobs being written whose row has not committed yet: the sweep leaves them alone.
+    pending: Mutex<HashSet<String>>,
+    leases: Mutex<Leases>,
+}
+
+/// A written, synced blob.
+#[derive(Debug)]
+pub(crate) struct WrittenBlob {
+    pub id: String,
+    pub size: u64,
+    pub md5: [u8; 16],
+    pub checksums: std::collections::BTreeMap<String, String>,
+}
+
+/// Keeps a blob out of the sweep until its row commits or the write is abandoned (then the
+/// file is removed).
+pub(crate) struct PendingBlob {
+    blobs: Arc<Blobs>,
+    bucket: String,
+    id: String,
+    committed: bool,
+}
+
+impl PendingBlob {
+    /// The row now points at the blob: it is no longer ours to remove.
+    pub(crate) fn committed(mut self) {
+        self.committed = true;
+    }
+}
+
+impl Drop for PendingBlob {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(self.blobs.path(&self.bucket, &self.id));
+        }
+        self.blobs.lock_pending().remove(&self.id);
+    }
+}
+
+/// Read access to some blobs: while it lives, none of them is removed.
+pub(crate) struct Lease {
+    blobs: Arc<Blobs>,
+    bucket: String,
+    ids: Vec<String>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut leases = self.blobs.lock_leases();
+        for id in &self.ids {
+            let count = leases.readers.get_mut(id).map(|c| {
+                *c -= 1;
+                *c
+            });
+            if count == Some(0) {
+                leases.readers.remove(id);
+                if leases.doomed.remove(id) {
+                    let _ = std::fs::remove_file(self.blobs.path(&self.bucket, id));
+                }
+            }
+        }
+    }
+}
+
+/// One stretch of one blob.
+#[derive(Debug, Clone)]
+pub(crate) struct Piece {
+    pub blob: String,
+    pub offset: u64,
+    pub length: u64,
+}
+
+impl Blobs {
+    pub(crate) fn new(root: PathBuf) -> Self {
+        Blobs { root, pending: Mutex::default(), leases: Mutex::default() }
+    }
+
+    fn lock_pending(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_leases(&self) -> MutexGuard<'_, Leases> {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn bucket_dir(&self, bucket: &str) -> PathBuf {
+        self.root.join(bucket)
+    }
+
+    fn blob_dir(&self, bucket: &str, id: &str) -> PathBuf {
+        self.root.join(bucket).join("blobs").join(&id[..2])
+    }
+
+    pub(crate) fn path(&self, bucket: &str, id: &str) -> PathBuf {
+        self.blob_dir(bucket, id).join(id)
+    }
+
+    /// Streams `body` into a new blob of `bucket`, hashing on the way, then syncs the file and
+    /// its directory. At most `max_size` bytes are accepted; `expected_size`, when known, must
+    /// be met exactly.
+    pub(crate) async fn write<S, E>(
+        self: &Arc<Self>,
+        bucket: &str,
+        body: S,
+        expected_size: Option<u64>,
+        max_size: u64,
+        digests: &ExpectedDigests,
+    ) -> Result<(PendingBlob, WrittenBlob)>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: std::fmt::Display,
+    {
+        if expected_size.is_some_and(|n| n > max_size) {
+            return Err(R2Error::EntityTooLarge);
+        }
+        let id = new_id();
+        self.lock_pending().insert(id.clone());
+        let pending = PendingBlob { blobs: self.clone(), bucket: bucket.to_owned(), id: id.clone(), committed: false };
+        let dir = self.blob_dir(bucket, &id);
+        let io_err = |e: io::Error| R2Error::storage("writing a blob", e);
+        if !tokio::fs::try_exists(self.bucket_dir(bucket)).await.map_err(io_err)? {
+            return Err(R2Error::NoSuchBucket);
+        }
+        tokio::fs::create_dir_all(&dir).await.map_err(io_err)?;
+        let mut file =
+            tokio::fs::OpenOptions::new().write(true).create_new(true).open(dir.join(&id)).await.map_err(io_err)?;
+        let mut digester = Digester::new(digests);
+        let mut size = 0u64;
+        let mut buffer = BytesMut::with_capacity(WRITE_CHUNK);
+        let mut body = std::pin::pin!(body);
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| R2Error::IncompleteBody(e.to_string()))?;
+            size += chunk.len() as u64;
+            if size > max_size {
+                return Err(R2Error::EntityTooLarge);
+            }
+            digester.update(&chunk);
+            buffer.extend_from_slice(&chunk);
+            if buffer.len() >= WRITE_CHUNK {
+                file.write_all(&buffer).await.map_err(io_err)?;
+                buffer.clear();
+            }
+        }
+        if let Some(expected) = expected_size
+            && expected != size
+        {
+            return Err(R2Error::IncompleteBody(format!("expected {expected} bytes, received {size}")));
+        }
+        file.write_all(&buffer).await.map_err(io_err)?;
+        let (md5, checksums) = digester.finish(digests)?;
+        file.sync_all().await.map_err(io_err)?;
+        drop(file);
+        let dir_for_sync = dir.clone();
+        tokio::task::spawn_blocking(move || std::fs::File::open(dir_for_sync)?.sync_all())
+            .await
+            .map_err(|e| R2Error::storage("syncing a blob directory", e))?
+            .map_err(io_err)?;
+        Ok((pending, WrittenBlob { id, size, md5, checksums }))
+    }
+
+    /// Leases `ids` for reading. Called on the bucket's actor, in the same step that read the
+    /// rows naming them, so no removal can come between.
+    pub(crate) fn lease(self: &Arc<Self>, bucket: &str, ids: Vec<String>) -> Lease {
+        let mut leases = self.lock_leases();
+        for id in &ids {
+            *leases.readers.entry(id.clone()).or_default() += 1;
+        }
+        Lease { blobs: self.clone(), bucket: bucket.to_owned(), ids }
+    }
+
+    /// Removes blobs whose rows are gone (called on the bucket's actor after the commit); a
+    /// blob still being read is removed when its last reader finishes.
+    pub(crate) fn remove(&self, bucket: &str, ids: impl IntoIterator<Item = String>) {
+        let mut leases = self.lock_leases();
+        for id in ids {
+            if !is_blob_id(&id) {
+                continue;
+            }
+            if leases.readers.contains_key(&id) {
+                leases.doomed.insert(id);
+            } else if let Err(e) = std::fs::remove_file(self.path(bucket, &id))
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                tracing::warn!(bucket, blob = id, %e, "could not remove a blob; the sweep will retry");
+            }
+        }
+    }
+
+    /// Removes every blob file of `bucket` that `referenced` does not name, is not being written
+    /// and is not being read. Runs on the bucket's actor, so no commit interleaves. Returns how
+    /// many were removed.
+    pub(crate) fn sweep(&self, bucket: &str, referenced: &HashSet<String>) -> io::Result<usize> {
+        let blobs = self.bucket_dir(bucket).join("blobs");
+        let mut removed = 0;
+        let entries = match std::fs::read_dir(&blobs) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let pending = self.lock_pending().clone();
+        let leased: HashSet<String> = self.lock_leases().readers.keys().cloned().collect();
+        for shard in entries {
+            let shard = shard?;
+            if !shard.file_type()?.is_dir() {
+                continue;
+            }
+            for file in std::fs::read_dir(shard.path())? {
+                let file = file?;
+                let name = file.file_name().to_string_lossy().into_owned();
+                if referenced.contains(&name) || pending.contains(&name) || leased.contains(&name) {
+                    continue;
+                }
+                match std::fs::remove_file(file.path()) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Streams `pieces` of `bucket`'s blobs in order, holding `lease` until the stream ends or
+    /// is dropped.
+    pub(crate) fn stream(
+        self: &Arc<Self>,
+        bucket: &str,
+        pieces: Vec<Piece>,
+        lease: Lease,
+    ) -> impl Stream<Item = io::Result<Bytes>> + Send + Sync + 'static {
+        struct State {
+            blobs: Arc<Blobs>,
+            bucket: String,
+            pieces: std::collections::VecDeque<Piece>,
+            current: Option<(tokio::fs::File, u64)>,
+            _lease: Lease,
+        }
+        let state = State {
+            blobs: self.clone(),
+            bucket: bucket.to_owned(),
+            pieces: pieces.into_iter().filter(|p| p.length > 0).collect(),
+            current: None,
+            _lease: lease,
+        };
+        futures_util::stream::try_unfold(state, |mut state| async move {
+            loop {
+                if let Some((file, remaining)) = &mut state.current {
+                    if *remaining == 0 {
+                        state.current = None;
+                        continue;
+                    }
+                    let want = (*remaining).min(READ_CHUNK as u64) as usize;
+                    let mut buffer = BytesMut::zeroed(want);
+                    let mut filled = 0;
+                    while filled < want {
+                        let n = file.read(&mut buffer[filled..]).await?;
+                        if n == 0 {
+                            return Err(io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                "a blob is shorter than its row says",
+                            ));
+                        }
+                        filled += n;
+                    }
+                    *remaining -= want as u64;
+                    return Ok(Some((buffer.freeze(), state)));
+                }
+                let Some(piece) = state.pieces.pop_front() else { return Ok(None) };
+                let mut file = tokio::fs::File::open(state.blobs.path(&state.bucket, &piece.blob)).await?;
+                if piece.offset > 0 {
+                    file.seek(io::SeekFrom::Start(piece.offset)).await?;
+                }
+                state.current = Some((file, piece.length));
+            }
+        })
+    }
+
+    /// Creates a bucket's directory tree, durably.
+    pub(crate) fn create_bucket(&self, bucket: &str) -> io::Result<()> {
+        let dir = self.bucket_dir(bucket);
+        std::fs::create_dir_all(dir.join("blobs"))?;
+        sync_dir(&dir)?;
+        sync_dir(&self.root)
+    }
+
+    /// Removes a bucket's whole directory.
+    pub(crate) fn remove_bucket(&self, bucket: &str) -> io::Result<()> {
+        match std::fs::remove_dir_all(self.bucket_dir(bucket)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}

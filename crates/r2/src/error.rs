@@ -1,0 +1,149 @@
+//! What the R2 engine answers when it cannot do what was asked, with R2's codes and texts.
+
+/// An R2 failure. Each maps to one S3 error code, HTTP status and v4 code (see the accessors),
+/// with R2's own message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum R2Error {
+    /// The bucket is unknown (or was deleted while the request ran).
+    #[error("The specified bucket does not exist.")]
+    NoSuchBucket,
+    /// The key holds no object.
+    #[error("The specified key does not exist.")]
+    NoSuchKey,
+    /// The upload id is unknown, completed, aborted or expired.
+    #[error("The specified multipart upload does not exist.")]
+    NoSuchUpload,
+    /// A precondition (If-Match, If-Unmodified-Since, or any on a write) did not hold.
+    #[error("At least one of the pre-conditions you specified did not hold.")]
+    PreconditionFailed,
+    /// A cache validator (If-None-Match, If-Modified-Since) says the client's copy is current.
+    #[error("Not Modified")]
+    NotModified,
+    /// The range starts past the end, or the object is empty.
+    #[error("The requested range is not satisfiable")]
+    InvalidRange,
+    /// The key is longer than 1,024 bytes.
+    #[error("The specified object name is not valid.")]
+    InvalidObjectName,
+    /// Custom metadata over 8,192 bytes.
+    #[error("Your metadata headers exceed the maximum allowed metadata size.")]
+    MetadataTooLarge,
+    /// A single upload over the size limit.
+    #[error("Your proposed upload exceeds the maximum allowed object size.")]
+    EntityTooLarge,
+    /// A non-last multipart part under the minimum part size.
+    #[error("Your proposed upload is smaller than the minimum allowed object size.")]
+    EntityTooSmall,
+    /// The body does not match a checksum the client sent.
+    #[error("{0}")]
+    BadDigest(String),
+    /// A part named in a completion is unknown or its ETag differs.
+    #[error("One or more of the specified parts could not be found.")]
+    InvalidPart,
+    /// The parts of a completion break R2's rules (duplicates, unequal sizes, a larger last part).
+    #[error("There was a problem with the multipart upload.")]
+    BadUpload,
+    /// DeleteBucket on a bucket that still holds objects.
+    #[error("The bucket you tried to delete is not empty.")]
+    BucketNotEmpty,
+    /// An argument is out of its domain.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The request body ended before its declared length, or failed to arrive.
+    #[error("The request body terminated unexpectedly: {0}")]
+    IncompleteBody(String),
+    /// The bucket's queue is full; retry later.
+    #[error("Reduce your request rate.")]
+    Busy,
+    /// The disk or the metadata file failed; nothing was changed.
+    #[error("We encountered an internal error. Please try again.")]
+    Storage(String),
+}
+
+impl R2Error {
+    /// S3's error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            R2Error::NoSuchBucket => "NoSuchBucket",
+            R2Error::NoSuchKey => "NoSuchKey",
+            R2Error::NoSuchUpload => "NoSuchUpload",
+            R2Error::PreconditionFailed => "PreconditionFailed",
+            R2Error::NotModified => "NotModified",
+            R2Error::InvalidRange => "InvalidRange",
+            R2Error::InvalidObjectName => "InvalidObjectName",
+            R2Error::MetadataTooLarge => "MetadataTooLarge",
+            R2Error::EntityTooLarge => "EntityTooLarge",
+            R2Error::EntityTooSmall => "EntityTooSmall",
+            R2Error::BadDigest(_) => "BadDigest",
+            R2Error::InvalidPart | R2Error::BadUpload => "InvalidPart",
+            R2Error::BucketNotEmpty => "BucketNotEmpty",
+            R2Error::InvalidArgument(_) => "InvalidArgument",
+            R2Error::IncompleteBody(_) => "IncompleteBody",
+            R2Error::Busy => "SlowDown",
+            R2Error::Storage(_) => "InternalError",
+        }
+    }
+
+    /// The HTTP status R2's S3 endpoint answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            R2Error::NoSuchBucket | R2Error::NoSuchKey | R2Error::NoSuchUpload => 404,
+            R2Error::PreconditionFailed => 412,
+            R2Error::NotModified => 304,
+            R2Error::InvalidRange => 416,
+            R2Error::BucketNotEmpty => 409,
+            R2Error::Busy => 503,
+            R2Error::Storage(_) => 500,
+            _ => 400,
+        }
+    }
+
+    /// Cloudflare's v4 error code for the same failure.
+    pub fn v4_code(&self) -> u32 {
+        match self {
+            R2Error::NoSuchBucket => 10006,
+            R2Error::NoSuchKey => 10007,
+            R2Error::NoSuchUpload => 10024,
+            R2Error::PreconditionFailed | R2Error::NotModified => 10031,
+            R2Error::InvalidRange => 10039,
+            R2Error::InvalidObjectName => 10020,
+            R2Error::MetadataTooLarge => 10012,
+            R2Error::EntityTooLarge => 100100,
+            R2Error::EntityTooSmall => 10011,
+            R2Error::BadDigest(_) => 10037,
+            R2Error::InvalidPart => 10025,
+            R2Error::BadUpload => 10048,
+            R2Error::BucketNotEmpty => 10008,
+            R2Error::InvalidArgument(_) => 10029,
+            R2Error::IncompleteBody(_) => 10013,
+            R2Error::Busy => 10058,
+            R2Error::Storage(_) => 10001,
+        }
+    }
+
+    pub(crate) fn storage(context: &str, e: impl std::fmt::Display) -> Self {
+        tracing::error!(%e, "{context}");
+        R2Error::Storage(format!("{context}: {e}"))
+    }
+}
+
+impl From<kura_sqlite::Error> for R2Error {
+    fn from(e: kura_sqlite::Error) -> Self {
+        match e {
+            kura_sqlite::Error::Overloaded => R2Error::Busy,
+            // A retired actor: the bucket was deleted under the request.
+            kura_sqlite::Error::Closed => R2Error::NoSuchBucket,
+            other => R2Error::storage("bucket metadata", other),
+        }
+    }
+}
+
+impl From<rusqlite::Error> for R2Error {
+    fn from(e: rusqlite::Error) -> Self {
+        R2Error::storage("bucket metadata", e)
+    }
+}
+
+/// Results of R2 calls.
+pub type Result<T, E = R2Error> = std::result::Result<T, E>;

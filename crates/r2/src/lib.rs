@@ -1,0 +1,747 @@
+//! kura's R2 engine: buckets of objects with R2's semantics, on the blob store and one SQLite
+//! metadata file per bucket.
+//!
+//! - [`R2`]: the engine over one data directory's `r2/` folder. Buckets are named by storage
+//!   ids (the catalog maps names to ids); each bucket's `meta.sqlite` is owned by one actor of a
+//!   [`kura_sqlite::Registry`], so its writes are serialised and its reads consistent.
+//! - Blob first, row last: a body streams into a new immutable blob (hashed on the way in),
+//!   which is synced before the row that points at it commits; an overwritten or deleted
+//!   object's blobs are removed only after the row change commits, and not while a read still
+//!   streams them. A crash leaves at worst an orphan blob, which [`R2::sweep`] removes.
+//! - [`object`]: metadata, conditionals, ranges, checksums and limits; [`ListOptions`]: listing.
+//!
+//! ```no_run
+//! # async fn demo() -> kura_r2::Result<()> {
+//! use kura_r2::{PutOptions, R2, R2Settings};
+//! let r2 = R2::open("/tmp/r2".into(), R2Settings::default())?;
+//! r2.create_bucket("0123456789abcdef0123456789abcdef").await?;
+//! let body = futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from("hello"))]);
+//! let info = r2.put_object("0123456789abcdef0123456789abcdef", "greeting", body, PutOptions::default()).await?;
+//! assert_eq!(info.etag, "5d41402abc4b2a76b9719d911017c592");
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+
+mod blob;
+mod error;
+mod list;
+mod meta;
+pub mod object;
+
+use std::collections::{BTreeMap, HashSet};
+use std::io;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::Stream;
+use kura_sqlite::{DatabaseOptions, Registry, RegistrySettings};
+use rusqlite::Connection;
+
+use crate::blob::{Blobs, Piece};
+pub use crate::error::{R2Error, Result};
+pub use crate::list::{ListOptions, Listing, MAX_LIST_LIMIT};
+use crate::meta::{Part, Upload};
+pub use crate::object::{
+    ByteRange, ChecksumAlgorithm, Conditional, EtagCondition, ExpectedDigests, HttpMetadata, ObjectInfo,
+    TrailingChecksum,
+};
+use crate::object::{MAX_PARTS, MAX_UPLOAD_BYTES, check_custom_metadata, check_key, multipart_etag};
+
+/// How the engine behaves.
+#[derive(Debug, Clone)]
+pub struct R2Settings {
+    /// Smallest size of every multipart part but the last (R2: 5 MiB).
+    pub min_part_size: u64,
+    /// Age after which an unfinished multipart upload is aborted (R2: 7 days).
+    pub upload_expiry: Duration,
+    /// How bucket actors run.
+    pub registry: RegistrySettings,
+}
+
+impl Default for R2Settings {
+    fn default() -> Self {
+        R2Settings {
+            min_part_size: 5 * 1024 * 1024,
+            upload_expiry: Duration::from_secs(7 * 24 * 3600),
+            registry: RegistrySettings { max_open: 128, ..RegistrySettings::default() },
+        }
+    }
+}
+
+/// What a write stores besides the bytes.
+#[derive(Debug, Clone, Default)]
+pub struct PutOptions {
+    /// HTTP metadata.
+    pub http: HttpMetadata,
+    /// Custom metadata.
+    pub custom: BTreeMap<String, String>,
+    /// `Standard` (default) or `InfrequentAccess`.
+    pub storage_class: Option<String>,
+    /// Preconditions on the object being replaced.
+    pub conditional: Conditional,
+    /// Digests the body must match.
+    pub digests: ExpectedDigests,
+    /// The body's length, when the client declared it.
+    pub size: Option<u64>,
+}
+
+/// What a read asks for.
+#[derive(Debug, Clone, Default)]
+pub struct GetOptions {
+    /// One byte range.
+    pub range: Option<ByteRange>,
+    /// Preconditions.
+    pub conditional: Conditional,
+    /// Only this part of a multipart object (1-based).
+    pub part_number: Option<u32>,
+}
+
+/// A byte stream of object data.
+pub type ByteStream = Pin<Box<dyn Stream<Item = io::Result<Bytes>> + Send + Sync + 'static>>;
+
+/// An object being read: its metadata, the range served, and its bytes.
+pub struct ObjectBody {
+    /// The object.
+    pub info: ObjectInfo,
+    /// `(offset, length)` when a range (or a part) was asked for.
+    pub range: Option<(u64, u64)>,
+    /// The bytes of the range, or of the whole object.
+    pub body: ByteStream,
+}
+
+impl ObjectBody {
+    /// How many bytes `body` yields.
+    pub fn length(&self) -> u64 {
+        self.range.map_or(self.info.size, |(_, len)| len)
+    }
+}
+
+/// The object a copy reads, and the preconditions it must meet.
+#[derive(Debug, Clone)]
+pub struct CopySource<'a> {
+    /// The source bucket's storage id.
+    pub bucket: &'a str,
+    /// The source key.
+    pub key: &'a str,
+    /// `x-amz-copy-source-if-*`.
+    pub conditional: Conditional,
+}
+
+/// A part's body as the client declared it.
+#[derive(Debug, Clone, Default)]
+pub struct PartOptions {
+    /// The declared length, if any.
+    pub size: Option<u64>,
+    /// Digests the bytes must match.
+    pub digests: ExpectedDigests,
+}
+
+/// How a copy treats metadata.
+#[derive(Debug, Clone)]
+pub enum MetadataDirective {
+    /// Keep the source's metadata.
+    Copy,
+    /// Use the request's metadata.
+    Replace {
+        /// HTTP metadata.
+        http: HttpMetadata,
+        /// Custom metadata.
+        custom: BTreeMap<String, String>,
+    },
+}
+
+/// A multipart upload in a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadInfo {
+    /// The key.
+    pub key: String,
+    /// The upload id.
+    pub upload_id: String,
+    /// When it started, milliseconds since the epoch.
+    pub initiated_ms: i64,
+    /// Its storage class.
+    pub storage_class: String,
+}
+
+/// An uploaded part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartInfo {
+    /// 1 to 10,000.
+    pub number: u32,
+    /// Its ETag (hex MD5), unquoted.
+    pub etag: String,
+    /// Its size.
+    pub size: u64,
+    /// When it was uploaded, milliseconds since the epoch.
+    pub uploaded_ms: i64,
+}
+
+/// A page of parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartListing {
+    /// The upload's key.
+    pub key: String,
+    /// The upload's storage class.
+    pub storage_class: String,
+    /// Parts after the marker, in order.
+    pub parts: Vec<PartInfo>,
+    /// Whether more follow.
+    pub truncated: bool,
+}
+
+/// What a sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Orphan blobs removed.
+    pub orphans: usize,
+    /// Expired multipart uploads aborted.
+    pub expired_uploads: usize,
+}
+
+/// The R2 engine of one data directory.
+pub struct R2 {
+    blobs: Arc<Blobs>,
+    registry: Registry,
+    settings: R2Settings,
+}
+
+fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}
+
+fn valid_bucket_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+impl R2 {
+    /// Opens the engine over `root` (created if missing).
+    pub fn open(root: PathBuf, settings: R2Settings) -> Result<Self> {
+        std::fs::create_dir_all(&root).map_err(|e| R2Error::storage("creating the R2 directory", e))?;
+        let opener_root = root.clone();
+        let registry = Registry::new(settings.registry.clone(), move |bucket: &str| {
+            let dir = opener_root.join(bucket);
+            (valid_bucket_id(bucket) && dir.is_dir())
+                .then(|| DatabaseOptions::new(dir.join("meta.sqlite")).create(true))
+        });
+        Ok(R2 { blobs: Arc::new(Blobs::new(root)), registry, settings })
+    }
+
+    async fn on_bucket<T, F>(&self, bucket: &str, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T> + Send + 'static,
+    {
+        if !valid_bucket_id(bucket) {
+            return Err(R2Error::NoSuchBucket);
+        }
+        self.registry.with_database(bucket, move |db| db.with_internal(f)).await?
+    }
+
+    /// Creates the storage of a bucket (its directory and metadata file).
+    pub async fn create_bucket(&self, bucket: &str) -> Result<()> {
+        if !valid_bucket_id(bucket) {
+            return Err(R2Error::InvalidArgument(format!("invalid bucket storage id '{bucket}'")));
+        }
+        self.blobs.create_bucket(bucket).map_err(|e| R2Error::storage("creating a bucket", e))?;
+        self.on_bucket(bucket, meta::ensure_schema).await
+    }
+
+    /// Whether the bucket holds no object.
+    pub async fn is_empty(&self, bucket: &str) -> Result<bool> {
+        self.on_bucket(bucket, |conn| Ok(!meta::has_objects(conn)?)).await
+    }
+
+    /// Removes a bucket's storage for good, refusing while it holds objects (unfinished uploads
+    /// go with it). The caller forgets the bucket in the catalog first or after, as it orders
+    /// visibility.
+    pub async fn delete_bucket(&self, bucket: &str) -> Result<()> {
+        if !self.is_empty(bucket).await? {
+            return Err(R2Error::BucketNotEmpty);
+        }
+        self.registry.retire(bucket).await;
+        self.blobs.remove_bucket(bucket).map_err(|e| R2Error::storage("removing a bucket", e))
+    }
+
+    /// Stores an object: the body streams into a new blob, then the row commits if the
+    /// preconditions hold on the object it replaces.
+    pub async fn put_object<S, E>(&self, bucket: &str, key: &str, body: S, options: PutOptions) -> Result<ObjectInfo>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: std::fmt::Display,
+    {
+        check_key(key)?;
+        check_custom_metadata(&options.custom)?;
+        let storage_class = check_storage_class(options.storage_class.as_deref())?;
+        if !options.conditional.is_empty() {
+            // Fail early, before the bytes arrive; checked again at commit.
+            let current = self.head_object(bucket, key).await?;
+            options.conditional.check_write(current.as_ref())?;
+        }
+        let (pending, blob) = self.blobs.write(bucket, body, options.size, MAX_UPLOAD_BYTES, &options.digests).await?;
+        let mut checksums = blob.checksums.clone();
+        checksums.insert("md5".into(), hex::encode(blob.md5));
+        let info = ObjectInfo {
+            key: key.to_owned(),
+            version: blob::new_id(),
+            size: blob.size,
+            etag: hex::encode(blob.md5),
+            uploaded_ms: now_ms(),
+            http: options.http,
+            custom: options.custom,
+            checksums,
+            storage_class,
+            parts: None,
+        };
+        let blobs = self.blobs.clone();
+        let bucket_id = bucket.to_owned();
+        let conditional = options.conditional;
+        let stored = info.clone();
+        let blob_id = blob.id.clone();
+        self.on_bucket(bucket, move |conn| {
+            let old = meta::transaction(conn, |tx| {
+                let current = meta::get_object(tx, &stored.key)?;
+                conditional.check_write(current.as_ref().map(|c| &c.info))?;
+                let old = meta::remove_object(tx, &stored.key)?;
+                meta::insert_object(tx, &stored, Some(&blob_id), None)?;
+                Ok(old)
+            })?;
+            blobs.remove(&bucket_id, old);
+            Ok(())
+        })
+        .await?;
+        pending.committed();
+        Ok(info)
+    }
+
+    /// The object's metadata, if it exists.
+    pub async fn head_object(&self, bucket: &str, key: &str) -> Result<Option<ObjectInfo>> {
+        let key = key.to_owned();
+        self.on_bucket(bucket, move |conn| Ok(meta::get_object(conn, &key)?.map(|o| o.info))).await
+    }
+
+    /// Reads an object (or a range or part of it), after its preconditions.
+    pub async fn get_object(&self, bucket: &str, key: &str, options: GetOptions) -> Result<ObjectBody> {
+        let key = key.to_owned();
+        let blobs = self.blobs.clone();
+        let bucket_id = bucket.to_owned();
+        let (info, range, pieces, lease) = self
+            .on_bucket(bucket, move |conn| {
+                let Some(object) = meta::get_object(conn, &key)? else { return Err(R2Error::NoSuchKey) };
+                options.conditional.check_read(Some(&object.info))?;
+                let layout: Vec<(String, u64)> = match (&object.blob, &object.upload_id) {
+                    (Some(blob), _) => vec![(blob.clone(), object.info.size)],
+                    (None, Some(upload_id)) => {
+                        meta::parts(conn, upload_id)?.into_iter().map(|p| (p.blob, p.size)).collect()
+                    }
+                    (None, None) => return Err(R2Error::storage("reading an object", "row without data")),
+                };
+                let range = match (options.part_number, options.range) {
+                    (Some(n), _) => {
+                        let Some(index) = (n as usize).checked_sub(1).filter(|i| *i < layout.len()) else {
+                            return Err(R2Error::InvalidRange);
+                        };
+                        let offset: u64 = layout[..index].iter().map(|(_, s)| s).sum();
+                        Some((offset, layout[index].1))
+                    }
+                    (None, Some(range)) => Some(range.resolve(object.info.size)?),
+                    (None, None) => None,
+                };
+                let (offset, length) = range.unwrap_or((0, object.info.size));
+                let pieces = slice(&layout, offset, length);
+                let lease = blobs.lease(&bucket_id, pieces.iter().map(|p| p.blob.clone()).collect());
+                Ok((object.info, range, pieces, lease))
+            })
+            .await?;
+        let body = Box::pin(self.blobs.stream(bucket, pieces, lease));
+        Ok(ObjectBody { info, range, body })
+    }
+
+    /// Deletes an object; deleting a missing key succeeds.
+    pub async fn delete_object(&self, bucket: &str, key: &str) -> Result<()> {
+        self.delete_objects(bucket, vec![key.to_owned()]).await
+    }
+
+    /// Deletes up to 1,000 objects in one transaction; missing keys are not errors.
+    pub async fn delete_objects(&self, bucket: &str, keys: Vec<String>) -> Result<()> {
+        if keys.len() > 1000 {
+            return Err(R2Error::InvalidArgument("at most 1000 keys may be deleted at once".into()));
+        }
+        let blobs = self.blobs.clone();
+        let bucket_id = bucket.to_owned();
+        self.on_bucket(bucket, move |conn| {
+            let old = meta::transaction(conn, |tx| {
+                let mut old = Vec::new();
+                for key in &keys {
+                    old.extend(meta::remove_object(tx, key)?);
+                }
+                Ok(old)
+            })?;
+            blobs.remove(&bucket_id, old);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Lists one page of a bucket.
+    pub async fn list(&self, bucket: &str, options: ListOptions) -> Result<Listing> {
+        self.on_bucket(bucket, move |conn| list::list(conn, &options)).await
+    }
+
+    /// Copies a whole object to another key, in the same or another bucket. The source's
+    /// preconditions are checked when it is read; `destination` carries the write's own.
+    pub async fn copy_object(
+        &self,
+        source: CopySource<'_>,
+        bucket: &str,
+        key: &str,
+        directive: MetadataDirective,
+        mut destination: PutOptions,
+    ) -> Result<ObjectInfo> {
+        let source = self
+            .get_object(source.bucket, source.key, GetOptions { conditional: source.conditional, ..Default::default() })
+            .await?;
+        if let MetadataDirective::Copy = directive {
+            destination.http = source.info.http.clone();
+            destination.custom = source.info.custom.clone();
+        } else if let MetadataDirective::Replace { http, custom } = directive {
+            destination.http = http;
+            destination.custom = custom;
+        }
+        if destination.storage_class.is_none() {
+            destination.storage_class = Some(source.info.storage_class.clone());
+        }
+        destination.size = Some(source.info.size);
+        self.put_object(bucket, key, source.body, destination).await
+    }
+
+    /// Starts a multipart upload and returns its id.
+    pub async fn create_multipart_upload(
+        &self,
+        bucket: &str,
+        key: &str,
+        http: HttpMetadata,
+        custom: BTreeMap<String, String>,
+        storage_class: Option<&str>,
+    ) -> Result<String> {
+        check_key(key)?;
+        check_custom_metadata(&custom)?;
+        let upload = Upload {
+            key: key.to_owned(),
+            created_ms: now_ms(),
+            state: meta::IN_PROGRESS,
+            http,
+            custom,
+            storage_class: check_storage_class(storage_class)?,
+        };
+        let upload_id = format!("{}{}", blob::new_id(), blob::new_id());
+        let id = upload_id.clone();
+        self.on_bucket(bucket, move |conn| meta::insert_upload(conn, &id, &upload)).await?;
+        Ok(upload_id)
+    }
+
+    fn live_upload(&self, conn: &Connection, upload_id: &str, key: &str) -> Result<Upload> {
+        let expiry = self.settings.upload_expiry.as_millis() as i64;
+        match meta::get_upload(conn, upload_id)? {
+            Some(u) if u.key == key && u.state == meta::IN_PROGRESS && u.created_ms + expiry > now_ms() => Ok(u),
+            _ => Err(R2Error::NoSuchUpload),
+        }
+    }
+
+    /// Uploads one part (1 to 10,000; the same number again replaces it) and returns its ETag.
+    pub async fn upload_part<S, E>(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+        body: S,
+        options: PartOptions,
+    ) -> Result<PartInfo>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: std::fmt::Display,
+    {
+        if !(1..=MAX_PARTS).contains(&number) {
+            return Err(R2Error::InvalidArgument(
+                "Part number must be an integer between 1 and 10000, inclusive.".into(),
+            ));
+        }
+        let this = self.clone();
+        let (id, k) = (upload_id.to_owned(), key.to_owned());
+        self.on_bucket(bucket, move |conn| this.live_upload(conn, &id, &k).map(|_| ())).await?;
+        let (pending, blob) = self.blobs.write(bucket, body, options.size, MAX_UPLOAD_BYTES, &options.digests).await?;
+        let part =
+            Part { number, blob: blob.id.clone(), size: blob.size, md5: hex::encode(blob.md5), uploaded_ms: now_ms() };
+        let info = PartInfo { number, etag: part.md5.clone(), size: part.size, uploaded_ms: part.uploaded_ms };
+        let this = self.clone();
+        let (id, k, bucket_id) = (upload_id.to_owned(), key.to_owned(), bucket.to_owned());
+        self.on_bucket(bucket, move |conn| {
+            let old = meta::transaction(conn, |tx| {
+                this.live_upload(tx, &id, &k)?;
+                meta::put_part(tx, &id, &part)
+            })?;
+            this.blobs.remove(&bucket_id, old);
+            Ok(())
+        })
+        .await?;
+        pending.committed();
+        Ok(info)
+    }
+
+    /// Completes an upload from the named parts (`(number, etag)`), by R2's rules: every named
+    /// part must exist with that ETag, numbers must not repeat, every part but the last must be
+    /// at least the minimum size, and all but the last must be of one size, the last no larger.
+    pub async fn complete_multipart_upload(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        requested: Vec<(u32, String)>,
+    ) -> Result<ObjectInfo> {
+        let this = self.clone();
+        let (id, k, bucket_id) = (upload_id.to_owned(), key.to_owned(), bucket.to_owned());
+        let min_part = self.settings.min_part_size;
+        self.on_bucket(bucket, move |conn| {
+            let (info, removed) = meta::transaction(conn, |tx| {
+                let upload = this.live_upload(tx, &id, &k)?;
+                if requested.is_empty() {
+                    return Err(R2Error::InvalidArgument("a multipart upload needs at least one part".into()));
+                }
+                let mut seen = HashSet::new();
+                if !requested.iter().all(|(n, _)| seen.insert(*n)) {
+                    return Err(R2Error::BadUpload);
+                }
+                let stored = meta::parts(tx, &id)?;
+                let mut chosen = Vec::with_capacity(requested.len());
+                for (number, etag) in &requested {
+                    let etag = etag.trim().trim_matches('"').to_ascii_lowercase();
+                    match stored.iter().find(|p| p.number == *number) {
+                        Some(p) if p.md5 == etag => chosen.push(p.clone()),
+                        _ => return Err(R2Error::InvalidPart),
+                    }
+                }
+                if chosen[..chosen.len() - 1].iter().any(|p| p.size < min_part) {
+                    return Err(R2Error::EntityTooSmall);
+                }
+                chosen.sort_by_key(|p| p.number);
+                let (last, rest) = chosen.split_last().expect("at least one part");
+                if let Some(first) = rest.first()
+                    && (rest.iter().any(|p| p.size != first.size) || last.size > first.size)
+                {
+                    return Err(R2Error::BadUpload);
+                }
+                let chosen_numbers: HashSet<u32> = chosen.iter().map(|p| p.number).collect();
+                let mut removed = meta::remove_object(tx, &k)?;
+                for part in stored.iter().filter(|p| !chosen_numbers.contains(&p.number)) {
+                    meta::delete_part(tx, &id, part.number)?;
+                    removed.push(part.blob.clone());
+                }
+                let md5s: Vec<&str> = chosen.iter().map(|p| p.md5.as_str()).collect();
+                let info = ObjectInfo {
+                    key: k.clone(),
+                    version: blob::new_id(),
+                    size: chosen.iter().map(|p| p.size).sum(),
+                    etag: multipart_etag(&md5s),
+                    uploaded_ms: now_ms(),
+                    http: upload.http,
+                    custom: upload.custom,
+                    checksums: BTreeMap::new(),
+                    storage_class: upload.storage_class,
+                    parts: Some(chosen.len() as u32),
+                };
+                meta::insert_object(tx, &info, None, Some(&id))?;
+                meta::set_upload_state(tx, &id, meta::COMPLETED)?;
+                Ok((info, removed))
+            })?;
+            this.blobs.remove(&bucket_id, removed);
+            Ok(info)
+        })
+        .await
+    }
+
+    /// Aborts an upload and removes its parts; aborting a finished upload is a no-op.
+    pub async fn abort_multipart_upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()> {
+        let blobs = self.blobs.clone();
+        let (id, k, bucket_id) = (upload_id.to_owned(), key.to_owned(), bucket.to_owned());
+        self.on_bucket(bucket, move |conn| {
+            let removed = meta::transaction(conn, |tx| match meta::get_upload(tx, &id)? {
+                Some(u) if u.key == k && u.state == meta::IN_PROGRESS => {
+                    meta::set_upload_state(tx, &id, meta::ABORTED)?;
+                    meta::remove_parts(tx, &id)
+                }
+                Some(u) if u.key == k => Ok(Vec::new()),
+                _ => Err(R2Error::NoSuchUpload),
+            })?;
+            blobs.remove(&bucket_id, removed);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Lists an upload's parts after `marker`, at most `max`.
+    pub async fn list_parts(
+        self: &Arc<Self>,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        marker: u32,
+        max: usize,
+    ) -> Result<PartListing> {
+        let this = self.clone();
+        let (id, k) = (upload_id.to_owned(), key.to_owned());
+        self.on_bucket(bucket, move |conn| {
+            let upload = this.live_upload(conn, &id, &k)?;
+            let all: Vec<PartInfo> = meta::parts(conn, &id)?
+                .into_iter()
+                .filter(|p| p.number > marker)
+                .map(|p| PartInfo { number: p.number, etag: p.md5, size: p.size, uploaded_ms: p.uploaded_ms })
+                .collect();
+            let truncated = all.len() > max;
+            Ok(PartListing {
+                key: upload.key,
+                storage_class: upload.storage_class,
+                parts: all.into_iter().take(max).collect(),
+                truncated,
+            })
+        })
+        .await
+    }
+
+    /// Lists unfinished uploads in key order (then by start time), after the markers.
+    pub async fn list_multipart_uploads(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        key_marker: Option<String>,
+        upload_id_marker: Option<String>,
+        max: usize,
+    ) -> Result<(Vec<UploadInfo>, bool)> {
+        let expiry = self.settings.upload_expiry.as_millis() as i64;
+        let prefix = prefix.to_owned();
+        self.on_bucket(bucket, move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT key, upload_id, created, storage_class FROM uploads WHERE state = 0 AND created > ?1 \
+                 ORDER BY key, created, upload_id",
+            )?;
+            let rows = stmt.query_map([now_ms() - expiry], |r| {
+                Ok(UploadInfo {
+                    key: meta::key_text(r.get(0)?)?,
+                    upload_id: r.get(1)?,
+                    initiated_ms: r.get(2)?,
+                    storage_class: r.get(3)?,
+                })
+            })?;
+            let mut out = Vec::new();
+            let mut past_marker = key_marker.is_none();
+            for row in rows {
+                let upload = row?;
+                if !upload.key.starts_with(&prefix) {
+                    continue;
+                }
+                if !past_marker {
+                    let marker = key_marker.as_deref().unwrap_or_default();
+                    past_marker = match upload.key.as_str().cmp(marker) {
+                        std::cmp::Ordering::Greater => true,
+                        std::cmp::Ordering::Equal => upload_id_marker.as_deref().is_some_and(|m| {
+                            // Within the marker key, uploads after the marker id.
+                            upload.upload_id.as_str() > m
+                        }),
+                        std::cmp::Ordering::Less => false,
+                    };
+                    if !past_marker {
+                        continue;
+                    }
+                }
+                if out.len() == max {
+                    return Ok((out, true));
+                }
+                out.push(upload);
+            }
+            Ok((out, false))
+        })
+        .await
+    }
+
+    /// Aborts expired uploads and removes blobs no row points at (left by a crash between a
+    /// blob's sync and its row's commit, or by a failed removal).
+    pub async fn sweep(&self, bucket: &str) -> Result<SweepReport> {
+        let blobs = self.blobs.clone();
+        let bucket_id = bucket.to_owned();
+        let expiry = self.settings.upload_expiry.as_millis() as i64;
+        self.on_bucket(bucket, move |conn| {
+            meta::ensure_schema(conn)?;
+            let expired: Vec<String> = conn
+                .prepare("SELECT upload_id FROM uploads WHERE state = 0 AND created <= ?1")?
+                .query_map([now_ms() - expiry], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            let removed = meta::transaction(conn, |tx| {
+                let mut removed = Vec::new();
+                for id in &expired {
+                    meta::set_upload_state(tx, id, meta::ABORTED)?;
+                    removed.extend(meta::remove_parts(tx, id)?);
+                }
+                // Finished uploads are remembered a while for their error messages, then forgotten.
+                tx.execute("DELETE FROM uploads WHERE state != 0 AND created <= ?1", [now_ms() - 2 * expiry])?;
+                Ok(removed)
+            })?;
+            blobs.remove(&bucket_id, removed);
+            let referenced = meta::referenced_blobs(conn)?;
+            let orphans = blobs.sweep(&bucket_id, &referenced).map_err(|e| R2Error::storage("sweeping blobs", e))?;
+            if orphans > 0 {
+                tracing::info!(bucket = bucket_id, orphans, "removed orphan blobs");
+            }
+            Ok(SweepReport { orphans, expired_uploads: expired.len() })
+        })
+        .await
+    }
+
+    /// Closes every bucket's metadata file.
+    pub async fn shutdown(&self) {
+        self.registry.shutdown().await;
+    }
+}
+
+fn check_storage_class(class: Option<&str>) -> Result<String> {
+    match class {
+        None | Some("Standard") => Ok("Standard".into()),
+        Some("InfrequentAccess") => Ok("InfrequentAccess".into()),
+        Some(other) => Err(R2Error::InvalidArgument(format!("unknown storage class '{other}'"))),
+    }
+}
+
+/// The pieces of blobs (each `(blob, size)`, laid end to end) that cover `offset..offset+length`.
+fn slice(layout: &[(String, u64)], offset: u64, length: u64) -> Vec<Piece> {
+    let mut pieces = Vec::new();
+    let (mut start, end) = (offset, offset + length);
+    let mut base = 0u64;
+    for (blob, size) in layout {
+        let (lo, hi) = (base, base + size);
+        if start < hi && end > lo && start < end {
+            let piece_end = end.min(hi);
+            pieces.push(Piece { blob: blob.clone(), offset: start - lo, length: piece_end - start });
+            start = piece_end;
+        }
+        base = hi;
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_cover_exactly_the_range() {
+        let layout = vec![("a".to_string(), 10), ("b".to_string(), 10), ("c".to_string(), 5)];
+        let s = slice(&layout, 8, 5);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].blob.as_str(), s[0].offset, s[0].length), ("a", 8, 2));
+        assert_eq!((s[1].blob.as_str(), s[1].offset, s[1].length), ("b", 0, 3));
+        assert_eq!(slice(&layout, 0, 25).len(), 3);
+        assert_eq!(slice(&layout, 20, 5)[0].blob, "c");
+    }
+}

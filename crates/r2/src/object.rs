@@ -1,0 +1,526 @@
+//! What an object is (its metadata as R2 keeps it) and the rules that read it: conditionals,
+//! byte ranges, checksums and the size limits on keys and metadata.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use md5::Digest as _;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{R2Error, Result};
+
+/// Longest key, in UTF-8 bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// Largest custom metadata, in bytes of names and values.
+pub const MAX_METADATA_BYTES: usize = 8192;
+/// Largest single upload (PutObject, one part): 5 GiB − 5 MiB.
+pub const MAX_UPLOAD_BYTES: u64 = 5 * 1024 * 1024 * 1024 - 5 * 1024 * 1024;
+/// Most parts of a multipart upload.
+pub const MAX_PARTS: u32 = 10_000;
+
+/// The HTTP headers stored with an object and sent back on reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpMetadata {
+    /// `Content-Type`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    /// `Content-Language`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_language: Option<String>,
+    /// `Content-Disposition`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_disposition: Option<String>,
+    /// `Content-Encoding`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_encoding: Option<String>,
+    /// `Cache-Control`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_control: Option<String>,
+    /// `Expires`, as the client sent it (R2's `cacheExpiry`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires: Option<String>,
+}
+
+/// One object's metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// The key.
+    pub key: String,
+    /// 32 hex characters, new on every write of the key.
+    pub version: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The ETag without quotes: hex MD5, or `md5-of-part-md5s-N` for multipart objects.
+    pub etag: String,
+    /// Upload time, milliseconds since the Unix epoch.
+    pub uploaded_ms: i64,
+    /// HTTP metadata.
+    pub http: HttpMetadata,
+    /// Custom metadata (`x-amz-meta-*`).
+    pub custom: BTreeMap<String, String>,
+    /// Checksums kept with the object: `md5` (hex) for single uploads, and any `x-amz-checksum-*`
+    /// the client sent (`crc32`, `crc32c`, `crc64nvme`, `sha1`, `sha256`; base64, as S3 shows
+    /// them).
+    pub checksums: BTreeMap<String, String>,
+    /// `Standard` or `InfrequentAccess`.
+    pub storage_class: String,
+    /// How many parts, for multipart objects.
+    pub parts: Option<u32>,
+}
+
+impl ObjectInfo {
+    /// The ETag as HTTP sends it, quoted.
+    pub fn http_etag(&self) -> String {
+        format!("\"{}\"", self.etag)
+    }
+}
+
+/// Checks a key against R2's limit.
+pub fn check_key(key: &str) -> Result<()> {
+    if key.len() > MAX_KEY_BYTES {
+        return Err(R2Error::InvalidObjectName);
+    }
+    Ok(())
+}
+
+/// Checks custom metadata against R2's limit.
+pub fn check_custom_metadata(custom: &BTreeMap<String, String>) -> Result<()> {
+    let bytes: usize = custom.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_METADATA_BYTES {
+        return Err(R2Error::MetadataTooLarge);
+    }
+    Ok(())
+}
+
+/// One ETag in an `If-Match` or `If-None-Match` list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EtagCondition {
+    /// `*`.
+    Any,
+    /// A tag, unquoted; `weak` if it came as `W/"…"`.
+    Tag {
+        /// The tag.
+        value: String,
+        /// Whether it was weak.
+        weak: bool,
+    },
+}
+
+impl EtagCondition {
+    /// Parses one list element of an `If-Match` / `If-None-Match` header.
+    pub fn parse(text: &str) -> EtagCondition {
+        let text = text.trim();
+        if text == "*" {
+            return EtagCondition::Any;
+        }
+        let (weak, rest) = match text.strip_prefix("W/") {
+            Some(rest) => (true, rest),
+            None => (false, text),
+        };
+        let value = rest.strip_prefix('"').and_then(|r| r.strip_suffix('"')).unwrap_or(rest);
+        EtagCondition::Tag { value: value.to_owned(), weak }
+    }
+
+    /// Parses a whole header value (a comma-separated list).
+    pub fn parse_list(text: &str) -> Vec<EtagCondition> {
+        text.split(',').filter(|s| !s.trim().is_empty()).map(EtagCondition::parse).collect()
+    }
+}
+
+/// Preconditions on an object, as R2 evaluates them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Conditional {
+    /// `If-Match` (strong comparison).
+    pub if_match: Option<Vec<EtagCondition>>,
+    /// `If-None-Match` (weak comparison).
+    pub if_none_match: Option<Vec<EtagCondition>>,
+    /// `If-Modified-Since`, milliseconds since the epoch.
+    pub if_modified_since_ms: Option<i64>,
+    /// `If-Unmodified-Since`, milliseconds since the epoch.
+    pub if_unmodified_since_ms: Option<i64>,
+    /// Compare times at whole seconds (dates from HTTP headers carry no more).
+    pub seconds_granularity: bool,
+}
+
+/// How a conditional request turned out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Go ahead.
+    Pass,
+    /// `If-Match` or `If-Unmodified-Since` failed: 412.
+    PreconditionFailed,
+    /// `If-None-Match` or `If-Modified-Since` failed: 304 on reads (412 on writes).
+    NotModified,
+}
+
+impl Conditional {
+    /// Whether any condition is set.
+    pub fn is_empty(&self) -> bool {
+        self.if_match.is_none()
+            && self.if_none_match.is_none()
+            && self.if_modified_since_ms.is_none()
+            && self.if_unmodified_since_ms.is_none()
+    }
+
+    /// R2's evaluation (the R2 gateway's rules: strict time comparisons, If-None-Match
+    /// overriding If-Modified-Since and If-Match overriding If-Unmodified-Since).
+    pub fn evaluate(&self, object: Option<&ObjectInfo>) -> Verdict {
+        let Some(object) = object else {
+            return if self.if_match.is_none() && self.if_modified_since_ms.is_none() {
+                Verdict::Pass
+            } else {
+                Verdict::PreconditionFailed
+            };
+        };
+        let truncate = |ms: i64| if self.seconds_granularity { ms.div_euclid(1000) } else { ms };
+        let uploaded = truncate(object.uploaded_ms);
+        let if_match = self.if_match.as_ref().is_none_or(|list| {
+            list.iter().any(|c| match c {
+                EtagCondition::Any => true,
+                EtagCondition::Tag { value, weak } => !weak && *value == object.etag,
+            })
+        });
+        let if_none_match = self.if_none_match.as_ref().is_none_or(|list| {
+            !list.iter().any(|c| match c {
+                EtagCondition::Any => true,
+                EtagCondition::Tag { value, .. } => *value == object.etag,
+            })
+        });
+        let if_modified_since = self.if_modified_since_ms.is_none_or(|since| truncate(since) < uploaded)
+            || (self.if_none_match.is_some() && if_none_match);
+        let if_unmodified_since = self.if_unmodified_since_ms.is_none_or(|before| uploaded < truncate(before))
+            || (self.if_match.is_some() && if_match);
+        if !if_match || !if_unmodified_since {
+            Verdict::PreconditionFailed
+        } else if !if_none_match || !if_modified_since {
+            Verdict::NotModified
+        } else {
+            Verdict::Pass
+        }
+    }
+
+    /// The verdict for a read: 412 or 304 as errors.
+    pub fn check_read(&self, object: Option<&ObjectInfo>) -> Result<()> {
+        match self.evaluate(object) {
+            Verdict::Pass => Ok(()),
+            Verdict::PreconditionFailed => Err(R2Error::PreconditionFailed),
+            Verdict::NotModified => Err(R2Error::NotModified),
+        }
+    }
+
+    /// The verdict for a write: any failure is 412.
+    pub fn check_write(&self, object: Option<&ObjectInfo>) -> Result<()> {
+        match self.evaluate(object) {
+            Verdict::Pass => Ok(()),
+            _ => Err(R2Error::PreconditionFailed),
+        }
+    }
+}
+
+/// A single byte range, as a `Range` header names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteRange {
+    /// `bytes=start-` or `bytes=start-end` (inclusive).
+    From {
+        /// First byte.
+        start: u64,
+        /// Last byte, inclusive.
+        end: Option<u64>,
+    },
+    /// `bytes=-n`: the last `n` bytes.
+    Suffix(u64),
+}
+
+impl ByteRange {
+    /// The offset and length this range selects from an object of `size` bytes (S3's rules:
+    /// an end past the object is clamped; a start at or past the end, an empty object or an
+    /// empty suffix is 416).
+    pub fn resolve(self, size: u64) -> Result<(u64, u64)> {
+        if size == 0 {
+            return Err(R2Error::InvalidRange);
+        }
+        match self {
+            ByteRange::From { start, end } => {
+                if let Some(end) = end
+                    && end < start
+                {
+                    return Err(R2Error::InvalidArgument("range must be positive.".into()));
+                }
+                if start >= size {
+                    return Err(R2Error::InvalidRange);
+                }
+                let last = end.unwrap_or(u64::MAX).min(size - 1);
+                Ok((start, last - start + 1))
+            }
+            ByteRange::Suffix(0) => Err(R2Error::InvalidRange),
+            ByteRange::Suffix(n) => {
+                let n = n.min(size);
+                Ok((size - n, n))
+            }
+        }
+    }
+}
+
+/// A checksum algorithm S3 clients send in `x-amz-checksum-*`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ChecksumAlgorithm {
+    /// CRC-32 (ISO-HDLC).
+    Crc32,
+    /// CRC-32C (Castagnoli).
+    Crc32c,
+    /// CRC-64/NVME.
+    Crc64Nvme,
+    /// SHA-1.
+    Sha1,
+    /// SHA-256.
+    Sha256,
+}
+
+impl ChecksumAlgorithm {
+    /// The lowercase name used in header names and stored checksums.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChecksumAlgorithm::Crc32 => "crc32",
+            ChecksumAlgorithm::Crc32c => "crc32c",
+            ChecksumAlgorithm::Crc64Nvme => "crc64nvme",
+            ChecksumAlgorithm::Sha1 => "sha1",
+            ChecksumAlgorithm::Sha256 => "sha256",
+        }
+    }
+
+    fn display_name(self) -> &'static str {
+        match self {
+            ChecksumAlgorithm::Crc32 => "CRC32",
+            ChecksumAlgorithm::Crc32c => "CRC32C",
+            ChecksumAlgorithm::Crc64Nvme => "CRC64NVME",
+            ChecksumAlgorithm::Sha1 => "SHA-1",
+            ChecksumAlgorithm::Sha256 => "SHA-256",
+        }
+    }
+}
+
+/// A checksum that arrives after the body (an aws-chunked trailer): the algorithm, and how to
+/// read the value once the body has ended.
+#[derive(Clone)]
+pub struct TrailingChecksum {
+    /// The algorithm the trailer names.
+    pub algorithm: ChecksumAlgorithm,
+    /// The value sent, decoded; `None` if the trailer never came.
+    pub value: std::sync::Arc<dyn Fn() -> Option<Vec<u8>> + Send + Sync>,
+}
+
+impl std::fmt::Debug for TrailingChecksum {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrailingChecksum").field("algorithm", &self.algorithm).finish_non_exhaustive()
+    }
+}
+
+/// What the client says the body's digests are; each is checked against the bytes received.
+#[derive(Debug, Clone, Default)]
+pub struct ExpectedDigests {
+    /// `Content-MD5`, decoded.
+    pub md5: Option<[u8; 16]>,
+    /// `x-amz-checksum-*` values, decoded from base64.
+    pub checksums: Vec<(ChecksumAlgorithm, Vec<u8>)>,
+    /// A checksum sent as a trailer after the body.
+    pub trailing: Option<TrailingChecksum>,
+}
+
+enum Running {
+    Crc(crc_fast::Digest, usize),
+    Sha1(sha1::Sha1),
+    Sha256(sha2::Sha256),
+}
+
+/// Digests computed while a body streams in: MD5 always, and whatever the client asked to check.
+pub(crate) struct Digester {
+    md5: md5::Md5,
+    others: Vec<(ChecksumAlgorithm, Running)>,
+}
+
+impl Digester {
+    pub(crate) fn new(expected: &ExpectedDigests) -> Self {
+        let mut algorithms: Vec<ChecksumAlgorithm> = expected.checksums.iter().map(|(a, _)| *a).collect();
+        algorithms.extend(expected.trailing.as_ref().map(|t| t.algorithm));
+        algorithms.sort();
+        algorithms.dedup();
+        let others = algorithms
+            .into_iter()
+            .map(|a| {
+                let running = match a {
+                    ChecksumAlgorithm::Crc32 => {
+                        Running::Crc(crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32IsoHdlc), 4)
+                    }
+                    ChecksumAlgorithm::Crc32c => {
+                        Running::Crc(crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi), 4)
+                    }
+                    ChecksumAlgorithm::Crc64Nvme => {
+                        Running::Crc(crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc64Nvme), 8)
+                    }
+                    ChecksumAlgorithm::Sha1 => Running::Sha1(sha1::Sha1::new()),
+                    ChecksumAlgorithm::Sha256 => Running::Sha256(sha2::Sha256::new()),
+                };
+                (a, running)
+            })
+            .collect();
+        Digester { md5: md5::Md5::new(), others }
+    }
+
+    pub(crate) fn update(&mut self, bytes: &[u8]) {
+        self.md5.update(bytes);
+        for (_, running) in &mut self.others {
+            match running {
+                Running::Crc(d, _) => d.update(bytes),
+                Running::Sha1(d) => d.update(bytes),
+                Running::Sha256(d) => d.update(bytes),
+            }
+        }
+    }
+
+    /// The MD5, and the checked checksums as stored (base64), or the first mismatch as R2's
+    /// BadDigest.
+    pub(crate) fn finish(self, expected: &ExpectedDigests) -> Result<([u8; 16], BTreeMap<String, String>)> {
+        let md5: [u8; 16] = self.md5.finalize().into();
+        if let Some(sent) = expected.md5
+            && sent != md5
+        {
+            return Err(R2Error::BadDigest(format!(
+                "The MD5 checksum you specified did not match what we received.\nYou provided a MD5 checksum with value: {}\nActual MD5 was: {}",
+                hex::encode(sent),
+                hex::encode(md5)
+            )));
+        }
+        let mut stored = BTreeMap::new();
+        let trailing = match &expected.trailing {
+            Some(t) => match (t.value)() {
+                Some(value) => Some((t.algorithm, value)),
+                None => {
+                    return Err(R2Error::InvalidArgument(format!(
+                        "the x-amz-checksum-{} trailer is missing",
+                        t.algorithm.name()
+                    )));
+                }
+            },
+            None => None,
+        };
+        for (algorithm, running) in self.others {
+            let actual = match running {
+                Running::Crc(d, width) => d.finalize().to_be_bytes()[8 - width..].to_vec(),
+                Running::Sha1(d) => d.finalize().to_vec(),
+                Running::Sha256(d) => d.finalize().to_vec(),
+            };
+            for (_, sent) in expected.checksums.iter().chain(trailing.iter()).filter(|(a, _)| *a == algorithm) {
+                if *sent != actual {
+                    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+                    return Err(R2Error::BadDigest(format!(
+                        "The {name} checksum you specified did not match what we received.\nYou provided a {name} checksum with value: {}\nActual {name} was: {}",
+                        b64(sent),
+                        b64(&actual),
+                        name = algorithm.display_name()
+                    )));
+                }
+            }
+            stored.insert(algorithm.name().to_owned(), base64::engine::general_purpose::STANDARD.encode(&actual));
+        }
+        Ok((md5, stored))
+    }
+}
+
+/// The ETag of a multipart object: MD5 over the parts' binary MD5s, then `-N`.
+pub(crate) fn multipart_etag(part_md5s: &[&str]) -> String {
+    let mut hasher = md5::Md5::new();
+    for part in part_md5s {
+        hasher.update(hex::decode(part).unwrap_or_default());
+    }
+    format!("{}-{}", hex::encode(hasher.finalize()), part_md5s.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(etag: &str, uploaded_ms: i64) -> ObjectInfo {
+        ObjectInfo {
+            key: "k".into(),
+            version: "v".into(),
+            size: 5,
+            etag: etag.into(),
+            uploaded_ms,
+            http: HttpMetadata::default(),
+            custom: BTreeMap::new(),
+            checksums: BTreeMap::new(),
+            storage_class: "Standard".into(),
+            parts: None,
+        }
+    }
+
+    #[test]
+    fn multipart_etag_matches_r2s_example() {
+        assert_eq!(
+            multipart_etag(&["bce6bf66aeb76c7040fdd5f4eccb78e6", "8165449fc15bbf43d3b674595cbcc406"]),
+            "f77dc0eecdebcd774a2a22cb393ad2ff-2"
+        );
+    }
+
+    #[test]
+    fn conditionals_follow_r2() {
+        let o = object("abc", 10_500);
+        let c = |f: fn(&mut Conditional)| {
+            let mut c = Conditional { seconds_granularity: true, ..Default::default() };
+            f(&mut c);
+            c.evaluate(Some(&o))
+        };
+        assert_eq!(c(|c| c.if_match = Some(vec![EtagCondition::parse("\"abc\"")])), Verdict::Pass);
+        assert_eq!(c(|c| c.if_match = Some(vec![EtagCondition::parse("W/\"abc\"")])), Verdict::PreconditionFailed);
+        assert_eq!(c(|c| c.if_none_match = Some(vec![EtagCondition::parse("W/\"abc\"")])), Verdict::NotModified);
+        assert_eq!(c(|c| c.if_none_match = Some(vec![EtagCondition::Any])), Verdict::NotModified);
+        assert_eq!(c(|c| c.if_modified_since_ms = Some(10_000)), Verdict::NotModified);
+        assert_eq!(c(|c| c.if_modified_since_ms = Some(9_000)), Verdict::Pass);
+        assert_eq!(c(|c| c.if_unmodified_since_ms = Some(10_999)), Verdict::PreconditionFailed);
+        assert_eq!(c(|c| c.if_unmodified_since_ms = Some(11_000)), Verdict::Pass);
+        // If-None-Match that passes overrides a failing If-Modified-Since.
+        assert_eq!(
+            c(|c| {
+                c.if_none_match = Some(vec![EtagCondition::parse("\"other\"")]);
+                c.if_modified_since_ms = Some(20_000);
+            }),
+            Verdict::Pass
+        );
+        let missing = Conditional { if_none_match: Some(vec![EtagCondition::Any]), ..Default::default() };
+        assert_eq!(missing.evaluate(None), Verdict::Pass);
+        let missing = Conditional { if_match: Some(vec![EtagCondition::Any]), ..Default::default() };
+        assert_eq!(missing.evaluate(None), Verdict::PreconditionFailed);
+    }
+
+    #[test]
+    fn ranges_follow_s3() {
+        let r = |start, end| ByteRange::From { start, end };
+        assert_eq!(r(0, Some(3)).resolve(10).unwrap(), (0, 4));
+        assert_eq!(r(5, None).resolve(10).unwrap(), (5, 5));
+        assert_eq!(r(5, Some(100)).resolve(10).unwrap(), (5, 5));
+        assert_eq!(ByteRange::Suffix(3).resolve(10).unwrap(), (7, 3));
+        assert_eq!(ByteRange::Suffix(30).resolve(10).unwrap(), (0, 10));
+        assert!(matches!(r(10, None).resolve(10), Err(R2Error::InvalidRange)));
+        assert!(matches!(r(0, None).resolve(0), Err(R2Error::InvalidRange)));
+        assert!(matches!(ByteRange::Suffix(0).resolve(10), Err(R2Error::InvalidRange)));
+        assert!(matches!(r(5, Some(2)).resolve(10), Err(R2Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn digests_check_what_the_client_sent() {
+        let expected = ExpectedDigests {
+            md5: Some(hex::decode("5d41402abc4b2a76b9719d911017c592").unwrap().try_into().unwrap()),
+            checksums: vec![(ChecksumAlgorithm::Crc32, 0x3610a686u32.to_be_bytes().to_vec())],
+            trailing: None,
+        };
+        let mut d = Digester::new(&expected);
+        d.update(b"hel");
+        d.update(b"lo");
+        let (_, stored) = d.finish(&expected).unwrap();
+        assert_eq!(stored["crc32"], "NhCmhg==");
+        let mut d = Digester::new(&expected);
+        d.update(b"hellO");
+        assert!(matches!(d.finish(&expected), Err(R2Error::BadDigest(_))));
+    }
+}

@@ -1,0 +1,171 @@
+//! The S3 listener: R2's S3 API over the R2 engine. `s3s` routes requests, parses and writes
+//! the XML, checks SigV4 (headers, presigned URLs, aws-chunked bodies); this module puts R2's
+//! own behaviour around it: credentials derived from API tokens, R2's auth error shapes, the
+//! presigned-URL expiry cap, and the operations themselves ([`ops`]).
+
+mod access;
+mod ops;
+mod xml;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::response::Response;
+use kura_catalog::Catalog;
+use kura_r2::R2;
+use s3s::service::{S3Service, S3ServiceBuilder};
+
+/// The longest a presigned URL may live, in seconds (a week).
+const MAX_PRESIGNED_EXPIRY: u64 = 604_800;
+
+/// The S3 listener's routes.
+pub fn routes(catalog: Arc<Catalog>, r2: Arc<R2>) -> Router {
+    let mut builder = S3ServiceBuilder::new(ops::KuraS3 { catalog: Arc::clone(&catalog), r2 });
+    builder.set_auth(access::CatalogAuth { catalog: Arc::clone(&catalog) });
+    builder.set_access(access::Scopes { catalog });
+    let service = Arc::new(builder.build());
+    Router::new().fallback(handle).with_state(service)
+}
+
+/// R2's checks that come before `s3s` sees the request, then `s3s`, then R2's shaping of what
+/// it answered.
+async fn handle(State(service): State<Arc<S3Service>>, request: Request) -> Response {
+    if let Some(refusal) = refuse_before_auth(&request) {
+        return refusal;
+    }
+    let is_head = request.method() == Method::HEAD;
+    let (parts, body) = request.into_parts();
+    let request = s3s::HttpRequest::from_parts(parts, s3s::Body::http_body_unsync(body));
+    match service.call(request).await {
+        Ok(response) => {
+            let (parts, body) = response.into_parts();
+            if parts.status == StatusCode::NOT_MODIFIED || (is_head && !parts.status.is_success()) {
+                // 304s and failed HEADs carry headers only.
+                let mut parts = parts;
+                parts.headers.remove(header::CONTENT_LENGTH);
+                parts.headers.remove(header::CONTENT_TYPE);
+                return Response::from_parts(parts, Body::empty());
+            }
+            if parts.status.is_client_error() || parts.status.is_server_error() {
+                return reshape_error(parts, body).await;
+            }
+            Response::from_parts(parts, Body::new(body))
+        }
+        Err(e) => {
+            tracing::error!(error = ?e, "the S3 service failed");
+            xml::error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "We encountered an internal error. Please try again.",
+            )
+        }
+    }
+}
+
+/// Rewrites the errors `s3s` raises itself (signature checks) into R2's codes and texts.
+async fn reshape_error(parts: axum::http::response::Parts, body: s3s::Body) -> Response {
+    use http_body_util::BodyExt;
+    let Ok(collected) = http_body_util::Limited::new(body, 64 * 1024).collect().await else {
+        return xml::error(parts.status, "InternalError", "We encountered an internal error. Please try again.");
+    };
+    let bytes = collected.to_bytes();
+    let text = String::from_utf8_lossy(&bytes);
+    let field = |name: &str| {
+        let open = format!("<{name}>");
+        let close = format!("</{name}>");
+        let start = text.find(&open)? + open.len();
+        let end = text[start..].find(&close)? + start;
+        Some(text[start..end].to_owned())
+    };
+    let code = field("Code").unwrap_or_default();
+    let message = field("Message").unwrap_or_default();
+    let (status, code, message) = match code.as_str() {
+        "SignatureDoesNotMatch" => (
+            StatusCode::FORBIDDEN,
+            "SignatureDoesNotMatch",
+            "The request signature we calculated does not match the signature you provided. Check your secret access key and signing method.".to_owned(),
+        ),
+        "AccessDenied" if message.contains("expired") => (StatusCode::FORBIDDEN, "ExpiredRequest", "Request has expired".to_owned()),
+        "RequestTimeTooSkewed" => (
+            StatusCode::FORBIDDEN,
+            "RequestTimeTooSkewed",
+            "The difference between the request time and the server's time is too large.".to_owned(),
+        ),
+        _ => return Response::from_parts(parts, Body::from(bytes)),
+    };
+    let mut response = xml::error(status, code, &message);
+    for (name, value) in parts.headers.iter() {
+        if name != header::CONTENT_LENGTH && name != header::CONTENT_TYPE {
+            response.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    response
+}
+
+/// What R2 refuses before it looks at a signature: a request with no credentials at all, and a
+/// presigned URL meant to live longer than a week.
+fn refuse_before_auth(request: &Request) -> Option<Response> {
+    let query = request.uri().query().unwrap_or("");
+    let params: Vec<(String, String)> = form_urlencoded(query);
+    let presigned = params.iter().any(|(k, _)| k == "X-Amz-Credential");
+    if !presigned && !request.headers().contains_key(header::AUTHORIZATION) {
+        return Some(xml::error(StatusCode::BAD_REQUEST, "InvalidArgument", "Authorization"));
+    }
+    if presigned && let Some((_, expires)) = params.iter().find(|(k, _)| k == "X-Amz-Expires") {
+        match expires.parse::<u64>() {
+            Ok(seconds) if seconds > MAX_PRESIGNED_EXPIRY => {
+                return Some(xml::error(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidArgument",
+                    "X-Amz-Expires must be less than a week (in seconds); that is, the given X-Amz-Expires must be less than 604800 seconds",
+                ));
+            }
+            Ok(_) => {}
+            Err(_) => {
+                return Some(xml::error(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidArgument",
+                    "X-Amz-Expires should be a number",
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Decodes a query string's pairs (`+` as space, `%XX` escapes).
+fn form_urlencoded(query: &str) -> Vec<(String, String)> {
+    let decode = |s: &str| {
+        let bytes = s.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'+' => out.push(b' '),
+                b'%' if i + 2 < bytes.len() => {
+                    match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                        Ok(b) => {
+                            out.push(b);
+                            i += 2;
+                        }
+                        Err(_) => out.push(b'%'),
+                    }
+                }
+                b => out.push(b),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}

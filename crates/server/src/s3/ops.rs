@@ -1,0 +1,857 @@
+//! The S3 operations R2 implements, over the R2 engine: buckets, objects, listing, copies and
+//! multipart uploads.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::http::{HeaderMap, StatusCode};
+use base64::Engine as _;
+use kura_catalog::{Catalog, R2Bucket};
+use kura_r2::{
+    ByteRange, ChecksumAlgorithm, Conditional, EtagCondition, ExpectedDigests, GetOptions, HttpMetadata, ListOptions,
+    MetadataDirective, ObjectInfo, PartOptions, PutOptions, R2, R2Error, TrailingChecksum,
+};
+use s3s::dto::*;
+use s3s::{S3, S3Error, S3Request, S3Response, S3Result};
+
+use super::access::{Caller, error};
+
+pub(crate) struct KuraS3 {
+    pub catalog: Arc<Catalog>,
+    pub r2: Arc<R2>,
+}
+
+fn engine_error(e: R2Error) -> S3Error {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    error(status, e.code(), e.to_string())
+}
+
+fn catalog_error(e: kura_catalog::Error) -> S3Error {
+    match e {
+        kura_catalog::Error::Invalid(m) => error(StatusCode::BAD_REQUEST, "InvalidBucketName", m),
+        kura_catalog::Error::Duplicate { .. } => {
+            error(StatusCode::CONFLICT, "BucketAlreadyExists", "The requested bucket name is not available.")
+        }
+        other => {
+            tracing::error!(error = %other, "catalog failure");
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "We encountered an internal error. Please try again.",
+            )
+        }
+    }
+}
+
+fn caller<T>(req: &S3Request<T>) -> S3Result<&Caller> {
+    req.extensions.get::<Caller>().ok_or_else(|| error(StatusCode::BAD_REQUEST, "InvalidArgument", "Authorization"))
+}
+
+fn timestamp(ms: i64) -> Timestamp {
+    Timestamp::from(SystemTime::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64))
+}
+
+fn timestamp_ms(t: &Timestamp) -> i64 {
+    let t: time::OffsetDateTime = t.clone().into();
+    (t.unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+fn http_date(t: &Timestamp) -> Option<String> {
+    let mut out = Vec::new();
+    t.format(TimestampFormat::HttpDate, &mut out).ok()?;
+    String::from_utf8(out).ok()
+}
+
+fn parse_http_date(text: &str) -> Option<Timestamp> {
+    Timestamp::parse(TimestampFormat::HttpDate, text).ok()
+}
+
+fn etag(info_etag: &str) -> ETag {
+    ETag::Strong(info_etag.to_owned())
+}
+
+/// Conditionals from the raw headers (lists of ETags are allowed, unlike `s3s`'s single one).
+fn conditional(headers: &HeaderMap, prefix: &str) -> Conditional {
+    let text = |name: &str| headers.get(format!("{prefix}{name}")).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let date = |name: &str| text(name).and_then(|t| parse_http_date(&t)).map(|t| timestamp_ms(&t));
+    Conditional {
+        if_match: text("if-match").map(|t| EtagCondition::parse_list(&t)),
+        if_none_match: text("if-none-match").map(|t| EtagCondition::parse_list(&t)),
+        if_modified_since_ms: date("if-modified-since"),
+        if_unmodified_since_ms: date("if-unmodified-since"),
+        seconds_granularity: true,
+    }
+}
+
+fn decode_base64(value: &str, what: &str) -> S3Result<Vec<u8>> {
+    base64::engine::general_purpose::STANDARD
+        .decode(value.trim())
+        .map_err(|_| error(StatusCode::BAD_REQUEST, "InvalidDigest", format!("The {what} you specified is not valid.")))
+}
+
+const CHECKSUM_HEADERS: [(&str, ChecksumAlgorithm); 5] = [
+    ("x-amz-checksum-crc32", ChecksumAlgorithm::Crc32),
+    ("x-amz-checksum-crc32c", ChecksumAlgorithm::Crc32c),
+    ("x-amz-checksum-crc64nvme", ChecksumAlgorithm::Crc64Nvme),
+    ("x-amz-checksum-sha1", ChecksumAlgorithm::Sha1),
+    ("x-amz-checksum-sha256", ChecksumAlgorithm::Sha256),
+];
+
+/// Content-MD5, `x-amz-checksum-*` headers and a checksum trailer, as the engine checks them.
+fn digests(headers: &HeaderMap, trailers: Option<s3s::TrailingHeaders>) -> S3Result<ExpectedDigests> {
+    let mut out = ExpectedDigests::default();
+    if let Some(md5) = headers.get("content-md5").and_then(|v| v.to_str().ok()) {
+        let bytes = decode_base64(md5, "checksum or Content-MD5")?;
+        out.md5 = Some(bytes.try_into().map_err(|_| {
+            error(StatusCode::BAD_REQUEST, "InvalidDigest", "The checksum or Content-MD5 you specified is not valid.")
+        })?);
+    }
+    for (name, algorithm) in CHECKSUM_HEADERS {
+        if let Some(value) = headers.get(name).and_then(|v| v.to_str().ok()) {
+            out.checksums.push((algorithm, decode_base64(value, "checksum")?));
+        }
+    }
+    let trailer = headers.get("x-amz-trailer").and_then(|v| v.to_str().ok()).map(str::to_ascii_lowercase);
+    if let (Some(trailer), Some(trailers)) = (trailer, trailers)
+        && let Some((name, algorithm)) = CHECKSUM_HEADERS.iter().find(|(n, _)| *n == trailer.trim())
+    {
+        let name = *name;
+        out.trailing = Some(TrailingChecksum {
+            algorithm: *algorithm,
+            value: Arc::new(move || {
+                trailers
+                    .read(|h| h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned))
+                    .flatten()
+                    .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v.trim()).ok())
+            }),
+        });
+    }
+    Ok(out)
+}
+
+fn storage_class_in(class: Option<&str>) -> S3Result<Option<String>> {
+    match class {
+        None => Ok(None),
+        Some("STANDARD") => Ok(Some("Standard".into())),
+        Some("STANDARD_IA") => Ok(Some("InfrequentAccess".into())),
+        Some(_) => {
+            Err(error(StatusCode::BAD_REQUEST, "InvalidStorageClass", "The storage class specified is not valid."))
+        }
+    }
+}
+
+fn storage_class_out(class: &str) -> &'static str {
+    if class == "InfrequentAccess" { "STANDARD_IA" } else { "STANDARD" }
+}
+
+fn custom_metadata(metadata: Option<Metadata>) -> BTreeMap<String, String> {
+    metadata.map(|m| m.into_iter().collect()).unwrap_or_default()
+}
+
+/// Headers sent back on GET and HEAD.
+struct ObjectHeaders {
+    content_type: String,
+    cache_control: Option<String>,
+    content_disposition: Option<String>,
+    content_encoding: Option<String>,
+    content_language: Option<String>,
+    expires: Option<Timestamp>,
+    metadata: Option<Metadata>,
+}
+
+fn object_headers(info: &ObjectInfo) -> ObjectHeaders {
+    ObjectHeaders {
+        content_type: info.http.content_type.clone().unwrap_or_else(|| "application/octet-stream".into()),
+        cache_control: info.http.cache_control.clone(),
+        content_disposition: info.http.content_disposition.clone(),
+        content_encoding: info.http.content_encoding.clone(),
+        content_language: info.http.content_language.clone(),
+        expires: info.http.expires.as_deref().and_then(parse_http_date),
+        metadata: (!info.custom.is_empty()).then(|| info.custom.clone().into_iter().collect()),
+    }
+}
+
+fn checksum_out(info: &ObjectInfo, name: &str) -> Option<String> {
+    info.checksums.get(name).cloned()
+}
+
+/// Reads send stored checksums only when asked (`x-amz-checksum-mode: ENABLED`) and only for the
+/// whole object: a client checks them against the bytes it receives.
+fn checksums_wanted(mode: Option<&ChecksumMode>, ranged: bool) -> bool {
+    !ranged && mode.is_some_and(|m| m.as_str().eq_ignore_ascii_case("ENABLED"))
+}
+
+/// AWS's URI encoding for `encoding-type=url` listings: everything but unreserved characters.
+fn uri_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn max_keys(requested: Option<i32>) -> S3Result<usize> {
+    match requested {
+        None => Ok(1000),
+        Some(n) if n < 0 => {
+            Err(error(StatusCode::BAD_REQUEST, "InvalidMaxKeys", "MaxKeys params must be positive integer <= 1000."))
+        }
+        Some(n) => Ok((n as usize).min(1000)),
+    }
+}
+
+fn encoding(requested: Option<&EncodingType>) -> S3Result<bool> {
+    match requested.map(|e| e.as_str()) {
+        None => Ok(false),
+        Some("url") => Ok(true),
+        Some(other) => Err(error(
+            StatusCode::NOT_IMPLEMENTED,
+            "NotImplemented",
+            format!("Unrecognized encoding-type \"{other}\" not implemented"),
+        )),
+    }
+}
+
+fn parse_copy_range(text: &str) -> S3Result<ByteRange> {
+    let invalid =
+        || error(StatusCode::BAD_REQUEST, "InvalidArgument", format!("Invalid x-amz-copy-source-range: {text}"));
+    let spec = text.strip_prefix("bytes=").ok_or_else(invalid)?;
+    let (a, b) = spec.split_once('-').ok_or_else(invalid)?;
+    let start: u64 = a.parse().map_err(|_| invalid())?;
+    let end: u64 = b.parse().map_err(|_| invalid())?;
+    if end < start {
+        return Err(error(StatusCode::BAD_REQUEST, "InvalidArgument", "x-amz-copy-source-range must be positive."));
+    }
+    Ok(ByteRange::From { start, end: Some(end) })
+}
+
+impl KuraS3 {
+    fn bucket(&self, caller: &Caller, name: &str) -> S3Result<R2Bucket> {
+        if !caller.0.reaches(name) {
+            return Err(error(StatusCode::FORBIDDEN, "AccessDenied", "Access Denied"));
+        }
+        self.catalog
+            .r2_bucket(&caller.0.account_id, name)
+            .map_err(catalog_error)?
+            .ok_or_else(|| engine_error(R2Error::NoSuchBucket))
+    }
+
+    fn copy_source(&self, caller: &Caller, source: &CopySource) -> S3Result<(R2Bucket, String)> {
+        match source {
+            CopySource::Bucket { bucket, key, .. } => Ok((self.bucket(caller, bucket)?, key.to_string())),
+            _ => Err(error(StatusCode::NOT_IMPLEMENTED, "NotImplemented", "Access point copy sources not implemented")),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl S3 for KuraS3 {
+    async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
+        let caller = caller(&req)?;
+        let buckets = self.catalog.list_r2_buckets(&caller.0.account_id).map_err(catalog_error)?;
+        let prefix = req.input.prefix.clone().unwrap_or_default();
+        let buckets = buckets
+            .into_iter()
+            .filter(|b| caller.0.reaches(&b.name) && b.name.starts_with(&prefix))
+            .map(|b| Bucket {
+                name: Some(b.name),
+                creation_date: b.created_at.parse::<jiff::Timestamp>().ok().map(|t| timestamp(t.as_millisecond())),
+                bucket_region: None,
+            })
+            .collect();
+        Ok(S3Response::new(ListBucketsOutput {
+            buckets: Some(buckets),
+            owner: Some(Owner { display_name: None, id: Some(caller.0.account_id.clone()) }),
+            ..Default::default()
+        }))
+    }
+
+    async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
+        let caller = caller(&req)?;
+        let name = &req.input.bucket;
+        let location = req
+            .input
+            .create_bucket_configuration
+            .as_ref()
+            .and_then(|c| c.location_constraint.as_ref())
+            .map(|l| l.as_str().to_ascii_lowercase())
+            .filter(|l| !matches!(l.as_str(), "" | "auto" | "us-east-1"));
+        if self.catalog.r2_bucket(&caller.0.account_id, name).map_err(catalog_error)?.is_some() {
+            return Err(error(
+                StatusCode::CONFLICT,
+                "BucketAlreadyExists",
+                "The requested bucket name is not available.",
+            ));
+        }
+        let bucket = self
+            .catalog
+            .create_r2_bucket(&caller.0.account_id, name, location.as_deref(), None)
+            .map_err(catalog_error)?;
+        if let Err(e) = self.r2.create_bucket(&bucket.id).await {
+            let _ = self.catalog.delete_r2_bucket(&caller.0.account_id, name);
+            return Err(engine_error(e));
+        }
+        Ok(S3Response::new(CreateBucketOutput { location: Some(format!("/{name}")) }))
+    }
+
+    async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        if !self.r2.is_empty(&bucket.id).await.map_err(engine_error)? {
+            return Err(engine_error(R2Error::BucketNotEmpty));
+        }
+        self.catalog.delete_r2_bucket(&caller.0.account_id, &bucket.name).map_err(catalog_error)?;
+        self.r2.delete_bucket(&bucket.id).await.map_err(engine_error)?;
+        Ok(S3Response::new(DeleteBucketOutput {}))
+    }
+
+    async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
+        let caller = caller(&req)?;
+        self.bucket(caller, &req.input.bucket)?;
+        Ok(S3Response::new(HeadBucketOutput { bucket_region: Some("auto".into()), ..Default::default() }))
+    }
+
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let location = bucket.location.map(|l| l.to_ascii_uppercase()).unwrap_or_else(|| "auto".into());
+        Ok(S3Response::new(GetBucketLocationOutput {
+            location_constraint: Some(BucketLocationConstraint::from(location)),
+        }))
+    }
+
+    async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let digests = digests(&req.headers, req.trailing_headers.clone())?;
+        let conditional = conditional(&req.headers, "");
+        let input = req.input;
+        let options = PutOptions {
+            http: HttpMetadata {
+                content_type: input.content_type.clone(),
+                content_language: input.content_language.clone(),
+                content_disposition: input.content_disposition.clone(),
+                content_encoding: input.content_encoding.clone().filter(|e| e != "aws-chunked"),
+                cache_control: input.cache_control.clone(),
+                expires: input.expires.as_ref().and_then(http_date),
+            },
+            custom: custom_metadata(input.metadata),
+            storage_class: storage_class_in(input.storage_class.as_ref().map(|s| s.as_str()))?,
+            conditional,
+            digests,
+            size: input.content_length.map(|n| n as u64),
+        };
+        let body = input.body.unwrap_or_else(|| {
+            StreamingBlob::wrap(futures_util::stream::empty::<Result<bytes::Bytes, std::io::Error>>())
+        });
+        let info = self.r2.put_object(&bucket.id, &input.key, body, options).await.map_err(engine_error)?;
+        Ok(S3Response::new(PutObjectOutput {
+            e_tag: Some(etag(&info.etag)),
+            checksum_crc32: checksum_out(&info, "crc32"),
+            checksum_crc32c: checksum_out(&info, "crc32c"),
+            checksum_crc64nvme: checksum_out(&info, "crc64nvme"),
+            checksum_sha1: checksum_out(&info, "sha1"),
+            checksum_sha256: checksum_out(&info, "sha256"),
+            ..Default::default()
+        }))
+    }
+
+    async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let range = req.input.range.map(|r| match r {
+            Range::Int { first, last } => ByteRange::From { start: first, end: last },
+            Range::Suffix { length } => ByteRange::Suffix(length),
+        });
+        let options = GetOptions {
+            range,
+            conditional: conditional(&req.headers, ""),
+            part_number: req.input.part_number.map(|n| n.max(0) as u32),
+        };
+        let checksum_mode = req.input.checksum_mode.clone();
+        let object = self.r2.get_object(&bucket.id, &req.input.key, options).await.map_err(engine_error)?;
+        let info = &object.info;
+        let wanted = checksums_wanted(checksum_mode.as_ref(), object.range.is_some());
+        let checksum_out = |info: &ObjectInfo, name: &str| if wanted { checksum_out(info, name) } else { None };
+        let headers = object_headers(info);
+        let content_range =
+            object.range.map(|(offset, length)| format!("bytes {}-{}/{}", offset, offset + length - 1, info.size));
+        let status = object.range.is_some().then_some(StatusCode::PARTIAL_CONTENT);
+        let length = object.length();
+        let output = GetObjectOutput {
+            body: Some(StreamingBlob::wrap(object.body)),
+            accept_ranges: Some("bytes".into()),
+            content_length: Some(length as i64),
+            content_range,
+            content_type: Some(headers.content_type),
+            cache_control: headers.cache_control,
+            content_disposition: headers.content_disposition,
+            content_encoding: headers.content_encoding,
+            content_language: headers.content_language,
+            expires: headers.expires,
+            metadata: headers.metadata,
+            e_tag: Some(etag(&info.etag)),
+            last_modified: Some(timestamp(info.uploaded_ms)),
+            storage_class: Some(StorageClass::from(storage_class_out(&info.storage_class).to_owned())),
+            parts_count: info.parts.map(|n| n as i32),
+            checksum_crc32: checksum_out(info, "crc32"),
+            checksum_crc32c: checksum_out(info, "crc32c"),
+            checksum_crc64nvme: checksum_out(info, "crc64nvme"),
+            checksum_sha1: checksum_out(info, "sha1"),
+            checksum_sha256: checksum_out(info, "sha256"),
+            ..Default::default()
+        };
+        let mut response = S3Response::new(output);
+        response.status = status;
+        Ok(response)
+    }
+
+    async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let range = req.input.range.map(|r| match r {
+            Range::Int { first, last } => ByteRange::From { start: first, end: last },
+            Range::Suffix { length } => ByteRange::Suffix(length),
+        });
+        let options = GetOptions {
+            range,
+            conditional: conditional(&req.headers, ""),
+            part_number: req.input.part_number.map(|n| n.max(0) as u32),
+        };
+        // A read whose body is dropped unread: the same checks, ranges and headers as GET.
+        let checksum_mode = req.input.checksum_mode.clone();
+        let object = self.r2.get_object(&bucket.id, &req.input.key, options).await.map_err(engine_error)?;
+        let info = &object.info;
+        let wanted = checksums_wanted(checksum_mode.as_ref(), object.range.is_some());
+        let checksum_out = |info: &ObjectInfo, name: &str| if wanted { checksum_out(info, name) } else { None };
+        let headers = object_headers(info);
+        let content_range =
+            object.range.map(|(offset, length)| format!("bytes {}-{}/{}", offset, offset + length - 1, info.size));
+        let status = object.range.is_some().then_some(StatusCode::PARTIAL_CONTENT);
+        let output = HeadObjectOutput {
+            accept_ranges: Some("bytes".into()),
+            content_length: Some(object.length() as i64),
+            content_range,
+            content_type: Some(headers.content_type),
+            cache_control: headers.cache_control,
+            content_disposition: headers.content_disposition,
+            content_encoding: headers.content_encoding,
+            content_language: headers.content_language,
+            expires: headers.expires,
+            metadata: headers.metadata,
+            e_tag: Some(etag(&info.etag)),
+            last_modified: Some(timestamp(info.uploaded_ms)),
+            storage_class: Some(StorageClass::from(storage_class_out(&info.storage_class).to_owned())),
+            parts_count: info.parts.map(|n| n as i32),
+            checksum_crc32: checksum_out(info, "crc32"),
+            checksum_crc32c: checksum_out(info, "crc32c"),
+            checksum_crc64nvme: checksum_out(info, "crc64nvme"),
+            checksum_sha1: checksum_out(info, "sha1"),
+            checksum_sha256: checksum_out(info, "sha256"),
+            ..Default::default()
+        };
+        let mut response = S3Response::new(output);
+        response.status = status;
+        Ok(response)
+    }
+
+    async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        self.r2.delete_object(&bucket.id, &req.input.key).await.map_err(engine_error)?;
+        Ok(S3Response::new(DeleteObjectOutput::default()))
+    }
+
+    async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let keys: Vec<String> = req.input.delete.objects.iter().map(|o| o.key.clone()).collect();
+        if keys.is_empty() || keys.len() > 1000 {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "MalformedXML",
+                "The XML you provided was not well formed or did not validate against our published schema.",
+            ));
+        }
+        self.r2.delete_objects(&bucket.id, keys.clone()).await.map_err(engine_error)?;
+        let deleted = keys.into_iter().map(|key| DeletedObject { key: Some(key), ..Default::default() }).collect();
+        Ok(S3Response::new(DeleteObjectsOutput { deleted: Some(deleted), ..Default::default() }))
+    }
+
+    async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let input = req.input;
+        let url = encoding(input.encoding_type.as_ref())?;
+        let limit = max_keys(input.max_keys)?;
+        let listing = self
+            .r2
+            .list(
+                &bucket.id,
+                ListOptions {
+                    prefix: input.prefix.clone().unwrap_or_default(),
+                    delimiter: input.delimiter.clone(),
+                    start_after: input.start_after.clone(),
+                    cursor: input.continuation_token.clone(),
+                    limit,
+                },
+            )
+            .await
+            .map_err(engine_error)?;
+        let enc = |s: String| if url { uri_encode(&s) } else { s };
+        let key_count = (listing.objects.len() + listing.prefixes.len()) as i32;
+        Ok(S3Response::new(ListObjectsV2Output {
+            name: Some(bucket.name),
+            prefix: Some(enc(input.prefix.unwrap_or_default())),
+            delimiter: input.delimiter.map(enc),
+            start_after: input.start_after.map(enc),
+            continuation_token: input.continuation_token,
+            next_continuation_token: listing.cursor.clone(),
+            max_keys: Some(input.max_keys.unwrap_or(1000)),
+            key_count: Some(key_count),
+            is_truncated: Some(listing.truncated),
+            contents: Some(listing.objects.into_iter().map(|o| list_entry(o, url)).collect()),
+            common_prefixes: Some(
+                listing.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(enc(p)) }).collect(),
+            ),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+
+    async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let input = req.input;
+        let url = encoding(input.encoding_type.as_ref())?;
+        let limit = max_keys(input.max_keys)?;
+        let listing = self
+            .r2
+            .list(
+                &bucket.id,
+                ListOptions {
+                    prefix: input.prefix.clone().unwrap_or_default(),
+                    delimiter: input.delimiter.clone(),
+                    start_after: input.marker.clone().filter(|m| !m.is_empty()),
+                    cursor: None,
+                    limit,
+                },
+            )
+            .await
+            .map_err(engine_error)?;
+        let enc = |s: String| if url { uri_encode(&s) } else { s };
+        let next_marker = if listing.truncated {
+            let last_key = listing.objects.last().map(|o| o.key.clone());
+            let last_prefix = listing.prefixes.last().cloned();
+            last_key.into_iter().chain(last_prefix).max().map(enc)
+        } else {
+            None
+        };
+        Ok(S3Response::new(ListObjectsOutput {
+            name: Some(bucket.name),
+            prefix: Some(enc(input.prefix.unwrap_or_default())),
+            delimiter: input.delimiter.map(enc),
+            marker: Some(enc(input.marker.unwrap_or_default())),
+            next_marker,
+            max_keys: Some(input.max_keys.unwrap_or(1000)),
+            is_truncated: Some(listing.truncated),
+            contents: Some(listing.objects.into_iter().map(|o| list_entry(o, url)).collect()),
+            common_prefixes: Some(
+                listing.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(enc(p)) }).collect(),
+            ),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
+    }
+
+    async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let (source_bucket, source_key) = self.copy_source(caller, &req.input.copy_source)?;
+        let source_conditional = conditional(&req.headers, "x-amz-copy-source-");
+        let destination_conditional = conditional(&req.headers, "cf-copy-destination-");
+        let input = req.input;
+        let directive = match input.metadata_directive.as_ref().map(|d| d.as_str()) {
+            None | Some("COPY") => MetadataDirective::Copy,
+            Some("REPLACE") => MetadataDirective::Replace {
+                http: HttpMetadata {
+                    content_type: input.content_type.clone(),
+                    content_language: input.content_language.clone(),
+                    content_disposition: input.content_disposition.clone(),
+                    content_encoding: input.content_encoding.clone(),
+                    cache_control: input.cache_control.clone(),
+                    expires: input.expires.as_ref().and_then(http_date),
+                },
+                custom: custom_metadata(input.metadata.clone()),
+            },
+            Some(other) => {
+                return Err(error(StatusCode::BAD_REQUEST, "InvalidArgument", format!("metadata directive {other}.")));
+            }
+        };
+        let options = PutOptions {
+            storage_class: storage_class_in(input.storage_class.as_ref().map(|s| s.as_str()))?,
+            conditional: destination_conditional,
+            ..Default::default()
+        };
+        let info = self
+            .r2
+            .copy_object(
+                kura_r2::CopySource { bucket: &source_bucket.id, key: &source_key, conditional: source_conditional },
+                &bucket.id,
+                &input.key,
+                directive,
+                options,
+            )
+            .await
+            .map_err(engine_error)?;
+        Ok(S3Response::new(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(etag(&info.etag)),
+                last_modified: Some(timestamp(info.uploaded_ms)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let input = req.input;
+        let http = HttpMetadata {
+            content_type: input.content_type.clone(),
+            content_language: input.content_language.clone(),
+            content_disposition: input.content_disposition.clone(),
+            content_encoding: input.content_encoding.clone(),
+            cache_control: input.cache_control.clone(),
+            expires: input.expires.as_ref().and_then(http_date),
+        };
+        let class = storage_class_in(input.storage_class.as_ref().map(|s| s.as_str()))?;
+        let upload_id = self
+            .r2
+            .create_multipart_upload(&bucket.id, &input.key, http, custom_metadata(input.metadata), class.as_deref())
+            .await
+            .map_err(engine_error)?;
+        Ok(S3Response::new(CreateMultipartUploadOutput {
+            bucket: Some(bucket.name),
+            key: Some(input.key),
+            upload_id: Some(upload_id),
+            ..Default::default()
+        }))
+    }
+
+    async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let digests = digests(&req.headers, req.trailing_headers.clone())?;
+        let input = req.input;
+        let number = u32::try_from(input.part_number).unwrap_or(0);
+        let body = input.body.unwrap_or_else(|| {
+            StreamingBlob::wrap(futures_util::stream::empty::<Result<bytes::Bytes, std::io::Error>>())
+        });
+        let part = self
+            .r2
+            .upload_part(
+                &bucket.id,
+                &input.key,
+                &input.upload_id,
+                number,
+                body,
+                PartOptions { size: input.content_length.map(|n| n as u64), digests },
+            )
+            .await
+            .map_err(engine_error)?;
+        Ok(S3Response::new(UploadPartOutput { e_tag: Some(etag(&part.etag)), ..Default::default() }))
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let (source_bucket, source_key) = self.copy_source(caller, &req.input.copy_source)?;
+        let input = req.input;
+        let range = input.copy_source_range.as_deref().map(parse_copy_range).transpose()?;
+        let source = self
+            .r2
+            .get_object(&source_bucket.id, &source_key, GetOptions { range, ..Default::default() })
+            .await
+            .map_err(engine_error)?;
+        let size = source.length();
+        let number = u32::try_from(input.part_number).unwrap_or(0);
+        let part = self
+            .r2
+            .upload_part(
+                &bucket.id,
+                &input.key,
+                &input.upload_id,
+                number,
+                source.body,
+                PartOptions { size: Some(size), ..Default::default() },
+            )
+            .await
+            .map_err(engine_error)?;
+        Ok(S3Response::new(UploadPartCopyOutput {
+            copy_part_result: Some(CopyPartResult {
+                e_tag: Some(etag(&part.etag)),
+                last_modified: Some(timestamp(part.uploaded_ms)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }))
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let host = req.headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("localhost").to_owned();
+        let input = req.input;
+        let malformed = || {
+            error(
+                StatusCode::BAD_REQUEST,
+                "MalformedXML",
+                "The XML you provided was not well formed or did not validate against our published schema.",
+            )
+        };
+        let parts = input.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
+        if parts.is_empty() {
+            return Err(malformed());
+        }
+        let mut requested = Vec::with_capacity(parts.len());
+        for part in parts {
+            let (Some(number), Some(tag)) = (part.part_number, part.e_tag) else { return Err(malformed()) };
+            if !(1..=10_000).contains(&number) {
+                return Err(engine_error(R2Error::InvalidPart));
+            }
+            requested.push((number as u32, tag.value().to_owned()));
+        }
+        let info = self
+            .r2
+            .complete_multipart_upload(&bucket.id, &input.key, &input.upload_id, requested)
+            .await
+            .map_err(engine_error)?;
+        Ok(S3Response::new(CompleteMultipartUploadOutput {
+            bucket: Some(bucket.name.clone()),
+            key: Some(input.key.clone()),
+            e_tag: Some(etag(&info.etag)),
+            location: Some(format!("http://{host}/{}/{}", bucket.name, uri_encode(&input.key).replace("%2F", "/"))),
+            ..Default::default()
+        }))
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        self.r2.abort_multipart_upload(&bucket.id, &req.input.key, &req.input.upload_id).await.map_err(engine_error)?;
+        Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+    }
+
+    async fn list_parts(&self, req: S3Request<ListPartsInput>) -> S3Result<S3Response<ListPartsOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let input = req.input;
+        let marker = input.part_number_marker.map_or(0, |m| m.max(0) as u32);
+        let max = input.max_parts.map_or(1000, |m| m.clamp(0, 1000) as usize);
+        let listing =
+            self.r2.list_parts(&bucket.id, &input.key, &input.upload_id, marker, max).await.map_err(engine_error)?;
+        let next = listing.parts.last().map(|p| p.number as i32);
+        Ok(S3Response::new(ListPartsOutput {
+            bucket: Some(bucket.name),
+            key: Some(listing.key),
+            upload_id: Some(input.upload_id),
+            part_number_marker: Some(marker as i32),
+            next_part_number_marker: if listing.truncated { next } else { None },
+            max_parts: Some(max as i32),
+            is_truncated: Some(listing.truncated),
+            storage_class: Some(StorageClass::from(storage_class_out(&listing.storage_class).to_owned())),
+            parts: Some(
+                listing
+                    .parts
+                    .into_iter()
+                    .map(|p| Part {
+                        part_number: Some(p.number as i32),
+                        e_tag: Some(etag(&p.etag)),
+                        size: Some(p.size as i64),
+                        last_modified: Some(timestamp(p.uploaded_ms)),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let input = req.input;
+        let max = input.max_uploads.map_or(1000, |m| m.clamp(0, 1000) as usize);
+        let (uploads, truncated) = self
+            .r2
+            .list_multipart_uploads(
+                &bucket.id,
+                input.prefix.as_deref().unwrap_or(""),
+                input.key_marker.clone(),
+                input.upload_id_marker.clone(),
+                max,
+            )
+            .await
+            .map_err(engine_error)?;
+        let last = uploads.last().map(|u| (u.key.clone(), u.upload_id.clone()));
+        Ok(S3Response::new(ListMultipartUploadsOutput {
+            bucket: Some(bucket.name),
+            prefix: input.prefix,
+            key_marker: input.key_marker,
+            upload_id_marker: input.upload_id_marker,
+            next_key_marker: last.as_ref().filter(|_| truncated).map(|l| l.0.clone()),
+            next_upload_id_marker: last.filter(|_| truncated).map(|l| l.1),
+            max_uploads: Some(max as i32),
+            is_truncated: Some(truncated),
+            uploads: Some(
+                uploads
+                    .into_iter()
+                    .map(|u| MultipartUpload {
+                        key: Some(u.key),
+                        upload_id: Some(u.upload_id),
+                        initiated: Some(timestamp(u.initiated_ms)),
+                        storage_class: Some(StorageClass::from(storage_class_out(&u.storage_class).to_owned())),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }))
+    }
+}
+
+fn list_entry(info: ObjectInfo, url: bool) -> Object {
+    Object {
+        key: Some(if url { uri_encode(&info.key) } else { info.key.clone() }),
+        size: Some(info.size as i64),
+        last_modified: Some(timestamp(info.uploaded_ms)),
+        e_tag: Some(etag(&info.etag)),
+        storage_class: Some(ObjectStorageClass::from(storage_class_out(&info.storage_class).to_owned())),
+        ..Default::default()
+    }
+}
