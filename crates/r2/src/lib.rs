@@ -266,6 +266,13 @@ impl R2 {
         self.blobs.remove_bucket(bucket).map_err(|e| R2Error::storage("removing a bucket", e))
     }
 
+    /// Removes a bucket's storage whatever it holds (for a bucket the catalog has already
+    /// forgotten).
+    pub async fn delete_bucket_contents(&self, bucket: &str) -> Result<()> {
+        self.registry.retire(bucket).await;
+        self.blobs.remove_bucket(bucket).map_err(|e| R2Error::storage("removing a bucket", e))
+    }
+
     /// Stores an object: the body streams into a new blob, then the row commits if the
     /// preconditions hold on the object it replaces.
     pub async fn put_object<S, E>(&self, bucket: &str, key: &str, body: S, options: PutOptions) -> Result<ObjectInfo>

@@ -25,6 +25,10 @@ pub enum Need {
     D1Read,
     /// Change D1 databases.
     D1Write,
+    /// Read R2 buckets and objects.
+    R2Read,
+    /// Change R2 buckets and objects.
+    R2Write,
 }
 
 impl Caller {
@@ -34,6 +38,8 @@ impl Caller {
         let allowed = match need {
             Need::D1Read => self.token.scope.can_read_d1(),
             Need::D1Write => self.token.scope.can_write_d1(),
+            Need::R2Read => self.token.scope.can_read_r2(),
+            Need::R2Write => self.token.scope.can_write_r2(),
         };
         if self.token.account_id != account_id || !allowed {
             return Err(ApiError::forbidden());

@@ -19,6 +19,7 @@
 
 pub mod auth;
 mod binding;
+mod buckets;
 mod node;
 pub mod rest;
 mod s3;

@@ -258,3 +258,49 @@ fn d1_export_and_import_round_trip() {
     assert!(!failed.ok && failed.all().contains("no such table: missing"), "{}", failed.all());
     assert_eq!(rows("copy").as_array().unwrap().len(), 3);
 }
+
+#[test]
+fn r2_buckets_and_objects() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let cwd = tempfile::tempdir().unwrap();
+    let cwd = cwd.path();
+
+    w.ok(cwd, &["r2", "bucket", "create", "wrangler-photos"]);
+    let again = w.run(cwd, &["r2", "bucket", "create", "wrangler-photos"]);
+    let said = format!("{}{}", again.stdout, again.stderr);
+    assert!(!again.ok && said.contains("already exists"), "{said}");
+    assert!(w.ok(cwd, &["r2", "bucket", "list"]).stdout.contains("name:           wrangler-photos"));
+
+    let file = cwd.join("cat.txt");
+    std::fs::write(&file, "a cat, in text\n").unwrap();
+    w.ok(
+        cwd,
+        &[
+            "r2",
+            "object",
+            "put",
+            "wrangler-photos/2026/cat.txt",
+            "--file",
+            file.to_str().unwrap(),
+            "--remote",
+            "--content-type",
+            "text/plain",
+        ],
+    );
+    let got = w.ok(cwd, &["r2", "object", "get", "wrangler-photos/2026/cat.txt", "--remote", "--pipe"]);
+    assert!(got.stdout.contains("a cat, in text"), "{}", got.stdout);
+    let out = cwd.join("back.txt");
+    w.ok(cwd, &["r2", "object", "get", "wrangler-photos/2026/cat.txt", "--remote", "--file", out.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "a cat, in text\n");
+
+    // The object is the same one S3 clients see.
+    let delete_bucket = w.run(cwd, &["r2", "bucket", "delete", "wrangler-photos"]);
+    assert!(!delete_bucket.ok, "a bucket holding objects is not deleted");
+    w.ok(cwd, &["r2", "object", "delete", "wrangler-photos/2026/cat.txt", "--remote"]);
+    let gone = w.run(cwd, &["r2", "object", "get", "wrangler-photos/2026/cat.txt", "--remote", "--pipe"]);
+    let said = format!("{}{}", gone.stdout, gone.stderr);
+    assert!(!gone.ok && said.contains("The specified key does not exist"), "{said}");
+    w.ok(cwd, &["r2", "bucket", "delete", "wrangler-photos"]);
+    assert!(!w.ok(cwd, &["r2", "bucket", "list"]).stdout.contains("wrangler-photos"));
+}

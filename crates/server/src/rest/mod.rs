@@ -5,6 +5,7 @@ mod d1;
 pub(crate) mod extract;
 mod graphql;
 mod import_export;
+mod r2;
 mod time_travel;
 mod user;
 
@@ -38,6 +39,16 @@ pub fn routes() -> Router<AppState> {
         .route("/accounts/{account_id}/d1/database/{database}/import", post(import_export::import))
         .route("/accounts/{account_id}/d1/database/{database}/time_travel/bookmark", get(time_travel::bookmark))
         .route("/accounts/{account_id}/d1/database/{database}/time_travel/restore", post(time_travel::restore))
+        .route("/accounts/{account_id}/r2/buckets", get(r2::list).post(r2::create))
+        .route("/accounts/{account_id}/r2/buckets/{bucket}", get(r2::details).delete(r2::delete))
+        .route(
+            "/accounts/{account_id}/r2/buckets/{bucket}/objects/{*key}",
+            get(r2::get_object)
+                .put(r2::put_object)
+                .delete(r2::delete_object)
+                // Objects stream to and from the blob store; their size limit is R2's, not the API's.
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/graphql", post(graphql::query))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, 7003, "No route for that URI") })
         .method_not_allowed_fallback(|| async {

@@ -44,6 +44,17 @@ fn catalog_error(e: kura_catalog::Error) -> S3Error {
     }
 }
 
+fn bucket_error(e: crate::buckets::BucketError) -> S3Error {
+    use crate::buckets::BucketError as B;
+    match e {
+        B::InvalidName(m) => error(StatusCode::BAD_REQUEST, "InvalidBucketName", m),
+        B::Exists => error(StatusCode::CONFLICT, "BucketAlreadyExists", "The requested bucket name is not available."),
+        B::NotFound => engine_error(R2Error::NoSuchBucket),
+        B::Catalog(e) => catalog_error(e),
+        B::Engine(e) => engine_error(e),
+    }
+}
+
 fn caller<T>(req: &S3Request<T>) -> S3Result<&Caller> {
     req.extensions.get::<Caller>().ok_or_else(|| error(StatusCode::BAD_REQUEST, "InvalidArgument", "Authorization"))
 }
@@ -281,32 +292,18 @@ impl S3 for KuraS3 {
             .and_then(|c| c.location_constraint.as_ref())
             .map(|l| l.as_str().to_ascii_lowercase())
             .filter(|l| !matches!(l.as_str(), "" | "auto" | "us-east-1"));
-        if self.catalog.r2_bucket(&caller.0.account_id, name).map_err(catalog_error)?.is_some() {
-            return Err(error(
-                StatusCode::CONFLICT,
-                "BucketAlreadyExists",
-                "The requested bucket name is not available.",
-            ));
-        }
-        let bucket = self
-            .catalog
-            .create_r2_bucket(&caller.0.account_id, name, location.as_deref(), None)
-            .map_err(catalog_error)?;
-        if let Err(e) = self.r2.create_bucket(&bucket.id).await {
-            let _ = self.catalog.delete_r2_bucket(&caller.0.account_id, name);
-            return Err(engine_error(e));
-        }
+        crate::buckets::create(&self.catalog, &self.r2, &caller.0.account_id, name, location.as_deref(), None)
+            .await
+            .map_err(bucket_error)?;
         Ok(S3Response::new(CreateBucketOutput { location: Some(format!("/{name}")) }))
     }
 
     async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
         let caller = caller(&req)?;
         let bucket = self.bucket(caller, &req.input.bucket)?;
-        if !self.r2.is_empty(&bucket.id).await.map_err(engine_error)? {
-            return Err(engine_error(R2Error::BucketNotEmpty));
-        }
-        self.catalog.delete_r2_bucket(&caller.0.account_id, &bucket.name).map_err(catalog_error)?;
-        self.r2.delete_bucket(&bucket.id).await.map_err(engine_error)?;
+        crate::buckets::delete(&self.catalog, &self.r2, &caller.0.account_id, &bucket.name)
+            .await
+            .map_err(bucket_error)?;
         Ok(S3Response::new(DeleteBucketOutput {}))
     }
 

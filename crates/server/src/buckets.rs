@@ -1,0 +1,66 @@
+//! Creating and deleting R2 buckets: the catalog names them, the engine stores them. One place
+//! for both surfaces (S3 and the v4 API), so they order the two steps the same way.
+
+use kura_catalog::{Catalog, R2Bucket};
+use kura_r2::{R2, R2Error};
+
+/// Why a bucket could not be created or deleted.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BucketError {
+    #[error("{0}")]
+    InvalidName(String),
+    #[error("The bucket you tried to create already exists, and you own it.")]
+    Exists,
+    #[error("The specified bucket does not exist.")]
+    NotFound,
+    #[error(transparent)]
+    Catalog(kura_catalog::Error),
+    #[error(transparent)]
+    Engine(#[from] R2Error),
+}
+
+impl From<kura_catalog::Error> for BucketError {
+    fn from(e: kura_catalog::Error) -> Self {
+        match e {
+            kura_catalog::Error::Invalid(m) => BucketError::InvalidName(m),
+            kura_catalog::Error::Duplicate { .. } => BucketError::Exists,
+            other => BucketError::Catalog(other),
+        }
+    }
+}
+
+/// Registers the bucket, then creates its storage; a failed storage step unregisters it.
+pub(crate) async fn create(
+    catalog: &Catalog,
+    r2: &R2,
+    account_id: &str,
+    name: &str,
+    location: Option<&str>,
+    storage_class: Option<&str>,
+) -> Result<R2Bucket, BucketError> {
+    let bucket = catalog.create_r2_bucket(account_id, name, location, storage_class)?;
+    if let Err(e) = r2.create_bucket(&bucket.id).await {
+        let _ = catalog.delete_r2_bucket(account_id, name);
+        return Err(e.into());
+    }
+    Ok(bucket)
+}
+
+/// Deletes an empty bucket: refused while it holds objects; once the catalog forgets it no new
+/// request finds it, then its storage goes.
+pub(crate) async fn delete(catalog: &Catalog, r2: &R2, account_id: &str, name: &str) -> Result<(), BucketError> {
+    let bucket = catalog.r2_bucket(account_id, name)?.ok_or(BucketError::NotFound)?;
+    if !r2.is_empty(&bucket.id).await? {
+        return Err(R2Error::BucketNotEmpty.into());
+    }
+    catalog.delete_r2_bucket(account_id, name)?;
+    match r2.delete_bucket(&bucket.id).await {
+        // An object that raced in after the check goes with the bucket: it was written to a
+        // bucket already being deleted, as on R2.
+        Err(R2Error::BucketNotEmpty) => {
+            r2.delete_bucket_contents(&bucket.id).await?;
+            Ok(())
+        }
+        other => Ok(other?),
+    }
+}

@@ -1,0 +1,262 @@
+//! R2's v4 endpoints, as wrangler's `r2 bucket` and `r2 object --remote` commands call them:
+//! buckets (list, create, get, delete) and single objects (PUT, GET, DELETE) by key.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::TryStreamExt;
+use serde::Deserialize;
+use serde_json::json;
+
+use kura_catalog::R2Bucket;
+use kura_r2::{GetOptions, HttpMetadata, ObjectInfo, PutOptions, R2Error};
+
+use super::extract::{V4Path, V4Query, read_body};
+use super::{ApiError, ok, parse_json};
+use crate::AppState;
+use crate::auth::{Caller, Need};
+use crate::buckets::BucketError;
+
+const LOCATION_HINTS: &[&str] = &["apac", "eeur", "enam", "weur", "wnam", "oc"];
+
+impl From<R2Error> for ApiError {
+    fn from(e: R2Error) -> Self {
+        if let R2Error::Storage(detail) = &e {
+            return ApiError::internal(detail);
+        }
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+        ApiError::new(status, e.v4_code(), e.to_string())
+    }
+}
+
+impl From<BucketError> for ApiError {
+    fn from(e: BucketError) -> Self {
+        match e {
+            BucketError::InvalidName(m) => ApiError::new(StatusCode::BAD_REQUEST, 10005, m),
+            BucketError::Exists => ApiError::new(StatusCode::CONFLICT, 10004, e.to_string()),
+            BucketError::NotFound => R2Error::NoSuchBucket.into(),
+            BucketError::Catalog(e) => ApiError::internal(&e),
+            BucketError::Engine(e) => e.into(),
+        }
+    }
+}
+
+fn bucket_json(bucket: &R2Bucket) -> serde_json::Value {
+    json!({
+        "name": bucket.name,
+        "creation_date": bucket.created_at,
+        "location": bucket.location.as_deref().map(str::to_ascii_uppercase).unwrap_or_else(|| "ENAM".into()),
+        "storage_class": bucket.storage_class,
+    })
+}
+
+fn object_json(info: &ObjectInfo) -> serde_json::Value {
+    json!({
+        "key": info.key,
+        "version": info.version,
+        "size": info.size,
+        "etag": info.etag,
+        "http_etag": info.http_etag(),
+        "uploaded": jiff::Timestamp::from_millisecond(info.uploaded_ms).map(|t| t.to_string()).unwrap_or_default(),
+        "http_metadata": info.http,
+        "custom_metadata": info.custom,
+        "storage_class": info.storage_class,
+    })
+}
+
+/// The caller's bucket `name`, if its token reaches it.
+fn find_bucket(app: &AppState, caller: &Caller, account_id: &str, name: &str) -> Result<R2Bucket, ApiError> {
+    let reaches = app
+        .catalog
+        .s3_credential(&caller.token.id)
+        .map_err(|e| ApiError::internal(&e))?
+        .is_some_and(|c| c.reaches(name));
+    if !reaches {
+        return Err(ApiError::forbidden());
+    }
+    app.catalog
+        .r2_bucket(account_id, name)
+        .map_err(|e| ApiError::internal(&e))?
+        .ok_or_else(|| R2Error::NoSuchBucket.into())
+}
+
+/// `GET /accounts/{account_id}/r2/buckets`
+pub async fn list(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path(account_id): V4Path<String>,
+    V4Query(query): V4Query,
+) -> Result<Response, ApiError> {
+    caller.require(&account_id, Need::R2Read)?;
+    let per_page = match query.get("per_page") {
+        Some(n) => n
+            .parse::<usize>()
+            .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, 10040, "per_page must be a number"))?,
+        None => 1000,
+    }
+    .clamp(1, 1000);
+    let contains = query.get("name_contains").cloned().unwrap_or_default();
+    let after = query.get("cursor").or_else(|| query.get("start_after")).cloned().unwrap_or_default();
+    let credential = app.catalog.s3_credential(&caller.token.id).map_err(|e| ApiError::internal(&e))?;
+    let mut buckets: Vec<R2Bucket> = app
+        .catalog
+        .list_r2_buckets(&account_id)
+        .map_err(|e| ApiError::internal(&e))?
+        .into_iter()
+        .filter(|b| b.name.contains(&contains) && b.name > after)
+        .filter(|b| credential.as_ref().is_some_and(|c| c.reaches(&b.name)))
+        .collect();
+    if query.get("direction").is_some_and(|d| d == "desc") {
+        buckets.reverse();
+    }
+    let more = buckets.len() > per_page;
+    buckets.truncate(per_page);
+    let cursor = if more { buckets.last().map(|b| b.name.clone()) } else { None };
+    let body = json!({
+        "result": { "buckets": buckets.iter().map(bucket_json).collect::<Vec<_>>() },
+        "success": true,
+        "errors": [],
+        "messages": [],
+        "result_info": { "cursor": cursor.unwrap_or_default(), "per_page": per_page },
+    });
+    Ok(axum::Json(body).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CreateBody {
+    name: String,
+    location_hint: Option<String>,
+    storage_class: Option<String>,
+}
+
+/// `POST /accounts/{account_id}/r2/buckets`
+pub async fn create(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path(account_id): V4Path<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    caller.require(&account_id, Need::R2Write)?;
+    let bytes = read_body(body).await?;
+    let body: CreateBody = parse_json(&bytes)
+        .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, 10040, "The JSON you provided was not well formed."))?;
+    let location = body.location_hint.map(|l| l.to_ascii_lowercase());
+    if let Some(l) = &location
+        && !LOCATION_HINTS.contains(&l.as_str())
+    {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            10029,
+            format!("Invalid location hint '{l}': use one of {}", LOCATION_HINTS.join(", ")),
+        ));
+    }
+    let bucket = crate::buckets::create(
+        &app.catalog,
+        &app.r2,
+        &account_id,
+        &body.name,
+        location.as_deref(),
+        body.storage_class.as_deref(),
+    )
+    .await?;
+    Ok(ok(bucket_json(&bucket)))
+}
+
+/// `GET /accounts/{account_id}/r2/buckets/{bucket}`
+pub async fn details(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    caller.require(&account_id, Need::R2Read)?;
+    let bucket = find_bucket(&app, &caller, &account_id, &name)?;
+    Ok(ok(bucket_json(&bucket)))
+}
+
+/// `DELETE /accounts/{account_id}/r2/buckets/{bucket}`
+pub async fn delete(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    caller.require(&account_id, Need::R2Write)?;
+    find_bucket(&app, &caller, &account_id, &name)?;
+    crate::buckets::delete(&app.catalog, &app.r2, &account_id, &name).await?;
+    Ok(ok(json!({})))
+}
+
+fn header_text(headers: &HeaderMap, name: header::HeaderName) -> Option<String> {
+    headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+/// `PUT /accounts/{account_id}/r2/buckets/{bucket}/objects/{key}`: the body is the object.
+pub async fn put_object(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name, key)): V4Path<(String, String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    caller.require(&account_id, Need::R2Write)?;
+    let bucket = find_bucket(&app, &caller, &account_id, &name)?;
+    let size = header_text(&headers, header::CONTENT_LENGTH).and_then(|n| n.parse().ok());
+    let options = PutOptions {
+        http: HttpMetadata {
+            content_type: header_text(&headers, header::CONTENT_TYPE),
+            content_language: header_text(&headers, header::CONTENT_LANGUAGE),
+            content_disposition: header_text(&headers, header::CONTENT_DISPOSITION),
+            content_encoding: header_text(&headers, header::CONTENT_ENCODING),
+            cache_control: header_text(&headers, header::CACHE_CONTROL),
+            expires: header_text(&headers, header::EXPIRES),
+        },
+        storage_class: headers.get("cf-r2-storage-class").and_then(|v| v.to_str().ok()).map(str::to_owned),
+        size,
+        ..Default::default()
+    };
+    let stream = body.into_data_stream().map_err(|e| std::io::Error::other(e.to_string()));
+    let info = app.r2.put_object(&bucket.id, &key, stream, options).await?;
+    Ok(ok(object_json(&info)))
+}
+
+/// `GET /accounts/{account_id}/r2/buckets/{bucket}/objects/{key}`: the object's bytes.
+pub async fn get_object(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name, key)): V4Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    caller.require(&account_id, Need::R2Read)?;
+    let bucket = find_bucket(&app, &caller, &account_id, &name)?;
+    let object = app.r2.get_object(&bucket.id, &key, GetOptions::default()).await?;
+    let info = &object.info;
+    let mut response = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_LENGTH, info.size)
+        .header(header::ETAG, info.http_etag())
+        .header(header::CONTENT_TYPE, info.http.content_type.as_deref().unwrap_or("application/octet-stream"));
+    for (name, value) in [
+        (header::CONTENT_LANGUAGE, &info.http.content_language),
+        (header::CONTENT_DISPOSITION, &info.http.content_disposition),
+        (header::CONTENT_ENCODING, &info.http.content_encoding),
+        (header::CACHE_CONTROL, &info.http.cache_control),
+        (header::EXPIRES, &info.http.expires),
+    ] {
+        if let Some(value) = value {
+            response = response.header(name, value);
+        }
+    }
+    response.body(Body::from_stream(object.body)).map_err(|e| ApiError::internal(&e))
+}
+
+/// `DELETE /accounts/{account_id}/r2/buckets/{bucket}/objects/{key}`
+pub async fn delete_object(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name, key)): V4Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    caller.require(&account_id, Need::R2Write)?;
+    let bucket = find_bucket(&app, &caller, &account_id, &name)?;
+    app.r2.delete_object(&bucket.id, &key).await?;
+    Ok(ok(json!({})))
+}
