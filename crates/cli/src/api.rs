@@ -87,6 +87,27 @@ impl ApiClient {
         Ok(envelope["result"].clone())
     }
 
+    /// Sends a request whose body or answer is not JSON (R2 objects); a failure is reported from
+    /// the envelope the API answers errors with.
+    pub async fn send(&self, request: reqwest::RequestBuilder, what: &str) -> anyhow::Result<reqwest::Response> {
+        let response = request.bearer_auth(&self.token).send().await.with_context(|| format!("{what} failed"))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let text = response.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<Json>(&text)
+            .ok()
+            .and_then(|e| e["errors"][0]["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| format!("HTTP {status}"));
+        bail!("{what} failed: {message}")
+    }
+
+    /// A request builder for `path` under the API's base.
+    pub fn request(&self, method: Method, path: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, format!("{}{path}", self.base))
+    }
+
     /// Calls the API and returns the whole JSON body (for `/graphql`, which has no envelope).
     pub async fn call_raw(&self, method: Method, path: &str, body: &Json) -> anyhow::Result<Json> {
         let url = format!("{}{path}", self.base);

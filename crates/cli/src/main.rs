@@ -7,8 +7,10 @@ mod admin;
 mod api;
 mod config;
 mod d1;
+mod local;
 mod output;
 mod progress;
+mod r2;
 mod serve;
 
 use std::path::PathBuf;
@@ -31,6 +33,9 @@ enum Command {
     /// Manage D1 databases, locally or remotely.
     #[command(subcommand)]
     D1(d1::D1Command),
+    /// Manage R2 buckets and objects, locally or remotely, and presign URLs.
+    #[command(subcommand)]
+    R2(r2::R2Command),
     /// Manage accounts in the data directory.
     #[command(subcommand)]
     Accounts(admin::AccountsCommand),
@@ -68,6 +73,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(args) => serve::run(args).await,
             Command::D1(command) => d1::run(command).await,
+            Command::R2(command) => r2::run(command).await,
             Command::Accounts(command) => admin::run_accounts(command),
             Command::Tokens(command) => admin::run_tokens(command),
         }

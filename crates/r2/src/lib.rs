@@ -283,11 +283,8 @@ impl R2 {
         check_key(key)?;
         check_custom_metadata(&options.custom)?;
         let storage_class = check_storage_class(options.storage_class.as_deref())?;
-        if !options.conditional.is_empty() {
-            // Fail early, before the bytes arrive; checked again at commit.
-            let current = self.head_object(bucket, key).await?;
-            options.conditional.check_write(current.as_ref())?;
-        }
+        // Preconditions are checked at commit, after the body has been read: refusing before it
+        // would leave the body unread on the connection, which then cannot carry another request.
         let (pending, blob) = self.blobs.write(bucket, body, options.size, MAX_UPLOAD_BYTES, &options.digests).await?;
         let mut checksums = blob.checksums.clone();
         checksums.insert("md5".into(), hex::encode(blob.md5));

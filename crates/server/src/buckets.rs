@@ -6,15 +6,20 @@ use kura_r2::{R2, R2Error};
 
 /// Why a bucket could not be created or deleted.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum BucketError {
+pub enum BucketError {
+    /// The name breaks R2's rule.
     #[error("{0}")]
     InvalidName(String),
+    /// The account already has a bucket of that name.
     #[error("The bucket you tried to create already exists, and you own it.")]
     Exists,
+    /// The account has no bucket of that name.
     #[error("The specified bucket does not exist.")]
     NotFound,
+    /// The catalog failed.
     #[error(transparent)]
     Catalog(kura_catalog::Error),
+    /// The engine failed or refused (a bucket that is not empty).
     #[error(transparent)]
     Engine(#[from] R2Error),
 }
@@ -30,7 +35,7 @@ impl From<kura_catalog::Error> for BucketError {
 }
 
 /// Registers the bucket, then creates its storage; a failed storage step unregisters it.
-pub(crate) async fn create(
+pub async fn create(
     catalog: &Catalog,
     r2: &R2,
     account_id: &str,
@@ -48,7 +53,7 @@ pub(crate) async fn create(
 
 /// Deletes an empty bucket: refused while it holds objects; once the catalog forgets it no new
 /// request finds it, then its storage goes.
-pub(crate) async fn delete(catalog: &Catalog, r2: &R2, account_id: &str, name: &str) -> Result<(), BucketError> {
+pub async fn delete(catalog: &Catalog, r2: &R2, account_id: &str, name: &str) -> Result<(), BucketError> {
     let bucket = catalog.r2_bucket(account_id, name)?.ok_or(BucketError::NotFound)?;
     if !r2.is_empty(&bucket.id).await? {
         return Err(R2Error::BucketNotEmpty.into());

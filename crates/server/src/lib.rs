@@ -19,7 +19,7 @@
 
 pub mod auth;
 mod binding;
-mod buckets;
+pub mod buckets;
 mod node;
 pub mod rest;
 mod s3;

@@ -8,20 +8,13 @@ use anyhow::{Context, bail};
 use reqwest::Method;
 use serde_json::{Value as Json, json};
 
-use kura_d1::dump::DumpOptions;
-use kura_d1::wire::{JsonResults, RowFormat, created_database, database_details, database_list_item};
-use kura_d1::{CreateOptions, Request, Statement};
-use kura_server::{CredentialsConfig, Node, NodeSettings};
-
 use crate::DataArgs;
 use crate::api::ApiClient;
 use crate::config::Target;
-
-/// The data directory, opened in this process.
-pub struct Local {
-    node: Node,
-    account: String,
-}
+use crate::local::Local;
+use kura_d1::dump::DumpOptions;
+use kura_d1::wire::{JsonResults, RowFormat, created_database, database_details, database_list_item};
+use kura_d1::{CreateOptions, Request, Statement};
 
 /// Where commands run.
 pub enum Backend {
@@ -140,18 +133,7 @@ impl Backend {
         if remote {
             return Ok(Backend::Remote(ApiClient::from_env().await?));
         }
-        let node = Node::open(&data.data, NodeSettings::default())?;
-        let credentials =
-            CredentialsConfig { account_id: std::env::var("KURA_ACCOUNT_ID").ok(), api_token: None, s3_key: None };
-        let boot = node.bootstrap(&credentials)?;
-        if let Some(secret) = boot.new_token {
-            eprintln!(
-                "Created account {} in {} with an admin API token (shown only this once): {secret}",
-                boot.account.id,
-                data.data.display()
-            );
-        }
-        Ok(Backend::Local(Local { node, account: boot.account.id }))
+        Ok(Backend::Local(Local::open(data)?))
     }
 
     pub fn is_remote(&self) -> bool {

@@ -1,10 +1,11 @@
-//! R2's S3 API against the clients people use: the AWS CLI (`s3api` calls, `s3 cp` large
-//! enough for multipart, presigned URLs) and boto3 (both of botocore's checksum modes).
+//! R2 against the clients people use: the AWS CLI (`s3api` calls, `s3 cp` large enough for
+//! multipart, presigned URLs), boto3 (both of botocore's checksum modes), aws4fetch's presigned
+//! browser upload, and `kura r2` itself, locally and remotely.
 
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::common::KuraProcess;
+use crate::common::{KuraProcess, compat_dir, installed, kura};
 
 fn aws(server: &KuraProcess, args: &[&str]) -> Output {
     Command::new("aws").args(args).envs(server.s3_env()).output().expect("the AWS CLI runs (scripts/test installs it)")
@@ -210,4 +211,116 @@ fn boto3_with_default_checksums() {
 #[test]
 fn boto3_with_checksums_only_when_required() {
     run_boto3(&KuraProcess::start(), "when_required");
+}
+
+#[test]
+fn aws4fetch_presigned_browser_upload() {
+    let server = KuraProcess::start();
+    installed("node_modules/aws4fetch/package.json");
+    ok(&server, &["s3api", "create-bucket", "--bucket", "seed-uploads"]);
+    // ESM resolves packages beside the script, so it runs from the folder aws4fetch is in.
+    let script = compat_dir().join(format!("aws4fetch-presign-{}.mjs", std::process::id()));
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/compat/s3/aws4fetch_presign.mjs"), &script)
+        .unwrap();
+    let out = Command::new("node").arg(&script).envs(server.s3_env()).env("BUCKET", "seed-uploads").output().unwrap();
+    let _ = std::fs::remove_file(&script);
+    assert!(
+        out.status.success(),
+        "the aws4fetch flow failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn kura_r2_commands_locally_and_remotely() {
+    let work = tempfile::tempdir().unwrap();
+    let cwd = work.path();
+    let data = cwd.join("data");
+    let file = cwd.join("notes.txt");
+    std::fs::write(&file, "local notes\n").unwrap();
+    // The account the server below acts for, so both see the same buckets.
+    let account = [("KURA_ACCOUNT_ID", crate::common::ACCOUNT.to_owned())];
+
+    // Locally, in-process on the data directory.
+    kura(cwd, &data, &["r2", "bucket", "create", "local-bucket"], &account).expect_ok("local bucket create");
+    let path = file.to_str().unwrap();
+    kura(
+        cwd,
+        &data,
+        &["r2", "object", "put", "local-bucket/docs/notes.txt", "--file", path, "-c", "text/plain"],
+        &account,
+    )
+    .expect_ok("local put");
+    let got =
+        kura(cwd, &data, &["r2", "object", "get", "local-bucket/docs/notes.txt", "--pipe"], &account).expect_ok("get");
+    assert_eq!(got.stdout, "local notes\n");
+    let listed =
+        kura(cwd, &data, &["r2", "object", "list", "local-bucket", "--json"], &account).expect_ok("list").json();
+    assert_eq!(listed["objects"][0]["key"], "docs/notes.txt");
+    assert_eq!(listed["objects"][0]["http_metadata"]["contentType"], "text/plain");
+
+    // The same directory served: --remote commands see what the local ones wrote, and a URL
+    // presigned from the data directory (which a running server does not block) works.
+    let (dir, data) = {
+        let dir = tempfile::tempdir().unwrap();
+        let moved = dir.path().join("data");
+        std::fs::rename(&data, &moved).unwrap();
+        (dir, moved)
+    };
+    let server = KuraProcess::start_on(dir, data.clone());
+    let url = kura(
+        cwd,
+        &data,
+        &["r2", "presign", "local-bucket/docs/notes.txt", "--expires", "300", "--endpoint", &server.s3],
+        &account,
+    )
+    .expect_ok("presign")
+    .stdout;
+    assert_eq!(curl_status(url.trim(), &[]), (200, "local notes\n".to_owned()));
+    let put_url = kura(
+        cwd,
+        &data,
+        &[
+            "r2",
+            "presign",
+            "local-bucket/up.png",
+            "--method",
+            "PUT",
+            "--content-type",
+            "image/png",
+            "--endpoint",
+            &server.s3,
+        ],
+        &account,
+    )
+    .expect_ok("presign a PUT")
+    .stdout;
+    let put = |content_type: &str| {
+        let header = format!("content-type: {content_type}");
+        curl_status(put_url.trim(), &["-X", "PUT", "-H", &header, "--data-binary", "png bytes"]).0
+    };
+    assert_eq!(put("text/html"), 403, "another content-type than the signed one is refused");
+    assert_eq!(put("image/png"), 200);
+    let env = server.remote_env();
+    let remote = |args: &[&str]| {
+        let mut full = args.to_vec();
+        full.push("--remote");
+        crate::common::run(Path::new(crate::common::kura_bin()), &full, cwd, &env)
+    };
+    let buckets = remote(&["r2", "bucket", "list", "--json"]).expect_ok("remote bucket list").json();
+    assert_eq!(buckets[0]["name"], "local-bucket");
+    remote(&["r2", "bucket", "create", "remote-bucket"]).expect_ok("remote bucket create");
+    remote(&["r2", "object", "put", "remote-bucket/a/b c.txt", "--file", path]).expect_ok("remote put");
+    let got = remote(&["r2", "object", "get", "remote-bucket/a/b c.txt", "--pipe"]).expect_ok("remote get");
+    assert_eq!(got.stdout, "local notes\n");
+    let listed =
+        remote(&["r2", "object", "list", "remote-bucket", "--delimiter", "/", "--json"]).expect_ok("list").json();
+    assert_eq!(listed["delimited_prefixes"][0], "a/");
+    let refused = remote(&["r2", "bucket", "delete", "remote-bucket"]);
+    assert!(!refused.ok && refused.stderr.contains("not empty"), "{}", refused.stderr);
+    remote(&["r2", "object", "delete", "remote-bucket/a/b c.txt"]).expect_ok("remote delete");
+    remote(&["r2", "bucket", "delete", "remote-bucket"]).expect_ok("remote bucket delete");
+    let missing = remote(&["r2", "object", "get", "local-bucket/nope", "--pipe"]);
+    assert!(!missing.ok && missing.stderr.contains("The specified key does not exist"), "{}", missing.stderr);
 }

@@ -41,6 +41,7 @@ pub fn routes() -> Router<AppState> {
         .route("/accounts/{account_id}/d1/database/{database}/time_travel/restore", post(time_travel::restore))
         .route("/accounts/{account_id}/r2/buckets", get(r2::list).post(r2::create))
         .route("/accounts/{account_id}/r2/buckets/{bucket}", get(r2::details).delete(r2::delete))
+        .route("/accounts/{account_id}/r2/buckets/{bucket}/objects", get(r2::list_objects))
         .route(
             "/accounts/{account_id}/r2/buckets/{bucket}/objects/{*key}",
             get(r2::get_object)

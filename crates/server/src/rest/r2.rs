@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use kura_catalog::R2Bucket;
-use kura_r2::{GetOptions, HttpMetadata, ObjectInfo, PutOptions, R2Error};
+use kura_r2::{GetOptions, HttpMetadata, ListOptions, ObjectInfo, PutOptions, R2Error};
 
 use super::extract::{V4Path, V4Query, read_body};
 use super::{ApiError, ok, parse_json};
@@ -259,4 +259,46 @@ pub async fn delete_object(
     let bucket = find_bucket(&app, &caller, &account_id, &name)?;
     app.r2.delete_object(&bucket.id, &key).await?;
     Ok(ok(json!({})))
+}
+
+/// `GET /accounts/{account_id}/r2/buckets/{bucket}/objects`: one page of keys (`prefix`,
+/// `delimiter`, `cursor`, `per_page` up to 1,000), as Cloudflare's dashboard lists them.
+pub async fn list_objects(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+    V4Query(query): V4Query,
+) -> Result<Response, ApiError> {
+    caller.require(&account_id, Need::R2Read)?;
+    let bucket = find_bucket(&app, &caller, &account_id, &name)?;
+    let per_page = match query.get("per_page") {
+        Some(n) => n.parse::<usize>().map_err(|_| {
+            ApiError::new(StatusCode::BAD_REQUEST, 10022, "MaxKeys params must be positive integer <= 1000.")
+        })?,
+        None => 1000,
+    };
+    if !(1..=1000).contains(&per_page) {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, 10022, "MaxKeys params must be positive integer <= 1000."));
+    }
+    let options = ListOptions {
+        prefix: query.get("prefix").cloned().unwrap_or_default(),
+        delimiter: query.get("delimiter").cloned(),
+        start_after: query.get("start_after").cloned(),
+        cursor: query.get("cursor").cloned().filter(|c| !c.is_empty()),
+        limit: per_page,
+    };
+    let listing = app.r2.list(&bucket.id, options).await?;
+    let body = json!({
+        "result": listing.objects.iter().map(object_json).collect::<Vec<_>>(),
+        "success": true,
+        "errors": [],
+        "messages": [],
+        "result_info": {
+            "cursor": listing.cursor.unwrap_or_default(),
+            "is_truncated": listing.truncated,
+            "delimited": listing.prefixes,
+            "per_page": per_page,
+        },
+    });
+    Ok(axum::Json(body).into_response())
 }
