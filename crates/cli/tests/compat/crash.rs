@@ -115,3 +115,134 @@ fn kill_9_under_write_load_loses_no_acknowledged_write() {
         assert_eq!(api.ids(&db).await, present);
     });
 }
+
+/// One uploader's keys: what was last acknowledged for each, and what was in flight.
+#[derive(Default)]
+struct Uploads {
+    acknowledged: std::collections::BTreeMap<String, Vec<u8>>,
+    in_flight: Option<(String, Vec<u8>)>,
+}
+
+fn md5_hex(bytes: &[u8]) -> String {
+    use md5::Digest;
+    hex::encode(md5::Md5::digest(bytes))
+}
+
+/// Bodies of varied size, different on every write.
+fn body(uploader: usize, n: usize) -> Vec<u8> {
+    let size = match n % 4 {
+        0 => 17,
+        1 => 40_000,
+        2 => 300_000,
+        _ => 1_500_000 + n * 7,
+    };
+    let seed = (uploader * 1_000_003 + n * 7919) as u32;
+    (0..size as u32).map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 24) as u8).collect()
+}
+
+#[test]
+fn kill_9_during_uploads_and_overwrites_keeps_every_acknowledged_object() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let server = KuraProcess::start();
+    let http = reqwest::Client::new();
+    let buckets = format!("{}/accounts/{ACCOUNT}/r2/buckets", server.api);
+    let objects = format!("{buckets}/crash-bucket/objects");
+    let stop = Arc::new(AtomicBool::new(false));
+    let uploaders = runtime.block_on(async {
+        let created = http.post(&buckets).bearer_auth(TOKEN).json(&json!({ "name": "crash-bucket" })).send().await;
+        assert!(created.unwrap().status().is_success());
+        let mut uploaders = Vec::new();
+        for u in 0..6 {
+            let (http, objects, stop) = (http.clone(), objects.clone(), stop.clone());
+            uploaders.push(tokio::spawn(async move {
+                let mut state = Uploads::default();
+                for n in 0.. {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    // Each uploader overwrites its own five keys over and over.
+                    let key = format!("u{u}/key-{}", n % 5);
+                    let bytes = body(u, n);
+                    state.in_flight = Some((key.clone(), bytes.clone()));
+                    let sent = http.put(format!("{objects}/{key}")).bearer_auth(TOKEN).body(bytes.clone()).send().await;
+                    match sent {
+                        Ok(r) if r.status().is_success() => {
+                            state.acknowledged.insert(key, bytes);
+                            state.in_flight = None;
+                        }
+                        _ => break, // the server is gone
+                    }
+                }
+                state
+            }));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        uploaders
+    });
+    // kill -9 in the middle of uploads.
+    let (dir, data) = server.stop();
+    stop.store(true, Ordering::SeqCst);
+    let states: Vec<Uploads> = runtime
+        .block_on(async { futures_util::future::join_all(uploaders).await.into_iter().map(Result::unwrap).collect() });
+    let acknowledged: usize = states.iter().map(|s| s.acknowledged.len()).sum();
+    assert!(acknowledged >= 10, "the load ran ({acknowledged} keys acknowledged)");
+
+    // Besides whatever the crash left, a blob no row names (as a crash between a blob's sync and
+    // its row's commit leaves one), so the sweep is seen to work.
+    let bucket_dir = std::fs::read_dir(data.join("r2")).unwrap().next().unwrap().unwrap().path();
+    let shard = bucket_dir.join("blobs").join("00");
+    std::fs::create_dir_all(&shard).unwrap();
+    std::fs::write(shard.join("00ffffffffffffffffffffffffffffff"), b"orphan").unwrap();
+
+    let server = KuraProcess::start_on(dir, data.clone());
+    let objects = format!("{}/accounts/{ACCOUNT}/r2/buckets/crash-bucket/objects", server.api);
+    runtime.block_on(async {
+        for state in &states {
+            for (key, acked) in &state.acknowledged {
+                let got = http.get(format!("{objects}/{key}")).bearer_auth(TOKEN).send().await.unwrap();
+                assert!(got.status().is_success(), "{key} was acknowledged and is gone");
+                let got = got.bytes().await.unwrap();
+                let in_flight = state.in_flight.as_ref().filter(|(k, _)| k == key).map(|(_, b)| b.as_slice());
+                assert!(
+                    got.as_ref() == acked.as_slice() || Some(got.as_ref()) == in_flight,
+                    "{key} reads back neither its acknowledged bytes nor the write in flight at the crash"
+                );
+            }
+        }
+        // Every listed key reads back whole, with the bytes its ETag names.
+        let listing: Json = http.get(&objects).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap();
+        let listed = listing["result"].as_array().unwrap();
+        let listed_keys: BTreeSet<&str> = listed.iter().map(|o| o["key"].as_str().unwrap()).collect();
+        for state in &states {
+            for key in state.acknowledged.keys() {
+                assert!(listed_keys.contains(key.as_str()), "{key} is acknowledged but not listed");
+            }
+        }
+        for key in &listed_keys {
+            let known = states
+                .iter()
+                .any(|s| s.acknowledged.contains_key(*key) || s.in_flight.as_ref().is_some_and(|(k, _)| k == key));
+            assert!(known, "{key} is listed but was never written");
+        }
+        for object in listed {
+            let key = object["key"].as_str().unwrap();
+            let got =
+                http.get(format!("{objects}/{key}")).bearer_auth(TOKEN).send().await.unwrap().bytes().await.unwrap();
+            assert_eq!(got.len() as u64, object["size"].as_u64().unwrap(), "{key}: whole");
+            assert_eq!(md5_hex(&got), object["etag"].as_str().unwrap(), "{key}: the bytes its ETag names");
+        }
+        // The start-up sweep leaves exactly one blob per object: the orphans of the crash are gone.
+        let count_blobs = || -> usize {
+            std::fs::read_dir(bucket_dir.join("blobs"))
+                .unwrap()
+                .map(|shard| std::fs::read_dir(shard.unwrap().path()).unwrap().count())
+                .sum()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while count_blobs() != listed.len() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(count_blobs(), listed.len(), "orphan blobs are swept at start-up");
+        assert!(!shard.join("00ffffffffffffffffffffffffffffff").exists());
+    });
+}

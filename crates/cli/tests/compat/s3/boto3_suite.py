@@ -181,7 +181,6 @@ expect_error(
     MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"00000000000000000000000000000000"'}]},
 )
 s3.abort_multipart_upload(Bucket=bucket, Key="small", UploadId=small)
-expect_error("NoSuchKey", 404, s3.head_object, Bucket=bucket, Key="small") if False else None
 expect_error("NoSuchUpload", 404, s3.list_parts, Bucket=bucket, Key="small", UploadId=small)
 
 # Bad digests change nothing.
@@ -191,6 +190,67 @@ expect_error(
     ContentMD5=base64.b64encode(hashlib.md5(b"other").digest()).decode(),
 )
 assert s3.get_object(Bucket=bucket, Key="fresh")["Body"].read() == b"first"
+
+# Oversized metadata and malformed XML: clear S3 errors, nothing stored.
+expect_error("MetadataTooLarge", 400, s3.put_object, Bucket=bucket, Key="meta", Body=b"x", Metadata={"big": "v" * 9000})
+try:
+    s3.head_object(Bucket=bucket, Key="meta")
+    raise AssertionError("an object with oversized metadata was stored")
+except ClientError as e:
+    assert e.response["ResponseMetadata"]["HTTPStatusCode"] == 404
+
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+import urllib.request as _request
+
+credentials = boto3.Session().get_credentials()
+
+
+def raw(method, path, body, headers=None):
+    """A signed request with a body botocore would never send."""
+    request = AWSRequest(method=method, url=f"{ENDPOINT}{path}", data=body, headers=headers or {})
+    request.headers["x-amz-content-sha256"] = hashlib.sha256(body).hexdigest()
+    S3SigV4Auth(credentials, "s3", "auto").add_auth(request)
+    prepared = _request.Request(request.url, data=body, method=method, headers=dict(request.headers.items()))
+    try:
+        with _request.urlopen(prepared) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+status, text = raw("POST", f"/{bucket}?delete", b"<Delete><Object><Key>fresh</Key></Object")
+assert status == 400 and "<Code>MalformedXML</Code>" in text, (status, text)
+assert s3.get_object(Bucket=bucket, Key="fresh")["Body"].read() == b"first"
+upload = s3.create_multipart_upload(Bucket=bucket, Key="xml")["UploadId"]
+status, text = raw("POST", f"/{bucket}/xml?uploadId={upload}", b"<CompleteMultipartUpload><Part>oops")
+assert status == 400 and "<Code>MalformedXML</Code>" in text, (status, text)
+status, text = raw("POST", f"/{bucket}/xml?uploadId={upload}", b"<CompleteMultipartUpload></CompleteMultipartUpload>")
+assert status == 400 and "<Code>MalformedXML</Code>" in text, (status, text)
+s3.abort_multipart_upload(Bucket=bucket, Key="xml", UploadId=upload)
+
+# Parts may be listed out of order (R2 sorts them), but in the order given every part before the
+# last must be big enough; a repeated part number is refused.
+upload = s3.create_multipart_upload(Bucket=bucket, Key="order")["UploadId"]
+five = 5 * 1024 * 1024
+p1 = s3.upload_part(Bucket=bucket, Key="order", UploadId=upload, PartNumber=1, Body=b"1" * five)["ETag"]
+p2 = s3.upload_part(Bucket=bucket, Key="order", UploadId=upload, PartNumber=2, Body=b"2" * five)["ETag"]
+p3 = s3.upload_part(Bucket=bucket, Key="order", UploadId=upload, PartNumber=3, Body=b"3" * 10)["ETag"]
+expect_error(
+    "InvalidPart", 400, s3.complete_multipart_upload, Bucket=bucket, Key="order", UploadId=upload,
+    MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": p1}, {"PartNumber": 1, "ETag": p1}]},
+)
+expect_error(
+    "EntityTooSmall", 400, s3.complete_multipart_upload, Bucket=bucket, Key="order", UploadId=upload,
+    MultipartUpload={"Parts": [{"PartNumber": 3, "ETag": p3}, {"PartNumber": 1, "ETag": p1}]},
+)
+s3.complete_multipart_upload(
+    Bucket=bucket, Key="order", UploadId=upload,
+    MultipartUpload={"Parts": [{"PartNumber": 2, "ETag": p2}, {"PartNumber": 1, "ETag": p1}, {"PartNumber": 3, "ETag": p3}]},
+)
+assert s3.head_object(Bucket=bucket, Key="order")["ContentLength"] == 2 * five + 10
+part3 = s3.get_object(Bucket=bucket, Key="order", PartNumber=3)
+assert part3["Body"].read() == b"3" * 10 and part3["PartsCount"] == 3
 
 # Presigned GET and PUT (content-type signed), and tampering.
 url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "docs/readme.txt"}, ExpiresIn=300)
