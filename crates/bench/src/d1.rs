@@ -7,73 +7,14 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use kura_server::{CredentialsConfig, Node, NodeSettings};
 use serde_json::{Value as Json, json};
 
 use crate::load::{self, Stats};
 use crate::report::{self, Row};
 use crate::{Settings, limit, peer, worker};
 
-const ACCOUNT: &str = "bench";
-const TOKEN: &str = "bench-token-0123456789abcdefghij";
+use crate::server::{Kura, TOKEN};
 const ROWS: i64 = 10_000;
-
-/// A kura server running on a runtime of its own.
-struct Kura {
-    base: String,
-    runtime: tokio::runtime::Runtime,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    done: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Kura {
-    /// A server on `dir`; `history: false` switches Time Travel's capture off.
-    fn start(dir: &std::path::Path, history: bool) -> anyhow::Result<Kura> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("kura-server")
-            .enable_all()
-            .build()?;
-        let mut settings = NodeSettings::default();
-        if !history {
-            settings.d1.history = None;
-        }
-        let node = Node::open(dir, settings)?;
-        node.bootstrap(&CredentialsConfig {
-            account_id: Some(ACCOUNT.into()),
-            api_token: Some(TOKEN.into()),
-            s3_key: None,
-        })?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (base, done) = runtime.block_on(async {
-            let api = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let s3 = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let base = format!("http://{}/client/v4/accounts/{ACCOUNT}/d1/database", api.local_addr()?);
-            let done = tokio::spawn(async move {
-                let _ = kura_server::serve(node, api, s3, async {
-                    let _ = stopped.await;
-                })
-                .await;
-            });
-            anyhow::Ok((base, done))
-        })?;
-        Ok(Kura { base, runtime, stop: Some(stop), done: Some(done) })
-    }
-
-    /// The API listener's host:port.
-    fn api_host(&self) -> String {
-        self.base.trim_start_matches("http://").split('/').next().unwrap_or_default().to_owned()
-    }
-
-    fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(done) = self.done.take() {
-            let _ = self.runtime.block_on(done);
-        }
-    }
-}
 
 /// An HTTP client for one database's `/query`.
 #[derive(Clone)]

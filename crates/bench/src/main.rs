@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! cargo run --release -p kura-bench -- d1 [--seconds 5] [--no-peer]
+//! cargo run --release -p kura-bench -- r2 [--seconds 5] [--gib 1] [--no-peer]
 //! cargo run --release -p kura-bench -- time-travel [--gib 1] [--transactions 100000]
 //! ```
 
@@ -13,7 +14,9 @@ mod d1;
 mod limit;
 mod load;
 mod peer;
+mod r2;
 mod report;
+mod server;
 mod time_travel;
 mod worker;
 
@@ -32,6 +35,14 @@ struct Cli {
 enum Suite {
     /// D1: point SELECTs, durable single-row INSERTs, 100-statement batches.
     D1(Settings),
+    /// R2 over S3: 1 KiB and 1 MiB PUT and GET at 16 clients, a multipart upload streamed back.
+    R2 {
+        #[command(flatten)]
+        settings: Settings,
+        /// Size of the multipart object, in GiB.
+        #[arg(long, default_value_t = 1.0)]
+        gib: f64,
+    },
     /// Time Travel: restore time beside a file copy, log bytes per small transaction.
     TimeTravel {
         #[command(flatten)]
@@ -73,6 +84,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.suite {
         Suite::D1(settings) => d1::run(&settings),
+        Suite::R2 { settings, gib } => r2::run(&settings, gib),
         Suite::TimeTravel { settings, gib, transactions } => time_travel::run_suite(&settings, gib, transactions),
     }
 }

@@ -81,5 +81,10 @@ pub fn run(settings: &Settings, ops: &[&str], persist: &Path) -> Result<Vec<Figu
 
 /// The peer's worker-side rate for an op, if it ran.
 pub fn rate(figures: &[Figure], op: &str) -> Option<f64> {
-    figures.iter().find(|f| f.op == op && f.vantage == "worker").map(|f| f.ops_per_s)
+    rate_from(figures, op, "worker")
+}
+
+/// The peer's rate for an op from one vantage point (`worker` or `node`), if it ran.
+pub fn rate_from(figures: &[Figure], op: &str, vantage: &str) -> Option<f64> {
+    figures.iter().find(|f| f.op == op && f.vantage == vantage).map(|f| f.ops_per_s)
 }

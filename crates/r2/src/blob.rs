@@ -46,10 +46,17 @@ pub(crate) struct Blobs {
     leases: Mutex<Leases>,
 }
 
-/// A written, synced blob.
-#[derive(Debug)]
-pub(crate) struct WrittenBlob {
-    pub id: String,
+/// Where a received body is.
+pub(crate) enum Stored {
+    /// Small enough to live in its row.
+    Inline(Bytes),
+    /// In a synced blob file, not yet named by a row.
+    Blob(PendingBlob),
+}
+
+/// A received body: where it is, its size and its digests.
+pub(crate) struct Received {
+    pub stored: Stored,
     pub size: u64,
     pub md5: [u8; 16],
     pub checksums: std::collections::BTreeMap<String, String>,
@@ -65,6 +72,11 @@ pub(crate) struct PendingBlob {
 }
 
 impl PendingBlob {
+    /// The blob's id.
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
     /// The row now points at the blob: it is no longer ours to remove.
     pub(crate) fn committed(mut self) {
         self.committed = true;
@@ -105,12 +117,13 @@ impl Drop for Lease {
     }
 }
 
-/// One stretch of one blob.
+/// One stretch of one blob (or of an object's inline bytes).
 #[derive(Debug, Clone)]
 pub(crate) struct Piece {
     pub blob: String,
     pub offset: u64,
     pub length: u64,
+    pub inline: Option<Bytes>,
 }
 
 impl Blobs {
@@ -138,17 +151,19 @@ impl Blobs {
         self.blob_dir(bucket, id).join(id)
     }
 
-    /// Streams `body` into a new blob of `bucket`, hashing on the way, then syncs the file and
-    /// its directory. At most `max_size` bytes are accepted; `expected_size`, when known, must
-    /// be met exactly.
-    pub(crate) async fn write<S, E>(
+    /// Receives a body, hashing on the way: kept in memory when it ends within `inline_max`
+    /// bytes, else (or always, with `None`) streamed into a new blob of `bucket`, which is synced
+    /// with its directory.
+    /// At most `max_size` bytes are accepted; `expected_size`, when known, must be met exactly.
+    pub(crate) async fn receive<S, E>(
         self: &Arc<Self>,
         bucket: &str,
         body: S,
         expected_size: Option<u64>,
         max_size: u64,
+        inline_max: Option<usize>,
         digests: &ExpectedDigests,
-    ) -> Result<(PendingBlob, WrittenBlob)>
+    ) -> Result<Received>
     where
         S: Stream<Item = Result<Bytes, E>> + Send,
         E: std::fmt::Display,
@@ -156,20 +171,18 @@ impl Blobs {
         if expected_size.is_some_and(|n| n > max_size) {
             return Err(R2Error::EntityTooLarge);
         }
-        let id = new_id();
-        self.lock_pending().insert(id.clone());
-        let pending = PendingBlob { blobs: self.clone(), bucket: bucket.to_owned(), id: id.clone(), committed: false };
-        let dir = self.blob_dir(bucket, &id);
         let io_err = |e: io::Error| R2Error::storage("writing a blob", e);
-        if !tokio::fs::try_exists(self.bucket_dir(bucket)).await.map_err(io_err)? {
-            return Err(R2Error::NoSuchBucket);
-        }
-        tokio::fs::create_dir_all(&dir).await.map_err(io_err)?;
-        let mut file =
-            tokio::fs::OpenOptions::new().write(true).create_new(true).open(dir.join(&id)).await.map_err(io_err)?;
         let mut digester = Digester::new(digests);
         let mut size = 0u64;
-        let mut buffer = BytesMut::with_capacity(WRITE_CHUNK);
+        let mut buffer = BytesMut::new();
+        let mut file = None;
+        let inline_max = match inline_max {
+            Some(max) if expected_size.is_none_or(|n| n <= max as u64) => max,
+            _ => {
+                file = Some(self.create(bucket).await?);
+                0
+            }
+        };
         let mut body = std::pin::pin!(body);
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| R2Error::IncompleteBody(e.to_string()))?;
@@ -179,8 +192,13 @@ impl Blobs {
             }
             digester.update(&chunk);
             buffer.extend_from_slice(&chunk);
-            if buffer.len() >= WRITE_CHUNK {
-                file.write_all(&buffer).await.map_err(io_err)?;
+            if file.is_none() && buffer.len() > inline_max {
+                file = Some(self.create(bucket).await?);
+            }
+            if let Some((_, out)) = &mut file
+                && buffer.len() >= WRITE_CHUNK
+            {
+                out.write_all(&buffer).await.map_err(io_err)?;
                 buffer.clear();
             }
         }
@@ -189,16 +207,36 @@ impl Blobs {
         {
             return Err(R2Error::IncompleteBody(format!("expected {expected} bytes, received {size}")));
         }
-        file.write_all(&buffer).await.map_err(io_err)?;
+        let Some((pending, mut out)) = file else {
+            let (md5, checksums) = digester.finish(digests)?;
+            return Ok(Received { stored: Stored::Inline(buffer.freeze()), size, md5, checksums });
+        };
+        out.write_all(&buffer).await.map_err(io_err)?;
         let (md5, checksums) = digester.finish(digests)?;
-        file.sync_all().await.map_err(io_err)?;
-        drop(file);
-        let dir_for_sync = dir.clone();
-        tokio::task::spawn_blocking(move || std::fs::File::open(dir_for_sync)?.sync_all())
+        out.sync_all().await.map_err(io_err)?;
+        drop(out);
+        let dir = self.blob_dir(bucket, &pending.id);
+        tokio::task::spawn_blocking(move || std::fs::File::open(dir)?.sync_all())
             .await
             .map_err(|e| R2Error::storage("syncing a blob directory", e))?
             .map_err(io_err)?;
-        Ok((pending, WrittenBlob { id, size, md5, checksums }))
+        Ok(Received { stored: Stored::Blob(pending), size, md5, checksums })
+    }
+
+    /// A new, empty blob file of `bucket`, kept out of the sweep until its row commits.
+    async fn create(self: &Arc<Self>, bucket: &str) -> Result<(PendingBlob, tokio::fs::File)> {
+        let io_err = |e: io::Error| R2Error::storage("writing a blob", e);
+        let id = new_id();
+        self.lock_pending().insert(id.clone());
+        let pending = PendingBlob { blobs: self.clone(), bucket: bucket.to_owned(), id: id.clone(), committed: false };
+        if !tokio::fs::try_exists(self.bucket_dir(bucket)).await.map_err(io_err)? {
+            return Err(R2Error::NoSuchBucket);
+        }
+        let dir = self.blob_dir(bucket, &id);
+        tokio::fs::create_dir_all(&dir).await.map_err(io_err)?;
+        let file =
+            tokio::fs::OpenOptions::new().write(true).create_new(true).open(dir.join(&id)).await.map_err(io_err)?;
+        Ok((pending, file))
     }
 
     /// Leases `ids` for reading. Called on the bucket's actor, in the same step that read the
@@ -309,6 +347,10 @@ impl Blobs {
                     return Ok(Some((buffer.freeze(), state)));
                 }
                 let Some(piece) = state.pieces.pop_front() else { return Ok(None) };
+                if let Some(bytes) = &piece.inline {
+                    let end = (piece.offset + piece.length) as usize;
+                    return Ok(Some((bytes.slice(piece.offset as usize..end), state)));
+                }
                 let mut file = tokio::fs::File::open(state.blobs.path(&state.bucket, &piece.blob)).await?;
                 if piece.offset > 0 {
                     file.seek(io::SeekFrom::Start(piece.offset)).await?;

@@ -41,10 +41,10 @@ use futures_util::Stream;
 use kura_sqlite::{DatabaseOptions, Registry, RegistrySettings};
 use rusqlite::Connection;
 
-use crate::blob::{Blobs, Piece};
+use crate::blob::{Blobs, Piece, Stored};
 pub use crate::error::{R2Error, Result};
 pub use crate::list::{ListOptions, Listing, MAX_LIST_LIMIT};
-use crate::meta::{Part, Upload};
+use crate::meta::{Data, Part, Upload};
 pub use crate::object::{
     ByteRange, ChecksumAlgorithm, Conditional, EtagCondition, ExpectedDigests, HttpMetadata, ObjectInfo,
     TrailingChecksum,
@@ -54,6 +54,9 @@ use crate::object::{MAX_PARTS, MAX_UPLOAD_BYTES, check_custom_metadata, check_ke
 /// How the engine behaves.
 #[derive(Debug, Clone)]
 pub struct R2Settings {
+    /// Bodies up to this size live in their metadata row (committed with others in one group
+    /// commit) rather than in a blob file of their own with two more fsyncs.
+    pub inline_max: usize,
     /// Smallest size of every multipart part but the last (R2: 5 MiB).
     pub min_part_size: u64,
     /// Age after which an unfinished multipart upload is aborted (R2: 7 days).
@@ -65,6 +68,7 @@ pub struct R2Settings {
 impl Default for R2Settings {
     fn default() -> Self {
         R2Settings {
+            inline_max: 16 * 1024,
             min_part_size: 5 * 1024 * 1024,
             upload_expiry: Duration::from_secs(7 * 24 * 3600),
             registry: RegistrySettings { max_open: 128, ..RegistrySettings::default() },
@@ -241,6 +245,18 @@ impl R2 {
         self.registry.with_database(bucket, move |db| db.with_internal(f)).await?
     }
 
+    /// Runs writes on the bucket's metadata inside a group commit; answers once durable.
+    async fn write<T, F>(&self, bucket: &str, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&Connection) -> Result<T> + Send + 'static,
+    {
+        if !valid_bucket_id(bucket) {
+            return Err(R2Error::NoSuchBucket);
+        }
+        self.registry.write_grouped(bucket, f).await?
+    }
+
     /// Creates the storage of a bucket (its directory and metadata file).
     pub async fn create_bucket(&self, bucket: &str) -> Result<()> {
         if !valid_bucket_id(bucket) {
@@ -285,14 +301,17 @@ impl R2 {
         let storage_class = check_storage_class(options.storage_class.as_deref())?;
         // Preconditions are checked at commit, after the body has been read: refusing before it
         // would leave the body unread on the connection, which then cannot carry another request.
-        let (pending, blob) = self.blobs.write(bucket, body, options.size, MAX_UPLOAD_BYTES, &options.digests).await?;
-        let mut checksums = blob.checksums.clone();
-        checksums.insert("md5".into(), hex::encode(blob.md5));
+        let received = self
+            .blobs
+            .receive(bucket, body, options.size, MAX_UPLOAD_BYTES, Some(self.settings.inline_max), &options.digests)
+            .await?;
+        let mut checksums = received.checksums.clone();
+        checksums.insert("md5".into(), hex::encode(received.md5));
         let info = ObjectInfo {
             key: key.to_owned(),
             version: blob::new_id(),
-            size: blob.size,
-            etag: hex::encode(blob.md5),
+            size: received.size,
+            etag: hex::encode(received.md5),
             uploaded_ms: now_ms(),
             http: options.http,
             custom: options.custom,
@@ -300,24 +319,31 @@ impl R2 {
             storage_class,
             parts: None,
         };
-        let blobs = self.blobs.clone();
-        let bucket_id = bucket.to_owned();
         let conditional = options.conditional;
         let stored = info.clone();
-        let blob_id = blob.id.clone();
-        self.on_bucket(bucket, move |conn| {
-            let old = meta::transaction(conn, |tx| {
+        let (pending, inline) = match received.stored {
+            Stored::Blob(pending) => (Some(pending), None),
+            Stored::Inline(bytes) => (None, Some(bytes)),
+        };
+        let blob_id = pending.as_ref().map(|p| p.id().to_owned());
+        let old = self
+            .write(bucket, move |tx| {
                 let current = meta::get_object(tx, &stored.key)?;
                 conditional.check_write(current.as_ref().map(|c| &c.info))?;
                 let old = meta::remove_object(tx, &stored.key)?;
-                meta::insert_object(tx, &stored, Some(&blob_id), None)?;
+                let data = match (&blob_id, &inline) {
+                    (Some(id), _) => Data::Blob(id),
+                    (None, Some(bytes)) => Data::Inline(bytes),
+                    (None, None) => Data::Inline(&[]),
+                };
+                meta::insert_object(tx, &stored, data)?;
                 Ok(old)
-            })?;
-            blobs.remove(&bucket_id, old);
-            Ok(())
-        })
-        .await?;
-        pending.committed();
+            })
+            .await?;
+        if let Some(pending) = pending {
+            pending.committed();
+        }
+        self.blobs.remove(bucket, old);
         Ok(info)
     }
 
@@ -336,27 +362,32 @@ impl R2 {
             .on_bucket(bucket, move |conn| {
                 let Some(object) = meta::get_object(conn, &key)? else { return Err(R2Error::NoSuchKey) };
                 options.conditional.check_read(Some(&object.info))?;
-                let layout: Vec<(String, u64)> = match (&object.blob, &object.upload_id) {
-                    (Some(blob), _) => vec![(blob.clone(), object.info.size)],
-                    (None, Some(upload_id)) => {
-                        meta::parts(conn, upload_id)?.into_iter().map(|p| (p.blob, p.size)).collect()
+                let layout: Vec<Extent> = match (&object.blob, &object.upload_id) {
+                    (Some(blob), _) => vec![Extent { blob: blob.clone(), size: object.info.size, inline: None }],
+                    (None, Some(upload_id)) => meta::parts(conn, upload_id)?
+                        .into_iter()
+                        .map(|p| Extent { blob: p.blob, size: p.size, inline: None })
+                        .collect(),
+                    (None, None) => {
+                        let bytes = meta::inline_data(conn, &key)?.unwrap_or_default();
+                        vec![Extent { blob: String::new(), size: bytes.len() as u64, inline: Some(Bytes::from(bytes)) }]
                     }
-                    (None, None) => return Err(R2Error::storage("reading an object", "row without data")),
                 };
                 let range = match (options.part_number, options.range) {
                     (Some(n), _) => {
                         let Some(index) = (n as usize).checked_sub(1).filter(|i| *i < layout.len()) else {
                             return Err(R2Error::InvalidRange);
                         };
-                        let offset: u64 = layout[..index].iter().map(|(_, s)| s).sum();
-                        Some((offset, layout[index].1))
+                        let offset: u64 = layout[..index].iter().map(|e| e.size).sum();
+                        Some((offset, layout[index].size))
                     }
                     (None, Some(range)) => Some(range.resolve(object.info.size)?),
                     (None, None) => None,
                 };
                 let (offset, length) = range.unwrap_or((0, object.info.size));
                 let pieces = slice(&layout, offset, length);
-                let lease = blobs.lease(&bucket_id, pieces.iter().map(|p| p.blob.clone()).collect());
+                let lease = blobs
+                    .lease(&bucket_id, pieces.iter().filter(|p| p.inline.is_none()).map(|p| p.blob.clone()).collect());
                 Ok((object.info, range, pieces, lease))
             })
             .await?;
@@ -374,20 +405,17 @@ impl R2 {
         if keys.len() > 1000 {
             return Err(R2Error::InvalidArgument("at most 1000 keys may be deleted at once".into()));
         }
-        let blobs = self.blobs.clone();
-        let bucket_id = bucket.to_owned();
-        self.on_bucket(bucket, move |conn| {
-            let old = meta::transaction(conn, |tx| {
+        let old = self
+            .write(bucket, move |tx| {
                 let mut old = Vec::new();
                 for key in &keys {
                     old.extend(meta::remove_object(tx, key)?);
                 }
                 Ok(old)
-            })?;
-            blobs.remove(&bucket_id, old);
-            Ok(())
-        })
-        .await
+            })
+            .await?;
+        self.blobs.remove(bucket, old);
+        Ok(())
     }
 
     /// Lists one page of a bucket.
@@ -477,22 +505,28 @@ impl R2 {
         let this = self.clone();
         let (id, k) = (upload_id.to_owned(), key.to_owned());
         self.on_bucket(bucket, move |conn| this.live_upload(conn, &id, &k).map(|_| ())).await?;
-        let (pending, blob) = self.blobs.write(bucket, body, options.size, MAX_UPLOAD_BYTES, &options.digests).await?;
-        let part =
-            Part { number, blob: blob.id.clone(), size: blob.size, md5: hex::encode(blob.md5), uploaded_ms: now_ms() };
+        let received = self.blobs.receive(bucket, body, options.size, MAX_UPLOAD_BYTES, None, &options.digests).await?;
+        let Stored::Blob(pending) = received.stored else {
+            return Err(R2Error::storage("receiving a part", "a part was kept inline"));
+        };
+        let part = Part {
+            number,
+            blob: pending.id().to_owned(),
+            size: received.size,
+            md5: hex::encode(received.md5),
+            uploaded_ms: now_ms(),
+        };
         let info = PartInfo { number, etag: part.md5.clone(), size: part.size, uploaded_ms: part.uploaded_ms };
         let this = self.clone();
-        let (id, k, bucket_id) = (upload_id.to_owned(), key.to_owned(), bucket.to_owned());
-        self.on_bucket(bucket, move |conn| {
-            let old = meta::transaction(conn, |tx| {
+        let (id, k) = (upload_id.to_owned(), key.to_owned());
+        let old = self
+            .write(bucket, move |tx| {
                 this.live_upload(tx, &id, &k)?;
                 meta::put_part(tx, &id, &part)
-            })?;
-            this.blobs.remove(&bucket_id, old);
-            Ok(())
-        })
-        .await?;
+            })
+            .await?;
         pending.committed();
+        self.blobs.remove(bucket, old);
         Ok(info)
     }
 
@@ -557,7 +591,7 @@ impl R2 {
                     storage_class: upload.storage_class,
                     parts: Some(chosen.len() as u32),
                 };
-                meta::insert_object(tx, &info, None, Some(&id))?;
+                meta::insert_object(tx, &info, Data::Parts(&id))?;
                 meta::set_upload_state(tx, &id, meta::COMPLETED)?;
                 Ok((info, removed))
             })?;
@@ -717,16 +751,28 @@ fn check_storage_class(class: Option<&str>) -> Result<String> {
     }
 }
 
-/// The pieces of blobs (each `(blob, size)`, laid end to end) that cover `offset..offset+length`.
-fn slice(layout: &[(String, u64)], offset: u64, length: u64) -> Vec<Piece> {
+/// One stretch of an object's bytes: a blob, or bytes kept in the row.
+struct Extent {
+    blob: String,
+    size: u64,
+    inline: Option<Bytes>,
+}
+
+/// The pieces of the extents (laid end to end) that cover `offset..offset+length`.
+fn slice(layout: &[Extent], offset: u64, length: u64) -> Vec<Piece> {
     let mut pieces = Vec::new();
     let (mut start, end) = (offset, offset + length);
     let mut base = 0u64;
-    for (blob, size) in layout {
-        let (lo, hi) = (base, base + size);
+    for extent in layout {
+        let (lo, hi) = (base, base + extent.size);
         if start < hi && end > lo && start < end {
             let piece_end = end.min(hi);
-            pieces.push(Piece { blob: blob.clone(), offset: start - lo, length: piece_end - start });
+            pieces.push(Piece {
+                blob: extent.blob.clone(),
+                offset: start - lo,
+                length: piece_end - start,
+                inline: extent.inline.clone(),
+            });
             start = piece_end;
         }
         base = hi;
@@ -740,7 +786,8 @@ mod tests {
 
     #[test]
     fn slices_cover_exactly_the_range() {
-        let layout = vec![("a".to_string(), 10), ("b".to_string(), 10), ("c".to_string(), 5)];
+        let extent = |blob: &str, size| Extent { blob: blob.into(), size, inline: None };
+        let layout = vec![extent("a", 10), extent("b", 10), extent("c", 5)];
         let s = slice(&layout, 8, 5);
         assert_eq!(s.len(), 2);
         assert_eq!((s[0].blob.as_str(), s[0].offset, s[0].length), ("a", 8, 2));

@@ -18,6 +18,7 @@ const SCHEMA: &str = "
         etag          TEXT NOT NULL,
         uploaded      INTEGER NOT NULL,
         blob          TEXT,
+        inline        BLOB,
         upload_id     TEXT,
         part_count    INTEGER,
         http_metadata TEXT NOT NULL,
@@ -124,16 +125,35 @@ pub(crate) fn remove_parts(conn: &Connection, upload_id: &str) -> Result<Vec<Str
     Ok(blobs)
 }
 
-/// Writes `info` at its key, pointing at `blob` or at `upload_id`'s parts.
-pub(crate) fn insert_object(
-    conn: &Connection,
-    info: &ObjectInfo,
-    blob: Option<&str>,
-    upload_id: Option<&str>,
-) -> Result<()> {
+/// Where an object's bytes are.
+pub(crate) enum Data<'a> {
+    /// In a blob file.
+    Blob(&'a str),
+    /// In the row itself.
+    Inline(&'a [u8]),
+    /// In the parts of a completed multipart upload.
+    Parts(&'a str),
+}
+
+/// The bytes of an object kept in its row.
+pub(crate) fn inline_data(conn: &Connection, key: &str) -> Result<Option<Vec<u8>>> {
+    Ok(conn
+        .prepare_cached("SELECT inline FROM objects WHERE key = ?1")?
+        .query_row([key.as_bytes()], |r| r.get(0))
+        .optional()?
+        .flatten())
+}
+
+/// Writes `info` at its key, with its bytes where `data` says.
+pub(crate) fn insert_object(conn: &Connection, info: &ObjectInfo, data: Data<'_>) -> Result<()> {
     let json = |v: &dyn erased::Json| v.to_json();
+    let (blob, inline, upload_id) = match data {
+        Data::Blob(b) => (Some(b), None, None),
+        Data::Inline(bytes) => (None, Some(bytes), None),
+        Data::Parts(u) => (None, None, Some(u)),
+    };
     conn.prepare_cached(&format!(
-        "INSERT INTO objects ({OBJECT_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+        "INSERT INTO objects ({OBJECT_COLUMNS}, inline) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
     ))?
     .execute(params![
         info.key.as_bytes(),
@@ -148,6 +168,7 @@ pub(crate) fn insert_object(
         info.parts.map(i64::from),
         blob,
         upload_id,
+        inline,
     ])?;
     Ok(())
 }

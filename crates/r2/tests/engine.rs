@@ -20,6 +20,11 @@ async fn read_all(r2: &R2, key: &str) -> Vec<u8> {
     out
 }
 
+/// An engine that keeps every non-empty body in a blob file, so the tests can watch the files.
+fn blob_engine(root: &std::path::Path) -> R2 {
+    R2::open(root.to_owned(), R2Settings { inline_max: 0, ..R2Settings::default() }).unwrap()
+}
+
 fn blob_files(root: &std::path::Path) -> usize {
     let blobs = root.join(BUCKET).join("blobs");
     std::fs::read_dir(blobs).unwrap().map(|shard| std::fs::read_dir(shard.unwrap().path()).unwrap().count()).sum()
@@ -29,7 +34,7 @@ fn blob_files(root: &std::path::Path) -> usize {
 async fn overwrites_remove_old_blobs_but_not_under_a_reader() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("r2");
-    let r2 = R2::open(root.clone(), R2Settings::default()).unwrap();
+    let r2 = blob_engine(&root);
     r2.create_bucket(BUCKET).await.unwrap();
     r2.put_object(BUCKET, "k", body(b"first"), PutOptions::default()).await.unwrap();
     assert_eq!(blob_files(&root), 1);
@@ -53,7 +58,7 @@ async fn overwrites_remove_old_blobs_but_not_under_a_reader() {
 async fn a_failed_precondition_or_digest_stores_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("r2");
-    let r2 = R2::open(root.clone(), R2Settings::default()).unwrap();
+    let r2 = blob_engine(&root);
     r2.create_bucket(BUCKET).await.unwrap();
     r2.put_object(BUCKET, "k", body(b"kept"), PutOptions::default()).await.unwrap();
     let mut options = PutOptions::default();
@@ -69,7 +74,7 @@ async fn a_failed_precondition_or_digest_stores_nothing() {
 async fn the_sweep_removes_orphans_only() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("r2");
-    let r2 = R2::open(root.clone(), R2Settings::default()).unwrap();
+    let r2 = blob_engine(&root);
     r2.create_bucket(BUCKET).await.unwrap();
     r2.put_object(BUCKET, "k", body(b"live"), PutOptions::default()).await.unwrap();
     // What a crash between a blob's sync and its row's commit leaves.
@@ -144,4 +149,30 @@ async fn listing_pages_fold_prefixes_and_never_repeat() {
         .await
         .unwrap();
     assert_eq!(after.objects[0].key, "flat/29");
+}
+
+#[tokio::test]
+async fn small_bodies_live_in_their_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r2");
+    let r2 = R2::open(root.clone(), R2Settings::default()).unwrap();
+    r2.create_bucket(BUCKET).await.unwrap();
+    let small = vec![5u8; 16 * 1024];
+    let info = r2.put_object(BUCKET, "small", body(&small), PutOptions::default()).await.unwrap();
+    assert_eq!(info.size, 16 * 1024);
+    assert_eq!(blob_files(&root), 0, "a body within the inline limit needs no blob file");
+    assert_eq!(read_all(&r2, "small").await, small);
+    let range = GetOptions { range: Some(kura_r2::ByteRange::From { start: 10, end: Some(19) }), ..Default::default() };
+    let mut part = r2.get_object(BUCKET, "small", range).await.unwrap();
+    assert_eq!(part.range, Some((10, 10)));
+    assert_eq!(&part.body.next().await.unwrap().unwrap()[..], &small[10..20]);
+
+    // One byte more goes to a blob; overwriting it with a small body removes the blob.
+    let large = vec![6u8; 16 * 1024 + 1];
+    r2.put_object(BUCKET, "small", body(&large), PutOptions::default()).await.unwrap();
+    assert_eq!(blob_files(&root), 1);
+    assert_eq!(read_all(&r2, "small").await, large);
+    r2.put_object(BUCKET, "small", body(b""), PutOptions::default()).await.unwrap();
+    assert_eq!(blob_files(&root), 0);
+    assert_eq!(read_all(&r2, "small").await, b"");
 }

@@ -35,6 +35,19 @@ pub(crate) enum Command {
     Execute { request: Request, reply: oneshot::Sender<Result<Executed>> },
     /// Run a closure with the database to itself, outside any transaction.
     Exclusive(Box<dyn FnOnce(&mut Database) + Send>),
+    /// Run kura's own writes inside the group's transaction; answer once they are durable.
+    Work(Box<dyn GroupedWork>),
+}
+
+/// Writes of kura's own (R2's metadata, say) committed with a group: run in a savepoint of the
+/// group's transaction, then told whether the COMMIT made them durable. `run` may be called
+/// again (alone) if the group has to be replayed.
+pub(crate) trait GroupedWork: Send {
+    /// Does the work on the connection, authorizer off; false if it failed (it is undone).
+    fn run(&mut self, conn: &rusqlite::Connection) -> bool;
+    /// The outcome: `Ok` once what `run` last did is durable (or it failed and was undone),
+    /// `Err` if the commit failed.
+    fn finish(self: Box<Self>, committed: Result<()>);
 }
 
 /// Who the actor is, as the registry knows it.
@@ -51,11 +64,21 @@ pub(crate) struct Tuning {
     pub max_group: usize,
 }
 
-/// A request that succeeded inside the open group transaction and waits for its COMMIT.
-struct Pending {
-    request: Request,
-    reply: oneshot::Sender<Result<Executed>>,
-    results: Vec<StatementResult>,
+/// What waits in the open group transaction for its COMMIT.
+enum Pending {
+    /// A request that succeeded.
+    Request { request: Request, reply: oneshot::Sender<Result<Executed>>, results: Vec<StatementResult> },
+    /// Work that succeeded.
+    Work(Box<dyn GroupedWork>),
+}
+
+impl Pending {
+    fn footprint(&self) -> usize {
+        match self {
+            Pending::Request { results, .. } => footprint(results),
+            Pending::Work(_) => 0,
+        }
+    }
 }
 
 /// Results a group may hold in memory before it commits early.
@@ -158,8 +181,12 @@ fn refuse_all(rx: &Receiver<Command>, error: &Error) {
 
 /// Answers a command without running it: the database is closing.
 fn refuse(command: Command) {
-    if let Command::Execute { reply, .. } = command {
-        let _ = reply.send(Err(Error::Closed));
+    match command {
+        Command::Execute { reply, .. } => {
+            let _ = reply.send(Err(Error::Closed));
+        }
+        Command::Work(work) => work.finish(Err(Error::Closed)),
+        Command::Exclusive(_) => {}
     }
 }
 
@@ -203,9 +230,46 @@ impl Actor {
                     self.flush(&mut group);
                     f(&mut self.db);
                 }
+                Command::Work(work) => self.run_grouped_work(work, &mut group),
             }
         }
         self.flush(&mut group);
+    }
+
+    fn run_grouped_work(&mut self, mut work: Box<dyn GroupedWork>, group: &mut Vec<Pending>) {
+        if !self.db.in_transaction()
+            && let Err(e) = self.db.begin()
+        {
+            work.finish(Err(e));
+            return;
+        }
+        match self.db.work_in_savepoint(|conn| work.run(conn)) {
+            Ok(true) => group.push(Pending::Work(work)),
+            Ok(false) => work.finish(Ok(())),
+            Err(()) => {
+                group.push(Pending::Work(work));
+                self.replay(group);
+            }
+        }
+    }
+
+    /// Runs work in a transaction of its own and commits it (when its group could not).
+    fn work_alone(&mut self, mut work: Box<dyn GroupedWork>) {
+        if self.db.is_poisoned() {
+            work.finish(Err(Error::Closed));
+            return;
+        }
+        if let Err(e) = self.db.begin() {
+            work.finish(Err(e));
+            return;
+        }
+        if self.db.with_internal(|conn| work.run(conn)) {
+            let committed = self.db.commit();
+            work.finish(committed);
+        } else {
+            self.db.rollback();
+            work.finish(Ok(()));
+        }
     }
 
     fn run_grouped(&mut self, request: Request, reply: oneshot::Sender<Result<Executed>>, group: &mut Vec<Pending>) {
@@ -217,8 +281,8 @@ impl Actor {
         }
         match self.db.execute_in_savepoint(&request) {
             Grouped::Done(results) => {
-                group.push(Pending { request, reply, results });
-                if group.iter().map(|p| footprint(&p.results)).sum::<usize>() > MAX_GROUP_RESULT_BYTES {
+                group.push(Pending::Request { request, reply, results });
+                if group.iter().map(Pending::footprint).sum::<usize>() > MAX_GROUP_RESULT_BYTES {
                     self.flush(group);
                 }
             }
@@ -237,7 +301,7 @@ impl Actor {
                 self.replay(group);
             }
             Grouped::Lost(None) => {
-                group.push(Pending { request, reply, results: Vec::new() });
+                group.push(Pending::Request { request, reply, results: Vec::new() });
                 self.replay(group);
             }
         }
@@ -257,14 +321,24 @@ impl Actor {
             Ok(()) => {
                 let bookmark = self.current_bookmark();
                 for pending in group.drain(..) {
-                    let _ = pending.reply.send(Ok(Executed { results: pending.results, bookmark }));
+                    match pending {
+                        Pending::Request { reply, results, .. } => {
+                            let _ = reply.send(Ok(Executed { results, bookmark }));
+                        }
+                        Pending::Work(work) => work.finish(Ok(())),
+                    }
                 }
             }
             Err(e) if group.len() == 1 || self.db.is_poisoned() => {
                 // Alone, a request would fail the same way; after an I/O error, nothing more
                 // runs on this connection.
                 for pending in group.drain(..) {
-                    let _ = pending.reply.send(Err(copy_error(&e)));
+                    match pending {
+                        Pending::Request { reply, .. } => {
+                            let _ = reply.send(Err(copy_error(&e)));
+                        }
+                        Pending::Work(work) => work.finish(Err(copy_error(&e))),
+                    }
                 }
             }
             Err(e) => {
@@ -289,12 +363,17 @@ impl Actor {
     fn replay(&mut self, group: &mut Vec<Pending>) {
         self.db.rollback();
         for pending in group.drain(..) {
-            let outcome = if self.db.is_poisoned() {
-                Err(Error::Closed)
-            } else {
-                self.db.execute_alone(&pending.request).map(|r| self.executed(r))
-            };
-            let _ = pending.reply.send(outcome);
+            match pending {
+                Pending::Request { request, reply, .. } => {
+                    let outcome = if self.db.is_poisoned() {
+                        Err(Error::Closed)
+                    } else {
+                        self.db.execute_alone(&request).map(|r| self.executed(r))
+                    };
+                    let _ = reply.send(outcome);
+                }
+                Pending::Work(work) => self.work_alone(work),
+            }
         }
     }
 }

@@ -119,6 +119,47 @@ impl Registry {
         answer.await.unwrap_or(Err(Error::Closed))
     }
 
+    /// Runs kura's own writes `f` (authorizer off) on the database `key` inside a group commit,
+    /// shared with other requests queued with it, and answers once they are durable. `f` runs
+    /// in a savepoint: if it returns an error, what it did is undone and the error returned. It
+    /// may run twice (the second time alone) if its group has to be replayed.
+    pub async fn write_grouped<T, E, F>(&self, key: &str, f: F) -> Result<Result<T, E>>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnMut(&rusqlite::Connection) -> std::result::Result<T, E> + Send + 'static,
+    {
+        struct Work<T, E, F> {
+            f: F,
+            output: Option<std::result::Result<T, E>>,
+            reply: oneshot::Sender<Result<std::result::Result<T, E>>>,
+        }
+        impl<T, E, F> crate::actor::GroupedWork for Work<T, E, F>
+        where
+            T: Send,
+            E: Send,
+            F: FnMut(&rusqlite::Connection) -> std::result::Result<T, E> + Send,
+        {
+            fn run(&mut self, conn: &rusqlite::Connection) -> bool {
+                let output = (self.f)(conn);
+                let ok = output.is_ok();
+                self.output = Some(output);
+                ok
+            }
+            fn finish(self: Box<Self>, committed: Result<()>) {
+                let answer = match (committed, self.output) {
+                    (Err(e), _) => Err(e),
+                    (Ok(()), Some(output)) => Ok(output),
+                    (Ok(()), None) => Err(Error::Closed),
+                };
+                let _ = self.reply.send(answer);
+            }
+        }
+        let (reply, answer) = oneshot::channel();
+        self.shared.send(key, Command::Work(Box::new(Work { f, output: None, reply })))?;
+        answer.await.unwrap_or(Err(Error::Closed))
+    }
+
     /// Runs `f` on the database `key` with the file to itself, between transactions.
     pub async fn with_database<T, F>(&self, key: &str, f: F) -> Result<T>
     where

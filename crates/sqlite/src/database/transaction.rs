@@ -103,6 +103,32 @@ impl Database {
         }
     }
 
+    /// Runs kura's own work (`f`, with the authorizer off) inside the open transaction, in a
+    /// savepoint of its own: `Ok(true)` if it succeeded and waits for the group's COMMIT,
+    /// `Ok(false)` if it failed and was undone alone, `Err(())` if the transaction was lost with
+    /// it (the group must be replayed).
+    pub(crate) fn work_in_savepoint(&mut self, f: impl FnOnce(&rusqlite::Connection) -> bool) -> Result<bool, ()> {
+        if self.internal(SAVEPOINT).is_err() {
+            self.rollback();
+            return Err(());
+        }
+        let succeeded = self.with_internal(f);
+        if !self.in_transaction() {
+            self.rollback();
+            return Err(());
+        }
+        if succeeded {
+            return match self.internal(RELEASE) {
+                Ok(()) => Ok(true),
+                Err(_) => {
+                    self.rollback();
+                    Err(())
+                }
+            };
+        }
+        if self.undo_savepoint() { Ok(false) } else { Err(()) }
+    }
+
     /// Rolls the request's savepoint back; if even that fails, the whole transaction goes and
     /// this returns false.
     fn undo_savepoint(&mut self) -> bool {

@@ -1,0 +1,71 @@
+//! A kura server on a runtime of its own inside the benchmark process (as a separate process
+//! would be), with the benchmark's account, API token and S3 key.
+
+use kura_server::{CredentialsConfig, Node, NodeSettings};
+
+pub const ACCOUNT: &str = "bench";
+pub const TOKEN: &str = "bench-token-0123456789abcdefghij";
+pub const S3_KEY: &str = "bench-s3-key";
+pub const S3_SECRET: &str = "bench-s3-secret-0123456789abcdef";
+
+/// A kura server running on a runtime of its own.
+pub struct Kura {
+    /// The D1 databases' v4 base URL.
+    pub base: String,
+    /// The S3 listener's base URL.
+    pub s3: String,
+    /// The server's runtime (dropping it stops the server).
+    pub runtime: tokio::runtime::Runtime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Kura {
+    /// A server on `dir`; `history: false` switches Time Travel's capture off.
+    pub fn start(dir: &std::path::Path, history: bool) -> anyhow::Result<Kura> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("kura-server")
+            .enable_all()
+            .build()?;
+        let mut settings = NodeSettings::default();
+        if !history {
+            settings.d1.history = None;
+        }
+        let node = Node::open(dir, settings)?;
+        node.bootstrap(&CredentialsConfig {
+            account_id: Some(ACCOUNT.into()),
+            api_token: Some(TOKEN.into()),
+            s3_key: Some((S3_KEY.into(), S3_SECRET.into())),
+        })?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (base, s3_url, done) = runtime.block_on(async {
+            let api = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let s3 = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let base = format!("http://{}/client/v4/accounts/{ACCOUNT}/d1/database", api.local_addr()?);
+            let s3_url = format!("http://{}", s3.local_addr()?);
+            let done = tokio::spawn(async move {
+                let _ = kura_server::serve(node, api, s3, async {
+                    let _ = stopped.await;
+                })
+                .await;
+            });
+            anyhow::Ok((base, s3_url, done))
+        })?;
+        Ok(Kura { base, s3: s3_url, runtime, stop: Some(stop), done: Some(done) })
+    }
+
+    /// The API listener's host:port.
+    pub fn api_host(&self) -> String {
+        self.base.trim_start_matches("http://").split('/').next().unwrap_or_default().to_owned()
+    }
+
+    pub fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(done) = self.done.take() {
+            let _ = self.runtime.block_on(done);
+        }
+    }
+}
