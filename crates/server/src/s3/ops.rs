@@ -470,17 +470,101 @@ impl S3 for KuraS3 {
     async fn delete_objects(&self, req: S3Request<DeleteObjectsInput>) -> S3Result<S3Response<DeleteObjectsOutput>> {
         let caller = caller(&req)?;
         let bucket = self.bucket(caller, &req.input.bucket)?;
-        let keys: Vec<String> = req.input.delete.objects.iter().map(|o| o.key.clone()).collect();
-        if keys.is_empty() || keys.len() > 1000 {
+        let objects = &req.input.delete.objects;
+        if objects.is_empty() || objects.len() > 1000 {
             return Err(error(
                 StatusCode::BAD_REQUEST,
                 "MalformedXML",
                 "The XML you provided was not well formed or did not validate against our published schema.",
             ));
         }
+        // R2 keeps one version of each key, listed as version "null"; naming that one (as
+        // version-aware tools do) is the same as naming none.
+        let (current, versioned): (Vec<&ObjectIdentifier>, Vec<&ObjectIdentifier>) =
+            objects.iter().partition(|o| o.version_id.as_deref().is_none_or(|v| v == "null"));
+        let keys: Vec<String> = current.iter().map(|o| o.key.clone()).collect();
         self.r2.delete_objects(&bucket.id, keys.clone()).await.map_err(engine_error)?;
-        let deleted = keys.into_iter().map(|key| DeletedObject { key: Some(key), ..Default::default() }).collect();
-        Ok(S3Response::new(DeleteObjectsOutput { deleted: Some(deleted), ..Default::default() }))
+        let deleted = current
+            .iter()
+            .map(|o| DeletedObject { key: Some(o.key.clone()), version_id: o.version_id.clone(), ..Default::default() })
+            .collect();
+        let errors: Vec<Error> = versioned
+            .iter()
+            .map(|o| Error {
+                code: Some("NoSuchVersion".into()),
+                key: Some(o.key.clone()),
+                message: Some("The specified version does not exist.".into()),
+                version_id: o.version_id.clone(),
+            })
+            .collect();
+        Ok(S3Response::new(DeleteObjectsOutput {
+            deleted: Some(deleted),
+            errors: (!errors.is_empty()).then_some(errors),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        let caller = caller(&req)?;
+        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let input = req.input;
+        let url = encoding(input.encoding_type.as_ref())?;
+        let limit = max_keys(input.max_keys)?;
+        let listing = self
+            .r2
+            .list(
+                &bucket.id,
+                ListOptions {
+                    prefix: input.prefix.clone().unwrap_or_default(),
+                    delimiter: input.delimiter.clone(),
+                    start_after: input.key_marker.clone().filter(|m| !m.is_empty()),
+                    cursor: None,
+                    limit,
+                },
+            )
+            .await
+            .map_err(engine_error)?;
+        let enc = |s: String| if url { uri_encode(&s) } else { s };
+        let next_key_marker = if listing.truncated {
+            let last_key = listing.objects.last().map(|o| o.key.clone());
+            last_key.into_iter().chain(listing.prefixes.last().cloned()).max().map(enc)
+        } else {
+            None
+        };
+        let versions = listing
+            .objects
+            .into_iter()
+            .map(|o| ObjectVersion {
+                key: Some(enc(o.key.clone())),
+                version_id: Some("null".into()),
+                is_latest: Some(true),
+                e_tag: Some(etag(&o.etag)),
+                size: Some(o.size as i64),
+                last_modified: Some(timestamp(o.uploaded_ms)),
+                storage_class: Some(ObjectVersionStorageClass::from(storage_class_out(&o.storage_class).to_owned())),
+                ..Default::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListObjectVersionsOutput {
+            name: Some(bucket.name),
+            prefix: Some(enc(input.prefix.unwrap_or_default())),
+            delimiter: input.delimiter.map(enc),
+            key_marker: input.key_marker.map(enc),
+            version_id_marker: input.version_id_marker,
+            next_version_id_marker: next_key_marker.as_ref().map(|_| "null".to_owned()),
+            next_key_marker,
+            max_keys: Some(input.max_keys.unwrap_or(1000)),
+            is_truncated: Some(listing.truncated),
+            versions: Some(versions),
+            common_prefixes: Some(
+                listing.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(enc(p)) }).collect(),
+            ),
+            encoding_type: input.encoding_type,
+            ..Default::default()
+        }))
     }
 
     async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
