@@ -91,6 +91,9 @@ pub(crate) fn list(conn: &Connection, options: &ListOptions) -> Result<Listing> 
     let prefix = options.prefix.as_bytes();
     let delimiter = options.delimiter.as_deref().filter(|d| !d.is_empty());
     let mut lower = Bound { key: prefix.to_vec(), inclusive: true };
+    // A common prefix at or before the start-after key was listed on an earlier page (a V1
+    // marker is the last key or common prefix returned): it is not listed again.
+    let after = options.start_after.as_deref().map(str::as_bytes);
     if let Some(after) = &options.start_after {
         lower = lower.later(Bound { key: after.as_bytes().to_vec(), inclusive: false });
     }
@@ -122,6 +125,17 @@ pub(crate) fn list(conn: &Connection, options: &ListOptions) -> Result<Listing> 
                 let rest = &row.info.key[prefix.len()..];
                 rest.find(d).map(|at| row.info.key[..prefix.len() + at + d.len()].to_owned())
             });
+            if let (Some(common), Some(after)) = (&folded, after)
+                && common.as_bytes() <= after
+            {
+                match successor(common.as_bytes()) {
+                    Some(next) => {
+                        lower = Bound { key: next, inclusive: true };
+                        continue 'scan;
+                    }
+                    None => break 'scan,
+                }
+            }
             if entries == limit {
                 listing.truncated = true;
                 break 'scan;

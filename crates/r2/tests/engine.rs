@@ -176,3 +176,25 @@ async fn small_bodies_live_in_their_rows() {
     assert_eq!(blob_files(&root), 0);
     assert_eq!(read_all(&r2, "small").await, b"");
 }
+
+#[tokio::test]
+async fn a_marker_at_a_common_prefix_skips_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let r2 = R2::open(dir.path().join("r2"), R2Settings::default()).unwrap();
+    r2.create_bucket(BUCKET).await.unwrap();
+    for key in ["asdf", "boo/bar", "boo/baz/xyzzy", "cquux/thud", "cquux/bla"] {
+        r2.put_object(BUCKET, key, body(b"x"), PutOptions::default()).await.unwrap();
+    }
+    let page = |after: &str, limit| ListOptions {
+        delimiter: Some("/".into()),
+        start_after: Some(after.into()).filter(|a: &String| !a.is_empty()),
+        limit,
+        ..Default::default()
+    };
+    let first = r2.list(BUCKET, page("asdf", 1)).await.unwrap();
+    assert_eq!((first.prefixes.clone(), first.truncated), (vec!["boo/".to_owned()], true));
+    let second = r2.list(BUCKET, page("boo/", 1)).await.unwrap();
+    assert_eq!((second.prefixes, second.truncated), (vec!["cquux/".to_owned()], false));
+    let inside = r2.list(BUCKET, page("boo/bar", 5)).await.unwrap();
+    assert_eq!(inside.prefixes, vec!["cquux/".to_owned()], "a marker inside a group skips the group");
+}

@@ -48,7 +48,11 @@ fn bucket_error(e: crate::buckets::BucketError) -> S3Error {
     use crate::buckets::BucketError as B;
     match e {
         B::InvalidName(m) => error(StatusCode::BAD_REQUEST, "InvalidBucketName", m),
-        B::Exists => error(StatusCode::CONFLICT, "BucketAlreadyExists", "The requested bucket name is not available."),
+        B::Exists => error(
+            StatusCode::CONFLICT,
+            "BucketAlreadyOwnedByYou",
+            "The bucket you tried to create already exists, and you own it.",
+        ),
         B::NotFound => engine_error(R2Error::NoSuchBucket),
         B::Catalog(e) => catalog_error(e),
         B::Engine(e) => engine_error(e),
@@ -277,7 +281,7 @@ impl S3 for KuraS3 {
             .collect();
         Ok(S3Response::new(ListBucketsOutput {
             buckets: Some(buckets),
-            owner: Some(Owner { display_name: None, id: Some(caller.0.account_id.clone()) }),
+            owner: Some(owner(caller)),
             ..Default::default()
         }))
     }
@@ -551,7 +555,7 @@ impl S3 for KuraS3 {
         Ok(S3Response::new(ListObjectVersionsOutput {
             name: Some(bucket.name),
             prefix: Some(enc(input.prefix.unwrap_or_default())),
-            delimiter: input.delimiter.map(enc),
+            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(enc),
             key_marker: input.key_marker.map(enc),
             version_id_marker: input.version_id_marker,
             next_version_id_marker: next_key_marker.as_ref().map(|_| "null".to_owned()),
@@ -581,7 +585,7 @@ impl S3 for KuraS3 {
                     prefix: input.prefix.clone().unwrap_or_default(),
                     delimiter: input.delimiter.clone(),
                     start_after: input.start_after.clone(),
-                    cursor: input.continuation_token.clone(),
+                    cursor: input.continuation_token.clone().filter(|t| !t.is_empty()),
                     limit,
                 },
             )
@@ -592,7 +596,7 @@ impl S3 for KuraS3 {
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(bucket.name),
             prefix: Some(enc(input.prefix.unwrap_or_default())),
-            delimiter: input.delimiter.map(enc),
+            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(enc),
             start_after: input.start_after.map(enc),
             continuation_token: input.continuation_token,
             next_continuation_token: listing.cursor.clone(),
@@ -638,8 +642,9 @@ impl S3 for KuraS3 {
         };
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(bucket.name),
-            prefix: Some(enc(input.prefix.unwrap_or_default())),
-            delimiter: input.delimiter.map(enc),
+            // botocore decodes V1's Marker, NextMarker, Delimiter and keys, not its Prefix: left as sent.
+            prefix: Some(input.prefix.unwrap_or_default()),
+            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(enc),
             marker: Some(enc(input.marker.unwrap_or_default())),
             next_marker,
             max_keys: Some(input.max_keys.unwrap_or(1000)),
@@ -924,6 +929,11 @@ impl S3 for KuraS3 {
             ..Default::default()
         }))
     }
+}
+
+/// The account, as S3 names an owner.
+fn owner(caller: &Caller) -> Owner {
+    Owner { display_name: Some(caller.0.account_id.clone()), id: Some(caller.0.account_id.clone()) }
 }
 
 fn list_entry(info: ObjectInfo, url: bool) -> Object {

@@ -42,7 +42,7 @@ def expect_error(code, status, fn, *args, **kwargs):
 
 bucket = f"boto-{MODE.replace('_', '-')}"
 s3.create_bucket(Bucket=bucket)
-expect_error("BucketAlreadyExists", 409, s3.create_bucket, Bucket=bucket)
+expect_error("BucketAlreadyOwnedByYou", 409, s3.create_bucket, Bucket=bucket)
 assert bucket in [b["Name"] for b in s3.list_buckets()["Buckets"]]
 s3.head_bucket(Bucket=bucket)
 expect_error("404", 404, s3.head_bucket, Bucket="no-such-bucket")
