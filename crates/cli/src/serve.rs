@@ -32,13 +32,17 @@ pub struct ServeArgs {
     /// The secret of --s3-access-key-id.
     #[arg(long, env = "KURA_S3_SECRET_ACCESS_KEY", hide_env_values = true, requires = "s3_access_key_id")]
     s3_secret_access_key: Option<String>,
+    /// Serve buckets virtual-hosted style at `<bucket>.<DOMAIN>` (repeat, or comma-separate in
+    /// the environment); other hosts are path-style.
+    #[arg(long = "s3-domain", env = "KURA_S3_DOMAIN", value_delimiter = ',')]
+    s3_domains: Vec<String>,
     /// Days of history Time Travel keeps restorable.
     #[arg(long, env = "KURA_TIME_TRAVEL_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3650))]
     time_travel_days: u64,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let mut settings = NodeSettings::default();
+    let mut settings = NodeSettings { s3_domains: args.s3_domains.clone(), ..NodeSettings::default() };
     if let Some(history) = settings.d1.history.as_mut() {
         history.retention = std::time::Duration::from_secs(args.time_travel_days * 24 * 3600);
     }

@@ -72,6 +72,8 @@ pub struct NodeSettings {
     pub d1: D1Settings,
     /// The R2 engine's settings.
     pub r2: R2Settings,
+    /// Domains under which the S3 listener serves virtual-hosted buckets (`<bucket>.<domain>`).
+    pub s3_domains: Vec<String>,
 }
 
 /// An opened data directory. Dropping it releases the directory.
@@ -80,6 +82,7 @@ pub struct Node {
     catalog: Arc<Catalog>,
     d1: Arc<D1>,
     r2: Arc<R2>,
+    s3_domains: Vec<String>,
     _lock: File,
 }
 
@@ -92,7 +95,7 @@ impl Node {
         let catalog = Arc::new(Catalog::open(dir.join("catalog.sqlite"))?);
         let d1 = Arc::new(D1::open(dir, Arc::clone(&catalog), settings.d1)?);
         let r2 = Arc::new(R2::open(dir.join("r2"), settings.r2)?);
-        Ok(Node { dir: dir.to_owned(), catalog, d1, r2, _lock: lock })
+        Ok(Node { dir: dir.to_owned(), catalog, d1, r2, s3_domains: settings.s3_domains, _lock: lock })
     }
 
     /// The data directory.
@@ -113,6 +116,11 @@ impl Node {
     /// The R2 engine.
     pub fn r2(&self) -> &Arc<R2> {
         &self.r2
+    }
+
+    /// The domains of virtual-hosted bucket addressing.
+    pub fn s3_domains(&self) -> Vec<String> {
+        self.s3_domains.clone()
     }
 
     /// Makes sure the default account exists (with `config`'s id if given) and, if configured,

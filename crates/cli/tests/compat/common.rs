@@ -39,6 +39,7 @@ impl KuraProcess {
             .env("KURA_API_TOKEN", TOKEN)
             .env("KURA_S3_ACCESS_KEY_ID", S3_ACCESS_KEY_ID)
             .env("KURA_S3_SECRET_ACCESS_KEY", S3_SECRET_ACCESS_KEY)
+            .env("KURA_S3_DOMAIN", "s3.localhost")
             .env("KURA_LOG", "warn,s3s=off")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -51,6 +51,90 @@ fn is_read(operation: &str) -> bool {
     operation.starts_with("Get") || operation.starts_with("Head") || operation.starts_with("List")
 }
 
+/// Headers R2 refuses (501) on writes, because it does not implement what they ask for.
+const WRITE_HEADERS_NOT_IMPLEMENTED: &[&str] = &[
+    "x-amz-tagging",
+    "x-amz-grant-full-control",
+    "x-amz-grant-read",
+    "x-amz-grant-read-acp",
+    "x-amz-grant-write",
+    "x-amz-grant-write-acp",
+    "x-amz-website-redirect-location",
+    "x-amz-object-lock-mode",
+    "x-amz-object-lock-retain-until-date",
+    "x-amz-object-lock-legal-hold",
+    "x-amz-server-side-encryption-aws-kms-key-id",
+    "x-amz-server-side-encryption-context",
+    "x-amz-server-side-encryption-bucket-key-enabled",
+];
+
+/// Canned ACLs R2 accepts and ignores.
+const CANNED_ACLS: &[&str] = &[
+    "private",
+    "public-read",
+    "public-read-write",
+    "authenticated-read",
+    "aws-exec-read",
+    "bucket-owner-read",
+    "bucket-owner-full-control",
+];
+
+fn not_implemented_header(name: &str, value: &str) -> S3Error {
+    error(
+        StatusCode::NOT_IMPLEMENTED,
+        "NotImplemented",
+        format!("Header '{name}' with value '{value}' not implemented"),
+    )
+}
+
+/// R2's header screening for an authenticated request: what it does not implement is refused
+/// with 501 rather than silently ignored; canned ACLs and SSE-S3 (always on) are accepted.
+fn screen_headers(operation: &str, headers: &axum::http::HeaderMap) -> S3Result<()> {
+    let value = |name: &str| headers.get(name).map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let writes = matches!(operation, "PutObject" | "CopyObject" | "CreateMultipartUpload");
+    if writes {
+        for name in WRITE_HEADERS_NOT_IMPLEMENTED {
+            if let Some(v) = value(name) {
+                return Err(not_implemented_header(name, &v));
+            }
+        }
+        if let Some(acl) = value("x-amz-acl")
+            && !CANNED_ACLS.contains(&acl.as_str())
+        {
+            return Err(not_implemented_header("x-amz-acl", &acl));
+        }
+    }
+    if operation == "CopyObject" {
+        for name in ["x-amz-source-expected-bucket-owner", "x-amz-tagging-directive", "x-amz-checksum-algorithm"] {
+            if let Some(v) = value(name) {
+                return Err(not_implemented_header(name, &v));
+            }
+        }
+    }
+    if writes || operation == "UploadPart" {
+        if let Some(sse) = value("x-amz-server-side-encryption")
+            && (operation == "UploadPart" || sse != "AES256")
+        {
+            return Err(not_implemented_header("x-amz-server-side-encryption", &sse));
+        }
+    }
+    if matches!(operation, "DeleteObject" | "DeleteObjects") {
+        for name in ["x-amz-mfa", "x-amz-bypass-governance-retention"] {
+            // Version-aware cleanup tools send `bypass-governance-retention: true`; with no
+            // object lock there is nothing to bypass, so only other values are refused.
+            match value(name) {
+                Some(v) if name.ends_with("retention") && v.eq_ignore_ascii_case("true") => {}
+                Some(v) => return Err(not_implemented_header(name, &v)),
+                None => {}
+            }
+        }
+    }
+    if let Some(v) = value("x-amz-expected-bucket-owner") {
+        return Err(not_implemented_header("x-amz-expected-bucket-owner", &v));
+    }
+    Ok(())
+}
+
 /// Checks scope and bucket reach, and leaves the [`Caller`] for the operation.
 pub(crate) struct Scopes {
     pub catalog: Arc<Catalog>,
@@ -73,6 +157,7 @@ impl S3Access for Scopes {
         if !allowed || !reaches {
             return Err(error(StatusCode::FORBIDDEN, "AccessDenied", "Access Denied"));
         }
+        screen_headers(operation, cx.headers())?;
         cx.extensions_mut().insert(Caller(credential));
         Ok(())
     }

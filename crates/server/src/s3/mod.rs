@@ -21,13 +21,41 @@ use s3s::service::{S3Service, S3ServiceBuilder};
 /// The longest a presigned URL may live, in seconds (a week).
 const MAX_PRESIGNED_EXPIRY: u64 = 604_800;
 
-/// The S3 listener's routes.
-pub fn routes(catalog: Arc<Catalog>, r2: Arc<R2>) -> Router {
+/// The S3 listener's routes. With `domains`, a request to `<bucket>.<domain>` addresses the
+/// bucket virtual-hosted style (as `<bucket>.<account>.r2.cloudflarestorage.com` does on R2);
+/// every other host is path-style.
+pub fn routes(catalog: Arc<Catalog>, r2: Arc<R2>, domains: &[String]) -> Router {
     let mut builder = S3ServiceBuilder::new(ops::KuraS3 { catalog: Arc::clone(&catalog), r2 });
     builder.set_auth(access::CatalogAuth { catalog: Arc::clone(&catalog) });
     builder.set_access(access::Scopes { catalog });
+    if !domains.is_empty() {
+        builder.set_host(VirtualHosts { domains: domains.iter().map(|d| d.to_ascii_lowercase()).collect() });
+    }
     let service = Arc::new(builder.build());
     Router::new().fallback(handle).with_state(service)
+}
+
+/// Virtual-hosted addressing under the configured domains (ports ignored); path-style elsewhere.
+struct VirtualHosts {
+    domains: Vec<String>,
+}
+
+impl s3s::host::S3Host for VirtualHosts {
+    fn parse_host_header<'a>(&'a self, host: &'a str) -> s3s::S3Result<s3s::host::VirtualHost<'a>> {
+        let name =
+            host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h);
+        for domain in &self.domains {
+            if name.eq_ignore_ascii_case(domain) {
+                return Ok(s3s::host::VirtualHost::new(host));
+            }
+            if let Some(bucket) = name.strip_suffix(domain.as_str()).and_then(|b| b.strip_suffix('.'))
+                && !bucket.is_empty()
+            {
+                return Ok(s3s::host::VirtualHost::new(host).with_bucket(bucket.to_owned()));
+            }
+        }
+        Ok(s3s::host::VirtualHost::new(host))
+    }
 }
 
 /// R2's checks that come before `s3s` sees the request, then `s3s`, then R2's shaping of what
@@ -89,6 +117,12 @@ async fn reshape_error(parts: axum::http::response::Parts, body: s3s::Body) -> R
             "The request signature we calculated does not match the signature you provided. Check your secret access key and signing method.".to_owned(),
         ),
         "AccessDenied" if message.contains("expired") => (StatusCode::FORBIDDEN, "ExpiredRequest", "Request has expired".to_owned()),
+        // s3s says "<Op> is not implemented yet"; R2 says "<Op> not implemented".
+        "NotImplemented" if message.ends_with(" is not implemented yet") => (
+            StatusCode::NOT_IMPLEMENTED,
+            "NotImplemented",
+            format!("{} not implemented", message.trim_end_matches(" is not implemented yet")),
+        ),
         "RequestTimeTooSkewed" => (
             StatusCode::FORBIDDEN,
             "RequestTimeTooSkewed",

@@ -191,6 +191,14 @@ expect_error(
 )
 assert s3.get_object(Bucket=bucket, Key="fresh")["Body"].read() == b"first"
 
+# What R2 does not implement is refused (501) in R2's words; canned ACLs are accepted no-ops.
+e = expect_error("NotImplemented", 501, s3.put_object, Bucket=bucket, Key="tagged", Body=b"x", Tagging="a=b")
+assert e.response["Error"]["Message"] == "Header 'x-amz-tagging' with value 'a=b' not implemented", e.response
+e = expect_error("NotImplemented", 501, s3.get_object_acl, Bucket=bucket, Key="fresh")
+assert e.response["Error"]["Message"] == "GetObjectAcl not implemented", e.response
+s3.put_object(Bucket=bucket, Key="acl", Body=b"x", ACL="private")
+s3.delete_object(Bucket=bucket, Key="acl")
+
 # Oversized metadata and malformed XML: clear S3 errors, nothing stored.
 expect_error("MetadataTooLarge", 400, s3.put_object, Bucket=bucket, Key="meta", Body=b"x", Metadata={"big": "v" * 9000})
 try:
@@ -273,6 +281,25 @@ try:
 except urllib.error.HTTPError as e:
     assert e.code == 403, e.code
 assert s3.get_object(Bucket=bucket, Key="upload.png")["Body"].read() == b"\x89PNG"
+
+# Virtual-hosted addressing: <bucket>.s3.localhost (the server runs with --s3-domain s3.localhost).
+import http.client
+import urllib.parse
+
+virtual = boto3.client(
+    "s3",
+    endpoint_url=ENDPOINT.replace("127.0.0.1", "s3.localhost"),
+    region_name="auto",
+    config=Config(signature_version="s3v4", s3={"addressing_style": "virtual"}),
+)
+url = urllib.parse.urlsplit(
+    virtual.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "docs/readme.txt"}, ExpiresIn=300)
+)
+assert url.hostname == f"{bucket}.s3.localhost", url
+connection = http.client.HTTPConnection("127.0.0.1", url.port)
+connection.request("GET", f"{url.path}?{url.query}", headers={"Host": url.netloc})
+answer = connection.getresponse()
+assert (answer.status, answer.read()) == (200, body)
 
 # Batch delete lists every key, missing ones too; a non-empty bucket is not deleted.
 out = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "copy-same"}, {"Key": "never-was"}]})
