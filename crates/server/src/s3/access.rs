@@ -111,12 +111,11 @@ fn screen_headers(operation: &str, headers: &axum::http::HeaderMap) -> S3Result<
             }
         }
     }
-    if writes || operation == "UploadPart" {
-        if let Some(sse) = value("x-amz-server-side-encryption")
-            && (operation == "UploadPart" || sse != "AES256")
-        {
-            return Err(not_implemented_header("x-amz-server-side-encryption", &sse));
-        }
+    if (writes || operation == "UploadPart")
+        && let Some(sse) = value("x-amz-server-side-encryption")
+        && (operation == "UploadPart" || sse != "AES256")
+    {
+        return Err(not_implemented_header("x-amz-server-side-encryption", &sse));
     }
     if matches!(operation, "DeleteObject" | "DeleteObjects") {
         for name in ["x-amz-mfa", "x-amz-bypass-governance-retention"] {
