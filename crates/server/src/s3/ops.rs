@@ -329,6 +329,80 @@ impl S3 for KuraS3 {
         }))
     }
 
+    async fn get_bucket_encryption(
+        &self,
+        req: S3Request<GetBucketEncryptionInput>,
+    ) -> S3Result<S3Response<GetBucketEncryptionOutput>> {
+        // R2 encrypts everything at rest and says so; kura answers the same for compatibility
+        // (its data directory is as encrypted as the disk under it).
+        self.bucket(caller(&req)?, &req.input.bucket)?;
+        let rule = ServerSideEncryptionRule {
+            apply_server_side_encryption_by_default: Some(ServerSideEncryptionByDefault {
+                sse_algorithm: ServerSideEncryption::from_static(ServerSideEncryption::AES256),
+                kms_master_key_id: None,
+            }),
+            bucket_key_enabled: Some(true),
+        };
+        Ok(S3Response::new(GetBucketEncryptionOutput {
+            server_side_encryption_configuration: Some(ServerSideEncryptionConfiguration { rules: vec![rule] }),
+        }))
+    }
+
+    async fn get_bucket_versioning(
+        &self,
+        req: S3Request<GetBucketVersioningInput>,
+    ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        self.bucket(caller(&req)?, &req.input.bucket)?;
+        Ok(S3Response::new(GetBucketVersioningOutput::default()))
+    }
+
+    async fn get_bucket_tagging(
+        &self,
+        req: S3Request<GetBucketTaggingInput>,
+    ) -> S3Result<S3Response<GetBucketTaggingOutput>> {
+        self.bucket(caller(&req)?, &req.input.bucket)?;
+        Err(error(StatusCode::NOT_FOUND, "NoSuchTagSet", "The TagSet does not exist."))
+    }
+
+    async fn get_object_lock_configuration(
+        &self,
+        req: S3Request<GetObjectLockConfigurationInput>,
+    ) -> S3Result<S3Response<GetObjectLockConfigurationOutput>> {
+        self.bucket(caller(&req)?, &req.input.bucket)?;
+        Err(error(
+            StatusCode::NOT_FOUND,
+            "ObjectLockConfigurationNotFoundError",
+            "Object Lock configuration does not exist for this bucket.",
+        ))
+    }
+
+    async fn get_bucket_replication(
+        &self,
+        req: S3Request<GetBucketReplicationInput>,
+    ) -> S3Result<S3Response<GetBucketReplicationOutput>> {
+        self.bucket(caller(&req)?, &req.input.bucket)?;
+        Err(error(
+            StatusCode::NOT_FOUND,
+            "ReplicationConfigurationNotFoundError",
+            "The replication configuration was not found.",
+        ))
+    }
+
+    async fn get_bucket_cors(&self, req: S3Request<GetBucketCorsInput>) -> S3Result<S3Response<GetBucketCorsOutput>> {
+        // Setting CORS rules is not served yet, so no bucket has any.
+        self.bucket(caller(&req)?, &req.input.bucket)?;
+        Err(error(StatusCode::NOT_FOUND, "NoSuchCORSConfiguration", "The CORS configuration does not exist"))
+    }
+
+    async fn get_bucket_lifecycle_configuration(
+        &self,
+        req: S3Request<GetBucketLifecycleConfigurationInput>,
+    ) -> S3Result<S3Response<GetBucketLifecycleConfigurationOutput>> {
+        // Setting lifecycle rules is not served yet, so no bucket has any.
+        self.bucket(caller(&req)?, &req.input.bucket)?;
+        Err(error(StatusCode::NOT_FOUND, "NoSuchLifecycleConfiguration", "The lifecycle configuration does not exist."))
+    }
+
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
         let caller = caller(&req)?;
         let bucket = self.bucket(caller, &req.input.bucket)?;

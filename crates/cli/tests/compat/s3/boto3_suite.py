@@ -197,6 +197,13 @@ assert e.response["Error"]["Message"] == "Header 'x-amz-tagging' with value 'a=b
 e = expect_error("NotImplemented", 501, s3.get_object_acl, Bucket=bucket, Key="fresh")
 assert e.response["Error"]["Message"] == "GetObjectAcl not implemented", e.response
 s3.put_object(Bucket=bucket, Key="acl", Body=b"x", ACL="private")
+# R2's fixed answers to bucket configuration reads.
+rules = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"]
+assert rules[0]["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "AES256", rules
+assert "Status" not in s3.get_bucket_versioning(Bucket=bucket)
+expect_error("NoSuchTagSet", 404, s3.get_bucket_tagging, Bucket=bucket)
+expect_error("ObjectLockConfigurationNotFoundError", 404, s3.get_object_lock_configuration, Bucket=bucket)
+expect_error("NoSuchCORSConfiguration", 404, s3.get_bucket_cors, Bucket=bucket)
 s3.delete_object(Bucket=bucket, Key="acl")
 
 # Oversized metadata and malformed XML: clear S3 errors, nothing stored.
