@@ -72,6 +72,12 @@ pub(crate) struct PendingBlob {
 }
 
 impl PendingBlob {
+    /// The write's outcome is unknown (its commit failed midway): the file stays, and the sweep
+    /// removes it if no row names it.
+    pub(crate) fn abandon(mut self) {
+        self.committed = true;
+    }
+
     /// The blob's id.
     pub(crate) fn id(&self) -> &str {
         &self.id
@@ -101,18 +107,24 @@ pub(crate) struct Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let mut leases = self.blobs.lock_leases();
-        for id in &self.ids {
-            let count = leases.readers.get_mut(id).map(|c| {
-                *c -= 1;
-                *c
-            });
-            if count == Some(0) {
-                leases.readers.remove(id);
-                if leases.doomed.remove(id) {
-                    let _ = std::fs::remove_file(self.blobs.path(&self.bucket, id));
+        let mut unlink = Vec::new();
+        {
+            let mut leases = self.blobs.lock_leases();
+            for id in &self.ids {
+                let count = leases.readers.get_mut(id).map(|c| {
+                    *c -= 1;
+                    *c
+                });
+                if count == Some(0) {
+                    leases.readers.remove(id);
+                    if leases.doomed.remove(id) {
+                        unlink.push(self.blobs.path(&self.bucket, id));
+                    }
                 }
             }
+        }
+        for path in unlink {
+            let _ = std::fs::remove_file(path);
         }
     }
 }
@@ -229,11 +241,23 @@ impl Blobs {
         let id = new_id();
         self.lock_pending().insert(id.clone());
         let pending = PendingBlob { blobs: self.clone(), bucket: bucket.to_owned(), id: id.clone(), committed: false };
-        if !tokio::fs::try_exists(self.bucket_dir(bucket)).await.map_err(io_err)? {
-            return Err(R2Error::NoSuchBucket);
-        }
         let dir = self.blob_dir(bucket, &id);
-        tokio::fs::create_dir_all(&dir).await.map_err(io_err)?;
+        if !tokio::fs::try_exists(&dir).await.map_err(io_err)? {
+            // Buckets are created with every shard; one missing is made here, never the
+            // bucket's own directory (a deleted bucket stays deleted), and made durable.
+            let blobs = self.bucket_dir(bucket).join("blobs");
+            match tokio::fs::create_dir(&dir).await {
+                Ok(()) => {
+                    tokio::task::spawn_blocking(move || sync_dir(&blobs))
+                        .await
+                        .map_err(|e| R2Error::storage("syncing a blob directory", e))?
+                        .map_err(io_err)?;
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(R2Error::NoSuchBucket),
+                Err(e) => return Err(io_err(e)),
+            }
+        }
         let file =
             tokio::fs::OpenOptions::new().write(true).create_new(true).open(dir.join(&id)).await.map_err(io_err)?;
         Ok((pending, file))
@@ -249,17 +273,25 @@ impl Blobs {
         Lease { blobs: self.clone(), bucket: bucket.to_owned(), ids }
     }
 
-    /// Removes blobs whose rows are gone (called on the bucket's actor after the commit); a
-    /// blob still being read is removed when its last reader finishes.
+    /// Removes blobs whose rows are gone (called after the commit); a blob still being read is
+    /// removed when its last reader finishes.
     pub(crate) fn remove(&self, bucket: &str, ids: impl IntoIterator<Item = String>) {
-        let mut leases = self.lock_leases();
-        for id in ids {
-            if !is_blob_id(&id) {
-                continue;
+        let mut unlink = Vec::new();
+        {
+            let mut leases = self.lock_leases();
+            for id in ids {
+                if !is_blob_id(&id) {
+                    continue;
+                }
+                if leases.readers.contains_key(&id) {
+                    leases.doomed.insert(id);
+                } else {
+                    unlink.push(id);
+                }
             }
-            if leases.readers.contains_key(&id) {
-                leases.doomed.insert(id);
-            } else if let Err(e) = std::fs::remove_file(self.path(bucket, &id))
+        }
+        for id in unlink {
+            if let Err(e) = std::fs::remove_file(self.path(bucket, &id))
                 && e.kind() != io::ErrorKind::NotFound
             {
                 tracing::warn!(bucket, blob = id, %e, "could not remove a blob; the sweep will retry");
@@ -278,8 +310,6 @@ impl Blobs {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
             Err(e) => return Err(e),
         };
-        let pending = self.lock_pending().clone();
-        let leased: HashSet<String> = self.lock_leases().readers.keys().cloned().collect();
         for shard in entries {
             let shard = shard?;
             if !shard.file_type()?.is_dir() {
@@ -288,7 +318,12 @@ impl Blobs {
             for file in std::fs::read_dir(shard.path())? {
                 let file = file?;
                 let name = file.file_name().to_string_lossy().into_owned();
-                if referenced.contains(&name) || pending.contains(&name) || leased.contains(&name) {
+                // Checked now, file by file: a write may have begun since the listing started
+                // (it enters `pending` before its file exists).
+                if referenced.contains(&name)
+                    || self.lock_pending().contains(&name)
+                    || self.lock_leases().readers.contains_key(&name)
+                {
                     continue;
                 }
                 match std::fs::remove_file(file.path()) {
@@ -363,9 +398,30 @@ impl Blobs {
     /// Creates a bucket's directory tree, durably.
     pub(crate) fn create_bucket(&self, bucket: &str) -> io::Result<()> {
         let dir = self.bucket_dir(bucket);
-        std::fs::create_dir_all(dir.join("blobs"))?;
+        let blobs = dir.join("blobs");
+        std::fs::create_dir_all(&blobs)?;
+        for shard in 0..=255u8 {
+            let shard = blobs.join(format!("{shard:02x}"));
+            match std::fs::create_dir(&shard) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
+        }
+        sync_dir(&blobs)?;
         sync_dir(&dir)?;
         sync_dir(&self.root)
+    }
+
+    /// The bucket directories present (for removing those of deleted buckets).
+    pub(crate) fn bucket_dirs(&self) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&self.root)? {
+            let entry = entry?;
+            if entry.file_type()?.is_dir() {
+                out.push(entry.file_name().to_string_lossy().into_owned());
+            }
+        }
+        Ok(out)
     }
 
     /// Removes a bucket's whole directory.

@@ -41,7 +41,7 @@ use futures_util::Stream;
 use kura_sqlite::{DatabaseOptions, Registry, RegistrySettings};
 use rusqlite::Connection;
 
-use crate::blob::{Blobs, Piece, Stored};
+use crate::blob::{Blobs, PendingBlob, Piece, Stored};
 pub use crate::error::{R2Error, Result};
 pub use crate::list::{ListOptions, Listing, MAX_LIST_LIMIT};
 use crate::meta::{Data, Part, Upload};
@@ -228,8 +228,13 @@ impl R2 {
         let opener_root = root.clone();
         let registry = Registry::new(settings.registry.clone(), move |bucket: &str| {
             let dir = opener_root.join(bucket);
-            (valid_bucket_id(bucket) && dir.is_dir())
-                .then(|| DatabaseOptions::new(dir.join("meta.sqlite")).create(true))
+            (valid_bucket_id(bucket) && dir.is_dir()).then(|| {
+                let mut options = DatabaseOptions::new(dir.join("meta.sqlite")).create(true);
+                // D1 caps a database at 10 GB; a bucket's metadata (with its inline bodies) may
+                // grow past that.
+                options.limits.max_database_bytes = 1 << 44;
+                options
+            })
         });
         Ok(R2 { blobs: Arc::new(Blobs::new(root)), registry, settings })
     }
@@ -245,16 +250,41 @@ impl R2 {
         self.registry.with_database(bucket, move |db| db.with_internal(f)).await?
     }
 
-    /// Runs writes on the bucket's metadata inside a group commit; answers once durable.
-    async fn write<T, F>(&self, bucket: &str, f: F) -> Result<T>
+    /// Commits writes to the bucket's metadata inside a group commit, answering once they are
+    /// durable; `f` returns its answer and the blobs its change unlinked from rows. The commit
+    /// and what follows run as a task of their own, so a caller that goes away cannot leave a
+    /// committed row without its blob (`pending`) or a replaced blob on disk: the new blob is
+    /// kept if the row committed, removed if the work was undone or never ran, and left to the
+    /// sweep if the commit's outcome is unknown.
+    async fn commit<T, F>(&self, bucket: &str, pending: Option<PendingBlob>, f: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnMut(&Connection) -> Result<T> + Send + 'static,
+        F: FnMut(&Connection) -> Result<(T, Vec<String>)> + Send + 'static,
     {
         if !valid_bucket_id(bucket) {
             return Err(R2Error::NoSuchBucket);
         }
-        self.registry.write_grouped(bucket, f).await?
+        let (registry, blobs, bucket) = (self.registry.clone(), Arc::clone(&self.blobs), bucket.to_owned());
+        let task = tokio::spawn(async move {
+            match registry.write_grouped(&bucket, f).await {
+                Ok(Ok((answer, unlinked))) => {
+                    if let Some(pending) = pending {
+                        pending.committed();
+                    }
+                    blobs.remove(&bucket, unlinked);
+                    Ok(answer)
+                }
+                Ok(Err(e)) => Err(e),
+                Err(e @ (kura_sqlite::Error::Overloaded | kura_sqlite::Error::Closed)) => Err(e.into()),
+                Err(e) => {
+                    if let Some(pending) = pending {
+                        pending.abandon();
+                    }
+                    Err(e.into())
+                }
+            }
+        });
+        task.await.map_err(|e| R2Error::storage("committing", e))?
     }
 
     /// Creates the storage of a bucket (its directory and metadata file).
@@ -271,15 +301,29 @@ impl R2 {
         self.on_bucket(bucket, |conn| Ok(!meta::has_objects(conn)?)).await
     }
 
+    /// Marks the bucket deleted, in one step with the check that it holds no object (so no
+    /// write can slip in between: every write checks the mark); refused while it holds objects.
+    pub async fn mark_deleted(&self, bucket: &str) -> Result<()> {
+        self.commit(bucket, None, |tx| {
+            if meta::has_objects(tx)? {
+                return Err(R2Error::BucketNotEmpty);
+            }
+            meta::set_deleted(tx, true)?;
+            Ok(((), Vec::new()))
+        })
+        .await
+    }
+
+    /// Takes back [`R2::mark_deleted`] (when the catalog could not forget the bucket).
+    pub async fn unmark_deleted(&self, bucket: &str) -> Result<()> {
+        self.commit(bucket, None, |tx| Ok((meta::set_deleted(tx, false)?, Vec::new()))).await
+    }
+
     /// Removes a bucket's storage for good, refusing while it holds objects (unfinished uploads
-    /// go with it). The caller forgets the bucket in the catalog first or after, as it orders
-    /// visibility.
+    /// go with it).
     pub async fn delete_bucket(&self, bucket: &str) -> Result<()> {
-        if !self.is_empty(bucket).await? {
-            return Err(R2Error::BucketNotEmpty);
-        }
-        self.registry.retire(bucket).await;
-        self.blobs.remove_bucket(bucket).map_err(|e| R2Error::storage("removing a bucket", e))
+        self.mark_deleted(bucket).await?;
+        self.delete_bucket_contents(bucket).await
     }
 
     /// Removes a bucket's storage whatever it holds (for a bucket the catalog has already
@@ -326,24 +370,20 @@ impl R2 {
             Stored::Inline(bytes) => (None, Some(bytes)),
         };
         let blob_id = pending.as_ref().map(|p| p.id().to_owned());
-        let old = self
-            .write(bucket, move |tx| {
-                let current = meta::get_object(tx, &stored.key)?;
-                conditional.check_write(current.as_ref().map(|c| &c.info))?;
-                let old = meta::remove_object(tx, &stored.key)?;
-                let data = match (&blob_id, &inline) {
-                    (Some(id), _) => Data::Blob(id),
-                    (None, Some(bytes)) => Data::Inline(bytes),
-                    (None, None) => Data::Inline(&[]),
-                };
-                meta::insert_object(tx, &stored, data)?;
-                Ok(old)
-            })
-            .await?;
-        if let Some(pending) = pending {
-            pending.committed();
-        }
-        self.blobs.remove(bucket, old);
+        self.commit(bucket, pending, move |tx| {
+            meta::check_live(tx)?;
+            let current = meta::get_object(tx, &stored.key)?;
+            conditional.check_write(current.as_ref().map(|c| &c.info))?;
+            let old = meta::remove_object(tx, &stored.key)?;
+            let data = match (&blob_id, &inline) {
+                (Some(id), _) => Data::Blob(id),
+                (None, Some(bytes)) => Data::Inline(bytes),
+                (None, None) => Data::Inline(&[]),
+            };
+            meta::insert_object(tx, &stored, data)?;
+            Ok(((), old))
+        })
+        .await?;
         Ok(info)
     }
 
@@ -379,7 +419,8 @@ impl R2 {
                             return Err(R2Error::InvalidRange);
                         };
                         let offset: u64 = layout[..index].iter().map(|e| e.size).sum();
-                        Some((offset, layout[index].size))
+                        // An empty part is the whole (empty) answer, not a range of nothing.
+                        Some((offset, layout[index].size)).filter(|(_, size)| *size > 0)
                     }
                     (None, Some(range)) => Some(range.resolve(object.info.size)?),
                     (None, None) => None,
@@ -405,17 +446,14 @@ impl R2 {
         if keys.len() > 1000 {
             return Err(R2Error::InvalidArgument("at most 1000 keys may be deleted at once".into()));
         }
-        let old = self
-            .write(bucket, move |tx| {
-                let mut old = Vec::new();
-                for key in &keys {
-                    old.extend(meta::remove_object(tx, key)?);
-                }
-                Ok(old)
-            })
-            .await?;
-        self.blobs.remove(bucket, old);
-        Ok(())
+        self.commit(bucket, None, move |tx| {
+            let mut old = Vec::new();
+            for key in &keys {
+                old.extend(meta::remove_object(tx, key)?);
+            }
+            Ok(((), old))
+        })
+        .await
     }
 
     /// Lists one page of a bucket.
@@ -471,11 +509,16 @@ impl R2 {
         };
         let upload_id = format!("{}{}", blob::new_id(), blob::new_id());
         let id = upload_id.clone();
-        self.on_bucket(bucket, move |conn| meta::insert_upload(conn, &id, &upload)).await?;
+        self.on_bucket(bucket, move |conn| {
+            meta::check_live(conn)?;
+            meta::insert_upload(conn, &id, &upload)
+        })
+        .await?;
         Ok(upload_id)
     }
 
     fn live_upload(&self, conn: &Connection, upload_id: &str, key: &str) -> Result<Upload> {
+        meta::check_live(conn)?;
         let expiry = self.settings.upload_expiry.as_millis() as i64;
         match meta::get_upload(conn, upload_id)? {
             Some(u) if u.key == key && u.state == meta::IN_PROGRESS && u.created_ms + expiry > now_ms() => Ok(u),
@@ -519,14 +562,11 @@ impl R2 {
         let info = PartInfo { number, etag: part.md5.clone(), size: part.size, uploaded_ms: part.uploaded_ms };
         let this = self.clone();
         let (id, k) = (upload_id.to_owned(), key.to_owned());
-        let old = self
-            .write(bucket, move |tx| {
-                this.live_upload(tx, &id, &k)?;
-                meta::put_part(tx, &id, &part)
-            })
-            .await?;
-        pending.committed();
-        self.blobs.remove(bucket, old);
+        self.commit(bucket, Some(pending), move |tx| {
+            this.live_upload(tx, &id, &k)?;
+            Ok(((), meta::put_part(tx, &id, &part)?.into_iter().collect()))
+        })
+        .await?;
         Ok(info)
     }
 
@@ -663,7 +703,7 @@ impl R2 {
         self.on_bucket(bucket, move |conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT key, upload_id, created, storage_class FROM uploads WHERE state = 0 AND created > ?1 \
-                 ORDER BY key, created, upload_id",
+                 ORDER BY key, upload_id",
             )?;
             let rows = stmt.query_map([now_ms() - expiry], |r| {
                 Ok(UploadInfo {
@@ -735,6 +775,24 @@ impl R2 {
             Ok(SweepReport { orphans, expired_uploads: expired.len() })
         })
         .await
+    }
+
+    /// Removes the storage of buckets `known` does not name (left when a deletion was cut short).
+    /// List the directories before reading the catalog, so that a bucket created meanwhile is
+    /// not among them: call with the directories from [`R2::bucket_dirs`], then the catalog's ids.
+    pub async fn remove_unknown_buckets(&self, dirs: Vec<String>, known: &HashSet<String>) -> Result<usize> {
+        let mut removed = 0;
+        for dir in dirs.into_iter().filter(|d| valid_bucket_id(d) && !known.contains(d)) {
+            tracing::info!(bucket = dir, "removing the storage of a deleted bucket");
+            self.delete_bucket_contents(&dir).await?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+
+    /// The bucket directories on disk.
+    pub fn bucket_dirs(&self) -> Result<Vec<String>> {
+        self.blobs.bucket_dirs().map_err(|e| R2Error::storage("listing buckets", e))
     }
 
     /// Closes every bucket's metadata file.

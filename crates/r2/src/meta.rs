@@ -36,6 +36,10 @@ const SCHEMA: &str = "
         storage_class TEXT NOT NULL
     );
     CREATE INDEX IF NOT EXISTS uploads_by_key ON uploads (key, created) WHERE state = 0;
+    CREATE TABLE IF NOT EXISTS bucket_state (
+        name  TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    ) WITHOUT ROWID;
     CREATE TABLE IF NOT EXISTS parts (
         upload_id   TEXT NOT NULL,
         part_number INTEGER NOT NULL,
@@ -295,6 +299,25 @@ pub(crate) fn referenced_blobs(conn: &Connection) -> Result<HashSet<String>> {
         }
     }
     Ok(out)
+}
+
+/// Fails with NoSuchBucket once the bucket is marked deleted.
+pub(crate) fn check_live(conn: &Connection) -> Result<()> {
+    let deleted: Option<i64> = conn
+        .prepare_cached("SELECT value FROM bucket_state WHERE name = 'deleted'")?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    if deleted == Some(1) {
+        return Err(R2Error::NoSuchBucket);
+    }
+    Ok(())
+}
+
+/// Marks the bucket deleted (or not).
+pub(crate) fn set_deleted(conn: &Connection, deleted: bool) -> Result<()> {
+    conn.prepare_cached("INSERT OR REPLACE INTO bucket_state (name, value) VALUES ('deleted', ?1)")?
+        .execute([i64::from(deleted)])?;
+    Ok(())
 }
 
 /// Whether the bucket holds any object.

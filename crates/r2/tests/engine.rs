@@ -198,3 +198,25 @@ async fn a_marker_at_a_common_prefix_skips_it() {
     let inside = r2.list(BUCKET, page("boo/bar", 5)).await.unwrap();
     assert_eq!(inside.prefixes, vec!["cquux/".to_owned()], "a marker inside a group skips the group");
 }
+
+#[tokio::test]
+async fn a_deleted_bucket_takes_no_more_writes_and_a_full_one_is_not_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let r2 = std::sync::Arc::new(R2::open(dir.path().join("r2"), R2Settings::default()).unwrap());
+    r2.create_bucket(BUCKET).await.unwrap();
+    r2.put_object(BUCKET, "k", body(b"x"), PutOptions::default()).await.unwrap();
+    assert!(matches!(r2.mark_deleted(BUCKET).await, Err(R2Error::BucketNotEmpty)));
+    r2.delete_object(BUCKET, "k").await.unwrap();
+    r2.mark_deleted(BUCKET).await.unwrap();
+    let late = r2.put_object(BUCKET, "late", body(b"y"), PutOptions::default()).await;
+    assert!(matches!(late, Err(R2Error::NoSuchBucket)), "{late:?}");
+    r2.unmark_deleted(BUCKET).await.unwrap();
+    r2.put_object(BUCKET, "again", body(b"z"), PutOptions::default()).await.unwrap();
+
+    // An empty part is a whole, empty answer.
+    let upload = r2.create_multipart_upload(BUCKET, "m", Default::default(), Default::default(), None).await.unwrap();
+    let part = r2.upload_part(BUCKET, "m", &upload, 1, body(b""), Default::default()).await.unwrap();
+    r2.complete_multipart_upload(BUCKET, "m", &upload, vec![(1, part.etag)]).await.unwrap();
+    let got = r2.get_object(BUCKET, "m", GetOptions { part_number: Some(1), ..Default::default() }).await.unwrap();
+    assert_eq!((got.range, got.length()), (None, 0));
+}

@@ -51,21 +51,19 @@ pub async fn create(
     Ok(bucket)
 }
 
-/// Deletes an empty bucket: refused while it holds objects; once the catalog forgets it no new
-/// request finds it, then its storage goes.
+/// Deletes an empty bucket: its storage is marked deleted in one step with the check that it
+/// is empty (no write gets in after), the catalog forgets it, then its files go.
 pub async fn delete(catalog: &Catalog, r2: &R2, account_id: &str, name: &str) -> Result<(), BucketError> {
     let bucket = catalog.r2_bucket(account_id, name)?.ok_or(BucketError::NotFound)?;
-    if !r2.is_empty(&bucket.id).await? {
-        return Err(R2Error::BucketNotEmpty.into());
+    r2.mark_deleted(&bucket.id).await?;
+    if let Err(e) = catalog.delete_r2_bucket(account_id, name) {
+        let _ = r2.unmark_deleted(&bucket.id).await;
+        return Err(e.into());
     }
-    catalog.delete_r2_bucket(account_id, name)?;
-    match r2.delete_bucket(&bucket.id).await {
-        // An object that raced in after the check goes with the bucket: it was written to a
-        // bucket already being deleted, as on R2.
-        Err(R2Error::BucketNotEmpty) => {
-            r2.delete_bucket_contents(&bucket.id).await?;
-            Ok(())
-        }
-        other => Ok(other?),
+    // Should this fail, the files are left for the start-up sweep, which removes the storage of
+    // buckets the catalog no longer names.
+    if let Err(e) = r2.delete_bucket_contents(&bucket.id).await {
+        tracing::warn!(bucket = name, error = %e, "could not remove a deleted bucket's files");
     }
+    Ok(())
 }

@@ -118,17 +118,27 @@ fn no_delay(stream: &mut tokio::net::TcpStream) {
     }
 }
 
-/// Sweeps every bucket at start-up (orphan blobs left by a crash) and then hourly (expired
-/// multipart uploads, blobs whose removal failed).
+/// Sweeps every bucket at start-up (orphan blobs left by a crash, the files of buckets whose
+/// deletion was cut short) and then hourly (expired multipart uploads, blobs whose removal
+/// failed).
 async fn sweep_r2_periodically(catalog: Arc<Catalog>, r2: Arc<kura_r2::R2>, stop: impl Future<Output = ()>) {
     tokio::pin!(stop);
     loop {
+        // The directories first, then the catalog: a bucket created in between is not taken
+        // for the leftover of a deleted one.
+        let dirs = r2.bucket_dirs();
         let buckets = {
             let catalog = Arc::clone(&catalog);
             tokio::task::spawn_blocking(move || catalog.all_r2_buckets()).await
         };
         match buckets {
             Ok(Ok(buckets)) => {
+                if let Ok(dirs) = dirs {
+                    let known = buckets.iter().map(|b| b.id.clone()).collect();
+                    if let Err(e) = r2.remove_unknown_buckets(dirs, &known).await {
+                        tracing::warn!(error = %e, "could not remove the storage of deleted buckets");
+                    }
+                }
                 for bucket in buckets {
                     if let Err(e) = r2.sweep(&bucket.id).await {
                         tracing::warn!(bucket = bucket.name, error = %e, "could not sweep a bucket");

@@ -99,15 +99,17 @@ pub async fn list(
     let contains = query.get("name_contains").cloned().unwrap_or_default();
     let after = query.get("cursor").or_else(|| query.get("start_after")).cloned().unwrap_or_default();
     let credential = app.catalog.s3_credential(&caller.token.id).map_err(|e| ApiError::internal(&e))?;
+    let descending = query.get("direction").is_some_and(|d| d == "desc");
     let mut buckets: Vec<R2Bucket> = app
         .catalog
         .list_r2_buckets(&account_id)
         .map_err(|e| ApiError::internal(&e))?
         .into_iter()
-        .filter(|b| b.name.contains(&contains) && b.name > after)
+        .filter(|b| b.name.contains(&contains))
+        .filter(|b| after.is_empty() || if descending { b.name < after } else { b.name > after })
         .filter(|b| credential.as_ref().is_some_and(|c| c.reaches(&b.name)))
         .collect();
-    if query.get("direction").is_some_and(|d| d == "desc") {
+    if descending {
         buckets.reverse();
     }
     let more = buckets.len() > per_page;
