@@ -134,6 +134,28 @@ fn screen_headers(operation: &str, headers: &axum::http::HeaderMap) -> S3Result<
     Ok(())
 }
 
+/// Who `access_key` is, if it may do `operation` on `bucket` (`None`: the account root) with
+/// these headers.
+pub(crate) fn authorize(
+    catalog: &Catalog,
+    access_key: &str,
+    operation: &str,
+    bucket: Option<&str>,
+    headers: &axum::http::HeaderMap,
+) -> S3Result<Caller> {
+    let credential = catalog.s3_credential(access_key).map_err(internal)?.ok_or_else(unauthorized)?;
+    let allowed = if is_read(operation) { credential.scope.can_read_r2() } else { credential.scope.can_write_r2() };
+    let reaches = match bucket {
+        None => credential.buckets.is_none() || operation == "ListBuckets",
+        Some(bucket) => credential.reaches(bucket),
+    };
+    if !allowed || !reaches {
+        return Err(error(StatusCode::FORBIDDEN, "AccessDenied", "Access Denied"));
+    }
+    screen_headers(operation, headers)?;
+    Ok(Caller(credential))
+}
+
 /// Checks scope and bucket reach, and leaves the [`Caller`] for the operation.
 pub(crate) struct Scopes {
     pub catalog: Arc<Catalog>,
@@ -145,19 +167,13 @@ impl S3Access for Scopes {
         let Some(credentials) = cx.credentials() else {
             return Err(error(StatusCode::BAD_REQUEST, "InvalidArgument", "Authorization"));
         };
-        let credential =
-            self.catalog.s3_credential(&credentials.access_key).map_err(internal)?.ok_or_else(unauthorized)?;
-        let operation = cx.s3_op().name();
-        let allowed = if is_read(operation) { credential.scope.can_read_r2() } else { credential.scope.can_write_r2() };
-        let reaches = match cx.s3_path() {
-            S3Path::Root => credential.buckets.is_none() || operation == "ListBuckets",
-            S3Path::Bucket { bucket } | S3Path::Object { bucket, .. } => credential.reaches(bucket),
+        let bucket = match cx.s3_path() {
+            S3Path::Root => None,
+            S3Path::Bucket { bucket } | S3Path::Object { bucket, .. } => Some(bucket.to_string()),
         };
-        if !allowed || !reaches {
-            return Err(error(StatusCode::FORBIDDEN, "AccessDenied", "Access Denied"));
-        }
-        screen_headers(operation, cx.headers())?;
-        cx.extensions_mut().insert(Caller(credential));
+        let caller =
+            authorize(&self.catalog, &credentials.access_key, cx.s3_op().name(), bucket.as_deref(), cx.headers())?;
+        cx.extensions_mut().insert(caller);
         Ok(())
     }
 }

@@ -5,6 +5,7 @@
 
 mod access;
 mod ops;
+mod post_object;
 mod xml;
 
 use std::sync::Arc;
@@ -25,8 +26,12 @@ const MAX_PRESIGNED_EXPIRY: u64 = 604_800;
 /// bucket virtual-hosted style (as `<bucket>.<account>.r2.cloudflarestorage.com` does on R2);
 /// every other host is path-style.
 pub fn routes(catalog: Arc<Catalog>, r2: Arc<R2>, domains: &[String]) -> Router {
-    let mut builder = S3ServiceBuilder::new(ops::KuraS3 { catalog: Arc::clone(&catalog), r2 });
+    let mut builder = S3ServiceBuilder::new(ops::KuraS3 { catalog: Arc::clone(&catalog), r2: Arc::clone(&r2) });
     builder.set_auth(access::CatalogAuth { catalog: Arc::clone(&catalog) });
+    builder.set_route(post_object::PostAsPut {
+        s3: ops::KuraS3 { catalog: Arc::clone(&catalog), r2 },
+        domains: domains.iter().map(|d| d.to_ascii_lowercase()).collect(),
+    });
     builder.set_access(access::Scopes { catalog });
     if !domains.is_empty() {
         builder.set_host(VirtualHosts { domains: domains.iter().map(|d| d.to_ascii_lowercase()).collect() });

@@ -22,7 +22,7 @@ pub(crate) struct KuraS3 {
     pub r2: Arc<R2>,
 }
 
-fn engine_error(e: R2Error) -> S3Error {
+pub(super) fn engine_error(e: R2Error) -> S3Error {
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     error(status, e.code(), e.to_string())
 }
@@ -87,7 +87,7 @@ fn etag(info_etag: &str) -> ETag {
 }
 
 /// Conditionals from the raw headers (lists of ETags are allowed, unlike `s3s`'s single one).
-fn conditional(headers: &HeaderMap, prefix: &str) -> Conditional {
+pub(super) fn conditional(headers: &HeaderMap, prefix: &str) -> Conditional {
     let text = |name: &str| headers.get(format!("{prefix}{name}")).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let date = |name: &str| text(name).and_then(|t| parse_http_date(&t)).map(|t| timestamp_ms(&t));
     Conditional {
@@ -114,7 +114,7 @@ const CHECKSUM_HEADERS: [(&str, ChecksumAlgorithm); 5] = [
 ];
 
 /// Content-MD5, `x-amz-checksum-*` headers and a checksum trailer, as the engine checks them.
-fn digests(headers: &HeaderMap, trailers: Option<s3s::TrailingHeaders>) -> S3Result<ExpectedDigests> {
+pub(super) fn digests(headers: &HeaderMap, trailers: Option<s3s::TrailingHeaders>) -> S3Result<ExpectedDigests> {
     let mut out = ExpectedDigests::default();
     if let Some(md5) = headers.get("content-md5").and_then(|v| v.to_str().ok()) {
         let bytes = decode_base64(md5, "checksum or Content-MD5")?;
@@ -145,7 +145,7 @@ fn digests(headers: &HeaderMap, trailers: Option<s3s::TrailingHeaders>) -> S3Res
     Ok(out)
 }
 
-fn storage_class_in(class: Option<&str>) -> S3Result<Option<String>> {
+pub(super) fn storage_class_in(class: Option<&str>) -> S3Result<Option<String>> {
     match class {
         None => Ok(None),
         Some("STANDARD") => Ok(Some("Standard".into())),
@@ -246,7 +246,7 @@ fn parse_copy_range(text: &str) -> S3Result<ByteRange> {
 }
 
 impl KuraS3 {
-    fn bucket(&self, caller: &Caller, name: &str) -> S3Result<R2Bucket> {
+    pub(super) fn bucket(&self, caller: &Caller, name: &str) -> S3Result<R2Bucket> {
         if !caller.0.reaches(name) {
             return Err(error(StatusCode::FORBIDDEN, "AccessDenied", "Access Denied"));
         }

@@ -234,6 +234,12 @@ def raw(method, path, body, headers=None):
         return e.code, e.read().decode()
 
 
+# R2 takes a POST on an object key as a PutObject.
+status, _ = raw("POST", f"/{bucket}/posted/by%20post", b"posted bytes", {"Content-Type": "text/x-posted"})
+assert status == 200, status
+posted = s3.get_object(Bucket=bucket, Key="posted/by post")
+assert (posted["Body"].read(), posted["ContentType"]) == (b"posted bytes", "text/x-posted")
+
 status, text = raw("POST", f"/{bucket}?delete", b"<Delete><Object><Key>fresh</Key></Object")
 assert status == 400 and "<Code>MalformedXML</Code>" in text, (status, text)
 assert s3.get_object(Bucket=bucket, Key="fresh")["Body"].read() == b"first"
