@@ -128,6 +128,23 @@ async fn reshape_error(parts: axum::http::response::Parts, body: s3s::Body) -> R
             "NotImplemented",
             format!("{} not implemented", message.trim_end_matches(" is not implemented yet")),
         ),
+        // s3s refuses a Range it cannot parse; R2 says why in its own words.
+        "InvalidArgument" if message.starts_with("invalid header: range:") => {
+            let inverted = message
+                .replace("&quot;", "\"")
+                .split('"')
+                .nth(1)
+                .and_then(|r| r.strip_prefix("bytes="))
+                .and_then(|r| r.split_once('-'))
+                .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+                .is_some_and(|(start, end)| end < start);
+            let text = if inverted {
+                "range must be positive."
+            } else {
+                "range must be in format 'bytes=start-end', 'bytes=start-' or 'bytes=-suffix'.'"
+            };
+            (StatusCode::BAD_REQUEST, "InvalidArgument", text.to_owned())
+        }
         "RequestTimeTooSkewed" => (
             StatusCode::FORBIDDEN,
             "RequestTimeTooSkewed",

@@ -78,6 +78,10 @@ assert part["Body"].read() == b"hello"
 assert s3.get_object(Bucket=bucket, Key="docs/readme.txt", Range="bytes=-5")["Body"].read() == body[-5:]
 assert s3.get_object(Bucket=bucket, Key="docs/readme.txt", Range="bytes=7-999")["Body"].read() == body[7:]
 expect_error("InvalidRange", 416, s3.get_object, Bucket=bucket, Key="docs/readme.txt", Range="bytes=100-200")
+e = expect_error("InvalidArgument", 400, s3.get_object, Bucket=bucket, Key="docs/readme.txt", Range="bytes=0-1,3-4")
+assert e.response["Error"]["Message"].startswith("range must be in format 'bytes=start-end'"), e.response
+e = expect_error("InvalidArgument", 400, s3.get_object, Bucket=bucket, Key="docs/readme.txt", Range="bytes=5-2")
+assert e.response["Error"]["Message"] == "range must be positive.", e.response
 
 # Conditionals.
 etag = put["ETag"]
