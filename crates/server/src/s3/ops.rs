@@ -256,6 +256,31 @@ impl KuraS3 {
             .ok_or_else(|| engine_error(R2Error::NoSuchBucket))
     }
 
+    /// The caller's bucket `name`; with R2's `cf-create-bucket-if-missing: true`, created first
+    /// when it does not exist (PutObject and CreateMultipartUpload).
+    pub(super) async fn bucket_for_write(
+        &self,
+        caller: &Caller,
+        name: &str,
+        headers: &HeaderMap,
+    ) -> S3Result<R2Bucket> {
+        let create = headers
+            .get("cf-create-bucket-if-missing")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        match self.bucket(caller, name) {
+            Err(e) if create && e.code().as_str() == "NoSuchBucket" => {
+                match crate::buckets::create(&self.catalog, &self.r2, &caller.0.account_id, name, None, None).await {
+                    Ok(bucket) => Ok(bucket),
+                    // Created meanwhile by another request: use it.
+                    Err(crate::buckets::BucketError::Exists) => self.bucket(caller, name),
+                    Err(e) => Err(bucket_error(e)),
+                }
+            }
+            other => other,
+        }
+    }
+
     fn copy_source(&self, caller: &Caller, source: &CopySource) -> S3Result<(R2Bucket, String)> {
         match source {
             CopySource::Bucket { bucket, key, .. } => Ok((self.bucket(caller, bucket)?, key.to_string())),
@@ -405,7 +430,7 @@ impl S3 for KuraS3 {
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
         let caller = caller(&req)?;
-        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let bucket = self.bucket_for_write(caller, &req.input.bucket, &req.headers).await?;
         let digests = digests(&req.headers, req.trailing_headers.clone())?;
         let conditional = conditional(&req.headers, "");
         let input = req.input;
@@ -787,7 +812,7 @@ impl S3 for KuraS3 {
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let caller = caller(&req)?;
-        let bucket = self.bucket(caller, &req.input.bucket)?;
+        let bucket = self.bucket_for_write(caller, &req.input.bucket, &req.headers).await?;
         let input = req.input;
         let http = HttpMetadata {
             content_type: input.content_type.clone(),

@@ -89,7 +89,7 @@ impl S3Route for PostAsPut {
             .ok_or_else(|| error(StatusCode::NOT_FOUND, "RouteNotFound", "No route matches this url."))?;
         let catalog: &Arc<Catalog> = &self.s3.catalog;
         let caller = authorize(catalog, &credentials.access_key, "PutObject", Some(&bucket_name), &req.headers)?;
-        let bucket = self.s3.bucket(&caller, &bucket_name)?;
+        let bucket = self.s3.bucket_for_write(&caller, &bucket_name, &req.headers).await?;
         let headers = &req.headers;
         let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let custom: BTreeMap<String, String> = headers

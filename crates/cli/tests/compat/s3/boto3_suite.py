@@ -238,6 +238,16 @@ def raw(method, path, body, headers=None):
         return e.code, e.read().decode()
 
 
+# R2's cf-create-bucket-if-missing makes the bucket on first write.
+implicit = f"{bucket}-implicit"
+status, _ = raw("PUT", f"/{implicit}/first", b"made it", {"cf-create-bucket-if-missing": "true"})
+assert status == 200, status
+assert s3.get_object(Bucket=implicit, Key="first")["Body"].read() == b"made it"
+s3.delete_object(Bucket=implicit, Key="first")
+s3.delete_bucket(Bucket=implicit)
+status, _ = raw("PUT", f"/{implicit}/first", b"no bucket")
+assert status == 404, status
+
 # R2 takes a POST on an object key as a PutObject.
 status, _ = raw("POST", f"/{bucket}/posted/by%20post", b"posted bytes", {"Content-Type": "text/x-posted"})
 assert status == 200, status
