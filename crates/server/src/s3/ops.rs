@@ -295,19 +295,40 @@ impl S3 for KuraS3 {
         let caller = caller(&req)?;
         let buckets = self.catalog.list_r2_buckets(&caller.0.account_id).map_err(catalog_error)?;
         let prefix = req.input.prefix.clone().unwrap_or_default();
-        let buckets = buckets
+        // Pages as AWS pages them: `max-buckets` (1 to 1,000; all when absent) and a
+        // continuation token, which is the last name of the previous page.
+        let after = req.input.continuation_token.clone().filter(|t| !t.is_empty());
+        let max = match req.input.max_buckets {
+            None => usize::MAX,
+            Some(n) if (1..=1000).contains(&n) => n as usize,
+            Some(_) => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidArgument",
+                    "max-buckets must be between 1 and 1000",
+                ));
+            }
+        };
+        let mut buckets: Vec<R2Bucket> = buckets
             .into_iter()
             .filter(|b| caller.0.reaches(&b.name) && b.name.starts_with(&prefix))
+            .filter(|b| after.as_ref().is_none_or(|a| b.name.as_str() > a.as_str()))
+            .collect();
+        let next = (buckets.len() > max).then(|| buckets[max - 1].name.clone());
+        buckets.truncate(max);
+        let buckets = buckets
+            .into_iter()
             .map(|b| Bucket {
                 name: Some(b.name),
                 creation_date: b.created_at.parse::<jiff::Timestamp>().ok().map(|t| timestamp(t.as_millisecond())),
-                bucket_region: None,
+                bucket_region: Some("auto".into()),
             })
             .collect();
         Ok(S3Response::new(ListBucketsOutput {
             buckets: Some(buckets),
             owner: Some(owner(caller)),
-            ..Default::default()
+            prefix: req.input.prefix,
+            continuation_token: next,
         }))
     }
 

@@ -45,6 +45,21 @@ s3.create_bucket(Bucket=bucket)
 expect_error("BucketAlreadyOwnedByYou", 409, s3.create_bucket, Bucket=bucket)
 assert bucket in [b["Name"] for b in s3.list_buckets()["Buckets"]]
 s3.head_bucket(Bucket=bucket)
+for extra in ("a", "b", "c"):
+    s3.create_bucket(Bucket=f"{bucket}-page-{extra}")
+names, token = [], None
+while True:
+    kwargs = {"MaxBuckets": 2, "Prefix": f"{bucket}-page-"}
+    if token:
+        kwargs["ContinuationToken"] = token
+    page = s3.list_buckets(**kwargs)
+    names += [b["Name"] for b in page["Buckets"]]
+    token = page.get("ContinuationToken")
+    if not token:
+        break
+assert names == [f"{bucket}-page-{x}" for x in "abc"], names
+for extra in ("a", "b", "c"):
+    s3.delete_bucket(Bucket=f"{bucket}-page-{extra}")
 expect_error("404", 404, s3.head_bucket, Bucket="no-such-bucket")
 
 # Metadata round trip.
