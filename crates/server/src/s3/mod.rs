@@ -6,6 +6,7 @@
 mod access;
 mod ops;
 mod post_object;
+mod preflight;
 mod xml;
 
 use std::sync::Arc;
@@ -18,9 +19,6 @@ use axum::response::Response;
 use kura_catalog::Catalog;
 use kura_r2::R2;
 use s3s::service::{S3Service, S3ServiceBuilder};
-
-/// The longest a presigned URL may live, in seconds (a week).
-const MAX_PRESIGNED_EXPIRY: u64 = 604_800;
 
 /// The S3 listener's routes. With `domains`, a request to `<bucket>.<domain>` addresses the
 /// bucket virtual-hosted style (as `<bucket>.<account>.r2.cloudflarestorage.com` does on R2);
@@ -66,7 +64,7 @@ impl s3s::host::S3Host for VirtualHosts {
 /// R2's checks that come before `s3s` sees the request, then `s3s`, then R2's shaping of what
 /// it answered.
 async fn handle(State(service): State<Arc<S3Service>>, request: Request) -> Response {
-    if let Some(refusal) = refuse_before_auth(&request) {
+    if let Some(refusal) = preflight::refuse(&request) {
         return refusal;
     }
     let is_head = request.method() == Method::HEAD;
@@ -159,69 +157,4 @@ async fn reshape_error(parts: axum::http::response::Parts, body: s3s::Body) -> R
         }
     }
     response
-}
-
-/// What R2 refuses before it looks at a signature: a request with no credentials at all, and a
-/// presigned URL meant to live longer than a week.
-fn refuse_before_auth(request: &Request) -> Option<Response> {
-    let query = request.uri().query().unwrap_or("");
-    let params: Vec<(String, String)> = form_urlencoded(query);
-    let presigned = params.iter().any(|(k, _)| k == "X-Amz-Credential");
-    if !presigned && !request.headers().contains_key(header::AUTHORIZATION) {
-        return Some(xml::error(StatusCode::BAD_REQUEST, "InvalidArgument", "Authorization"));
-    }
-    if presigned && let Some((_, expires)) = params.iter().find(|(k, _)| k == "X-Amz-Expires") {
-        match expires.parse::<u64>() {
-            Ok(seconds) if seconds > MAX_PRESIGNED_EXPIRY => {
-                return Some(xml::error(
-                    StatusCode::BAD_REQUEST,
-                    "InvalidArgument",
-                    "X-Amz-Expires must be less than a week (in seconds); that is, the given X-Amz-Expires must be less than 604800 seconds",
-                ));
-            }
-            Ok(_) => {}
-            Err(_) => {
-                return Some(xml::error(
-                    StatusCode::BAD_REQUEST,
-                    "InvalidArgument",
-                    "X-Amz-Expires should be a number",
-                ));
-            }
-        }
-    }
-    None
-}
-
-/// Decodes a query string's pairs (`+` as space, `%XX` escapes).
-fn form_urlencoded(query: &str) -> Vec<(String, String)> {
-    let decode = |s: &str| {
-        let bytes = s.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            match bytes[i] {
-                b'+' => out.push(b' '),
-                b'%' if i + 2 < bytes.len() => {
-                    match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
-                        Ok(b) => {
-                            out.push(b);
-                            i += 2;
-                        }
-                        Err(_) => out.push(b'%'),
-                    }
-                }
-                b => out.push(b),
-            }
-            i += 1;
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    };
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
 }
