@@ -289,6 +289,94 @@ impl KuraS3 {
     }
 }
 
+/// What a GET or HEAD asks for beyond the key.
+struct Read<'a> {
+    range: Option<Range>,
+    part_number: Option<i32>,
+    checksum_mode: Option<&'a ChecksumMode>,
+}
+
+/// An object being read, with the headers GET and HEAD answer alike.
+struct Served {
+    body: kura_r2::ByteStream,
+    length: u64,
+    content_range: Option<String>,
+    headers: ObjectHeaders,
+    info: ObjectInfo,
+    checksums: bool,
+}
+
+impl Served {
+    fn checksum(&self, name: &str) -> Option<String> {
+        if self.checksums { checksum_out(&self.info, name) } else { None }
+    }
+}
+
+/// GetObjectOutput and HeadObjectOutput carry the same object headers.
+macro_rules! object_output {
+    ($output:ident, $served:ident) => {
+        $output {
+            accept_ranges: Some("bytes".into()),
+            content_length: Some($served.length as i64),
+            content_range: $served.content_range.clone(),
+            content_type: Some($served.headers.content_type.clone()),
+            cache_control: $served.headers.cache_control.clone(),
+            content_disposition: $served.headers.content_disposition.clone(),
+            content_encoding: $served.headers.content_encoding.clone(),
+            content_language: $served.headers.content_language.clone(),
+            expires: $served.headers.expires.clone(),
+            metadata: $served.headers.metadata.clone(),
+            e_tag: Some(etag(&$served.info.etag)),
+            last_modified: Some(timestamp($served.info.uploaded_ms)),
+            storage_class: Some(StorageClass::from(storage_class_out(&$served.info.storage_class).to_owned())),
+            parts_count: $served.info.parts.map(|n| n as i32),
+            checksum_crc32: $served.checksum("crc32"),
+            checksum_crc32c: $served.checksum("crc32c"),
+            checksum_crc64nvme: $served.checksum("crc64nvme"),
+            checksum_sha1: $served.checksum("sha1"),
+            checksum_sha256: $served.checksum("sha256"),
+            ..Default::default()
+        }
+    };
+}
+
+impl KuraS3 {
+    /// Reads an object for GET or HEAD: preconditions, a range or a part, and its headers.
+    async fn read(
+        &self,
+        caller: &Caller,
+        bucket: &str,
+        key: &str,
+        headers: &HeaderMap,
+        read: Read<'_>,
+    ) -> S3Result<(Served, Option<StatusCode>)> {
+        let bucket = self.bucket(caller, bucket)?;
+        let range = read.range.map(|r| match r {
+            Range::Int { first, last } => ByteRange::From { start: first, end: last },
+            Range::Suffix { length } => ByteRange::Suffix(length),
+        });
+        let options = GetOptions {
+            range,
+            conditional: conditional(headers, ""),
+            part_number: read.part_number.map(|n| n.max(0) as u32),
+        };
+        let object = self.r2.get_object(&bucket.id, key, options).await.map_err(engine_error)?;
+        let content_range = object
+            .range
+            .map(|(offset, length)| format!("bytes {}-{}/{}", offset, offset + length - 1, object.info.size));
+        let status = object.range.is_some().then_some(StatusCode::PARTIAL_CONTENT);
+        let served = Served {
+            length: object.length(),
+            content_range,
+            headers: object_headers(&object.info),
+            checksums: checksums_wanted(read.checksum_mode, object.range.is_some()),
+            info: object.info,
+            body: object.body,
+        };
+        Ok((served, status))
+    }
+}
+
 #[async_trait::async_trait]
 impl S3 for KuraS3 {
     async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
@@ -487,49 +575,12 @@ impl S3 for KuraS3 {
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
         let caller = caller(&req)?;
-        let bucket = self.bucket(caller, &req.input.bucket)?;
-        let range = req.input.range.map(|r| match r {
-            Range::Int { first, last } => ByteRange::From { start: first, end: last },
-            Range::Suffix { length } => ByteRange::Suffix(length),
-        });
-        let options = GetOptions {
-            range,
-            conditional: conditional(&req.headers, ""),
-            part_number: req.input.part_number.map(|n| n.max(0) as u32),
-        };
-        let checksum_mode = req.input.checksum_mode.clone();
-        let object = self.r2.get_object(&bucket.id, &req.input.key, options).await.map_err(engine_error)?;
-        let info = &object.info;
-        let wanted = checksums_wanted(checksum_mode.as_ref(), object.range.is_some());
-        let checksum_out = |info: &ObjectInfo, name: &str| if wanted { checksum_out(info, name) } else { None };
-        let headers = object_headers(info);
-        let content_range =
-            object.range.map(|(offset, length)| format!("bytes {}-{}/{}", offset, offset + length - 1, info.size));
-        let status = object.range.is_some().then_some(StatusCode::PARTIAL_CONTENT);
-        let length = object.length();
-        let output = GetObjectOutput {
-            body: Some(StreamingBlob::wrap(object.body)),
-            accept_ranges: Some("bytes".into()),
-            content_length: Some(length as i64),
-            content_range,
-            content_type: Some(headers.content_type),
-            cache_control: headers.cache_control,
-            content_disposition: headers.content_disposition,
-            content_encoding: headers.content_encoding,
-            content_language: headers.content_language,
-            expires: headers.expires,
-            metadata: headers.metadata,
-            e_tag: Some(etag(&info.etag)),
-            last_modified: Some(timestamp(info.uploaded_ms)),
-            storage_class: Some(StorageClass::from(storage_class_out(&info.storage_class).to_owned())),
-            parts_count: info.parts.map(|n| n as i32),
-            checksum_crc32: checksum_out(info, "crc32"),
-            checksum_crc32c: checksum_out(info, "crc32c"),
-            checksum_crc64nvme: checksum_out(info, "crc64nvme"),
-            checksum_sha1: checksum_out(info, "sha1"),
-            checksum_sha256: checksum_out(info, "sha256"),
-            ..Default::default()
-        };
+        let input = &req.input;
+        let read =
+            Read { range: input.range, part_number: input.part_number, checksum_mode: input.checksum_mode.as_ref() };
+        let (object, status) = self.read(caller, &input.bucket, &input.key, &req.headers, read).await?;
+        let mut output = object_output!(GetObjectOutput, object);
+        output.body = Some(StreamingBlob::wrap(object.body));
         let mut response = S3Response::new(output);
         response.status = status;
         Ok(response)
@@ -537,49 +588,12 @@ impl S3 for KuraS3 {
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
         let caller = caller(&req)?;
-        let bucket = self.bucket(caller, &req.input.bucket)?;
-        let range = req.input.range.map(|r| match r {
-            Range::Int { first, last } => ByteRange::From { start: first, end: last },
-            Range::Suffix { length } => ByteRange::Suffix(length),
-        });
-        let options = GetOptions {
-            range,
-            conditional: conditional(&req.headers, ""),
-            part_number: req.input.part_number.map(|n| n.max(0) as u32),
-        };
+        let input = &req.input;
+        let read =
+            Read { range: input.range, part_number: input.part_number, checksum_mode: input.checksum_mode.as_ref() };
         // A read whose body is dropped unread: the same checks, ranges and headers as GET.
-        let checksum_mode = req.input.checksum_mode.clone();
-        let object = self.r2.get_object(&bucket.id, &req.input.key, options).await.map_err(engine_error)?;
-        let info = &object.info;
-        let wanted = checksums_wanted(checksum_mode.as_ref(), object.range.is_some());
-        let checksum_out = |info: &ObjectInfo, name: &str| if wanted { checksum_out(info, name) } else { None };
-        let headers = object_headers(info);
-        let content_range =
-            object.range.map(|(offset, length)| format!("bytes {}-{}/{}", offset, offset + length - 1, info.size));
-        let status = object.range.is_some().then_some(StatusCode::PARTIAL_CONTENT);
-        let output = HeadObjectOutput {
-            accept_ranges: Some("bytes".into()),
-            content_length: Some(object.length() as i64),
-            content_range,
-            content_type: Some(headers.content_type),
-            cache_control: headers.cache_control,
-            content_disposition: headers.content_disposition,
-            content_encoding: headers.content_encoding,
-            content_language: headers.content_language,
-            expires: headers.expires,
-            metadata: headers.metadata,
-            e_tag: Some(etag(&info.etag)),
-            last_modified: Some(timestamp(info.uploaded_ms)),
-            storage_class: Some(StorageClass::from(storage_class_out(&info.storage_class).to_owned())),
-            parts_count: info.parts.map(|n| n as i32),
-            checksum_crc32: checksum_out(info, "crc32"),
-            checksum_crc32c: checksum_out(info, "crc32c"),
-            checksum_crc64nvme: checksum_out(info, "crc64nvme"),
-            checksum_sha1: checksum_out(info, "sha1"),
-            checksum_sha256: checksum_out(info, "sha256"),
-            ..Default::default()
-        };
-        let mut response = S3Response::new(output);
+        let (object, status) = self.read(caller, &input.bucket, &input.key, &req.headers, read).await?;
+        let mut response = S3Response::new(object_output!(HeadObjectOutput, object));
         response.status = status;
         Ok(response)
     }
