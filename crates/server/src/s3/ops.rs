@@ -340,7 +340,51 @@ macro_rules! object_output {
     };
 }
 
+/// What the three listings (V1, V2, versions) ask for.
+struct ListRequest<'a> {
+    bucket: &'a str,
+    encoding_type: Option<&'a EncodingType>,
+    max_keys: Option<i32>,
+    options: ListOptions,
+}
+
+/// One page, and whether its names go out URL-encoded.
+struct Listed {
+    bucket: R2Bucket,
+    listing: kura_r2::Listing,
+    url: bool,
+}
+
+impl Listed {
+    fn encode(&self, text: String) -> String {
+        if self.url { uri_encode(&text) } else { text }
+    }
+
+    /// The V1 marker (and versions' key marker) of the next page: the greater of the last key
+    /// and the last common prefix, when the page was truncated.
+    fn next_marker(&self) -> Option<String> {
+        if !self.listing.truncated {
+            return None;
+        }
+        let last_key = self.listing.objects.last().map(|o| o.key.clone());
+        last_key.into_iter().chain(self.listing.prefixes.last().cloned()).max().map(|m| self.encode(m))
+    }
+
+    fn common_prefixes(&self) -> Option<CommonPrefixList> {
+        Some(self.listing.prefixes.iter().map(|p| CommonPrefix { prefix: Some(self.encode(p.clone())) }).collect())
+    }
+}
+
 impl KuraS3 {
+    /// One page of a listing, after the caller's reach, `encoding-type` and `max-keys` checks.
+    async fn list_page(&self, caller: &Caller, mut request: ListRequest<'_>) -> S3Result<Listed> {
+        let bucket = self.bucket(caller, request.bucket)?;
+        let url = encoding(request.encoding_type)?;
+        request.options.limit = max_keys(request.max_keys)?;
+        let listing = self.r2.list(&bucket.id, request.options).await.map_err(engine_error)?;
+        Ok(Listed { bucket, listing, url })
+    }
+
     /// Reads an object for GET or HEAD: preconditions, a range or a part, and its headers.
     async fn read(
         &self,
@@ -647,36 +691,30 @@ impl S3 for KuraS3 {
         req: S3Request<ListObjectVersionsInput>,
     ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
         let caller = caller(&req)?;
-        let bucket = self.bucket(caller, &req.input.bucket)?;
-        let input = req.input;
-        let url = encoding(input.encoding_type.as_ref())?;
-        let limit = max_keys(input.max_keys)?;
-        let listing = self
-            .r2
-            .list(
-                &bucket.id,
-                ListOptions {
-                    prefix: input.prefix.clone().unwrap_or_default(),
-                    delimiter: input.delimiter.clone(),
-                    start_after: input.key_marker.clone().filter(|m| !m.is_empty()),
-                    cursor: None,
-                    limit,
+        let input = &req.input;
+        let listed = self
+            .list_page(
+                caller,
+                ListRequest {
+                    bucket: &input.bucket,
+                    encoding_type: input.encoding_type.as_ref(),
+                    max_keys: input.max_keys,
+                    options: ListOptions {
+                        prefix: input.prefix.clone().unwrap_or_default(),
+                        delimiter: input.delimiter.clone(),
+                        start_after: input.key_marker.clone().filter(|m| !m.is_empty()),
+                        ..Default::default()
+                    },
                 },
             )
-            .await
-            .map_err(engine_error)?;
-        let enc = |s: String| if url { uri_encode(&s) } else { s };
-        let next_key_marker = if listing.truncated {
-            let last_key = listing.objects.last().map(|o| o.key.clone());
-            last_key.into_iter().chain(listing.prefixes.last().cloned()).max().map(enc)
-        } else {
-            None
-        };
-        let versions = listing
+            .await?;
+        let next_key_marker = listed.next_marker();
+        let versions = listed
+            .listing
             .objects
-            .into_iter()
+            .iter()
             .map(|o| ObjectVersion {
-                key: Some(enc(o.key.clone())),
+                key: Some(listed.encode(o.key.clone())),
                 version_id: Some("null".into()),
                 is_latest: Some(true),
                 e_tag: Some(etag(&o.etag)),
@@ -686,108 +724,110 @@ impl S3 for KuraS3 {
                 ..Default::default()
             })
             .collect();
+        let input = req.input;
         Ok(S3Response::new(ListObjectVersionsOutput {
-            name: Some(bucket.name),
-            prefix: Some(enc(input.prefix.unwrap_or_default())),
-            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(enc),
-            key_marker: input.key_marker.map(enc),
+            prefix: Some(listed.encode(input.prefix.unwrap_or_default())),
+            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(|d| listed.encode(d)),
+            key_marker: input.key_marker.map(|m| listed.encode(m)),
             version_id_marker: input.version_id_marker,
             next_version_id_marker: next_key_marker.as_ref().map(|_| "null".to_owned()),
             next_key_marker,
             max_keys: Some(input.max_keys.unwrap_or(1000)),
-            is_truncated: Some(listing.truncated),
+            is_truncated: Some(listed.listing.truncated),
             versions: Some(versions),
-            common_prefixes: Some(
-                listing.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(enc(p)) }).collect(),
-            ),
+            common_prefixes: listed.common_prefixes(),
             encoding_type: input.encoding_type,
+            name: Some(listed.bucket.name),
             ..Default::default()
         }))
     }
 
     async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
         let caller = caller(&req)?;
-        let bucket = self.bucket(caller, &req.input.bucket)?;
-        let input = req.input;
-        let url = encoding(input.encoding_type.as_ref())?;
-        let limit = max_keys(input.max_keys)?;
-        let listing = self
-            .r2
-            .list(
-                &bucket.id,
-                ListOptions {
-                    prefix: input.prefix.clone().unwrap_or_default(),
-                    delimiter: input.delimiter.clone(),
-                    start_after: input.start_after.clone(),
-                    cursor: input.continuation_token.clone().filter(|t| !t.is_empty()),
-                    limit,
+        let input = &req.input;
+        let listed = self
+            .list_page(
+                caller,
+                ListRequest {
+                    bucket: &input.bucket,
+                    encoding_type: input.encoding_type.as_ref(),
+                    max_keys: input.max_keys,
+                    options: ListOptions {
+                        prefix: input.prefix.clone().unwrap_or_default(),
+                        delimiter: input.delimiter.clone(),
+                        start_after: input.start_after.clone(),
+                        cursor: input.continuation_token.clone().filter(|t| !t.is_empty()),
+                        ..Default::default()
+                    },
                 },
             )
-            .await
-            .map_err(engine_error)?;
-        let enc = |s: String| if url { uri_encode(&s) } else { s };
-        let key_count = (listing.objects.len() + listing.prefixes.len()) as i32;
+            .await?;
+        let key_count = (listed.listing.objects.len() + listed.listing.prefixes.len()) as i32;
+        let fetch_owner = input.fetch_owner == Some(true);
+        let contents = listed
+            .listing
+            .objects
+            .iter()
+            .map(|o| {
+                let mut entry = list_entry(o.clone(), listed.url);
+                if fetch_owner {
+                    entry.owner = Some(owner(caller));
+                }
+                entry
+            })
+            .collect();
+        let input = req.input;
         Ok(S3Response::new(ListObjectsV2Output {
-            name: Some(bucket.name),
-            prefix: Some(enc(input.prefix.unwrap_or_default())),
-            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(enc),
-            start_after: input.start_after.map(enc),
+            prefix: Some(listed.encode(input.prefix.unwrap_or_default())),
+            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(|d| listed.encode(d)),
+            start_after: input.start_after.map(|a| listed.encode(a)),
             continuation_token: input.continuation_token,
-            next_continuation_token: listing.cursor.clone(),
+            next_continuation_token: listed.listing.cursor.clone(),
             max_keys: Some(input.max_keys.unwrap_or(1000)),
             key_count: Some(key_count),
-            is_truncated: Some(listing.truncated),
-            contents: Some(listing.objects.into_iter().map(|o| list_entry(o, url)).collect()),
-            common_prefixes: Some(
-                listing.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(enc(p)) }).collect(),
-            ),
+            is_truncated: Some(listed.listing.truncated),
+            contents: Some(contents),
+            common_prefixes: listed.common_prefixes(),
             encoding_type: input.encoding_type,
+            name: Some(listed.bucket.name),
             ..Default::default()
         }))
     }
 
     async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
         let caller = caller(&req)?;
-        let bucket = self.bucket(caller, &req.input.bucket)?;
-        let input = req.input;
-        let url = encoding(input.encoding_type.as_ref())?;
-        let limit = max_keys(input.max_keys)?;
-        let listing = self
-            .r2
-            .list(
-                &bucket.id,
-                ListOptions {
-                    prefix: input.prefix.clone().unwrap_or_default(),
-                    delimiter: input.delimiter.clone(),
-                    start_after: input.marker.clone().filter(|m| !m.is_empty()),
-                    cursor: None,
-                    limit,
+        let input = &req.input;
+        let listed = self
+            .list_page(
+                caller,
+                ListRequest {
+                    bucket: &input.bucket,
+                    encoding_type: input.encoding_type.as_ref(),
+                    max_keys: input.max_keys,
+                    options: ListOptions {
+                        prefix: input.prefix.clone().unwrap_or_default(),
+                        delimiter: input.delimiter.clone(),
+                        start_after: input.marker.clone().filter(|m| !m.is_empty()),
+                        ..Default::default()
+                    },
                 },
             )
-            .await
-            .map_err(engine_error)?;
-        let enc = |s: String| if url { uri_encode(&s) } else { s };
-        let next_marker = if listing.truncated {
-            let last_key = listing.objects.last().map(|o| o.key.clone());
-            let last_prefix = listing.prefixes.last().cloned();
-            last_key.into_iter().chain(last_prefix).max().map(enc)
-        } else {
-            None
-        };
+            .await?;
+        let next_marker = listed.next_marker();
+        let contents = listed.listing.objects.iter().map(|o| list_entry(o.clone(), listed.url)).collect();
+        let input = req.input;
         Ok(S3Response::new(ListObjectsOutput {
-            name: Some(bucket.name),
             // botocore decodes V1's Marker, NextMarker, Delimiter and keys, not its Prefix: left as sent.
             prefix: Some(input.prefix.unwrap_or_default()),
-            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(enc),
-            marker: Some(enc(input.marker.unwrap_or_default())),
+            delimiter: input.delimiter.filter(|d| !d.is_empty()).map(|d| listed.encode(d)),
+            marker: Some(listed.encode(input.marker.unwrap_or_default())),
             next_marker,
             max_keys: Some(input.max_keys.unwrap_or(1000)),
-            is_truncated: Some(listing.truncated),
-            contents: Some(listing.objects.into_iter().map(|o| list_entry(o, url)).collect()),
-            common_prefixes: Some(
-                listing.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(enc(p)) }).collect(),
-            ),
+            is_truncated: Some(listed.listing.truncated),
+            contents: Some(contents),
+            common_prefixes: listed.common_prefixes(),
             encoding_type: input.encoding_type,
+            name: Some(listed.bucket.name),
             ..Default::default()
         }))
     }
