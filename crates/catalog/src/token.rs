@@ -94,6 +94,8 @@ pub struct Token {
     pub created_at: String,
     /// ISO 8601 revocation time, if revoked.
     pub revoked_at: Option<String>,
+    /// The R2 buckets it is limited to; `None` for all.
+    pub buckets: Option<Vec<String>>,
 }
 
 /// Characters of generated secrets: URL- and header-safe, as Cloudflare's 40-character tokens.
@@ -128,10 +130,11 @@ fn token_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Token> {
         })?,
         created_at: row.get(4)?,
         revoked_at: row.get(5)?,
+        buckets: crate::r2::decode_buckets(row.get(6)?),
     })
 }
 
-const TOKEN_COLUMNS: &str = "id, account_id, name, scope, created_at, revoked_at";
+const TOKEN_COLUMNS: &str = "id, account_id, name, scope, created_at, revoked_at, buckets";
 
 impl Catalog {
     /// Creates a token for an account and returns it with its secret, which is not stored and
@@ -157,6 +160,7 @@ impl Catalog {
             scope,
             created_at: now_iso(),
             revoked_at: None,
+            buckets: None,
         };
         self.write_checked(|tx| {
             let known: Option<String> = tx

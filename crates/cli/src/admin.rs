@@ -161,7 +161,7 @@ pub fn run_tokens(command: TokensCommand) -> anyhow::Result<()> {
                     .map(|t| {
                         serde_json::json!({
                             "id": t.id, "name": t.name, "scope": t.scope.to_string(),
-                            "created_at": t.created_at, "revoked_at": t.revoked_at,
+                            "buckets": t.buckets, "created_at": t.created_at, "revoked_at": t.revoked_at,
                         })
                     })
                     .collect();
@@ -171,10 +171,18 @@ pub fn run_tokens(command: TokensCommand) -> anyhow::Result<()> {
                     .iter()
                     .map(|t| {
                         let status = if t.revoked_at.is_some() { "revoked" } else { "active" };
-                        vec![t.id.clone(), t.name.clone(), t.scope.to_string(), status.into(), t.created_at.clone()]
+                        let buckets = t.buckets.as_ref().map_or_else(|| "all".to_owned(), |b| b.join(", "));
+                        vec![
+                            t.id.clone(),
+                            t.name.clone(),
+                            t.scope.to_string(),
+                            buckets,
+                            status.into(),
+                            t.created_at.clone(),
+                        ]
                     })
                     .collect();
-                println!("{}", table(&["id", "name", "scope", "status", "created_at"], rows));
+                println!("{}", table(&["id", "name", "scope", "buckets", "status", "created_at"], rows));
             }
         }
         TokensCommand::Revoke { id, account, data } => {

@@ -255,6 +255,15 @@ fn kura_r2_commands_locally_and_remotely() {
     let got =
         kura(cwd, &data, &["r2", "object", "get", "local-bucket/docs/notes.txt", "--pipe"], &account).expect_ok("get");
     assert_eq!(got.stdout, "local notes\n");
+    let created = kura(cwd, &data, &["tokens", "create", "--scope", "r2:read", "--bucket", "local-bucket"], &account)
+        .expect_ok("a token for one bucket");
+    assert!(
+        created.stdout.contains("S3 secret access key") && created.stdout.contains("(local-bucket)"),
+        "{}",
+        created.stdout
+    );
+    let tokens = kura(cwd, &data, &["tokens", "list", "--json"], &account).expect_ok("tokens list").json();
+    assert!(tokens.as_array().unwrap().iter().any(|t| t["buckets"] == serde_json::json!(["local-bucket"])), "{tokens}");
     let listed =
         kura(cwd, &data, &["r2", "object", "list", "local-bucket", "--json"], &account).expect_ok("list").json();
     assert_eq!(listed["objects"][0]["key"], "docs/notes.txt");
