@@ -95,6 +95,34 @@ fn aws_cli_s3api_and_multipart_cp() {
     assert_eq!(got["ContentRange"], "bytes 0-4/23");
     assert_eq!(std::fs::read(&ranged).unwrap(), b"hello");
 
+    // A Unicode value arrives RFC 2047-encoded and is stored decoded (what Workers and the v4
+    // API see), then goes out encoded again.
+    ok(
+        &server,
+        &[
+            "s3api",
+            "put-object",
+            "--bucket",
+            "cli-bucket",
+            "--key",
+            "meta",
+            "--metadata",
+            r#"{"city": "=?UTF-8?B?WsO8cmljaA==?="}"#,
+        ],
+    );
+    let stored = crate::common::run(
+        Path::new(crate::common::kura_bin()),
+        &["r2", "object", "list", "cli-bucket", "--prefix", "meta", "--json", "--remote"],
+        Path::new("."),
+        &server.remote_env(),
+    )
+    .expect_ok("listing over the v4 API")
+    .json();
+    assert_eq!(stored["objects"][0]["custom_metadata"]["city"], "Zürich");
+    let head = json(&ok(&server, &["s3api", "head-object", "--bucket", "cli-bucket", "--key", "meta"]));
+    assert_eq!(head["Metadata"]["city"], "=?UTF-8?B?WsO8cmljaA==?=");
+    ok(&server, &["s3api", "delete-object", "--bucket", "cli-bucket", "--key", "meta"]);
+
     let listing = json(&ok(&server, &["s3api", "list-objects-v2", "--bucket", "cli-bucket", "--delimiter", "/"]));
     assert_eq!(listing["CommonPrefixes"][0]["Prefix"], "a/");
 

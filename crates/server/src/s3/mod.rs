@@ -7,6 +7,7 @@ mod access;
 mod ops;
 mod post_object;
 mod preflight;
+mod rfc2047;
 mod xml;
 
 use std::sync::Arc;

@@ -160,8 +160,9 @@ fn storage_class_out(class: &str) -> &'static str {
     if class == "InfrequentAccess" { "STANDARD_IA" } else { "STANDARD" }
 }
 
+/// Custom metadata as stored: values RFC 2047-decoded, as R2 stores them.
 fn custom_metadata(metadata: Option<Metadata>) -> BTreeMap<String, String> {
-    metadata.map(|m| m.into_iter().collect()).unwrap_or_default()
+    metadata.map(|m| m.into_iter().map(|(k, v)| (k, super::rfc2047::decode(&v))).collect()).unwrap_or_default()
 }
 
 /// Headers sent back on GET and HEAD.
@@ -183,7 +184,8 @@ fn object_headers(info: &ObjectInfo) -> ObjectHeaders {
         content_encoding: info.http.content_encoding.clone(),
         content_language: info.http.content_language.clone(),
         expires: info.http.expires.as_deref().and_then(parse_http_date),
-        metadata: (!info.custom.is_empty()).then(|| info.custom.clone().into_iter().collect()),
+        metadata: (!info.custom.is_empty())
+            .then(|| info.custom.iter().map(|(k, v)| (k.clone(), super::rfc2047::encode(v))).collect()),
     }
 }
 

@@ -96,7 +96,7 @@ impl S3Route for PostAsPut {
             .iter()
             .filter_map(|(name, value)| {
                 let meta = name.as_str().strip_prefix("x-amz-meta-")?;
-                Some((meta.to_owned(), value.to_str().ok()?.to_owned()))
+                Some((meta.to_owned(), super::rfc2047::decode(value.to_str().ok()?)))
             })
             .collect();
         let options = PutOptions {

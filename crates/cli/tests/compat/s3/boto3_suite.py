@@ -85,6 +85,11 @@ assert head["Metadata"] == {"owner": "alice", "purpose": "test"}, head["Metadata
 got = s3.get_object(Bucket=bucket, Key="docs/readme.txt")
 assert got["Body"].read() == body
 
+# Unicode metadata travels RFC 2047-encoded, and is stored and counted decoded.
+s3.put_object(Bucket=bucket, Key="unicode-meta", Body=b"x", Metadata={"city": "=?UTF-8?B?WsO8cmljaA==?="})
+meta = s3.head_object(Bucket=bucket, Key="unicode-meta")["Metadata"]
+assert meta == {"city": "=?UTF-8?B?WsO8cmljaA==?="}, meta
+
 # Ranges.
 part = s3.get_object(Bucket=bucket, Key="docs/readme.txt", Range="bytes=0-4")
 assert part["ResponseMetadata"]["HTTPStatusCode"] == 206
