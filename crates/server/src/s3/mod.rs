@@ -8,6 +8,7 @@ mod ops;
 mod post_object;
 mod preflight;
 mod rfc2047;
+mod signature_debug;
 mod xml;
 
 use std::sync::Arc;
@@ -69,6 +70,7 @@ async fn handle(State(service): State<Arc<S3Service>>, request: Request) -> Resp
         return refusal;
     }
     let is_head = request.method() == Method::HEAD;
+    let signed = signature_debug::Signed::keep(request.method(), request.uri(), request.headers());
     let (parts, body) = request.into_parts();
     let request = s3s::HttpRequest::from_parts(parts, s3s::Body::http_body_unsync(body));
     match service.call(request).await {
@@ -82,7 +84,7 @@ async fn handle(State(service): State<Arc<S3Service>>, request: Request) -> Resp
                 return Response::from_parts(parts, Body::empty());
             }
             if parts.status.is_client_error() || parts.status.is_server_error() {
-                return reshape_error(parts, body).await;
+                return reshape_error(parts, body, &signed).await;
             }
             Response::from_parts(parts, Body::new(body))
         }
@@ -98,7 +100,11 @@ async fn handle(State(service): State<Arc<S3Service>>, request: Request) -> Resp
 }
 
 /// Rewrites the errors `s3s` raises itself (signature checks) into R2's codes and texts.
-async fn reshape_error(parts: axum::http::response::Parts, body: s3s::Body) -> Response {
+async fn reshape_error(
+    parts: axum::http::response::Parts,
+    body: s3s::Body,
+    signed: &signature_debug::Signed,
+) -> Response {
     use http_body_util::BodyExt;
     let Ok(collected) = http_body_util::Limited::new(body, 64 * 1024).collect().await else {
         return xml::error(parts.status, "InternalError", "We encountered an internal error. Please try again.");
@@ -115,12 +121,27 @@ async fn reshape_error(parts: axum::http::response::Parts, body: s3s::Body) -> R
     let code = field("Code").unwrap_or_default();
     let message = field("Message").unwrap_or_default();
     let (status, code, message) = match code.as_str() {
-        "SignatureDoesNotMatch" => (
-            StatusCode::FORBIDDEN,
-            "SignatureDoesNotMatch",
-            "The request signature we calculated does not match the signature you provided. Check your secret access key and signing method.".to_owned(),
-        ),
-        "AccessDenied" if message.contains("expired") => (StatusCode::FORBIDDEN, "ExpiredRequest", "Request has expired".to_owned()),
+        "SignatureDoesNotMatch" => {
+            let message = "The request signature we calculated does not match the signature you provided. Check your secret access key and signing method.";
+            return match signed.details() {
+                Some(details) => xml::error_with(
+                    StatusCode::FORBIDDEN,
+                    "SignatureDoesNotMatch",
+                    message,
+                    &[
+                        ("StringToSign", details.string_to_sign.clone()),
+                        ("StringToSignBytes", signature_debug::bytes(&details.string_to_sign)),
+                        ("CanonicalRequest", details.canonical_request.clone()),
+                        ("CanonicalRequestBytes", signature_debug::bytes(&details.canonical_request)),
+                        ("SignatureProvided", details.signature_provided),
+                    ],
+                ),
+                None => xml::error(StatusCode::FORBIDDEN, "SignatureDoesNotMatch", message),
+            };
+        }
+        "AccessDenied" if message.contains("expired") => {
+            (StatusCode::FORBIDDEN, "ExpiredRequest", "Request has expired".to_owned())
+        }
         // s3s says "<Op> is not implemented yet"; R2 says "<Op> not implemented".
         "NotImplemented" if message.ends_with(" is not implemented yet") => (
             StatusCode::NOT_IMPLEMENTED,

@@ -22,8 +22,14 @@ fn escape(text: &str) -> String {
 
 /// An S3 error response in R2's shape.
 pub(crate) fn error(status: StatusCode, code: &str, message: &str) -> Response {
+    error_with(status, code, message, &[])
+}
+
+/// An S3 error response in R2's shape, with extra fields after the message.
+pub(crate) fn error_with(status: StatusCode, code: &str, message: &str, extra: &[(&str, String)]) -> Response {
+    let fields: String = extra.iter().map(|(name, value)| format!("<{name}>{}</{name}>", escape(value))).collect();
     let body = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{}</Code><Message>{}</Message></Error>",
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{}</Code><Message>{}</Message>{fields}</Error>",
         escape(code),
         escape(message)
     );

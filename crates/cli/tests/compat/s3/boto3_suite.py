@@ -85,6 +85,42 @@ assert head["Metadata"] == {"owner": "alice", "purpose": "test"}, head["Metadata
 got = s3.get_object(Bucket=bucket, Key="docs/readme.txt")
 assert got["Body"].read() == body
 
+# A wrong secret: R2's SignatureDoesNotMatch shows the string it signed and the canonical
+# request, which must be exactly what the client signed.
+import logging
+
+
+class Grab(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+grab = Grab()
+auth_log = logging.getLogger("botocore.auth")
+auth_log.setLevel(logging.DEBUG)
+auth_log.addHandler(grab)
+wrong = boto3.client(
+    "s3",
+    endpoint_url=ENDPOINT,
+    region_name="auto",
+    aws_access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+    aws_secret_access_key="not-the-secret",
+    config=Config(signature_version="s3v4", s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+)
+e = expect_error("SignatureDoesNotMatch", 403, wrong.get_object, Bucket=bucket, Key="docs/readme.txt", Range="bytes=0-1")
+auth_log.removeHandler(grab)
+signed = [m.split("\n", 1)[1] for m in grab.messages if m.startswith("StringToSign:")][-1]
+canonical = [m.split("\n", 1)[1] for m in grab.messages if m.startswith("CanonicalRequest:")][-1]
+error = e.response["Error"]
+assert error["StringToSign"] == signed, (error["StringToSign"], signed)
+assert error["CanonicalRequest"] == canonical, (error["CanonicalRequest"], canonical)
+assert error["StringToSignBytes"].split()[0] == "41", error  # 'A' of AWS4-HMAC-SHA256
+assert len(error["SignatureProvided"]) == 64, error
+
 # Unicode metadata travels RFC 2047-encoded, and is stored and counted decoded.
 s3.put_object(Bucket=bucket, Key="unicode-meta", Body=b"x", Metadata={"city": "=?UTF-8?B?WsO8cmljaA==?="})
 meta = s3.head_object(Bucket=bucket, Key="unicode-meta")["Metadata"]
