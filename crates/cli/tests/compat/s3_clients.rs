@@ -200,6 +200,43 @@ fn aws_cli_s3api_and_multipart_cp() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("SignatureDoesNotMatch"));
 
+    // Another account's key reaches none of this account's buckets, and can use the same names.
+    let other = crate::common::run(
+        Path::new(crate::common::kura_bin()),
+        &["accounts", "create", "--name", "other", "--data", server.data.to_str().unwrap()],
+        Path::new("."),
+        &[],
+    )
+    .expect_ok("a second account");
+    let line = |label: &str| {
+        other.stdout.lines().find_map(|l| l.strip_prefix(label)).unwrap().split_whitespace().next().unwrap().to_owned()
+    };
+    let (other_key, other_secret) = (line("S3 access key id:"), line("S3 secret access key:"));
+    let as_other = |args: &[&str]| {
+        Command::new("aws")
+            .args(args)
+            .envs(server.s3_env())
+            .env("AWS_ACCESS_KEY_ID", &other_key)
+            .env("AWS_SECRET_ACCESS_KEY", &other_secret)
+            .output()
+            .unwrap()
+    };
+    let listed = as_other(&["s3api", "list-buckets"]);
+    assert!(listed.status.success() && !String::from_utf8_lossy(&listed.stdout).contains("cli-bucket"));
+    let read = as_other(&["s3api", "head-object", "--bucket", "cli-bucket", "--key", "a/b.txt"]);
+    assert!(!read.status.success(), "another account reads this account's object");
+    let got = as_other(&["s3api", "get-object", "--bucket", "cli-bucket", "--key", "a/b.txt", "/dev/null"]);
+    assert!(String::from_utf8_lossy(&got.stderr).contains("NoSuchBucket"), "{}", String::from_utf8_lossy(&got.stderr));
+    assert!(as_other(&["s3api", "create-bucket", "--bucket", "cli-bucket"]).status.success(), "names are per account");
+    assert!(as_other(&["s3api", "delete-bucket", "--bucket", "cli-bucket"]).status.success());
+    assert_eq!(
+        curl_status(&url, &[]).0,
+        400,
+        "this account's objects are untouched (the earlier URL is still over-long)"
+    );
+    let head = json(&ok(&server, &["s3api", "head-object", "--bucket", "cli-bucket", "--key", "a/b.txt"]));
+    assert_eq!(head["ContentLength"], 23, "this account's bucket is untouched");
+
     fails_with(&server, &["s3api", "delete-bucket", "--bucket", "cli-bucket"], "BucketNotEmpty");
     ok(&server, &["s3", "rb", "s3://cli-bucket", "--force"]);
     fails_with(&server, &["s3api", "head-bucket", "--bucket", "cli-bucket"], "404");
