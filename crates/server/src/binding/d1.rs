@@ -67,7 +67,8 @@ enum BindingBody {
     One(BindingStatement),
 }
 
-/// `POST /query`: rows as the `resultsFormat` query parameter asks.
+/// `POST /query` and `POST /execute` (D1 answers `/execute`'s `NONE` with rows anyway): rows as
+/// the `resultsFormat` query parameter asks.
 pub async fn query(
     State(app): State<AppState>,
     headers: HeaderMap,
@@ -77,29 +78,8 @@ pub async fn query(
     run(app, headers, None, query, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// `POST /execute`: as `/query` (D1 answers `NONE` with rows anyway).
-pub async fn execute(
-    State(app): State<AppState>,
-    headers: HeaderMap,
-    Query(query): Query<HashMap<String, String>>,
-    body: Body,
-) -> Response {
-    run(app, headers, None, query, body).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-/// `POST /binding/d1/{database}/query`
+/// `POST /binding/d1/{database}/query` and `…/execute`
 pub async fn query_at(
-    State(app): State<AppState>,
-    headers: HeaderMap,
-    Path(database): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
-    body: Body,
-) -> Response {
-    run(app, headers, Some(database), query, body).await.unwrap_or_else(IntoResponse::into_response)
-}
-
-/// `POST /binding/d1/{database}/execute`
-pub async fn execute_at(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(database): Path<String>,

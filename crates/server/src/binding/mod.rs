@@ -15,8 +15,8 @@ pub fn routes() -> Router<AppState> {
         // workerd's D1 shim posts to `http://d1/query` and `/execute`; the database is named by a
         // header the service's configuration injects.
         .route("/query", post(d1::query))
-        .route("/execute", post(d1::execute))
+        .route("/execute", post(d1::query))
         // The same, with the database in the path, for clients that choose their URLs.
         .route("/binding/d1/{database}/query", post(d1::query_at))
-        .route("/binding/d1/{database}/execute", post(d1::execute_at))
+        .route("/binding/d1/{database}/execute", post(d1::query_at))
 }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use kura_catalog::R2Bucket;
-use kura_r2::{GetOptions, HttpMetadata, ListOptions, ObjectInfo, PutOptions, R2Error};
+use kura_r2::{GetOptions, ListOptions, ObjectInfo, PutOptions, R2Error};
 
 use super::extract::{V4Path, V4Query, read_body};
 use super::{ApiError, ok, parse_json};
@@ -205,14 +205,7 @@ pub async fn put_object(
     let bucket = find_bucket(&app, &caller, &account_id, &name)?;
     let size = header_text(&headers, header::CONTENT_LENGTH).and_then(|n| n.parse().ok());
     let options = PutOptions {
-        http: HttpMetadata {
-            content_type: header_text(&headers, header::CONTENT_TYPE),
-            content_language: header_text(&headers, header::CONTENT_LANGUAGE),
-            content_disposition: header_text(&headers, header::CONTENT_DISPOSITION),
-            content_encoding: header_text(&headers, header::CONTENT_ENCODING),
-            cache_control: header_text(&headers, header::CACHE_CONTROL),
-            expires: header_text(&headers, header::EXPIRES),
-        },
+        http: crate::s3::http_metadata(&headers),
         storage_class: headers.get("cf-r2-storage-class").and_then(|v| v.to_str().ok()).map(str::to_owned),
         size,
         ..Default::default()

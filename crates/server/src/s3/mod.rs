@@ -9,6 +9,7 @@ mod post_object;
 mod preflight;
 mod rfc2047;
 mod signature_debug;
+mod url;
 mod xml;
 
 use std::sync::Arc;
@@ -45,21 +46,40 @@ struct VirtualHosts {
     domains: Vec<String>,
 }
 
+/// The HTTP metadata a write's headers carry (`aws-chunked`, a transfer detail, is not kept
+/// as the object's Content-Encoding).
+pub(crate) fn http_metadata(headers: &axum::http::HeaderMap) -> kura_r2::HttpMetadata {
+    let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    kura_r2::HttpMetadata {
+        content_type: text(header::CONTENT_TYPE),
+        content_language: text(header::CONTENT_LANGUAGE),
+        content_disposition: text(header::CONTENT_DISPOSITION),
+        content_encoding: text(header::CONTENT_ENCODING).filter(|e| e != "aws-chunked"),
+        cache_control: text(header::CACHE_CONTROL),
+        expires: text(header::EXPIRES),
+    }
+}
+
+/// How `host` addresses the listener under `domains` (lowercase, without ports): `Some(Some(b))`
+/// for bucket `b` virtual-hosted, `Some(None)` for a domain itself, `None` for any other host.
+fn virtual_bucket<'a>(domains: &[String], host: &'a str) -> Option<Option<&'a str>> {
+    let name =
+        host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h);
+    domains.iter().find_map(|domain| {
+        if name.eq_ignore_ascii_case(domain) {
+            return Some(None);
+        }
+        let bucket = name.strip_suffix(domain.as_str())?.strip_suffix('.')?;
+        (!bucket.is_empty()).then_some(Some(bucket))
+    })
+}
+
 impl s3s::host::S3Host for VirtualHosts {
     fn parse_host_header<'a>(&'a self, host: &'a str) -> s3s::S3Result<s3s::host::VirtualHost<'a>> {
-        let name =
-            host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h);
-        for domain in &self.domains {
-            if name.eq_ignore_ascii_case(domain) {
-                return Ok(s3s::host::VirtualHost::new(host));
-            }
-            if let Some(bucket) = name.strip_suffix(domain.as_str()).and_then(|b| b.strip_suffix('.'))
-                && !bucket.is_empty()
-            {
-                return Ok(s3s::host::VirtualHost::new(host).with_bucket(bucket.to_owned()));
-            }
-        }
-        Ok(s3s::host::VirtualHost::new(host))
+        Ok(match virtual_bucket(&self.domains, host) {
+            Some(Some(bucket)) => s3s::host::VirtualHost::new(host).with_bucket(bucket.to_owned()),
+            _ => s3s::host::VirtualHost::new(host),
+        })
     }
 }
 

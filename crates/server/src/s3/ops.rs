@@ -16,6 +16,7 @@ use s3s::dto::*;
 use s3s::{S3, S3Error, S3Request, S3Response, S3Result};
 
 use super::access::{Caller, error};
+use super::url::uri_encode;
 
 pub(crate) struct KuraS3 {
     pub catalog: Arc<Catalog>,
@@ -197,19 +198,6 @@ fn checksum_out(info: &ObjectInfo, name: &str) -> Option<String> {
 /// whole object: a client checks them against the bytes it receives.
 fn checksums_wanted(mode: Option<&ChecksumMode>, ranged: bool) -> bool {
     !ranged && mode.is_some_and(|m| m.as_str().eq_ignore_ascii_case("ENABLED"))
-}
-
-/// AWS's URI encoding for `encoding-type=url` listings: everything but unreserved characters.
-fn uri_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 fn max_keys(requested: Option<i32>) -> S3Result<usize> {

@@ -6,13 +6,15 @@ use std::sync::Arc;
 
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use kura_catalog::Catalog;
-use kura_r2::{HttpMetadata, PutOptions, R2};
+use kura_r2::{PutOptions, R2};
 use s3s::dto::StreamingBlob;
 use s3s::route::S3Route;
 use s3s::{Body, S3Request, S3Response, S3Result};
 
 use super::access::{authorize, error};
 use super::ops::{KuraS3, conditional, digests, engine_error, storage_class_in};
+use super::url::percent_decode;
+use super::virtual_bucket;
 
 pub(crate) struct PostAsPut {
     pub s3: KuraS3,
@@ -22,38 +24,14 @@ pub(crate) struct PostAsPut {
 /// Query parameters that make a POST something else (uploads, deletes, restores, selects).
 const OTHER_POSTS: &[&str] = &["uploads", "uploadId", "delete", "restore", "select"];
 
-/// Decodes a URL path's `%XX` escapes (a `+` stays a `+` in paths).
-fn decode_path(path: &str) -> Option<String> {
-    let bytes = path.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 impl PostAsPut {
     /// The bucket and key a request names, virtual-hosted or path-style.
     fn target(&self, uri: &Uri, headers: &HeaderMap) -> Option<(String, String)> {
-        let path = decode_path(uri.path())?;
+        let path = percent_decode(uri.path(), false);
         let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
-        let name =
-            host.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h);
-        for domain in &self.domains {
-            if let Some(bucket) = name.strip_suffix(domain.as_str()).and_then(|b| b.strip_suffix('.'))
-                && !bucket.is_empty()
-            {
-                let key = path.strip_prefix('/')?;
-                return (!key.is_empty()).then(|| (bucket.to_owned(), key.to_owned()));
-            }
+        if let Some(Some(bucket)) = virtual_bucket(&self.domains, host) {
+            let key = path.strip_prefix('/')?;
+            return (!key.is_empty()).then(|| (bucket.to_owned(), key.to_owned()));
         }
         let (bucket, key) = path.strip_prefix('/')?.split_once('/')?;
         (!bucket.is_empty() && !key.is_empty()).then(|| (bucket.to_owned(), key.to_owned()))
@@ -100,14 +78,7 @@ impl S3Route for PostAsPut {
             })
             .collect();
         let options = PutOptions {
-            http: HttpMetadata {
-                content_type: text(header::CONTENT_TYPE),
-                content_language: text(header::CONTENT_LANGUAGE),
-                content_disposition: text(header::CONTENT_DISPOSITION),
-                content_encoding: text(header::CONTENT_ENCODING).filter(|e| e != "aws-chunked"),
-                cache_control: text(header::CACHE_CONTROL),
-                expires: text(header::EXPIRES),
-            },
+            http: super::http_metadata(headers),
             custom,
             storage_class: storage_class_in(headers.get("x-amz-storage-class").and_then(|v| v.to_str().ok()))?,
             conditional: conditional(headers, ""),

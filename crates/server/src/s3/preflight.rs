@@ -7,6 +7,7 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 
+use super::url::query_pairs;
 use super::xml;
 
 /// The longest a presigned URL may live, in seconds (a week).
@@ -130,7 +131,7 @@ fn presigned_auth(params: &[(String, String)]) -> Option<Response> {
 
 /// R2's refusal of a request it would not verify, if any.
 pub(super) fn refuse(request: &Request) -> Option<Response> {
-    let params = form_urlencoded(request.uri().query().unwrap_or(""));
+    let params = query_pairs(request.uri().query().unwrap_or(""), true);
     if let Some(authorization) = request.headers().get(header::AUTHORIZATION) {
         return header_auth(&String::from_utf8_lossy(authorization.as_bytes()), request.headers());
     }
@@ -151,40 +152,6 @@ pub(super) fn refuse(request: &Request) -> Option<Response> {
         );
     }
     invalid_argument("Authorization")
-}
-
-/// Decodes a query string's pairs (`+` as space, `%XX` escapes).
-fn form_urlencoded(query: &str) -> Vec<(String, String)> {
-    let decode = |s: &str| {
-        let bytes = s.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            match bytes[i] {
-                b'+' => out.push(b' '),
-                b'%' if i + 2 < bytes.len() => {
-                    match std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                        Some(b) => {
-                            out.push(b);
-                            i += 2;
-                        }
-                        None => out.push(b'%'),
-                    }
-                }
-                b => out.push(b),
-            }
-            i += 1;
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    };
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
 }
 
 #[cfg(test)]

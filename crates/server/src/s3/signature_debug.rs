@@ -5,6 +5,8 @@
 use axum::http::{HeaderMap, Method, Uri, header};
 use sha2::{Digest, Sha256};
 
+use super::url::{query_pairs, uri_encode};
+
 /// The parts of a request SigV4 signs, kept before the request is handed on.
 pub(crate) struct Signed {
     method: Method,
@@ -27,14 +29,7 @@ impl Signed {
     /// The fields, if the request carried a SigV4 signature (in its headers or its query).
     pub(crate) fn details(&self) -> Option<Details> {
         let query = self.uri.query().unwrap_or("");
-        let params: Vec<(String, String)> = query
-            .split('&')
-            .filter(|p| !p.is_empty())
-            .map(|pair| {
-                let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-                (percent_decode(k), percent_decode(v))
-            })
-            .collect();
+        let params = query_pairs(query, false);
         let param = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
         let (credential, signed_headers, signature, date, payload, presigned) =
             match self.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
@@ -98,36 +93,4 @@ impl Signed {
 /// The bytes of a text as R2 shows them: two hex digits each, separated by spaces.
 pub(crate) fn bytes(text: &str) -> String {
     text.bytes().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ")
-}
-
-/// SigV4's URI encoding: everything but the unreserved characters, as `%XX`.
-fn uri_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && let Some(b) =
-                bytes.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok())
-        {
-            out.push(b);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
