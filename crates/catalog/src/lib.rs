@@ -4,7 +4,8 @@
 //! - [`Catalog`]: the open catalog; cheap to share behind an `Arc`.
 //! - accounts ([`Account`]), API tokens ([`Token`], [`Scope`]), D1 databases ([`D1Database`])
 //!   and their hourly usage ([`Usage`]), R2 buckets ([`R2Bucket`]) and the S3 keys that reach
-//!   them ([`S3Credential`], derived from tokens as R2 derives them).
+//!   them ([`S3Credential`], derived from tokens as R2 derives them), Durable Object namespaces
+//!   ([`DoNamespace`]).
 //!
 //! The catalog is small and written rarely: one connection reads and another writes, each
 //! behind a mutex, so reads (every request authenticates) never wait behind a write that waits
@@ -25,6 +26,7 @@
 
 mod account;
 mod d1;
+mod durable_objects;
 mod r2;
 mod token;
 
@@ -33,6 +35,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 pub use account::{Account, is_valid_account_id};
+pub use durable_objects::{DoNamespace, NewDoNamespace, is_valid_namespace_name};
 pub use d1::{D1Database, D1DatabaseList, NewD1Database, Usage, UsageDelta, is_valid_database_name};
 pub use r2::{R2Bucket, S3Credential, is_valid_bucket_name};
 pub use token::{Scope, Token};
@@ -137,6 +140,19 @@ const MIGRATIONS: &[&str] = &[
         created_at    TEXT NOT NULL
     );
     ALTER TABLE tokens ADD COLUMN buckets TEXT;
+"#,
+    r#"
+    CREATE TABLE do_namespaces (
+        id          TEXT PRIMARY KEY,
+        account_id  TEXT NOT NULL REFERENCES accounts(id),
+        name        TEXT NOT NULL,
+        script      TEXT,
+        class_name  TEXT NOT NULL,
+        unique_key  TEXT NOT NULL,
+        alarm_url   TEXT,
+        created_at  TEXT NOT NULL,
+        UNIQUE (account_id, name)
+    );
 "#,
 ];
 

@@ -23,6 +23,11 @@ pub enum Scope {
     R2Read,
     /// Read and write R2 buckets and objects (R2's "Admin Read & Write").
     R2Write,
+    /// Read Durable Object namespaces and their objects' storage (run read-only statements,
+    /// list, export, fan-out queries).
+    DoRead,
+    /// Create namespaces and read and write Durable Objects' storage.
+    DoWrite,
 }
 
 impl Scope {
@@ -46,8 +51,19 @@ impl Scope {
         matches!(self, Scope::Admin | Scope::R2Write)
     }
 
+    /// Whether a token with this scope may read Durable Objects.
+    pub fn can_read_do(self) -> bool {
+        matches!(self, Scope::Admin | Scope::DoRead | Scope::DoWrite)
+    }
+
+    /// Whether a token with this scope may change namespaces and Durable Objects' storage.
+    pub fn can_write_do(self) -> bool {
+        matches!(self, Scope::Admin | Scope::DoWrite)
+    }
+
     /// Every scope, for help texts.
-    pub const ALL: &'static [Scope] = &[Scope::Admin, Scope::D1Read, Scope::D1Write, Scope::R2Read, Scope::R2Write];
+    pub const ALL: &'static [Scope] =
+        &[Scope::Admin, Scope::D1Read, Scope::D1Write, Scope::R2Read, Scope::R2Write, Scope::DoRead, Scope::DoWrite];
 }
 
 impl fmt::Display for Scope {
@@ -58,6 +74,8 @@ impl fmt::Display for Scope {
             Scope::D1Write => "d1:write",
             Scope::R2Read => "r2:read",
             Scope::R2Write => "r2:write",
+            Scope::DoRead => "do:read",
+            Scope::DoWrite => "do:write",
         })
     }
 }
@@ -72,8 +90,10 @@ impl FromStr for Scope {
             "d1:write" => Ok(Scope::D1Write),
             "r2:read" => Ok(Scope::R2Read),
             "r2:write" => Ok(Scope::R2Write),
+            "do:read" => Ok(Scope::DoRead),
+            "do:write" => Ok(Scope::DoWrite),
             other => Err(Error::Invalid(format!(
-                "unknown scope '{other}': use admin, d1:read, d1:write, r2:read or r2:write"
+                "unknown scope '{other}': use admin, d1:read, d1:write, r2:read, r2:write, do:read or do:write"
             ))),
         }
     }

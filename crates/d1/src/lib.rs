@@ -11,7 +11,7 @@
 
 #![deny(missing_docs)]
 
-pub mod dump;
+pub use kura_sqlite::dump;
 pub mod import;
 pub mod migrations;
 mod usage;

@@ -1,9 +1,513 @@
-//! kura's Durable Objects engine. So far: object ids ([`id`]), derived exactly as workerd derives
-//! them locally, so that ids (and the files of `wrangler dev`'s local state) match Miniflare's
-//! byte for byte.
+//! kura's Durable Objects engine: namespaces' object ids ([`id`], derived exactly as workerd
+//! derives them locally), one SQLite file per object owned by an actor (requests to one object
+//! run one at a time, in arrival order; objects run in parallel), the storage API a request
+//! sees ([`Storage`]: SQL, KV, alarm, `transaction_sync`, `delete_all`), point-in-time
+//! recovery on the Time Travel log, the namespace index that lists objects by name, exports,
+//! fan-out queries, and the alarm schedule ([`alarm`]).
+//!
+//! On disk, under the engine's root:
+//!
+//! ```text
+//! <namespace id>/meta.sqlite                    the index: objects (with names) and alarms
+//! <namespace id>/<xx>/<object id>/db.sqlite     one object's storage (xx: its first two digits)
+//! <namespace id>/<xx>/<object id>/log/          its history, for point-in-time recovery
+//! ```
+//!
+//! Directory names are storage ids and object ids (hex), never names a user chose.
 
 #![deny(missing_docs)]
 
+pub mod alarm;
+mod error;
 pub mod id;
+mod index;
+mod session;
+mod storage;
 
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use kura_sqlite::dump::{DumpOptions, dump};
+use kura_sqlite::{DatabaseOptions, HistorySettings, Limits, Registry, RegistrySettings};
+use tokio::sync::{Notify, oneshot};
+
+pub use error::{DoError, Result};
 pub use id::{IdError, IdFactory, ObjectId};
+pub use index::{DueAlarm, ObjectEntry};
+pub use kura_sqlite::{Bookmark, Restored, Value};
+pub use storage::{AlarmChange, Cursor, ListOptions, MAX_KV_BATCH, MAX_KV_ENTRY_BYTES, Storage, now_ms};
+
+/// How the engine runs.
+#[derive(Debug, Clone)]
+pub struct DoSettings {
+    /// The object actors: how many files stay open, how long an idle one stays open.
+    pub registry: RegistrySettings,
+    /// Each object's history (point-in-time recovery keeps 30 days).
+    pub history: HistorySettings,
+    /// Longest a request may leave its object waiting between two storage calls before it is
+    /// rolled back (an alarm handler may run for 15 minutes).
+    pub session_idle_limit: Duration,
+    /// Objects a fan-out query reads at once.
+    pub fan_out_parallelism: usize,
+}
+
+impl Default for DoSettings {
+    fn default() -> Self {
+        DoSettings {
+            registry: RegistrySettings {
+                max_open: 1024,
+                queue_depth: 256,
+                idle_timeout: Duration::from_secs(30),
+                max_group: 64,
+            },
+            history: HistorySettings {
+                // Objects are many and mostly small: seal and snapshot on smaller logs than D1.
+                segment_bytes: 16 * 1024 * 1024,
+                snapshot_log_bytes: 16 * 1024 * 1024,
+                ..HistorySettings::default()
+            },
+            session_idle_limit: Duration::from_secs(15 * 60),
+            fan_out_parallelism: 4,
+        }
+    }
+}
+
+/// A namespace as the engine needs it: where its objects live and how their ids derive.
+#[derive(Debug, Clone)]
+pub struct Namespace {
+    storage_id: String,
+    ids: IdFactory,
+}
+
+impl Namespace {
+    /// The namespace stored under `storage_id` (32 hex digits) whose ids derive from
+    /// `unique_key`.
+    pub fn new(storage_id: &str, unique_key: &str) -> Result<Self> {
+        if storage_id.len() != 32 || !storage_id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+            return Err(DoError::Invalid(format!("'{storage_id}' is not a namespace storage id")));
+        }
+        Ok(Namespace { storage_id: storage_id.to_owned(), ids: IdFactory::new(unique_key) })
+    }
+
+    /// The storage id.
+    pub fn storage_id(&self) -> &str {
+        &self.storage_id
+    }
+
+    /// The id of the object called `name`.
+    pub fn id_from_name(&self, name: &str) -> ObjectId {
+        self.ids.id_from_name(name)
+    }
+
+    /// A new random id.
+    pub fn new_unique_id(&self, jurisdiction: Option<&str>) -> Result<ObjectId> {
+        Ok(self.ids.new_unique_id(jurisdiction)?)
+    }
+
+    /// Parses and checks an id.
+    pub fn id_from_string(&self, text: &str) -> Result<ObjectId> {
+        Ok(self.ids.id_from_string(text)?)
+    }
+
+    /// An id given as 64 hex digits, or else a name.
+    pub fn id_from_name_or_string(&self, text: &str) -> Result<ObjectId> {
+        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            self.id_from_string(text)
+        } else {
+            Ok(self.id_from_name(text))
+        }
+    }
+
+    fn object_key(&self, id: &ObjectId) -> String {
+        format!("{}/{id}", self.storage_id)
+    }
+}
+
+/// One object's row of a fan-out query: its rows, or why it has none.
+#[derive(Debug)]
+pub struct FanOutRow {
+    /// The object.
+    pub object: ObjectEntry,
+    /// Its result.
+    pub outcome: Result<Cursor>,
+}
+
+/// One object of a listing, with its size on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectSummary {
+    /// The index entry.
+    pub entry: ObjectEntry,
+    /// Bytes its database file and WAL take (0: nothing stored yet).
+    pub stored_bytes: u64,
+}
+
+struct Inner {
+    root: PathBuf,
+    registry: Registry,
+    settings: DoSettings,
+    /// Namespaces whose index schema is in place (one entry per namespace ever used).
+    indexed: Mutex<HashSet<String>>,
+    alarm_wake: Notify,
+}
+
+/// The engine. Cheap to clone.
+#[derive(Clone)]
+pub struct DurableObjects {
+    inner: Arc<Inner>,
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+impl DurableObjects {
+    /// The engine keeping its files under `root`.
+    pub fn open(root: impl Into<PathBuf>, settings: DoSettings) -> Result<Self> {
+        let root = root.into();
+        std::fs::create_dir_all(&root).map_err(|e| DoError::Storage(format!("creating {}: {e}", root.display())))?;
+        let opener_root = root.clone();
+        let history = settings.history.clone();
+        let registry = Registry::new(settings.registry.clone(), move |key: &str| {
+            open_options(&opener_root, &history, key)
+        });
+        Ok(DurableObjects {
+            inner: Arc::new(Inner {
+                root,
+                registry,
+                settings,
+                indexed: Mutex::new(HashSet::new()),
+                alarm_wake: Notify::new(),
+            }),
+        })
+    }
+
+    fn object_dir(&self, ns: &Namespace, id: &ObjectId) -> PathBuf {
+        let hex = id.to_string();
+        self.inner.root.join(&ns.storage_id).join(&hex[..2]).join(hex)
+    }
+
+    /// Whether the object has ever been used.
+    pub fn exists(&self, ns: &Namespace, id: &ObjectId) -> bool {
+        self.object_dir(ns, id).exists()
+    }
+
+    /// Runs `f` on the namespace's index, inside a group commit.
+    async fn index_write<T: Send + 'static>(
+        &self,
+        ns: &Namespace,
+        mut f: impl FnMut(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let fresh = !self.inner.indexed.lock().unwrap_or_else(|p| p.into_inner()).contains(&ns.storage_id);
+        let outcome = self
+            .inner
+            .registry
+            .write_grouped(&ns.storage_id, move |c| {
+                if fresh {
+                    c.execute_batch(index::SCHEMA)?;
+                }
+                f(c)
+            })
+            .await
+            .map_err(DoError::from_sql)?
+            .map_err(index::storage)?;
+        if fresh {
+            self.inner.indexed.lock().unwrap_or_else(|p| p.into_inner()).insert(ns.storage_id.clone());
+        }
+        Ok(outcome)
+    }
+
+    /// Makes sure the object exists: its index entry first, then its directory.
+    async fn ensure(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
+        let dir = self.object_dir(ns, id);
+        if dir.exists() {
+            return Ok(());
+        }
+        let (hex, name) = (id.to_string(), id.name().map(str::to_owned));
+        let now = now_ms();
+        self.index_write(ns, move |c| index::register(c, &hex, name.as_deref(), now)).await?;
+        std::fs::create_dir_all(&dir).map_err(|e| DoError::Storage(format!("creating {}: {e}", dir.display())))
+    }
+
+    /// Starts a request on an object (creating it on first use): its transaction opens once
+    /// the requests before it have finished.
+    pub async fn begin(&self, ns: &Namespace, id: &ObjectId) -> Result<Session> {
+        self.ensure(ns, id).await?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (ready, is_ready) = oneshot::channel();
+        let idle_limit = self.inner.settings.session_idle_limit;
+        let registry = self.inner.registry.clone();
+        let key = ns.object_key(id);
+        tokio::spawn(async move {
+            let _ = registry.with_database(&key, move |db| session::serve(db, rx, ready, idle_limit)).await;
+        });
+        // The actor answers once the transaction is open, or drops `ready` if it cannot run.
+        match is_ready.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(DoError::Closed),
+        }
+        Ok(Session {
+            link: session::SessionLink::new(tx),
+            engine: self.clone(),
+            namespace: ns.clone(),
+            id: id.clone(),
+        })
+    }
+
+    /// Runs `f` as one request: everything it writes commits together if it returns `Ok`,
+    /// and nothing of it if it returns an error.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        ns: &Namespace,
+        id: &ObjectId,
+        f: impl FnOnce(&mut Storage<'_>) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let session = self.begin(ns, id).await?;
+        match session.call(f).await {
+            Ok(Ok(value)) => {
+                session.commit().await?;
+                Ok(value)
+            }
+            Ok(Err(e)) | Err(e) => {
+                session.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The objects of a namespace after `after` (an id; "" for the first page), in id order,
+    /// with their names and sizes.
+    pub async fn list(&self, ns: &Namespace, after: &str, limit: u64) -> Result<Vec<ObjectSummary>> {
+        let after = after.to_owned();
+        let entries = self.index_write(ns, move |c| index::list(c, &after, limit)).await?;
+        Ok(entries
+            .into_iter()
+            .map(|entry| {
+                let stored_bytes = match self.id_dir(ns, &entry.id) {
+                    Some(dir) => file_len(&dir.join("db.sqlite")) + file_len(&dir.join("db.sqlite-wal")),
+                    None => 0,
+                };
+                ObjectSummary { entry, stored_bytes }
+            })
+            .collect())
+    }
+
+    /// How many objects the namespace has.
+    pub async fn count(&self, ns: &Namespace) -> Result<u64> {
+        self.index_write(ns, index::count).await
+    }
+
+    /// The index entry of an object, if it exists.
+    pub async fn entry(&self, ns: &Namespace, id: &ObjectId) -> Result<Option<ObjectEntry>> {
+        let hex = id.to_string();
+        self.index_write(ns, move |c| index::find(c, &hex)).await
+    }
+
+    fn id_dir(&self, ns: &Namespace, hex: &str) -> Option<PathBuf> {
+        is_hex(hex, 64).then(|| self.inner.root.join(&ns.storage_id).join(&hex[..2]).join(hex))
+    }
+
+    /// The object's storage as SQL text: its tables, rows, indexes, triggers and views, and its
+    /// KV entries (`_cf_KV`), in D1's dump format. An object never used exports as empty.
+    pub async fn export(&self, ns: &Namespace, id: &ObjectId) -> Result<String> {
+        if !self.exists(ns, id) {
+            return Ok("PRAGMA defer_foreign_keys=TRUE;\n".to_owned());
+        }
+        let options = DumpOptions { reserved_tables: vec!["_cf_KV".into()], ..Default::default() };
+        let bytes = self
+            .inner
+            .registry
+            .with_database(&ns.object_key(id), move |db| {
+                let mut out = Vec::new();
+                dump(db, &options, &mut out).map(|_| out)
+            })
+            .await
+            .map_err(DoError::from_sql)?
+            .map_err(|e| DoError::Storage(e.to_string()))?;
+        String::from_utf8(bytes).map_err(|e| DoError::Storage(e.to_string()))
+    }
+
+    /// Runs one read-only statement on each of `objects` (all of the namespace's objects when
+    /// `None`), a few at a time, and returns each object's rows or error, in the order given
+    /// (id order for all). This is not one snapshot: each object is read at its own moment.
+    pub async fn fan_out(
+        &self,
+        ns: &Namespace,
+        objects: Option<Vec<ObjectId>>,
+        sql: &str,
+        params: Vec<Value>,
+    ) -> Result<Vec<FanOutRow>> {
+        let entries: Vec<ObjectEntry> = match objects {
+            Some(ids) => ids
+                .into_iter()
+                .map(|id| ObjectEntry { id: id.to_string(), name: id.name().map(str::to_owned), created_ms: 0 })
+                .collect(),
+            None => {
+                let mut all = Vec::new();
+                loop {
+                    let after = all.last().map_or(String::new(), |e: &ObjectEntry| e.id.clone());
+                    let page = self.index_write(ns, move |c| index::list(c, &after, 1000)).await?;
+                    let done = page.len() < 1000;
+                    all.extend(page);
+                    if done {
+                        break all;
+                    }
+                }
+            }
+        };
+        let parallelism = self.inner.settings.fan_out_parallelism.max(1);
+        let rows = futures_util::stream::iter(entries.into_iter().map(|object| {
+            let (sql, params) = (sql.to_owned(), params.clone());
+            async move {
+                let outcome = self.read_one(ns, &object.id, sql, params).await;
+                FanOutRow { object, outcome }
+            }
+        }))
+        .buffered(parallelism)
+        .collect()
+        .await;
+        Ok(rows)
+    }
+
+    async fn read_one(&self, ns: &Namespace, hex: &str, sql: String, params: Vec<Value>) -> Result<Cursor> {
+        if !self.id_dir(ns, hex).is_some_and(|d| d.exists()) {
+            return Err(DoError::Invalid("the object has stored nothing yet".into()));
+        }
+        self.inner
+            .registry
+            .with_database(&format!("{}/{hex}", ns.storage_id), move |db| {
+                db.begin().map_err(DoError::from_sql)?;
+                let outcome = Storage::new(db).exec_read_only(&sql, params);
+                db.rollback();
+                outcome
+            })
+            .await
+            .map_err(DoError::from_sql)?
+    }
+
+    /// The bookmark of the object's current state.
+    pub async fn bookmark(&self, ns: &Namespace, id: &ObjectId) -> Result<Bookmark> {
+        self.ensure(ns, id).await?;
+        self.inner.registry.with_database(&ns.object_key(id), |db| db.bookmark()).await.and_then(|b| b).map_err(DoError::from_sql)
+    }
+
+    /// The bookmark of the object's last commit at or before `time_ms` (within 30 days).
+    pub async fn bookmark_for_time(&self, ns: &Namespace, id: &ObjectId, time_ms: i64) -> Result<Bookmark> {
+        self.ensure(ns, id).await?;
+        self.inner
+            .registry
+            .with_database(&ns.object_key(id), move |db| db.bookmark_for_time(time_ms))
+            .await
+            .and_then(|b| b)
+            .map_err(DoError::from_sql)
+    }
+
+    /// Restores the object to `bookmark`, between two of its requests. Returns the new
+    /// bookmark and the one just before (restoring that undoes this).
+    pub async fn restore(&self, ns: &Namespace, id: &ObjectId, bookmark: &Bookmark) -> Result<Restored> {
+        self.ensure(ns, id).await?;
+        let bookmark = *bookmark;
+        let restored = self
+            .inner
+            .registry
+            .with_database(&ns.object_key(id), move |db| db.restore(&bookmark))
+            .await
+            .and_then(|r| r)
+            .map_err(DoError::from_sql)?;
+        // The restored state has its own alarm: the schedule follows it.
+        let alarm = self.run(ns, id, |s| s.get_alarm()).await?;
+        let (hex, name) = (id.to_string(), id.name().map(str::to_owned));
+        self.index_write(ns, move |c| index::schedule(c, &hex, name.as_deref(), alarm, 0)).await?;
+        self.inner.alarm_wake.notify_one();
+        Ok(restored)
+    }
+
+    /// How many object files are open now.
+    pub fn open_objects(&self) -> usize {
+        self.inner.registry.open_count()
+    }
+
+    /// Closes every object; later requests are refused.
+    pub async fn shutdown(&self) {
+        self.inner.registry.shutdown().await;
+    }
+
+    /// Waits until an alarm may have become due earlier than the schedule last said.
+    pub(crate) async fn alarm_changed(&self) {
+        self.inner.alarm_wake.notified().await;
+    }
+}
+
+/// A request in progress on one object: storage calls run in its transaction, in order.
+pub struct Session {
+    link: session::SessionLink,
+    engine: DurableObjects,
+    namespace: Namespace,
+    id: ObjectId,
+}
+
+impl Session {
+    /// The object's id.
+    pub fn id(&self) -> &ObjectId {
+        &self.id
+    }
+
+    /// Runs `f` on the object's storage, inside the request's transaction.
+    pub async fn call<T: Send + 'static>(&self, f: impl FnOnce(&mut Storage<'_>) -> T + Send + 'static) -> Result<T> {
+        self.link.call(f).await
+    }
+
+    /// Commits what the request wrote; answers once it is durable (and the alarm schedule
+    /// follows any alarm change).
+    pub async fn commit(self) -> Result<()> {
+        let Some(change) = self.link.finish(true).await? else { return Ok(()) };
+        let (ns, hex, name) = (&self.namespace, self.id.to_string(), self.id.name().map(str::to_owned));
+        if let Some(at) = change.after {
+            // Before the commit, the schedule may only move earlier, so it never runs late.
+            let (hex, name) = (hex.clone(), name.clone());
+            if let Err(e) = self.engine.index_write(ns, move |c| index::schedule_no_later(c, &hex, name.as_deref(), at)).await {
+                let _ = self.link.decide(false).await;
+                return Err(e);
+            }
+        }
+        self.link.decide(true).await?;
+        // After it, exactly; should this fail, the schedule runs early and is corrected then.
+        let outcome =
+            self.engine.index_write(ns, move |c| index::schedule(c, &hex, name.as_deref(), change.after, 0)).await;
+        if let Err(e) = outcome {
+            tracing::warn!(error = %e, "could not update the alarm schedule after a commit");
+        }
+        self.engine.inner.alarm_wake.notify_one();
+        Ok(())
+    }
+
+    /// Undoes everything the request wrote.
+    pub async fn rollback(self) {
+        let _ = self.link.finish(false).await;
+    }
+}
+
+/// How the registry opens a key: a namespace's index (`<ns>`) or an object (`<ns>/<id>`).
+fn open_options(root: &Path, history: &HistorySettings, key: &str) -> Option<DatabaseOptions> {
+    match key.split_once('/') {
+        None if is_hex(key, 32) => {
+            let dir = root.join(key);
+            std::fs::create_dir_all(&dir).ok()?;
+            Some(DatabaseOptions::new(dir.join("meta.sqlite")).create(true))
+        }
+        Some((ns, id)) if is_hex(ns, 32) && is_hex(id, 64) => {
+            let dir = root.join(ns).join(&id[..2]).join(id);
+            let mut options = DatabaseOptions::new(dir.join("db.sqlite")).create(true).history(history.clone(), key);
+            options.limits = Limits::durable_object();
+            Some(options)
+        }
+        _ => None,
+    }
+}
+
+fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}

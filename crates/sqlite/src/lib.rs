@@ -35,6 +35,7 @@
 
 mod actor;
 mod database;
+pub mod dump;
 mod error;
 mod history;
 mod policy;

@@ -59,6 +59,12 @@ impl Limits {
         }
     }
 
+    /// Durable Objects' documented limits, which are D1's (2 MB values and rows, 100 bound
+    /// parameters, 100 KB statements, 100 columns, 10 GB per object).
+    pub fn durable_object() -> Self {
+        Limits::d1()
+    }
+
     /// Applies the limits to a connection.
     pub(crate) fn apply(&self, conn: &rusqlite::Connection) -> rusqlite::Result<()> {
         conn.set_limit(Limit::SQLITE_LIMIT_LENGTH, self.max_value_bytes)?;

@@ -212,7 +212,7 @@ pub async fn run(command: D1Command) -> anyhow::Result<()> {
             }
             let target = at.target(&name)?;
             let backend = at.backend().await?;
-            let options = kura_d1::dump::DumpOptions { no_schema, no_data, tables };
+            let options = kura_d1::dump::DumpOptions { no_schema, no_data, tables, ..Default::default() };
             let outcome = export(&backend, &target, options, &output).await;
             backend.close().await;
             outcome?;

@@ -1,5 +1,6 @@
 //! Export: a database as SQL text in D1's dump format (reference d1.md §3.6), which imports
-//! back to exactly the same contents.
+//! back to exactly the same contents. D1's export and Durable Objects' export (which includes
+//! the KV table `_cf_KV`) share it.
 //!
 //! The format: `PRAGMA defer_foreign_keys=TRUE;`, then each table's schema and its rows as
 //! `INSERT INTO "t" ("a","b") VALUES(…);`, then indexes, triggers and views. Text containing
@@ -11,7 +12,7 @@
 
 use std::io::{self, Write};
 
-use kura_sqlite::Database;
+use crate::Database;
 use rusqlite::types::ValueRef;
 
 /// What to export.
@@ -23,6 +24,8 @@ pub struct DumpOptions {
     pub no_data: bool,
     /// Only these tables (all when empty).
     pub tables: Vec<String>,
+    /// Reserved (`_cf_`) tables to export as well; they are left out otherwise.
+    pub reserved_tables: Vec<String>,
 }
 
 /// What an export wrote.
@@ -172,7 +175,9 @@ fn dump_connection(
             }
         } else if sql.starts_with("CREATE VIRTUAL TABLE") {
             return Err(DumpError::VirtualTable);
-        } else if table.starts_with("_cf_") || table.starts_with("sqlite_") {
+        } else if table.starts_with("sqlite_")
+            || (table.starts_with("_cf_") && !options.reserved_tables.iter().any(|t| t == table))
+        {
             continue;
         } else if !options.no_schema {
             if sql.starts_with("CREATE TABLE \"") || sql.starts_with("CREATE TABLE '") {
