@@ -99,6 +99,17 @@ impl<'a> Storage<'a> {
         Ok(results.pop().map(Cursor::from).unwrap_or_default())
     }
 
+    /// The bookmark of the last committed state (this request's writes are not in it yet).
+    pub fn bookmark(&self) -> Result<kura_sqlite::Bookmark> {
+        self.db.bookmark().map_err(DoError::from_sql)
+    }
+
+    /// The bookmark of the last commit at or before `time_ms` (Unix milliseconds, within 30
+    /// days).
+    pub fn bookmark_for_time(&self, time_ms: i64) -> Result<kura_sqlite::Bookmark> {
+        self.db.bookmark_for_time(time_ms).map_err(DoError::from_sql)
+    }
+
     /// The object's database file.
     pub(crate) fn path(&self) -> &std::path::Path {
         self.db.path()

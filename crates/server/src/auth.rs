@@ -29,6 +29,10 @@ pub enum Need {
     R2Read,
     /// Change R2 buckets and objects.
     R2Write,
+    /// Read Durable Objects.
+    DoRead,
+    /// Change Durable Object namespaces and storage.
+    DoWrite,
 }
 
 impl Caller {
@@ -40,6 +44,8 @@ impl Caller {
             Need::D1Write => self.token.scope.can_write_d1(),
             Need::R2Read => self.token.scope.can_read_r2(),
             Need::R2Write => self.token.scope.can_write_r2(),
+            Need::DoRead => self.token.scope.can_read_do(),
+            Need::DoWrite => self.token.scope.can_write_do(),
         };
         if self.token.account_id != account_id || !allowed {
             return Err(ApiError::forbidden());

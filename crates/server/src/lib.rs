@@ -17,6 +17,7 @@
 
 #![deny(missing_docs)]
 
+mod alarms;
 pub mod auth;
 mod binding;
 pub mod buckets;
@@ -54,6 +55,8 @@ pub struct AppState {
     pub transfers: Arc<transfer::Transfers>,
     /// The R2 engine.
     pub r2: Arc<kura_r2::R2>,
+    /// The Durable Objects engine.
+    pub durable_objects: kura_do::DurableObjects,
 }
 
 /// The API listener's whole application: `/healthz` and `/client/v4/…`.
@@ -82,6 +85,7 @@ pub async fn serve(
         d1: Arc::clone(node.d1()),
         transfers,
         r2: Arc::clone(node.r2()),
+        durable_objects: node.durable_objects().clone(),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -96,6 +100,11 @@ pub async fn serve(
         Arc::clone(&state.r2),
         stopped(stop_rx.clone()),
     ));
+    let alarms = tokio::spawn(alarms::run(
+        Arc::clone(&state.catalog),
+        state.durable_objects.clone(),
+        stopped(stop_rx.clone()),
+    ));
     let s3_routes = s3::routes(Arc::clone(&state.catalog), Arc::clone(&state.r2), &node.s3_domains());
     let s3_server = axum::serve(s3, s3_routes).with_graceful_shutdown(stopped(stop_rx));
     tokio::spawn(async move {
@@ -105,7 +114,9 @@ pub async fn serve(
     let (api_result, s3_result) = tokio::join!(api_server.into_future(), s3_server.into_future());
     let _ = usage_flusher.await;
     let _ = sweeper.await;
+    let _ = alarms.await;
     state.d1.shutdown().await;
+    state.durable_objects.shutdown().await;
     state.r2.shutdown().await;
     drop(node);
     api_result.and(s3_result)

@@ -42,6 +42,9 @@ pub enum NodeError {
     /// The R2 engine failed to start.
     #[error(transparent)]
     R2(#[from] kura_r2::R2Error),
+    /// The Durable Objects engine failed to start.
+    #[error(transparent)]
+    DurableObjects(#[from] kura_do::DoError),
 }
 
 /// Credentials pinned by configuration (`KURA_ACCOUNT_ID`, `KURA_API_TOKEN`).
@@ -72,6 +75,8 @@ pub struct NodeSettings {
     pub d1: D1Settings,
     /// The R2 engine's settings.
     pub r2: R2Settings,
+    /// The Durable Objects engine's settings.
+    pub durable_objects: kura_do::DoSettings,
     /// Domains under which the S3 listener serves virtual-hosted buckets (`<bucket>.<domain>`).
     pub s3_domains: Vec<String>,
 }
@@ -82,6 +87,7 @@ pub struct Node {
     catalog: Arc<Catalog>,
     d1: Arc<D1>,
     r2: Arc<R2>,
+    durable_objects: kura_do::DurableObjects,
     s3_domains: Vec<String>,
     _lock: File,
 }
@@ -95,7 +101,8 @@ impl Node {
         let catalog = Arc::new(Catalog::open(dir.join("catalog.sqlite"))?);
         let d1 = Arc::new(D1::open(dir, Arc::clone(&catalog), settings.d1)?);
         let r2 = Arc::new(R2::open(dir.join("r2"), settings.r2)?);
-        Ok(Node { dir: dir.to_owned(), catalog, d1, r2, s3_domains: settings.s3_domains, _lock: lock })
+        let durable_objects = kura_do::DurableObjects::open(dir.join("do"), settings.durable_objects)?;
+        Ok(Node { dir: dir.to_owned(), catalog, d1, r2, durable_objects, s3_domains: settings.s3_domains, _lock: lock })
     }
 
     /// The data directory.
@@ -116,6 +123,11 @@ impl Node {
     /// The R2 engine.
     pub fn r2(&self) -> &Arc<R2> {
         &self.r2
+    }
+
+    /// The Durable Objects engine.
+    pub fn durable_objects(&self) -> &kura_do::DurableObjects {
+        &self.durable_objects
     }
 
     /// The domains of virtual-hosted bucket addressing.

@@ -2,6 +2,7 @@
 //! one place where every error becomes its wire form (status, Cloudflare code, message).
 
 mod d1;
+mod durable_objects;
 pub(crate) mod extract;
 mod graphql;
 mod import_export;
@@ -49,6 +50,40 @@ pub fn routes() -> Router<AppState> {
                 .delete(r2::delete_object)
                 // Objects stream to and from the blob store; their size limit is R2's, not the API's.
                 .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route(
+            "/accounts/{account_id}/workers/durable_objects/namespaces",
+            get(durable_objects::list_namespaces).post(durable_objects::create_namespace),
+        )
+        .route(
+            "/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}",
+            get(durable_objects::namespace_details).patch(durable_objects::update_namespace),
+        )
+        .route(
+            "/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/objects",
+            get(durable_objects::list_objects).post(durable_objects::new_unique_id),
+        )
+        .route("/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/query", post(durable_objects::explorer_query))
+        .route("/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/fan_out", post(durable_objects::fan_out))
+        .route(
+            "/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/objects/{object}/batch",
+            post(durable_objects::batch),
+        )
+        .route(
+            "/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/objects/{object}/query",
+            post(durable_objects::query),
+        )
+        .route(
+            "/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/objects/{object}/export",
+            get(durable_objects::export),
+        )
+        .route(
+            "/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/objects/{object}/bookmark",
+            get(durable_objects::bookmark),
+        )
+        .route(
+            "/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/objects/{object}/restore",
+            post(durable_objects::restore),
         )
         .route("/graphql", post(graphql::query))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, 7003, "No route for that URI") })

@@ -1,0 +1,86 @@
+//! Durable Object alarms for objects served over HTTP: when an object's alarm is due, kura
+//! POSTs it to the alarm URL configured on its namespace. A 2xx answer is success; anything
+//! else (or no answer within 15 minutes) is a failed attempt, retried with DO's backoff.
+//!
+//! The body: `{"namespace", "namespace_id", "id", "name", "scheduledTime", "retryCount",
+//! "isRetry"}`; the same fields travel as `kura-alarm-*` headers.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kura_catalog::{Catalog, DoNamespace};
+use kura_do::alarm::{AlarmInvocation, AlarmRunner, BoxFuture, Deliver};
+use kura_do::{DurableObjects, Namespace};
+use serde_json::json;
+
+/// How long a handler may take (Durable Objects' alarm wall-time limit).
+const HANDLER_LIMIT: Duration = Duration::from_secs(15 * 60);
+
+struct HttpDeliver {
+    client: reqwest::Client,
+    /// Namespaces by storage id, refreshed from the catalog each round.
+    namespaces: Mutex<HashMap<String, DoNamespace>>,
+}
+
+impl Deliver for HttpDeliver {
+    fn deliver(&self, ns: &Namespace, alarm: AlarmInvocation) -> BoxFuture<'static, Result<(), String>> {
+        let known = self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).get(ns.storage_id()).cloned();
+        let client = self.client.clone();
+        Box::pin(async move {
+            let namespace = known.ok_or("the namespace no longer exists")?;
+            let url = namespace.alarm_url.as_deref().ok_or("the namespace has no alarm URL")?;
+            let body = json!({
+                "namespace": namespace.name,
+                "namespace_id": namespace.id,
+                "id": alarm.id.to_string(),
+                "name": alarm.id.name(),
+                "scheduledTime": alarm.scheduled_ms,
+                "retryCount": alarm.retry_count,
+                "isRetry": alarm.is_retry(),
+            });
+            let response = client
+                .post(url)
+                .timeout(HANDLER_LIMIT)
+                .header("kura-alarm-namespace", &namespace.name)
+                .header("kura-alarm-id", alarm.id.to_string())
+                .header("kura-alarm-retry-count", alarm.retry_count.to_string())
+                .json(&body)
+                .send()
+                .await
+                .map_err(|e| format!("POST {url}: {e}"))?;
+            if response.status().is_success() {
+                Ok(())
+            } else {
+                Err(format!("POST {url} answered {}", response.status()))
+            }
+        })
+    }
+}
+
+/// Delivers the alarms of every namespace with an alarm URL until `stop` resolves.
+pub(crate) async fn run(catalog: Arc<Catalog>, engine: DurableObjects, stop: impl Future<Output = ()>) {
+    let deliver = Arc::new(HttpDeliver { client: reqwest::Client::new(), namespaces: Mutex::new(HashMap::new()) });
+    let runner = AlarmRunner::new(engine, Arc::clone(&deliver) as Arc<dyn Deliver>);
+    let namespaces = move || {
+        let (catalog, deliver) = (Arc::clone(&catalog), Arc::clone(&deliver));
+        async move {
+            let all = tokio::task::spawn_blocking(move || catalog.all_do_namespaces()).await;
+            let all = match all {
+                Ok(Ok(all)) => all,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot list namespaces for alarms");
+                    return Vec::new();
+                }
+                Err(_) => return Vec::new(),
+            };
+            let with_url: Vec<DoNamespace> = all.into_iter().filter(|n| n.alarm_url.is_some()).collect();
+            let engine_view = with_url.iter().filter_map(|n| Namespace::new(&n.id, &n.unique_key).ok()).collect();
+            *deliver.namespaces.lock().unwrap_or_else(|p| p.into_inner()) =
+                with_url.into_iter().map(|n| (n.id.clone(), n)).collect();
+            engine_view
+        }
+    };
+    runner.run(namespaces, stop).await;
+}
