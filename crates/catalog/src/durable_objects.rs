@@ -50,7 +50,9 @@ pub fn is_valid_namespace_name(name: &str) -> bool {
 }
 
 fn is_valid_alarm_url(url: &str) -> bool {
-    (url.starts_with("http://") || url.starts_with("https://")) && url.len() <= 2048 && !url.contains(char::is_whitespace)
+    (url.starts_with("http://") || url.starts_with("https://"))
+        && url.len() <= 2048
+        && !url.contains(char::is_whitespace)
 }
 
 const COLUMNS: &str = "id, account_id, name, script, class_name, unique_key, alarm_url, created_at";
@@ -104,9 +106,11 @@ impl Catalog {
         self.write_checked(|tx| {
             let storage = |e| self.storage(e);
             let taken = tx
-                .query_row("SELECT 1 FROM do_namespaces WHERE account_id = ?1 AND name = ?2", [account_id, &new.name], |_| {
-                    Ok(())
-                })
+                .query_row(
+                    "SELECT 1 FROM do_namespaces WHERE account_id = ?1 AND name = ?2",
+                    [account_id, &new.name],
+                    |_| Ok(()),
+                )
                 .optional()
                 .map_err(storage)?;
             if taken.is_some() {
@@ -159,7 +163,10 @@ impl Catalog {
             return Err(Error::Invalid(format!("invalid alarm URL '{url}': use an http:// or https:// URL")));
         }
         let changed = self.write(|tx| {
-            tx.execute("UPDATE do_namespaces SET alarm_url = ?3 WHERE account_id = ?1 AND id = ?2", (account_id, id, url))
+            tx.execute(
+                "UPDATE do_namespaces SET alarm_url = ?3 WHERE account_id = ?1 AND id = ?2",
+                (account_id, id, url),
+            )
         })?;
         Ok(changed == 1)
     }

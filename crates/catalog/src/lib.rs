@@ -35,8 +35,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 pub use account::{Account, is_valid_account_id};
-pub use durable_objects::{DoNamespace, NewDoNamespace, is_valid_namespace_name};
 pub use d1::{D1Database, D1DatabaseList, NewD1Database, Usage, UsageDelta, is_valid_database_name};
+pub use durable_objects::{DoNamespace, NewDoNamespace, is_valid_namespace_name};
 pub use r2::{R2Bucket, S3Credential, is_valid_bucket_name};
 pub use token::{Scope, Token};
 

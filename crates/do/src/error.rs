@@ -82,7 +82,11 @@ impl DoError {
     pub fn is_client_error(&self) -> bool {
         matches!(
             self,
-            DoError::Id(_) | DoError::Sql { .. } | DoError::Invalid(_) | DoError::ReadOnly { .. } | DoError::InvalidBookmark(_)
+            DoError::Id(_)
+                | DoError::Sql { .. }
+                | DoError::Invalid(_)
+                | DoError::ReadOnly { .. }
+                | DoError::InvalidBookmark(_)
         )
     }
 }

@@ -89,7 +89,13 @@ pub(crate) fn schedule_no_later(c: &Connection, id: &str, name: Option<&str>, at
 }
 
 /// Sets the schedule to exactly `at` with `retries`, or removes it.
-pub(crate) fn schedule(c: &Connection, id: &str, name: Option<&str>, at: Option<i64>, retries: u32) -> rusqlite::Result<()> {
+pub(crate) fn schedule(
+    c: &Connection,
+    id: &str,
+    name: Option<&str>,
+    at: Option<i64>,
+    retries: u32,
+) -> rusqlite::Result<()> {
     match at {
         Some(at) => c
             .prepare_cached(

@@ -170,9 +170,8 @@ impl DurableObjects {
         std::fs::create_dir_all(&root).map_err(|e| DoError::Storage(format!("creating {}: {e}", root.display())))?;
         let opener_root = root.clone();
         let history = settings.history.clone();
-        let registry = Registry::new(settings.registry.clone(), move |key: &str| {
-            open_options(&opener_root, &history, key)
-        });
+        let registry =
+            Registry::new(settings.registry.clone(), move |key: &str| open_options(&opener_root, &history, key));
         Ok(DurableObjects {
             inner: Arc::new(Inner {
                 root,
@@ -249,12 +248,7 @@ impl DurableObjects {
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(DoError::Closed),
         }
-        Ok(Session {
-            link: session::SessionLink::new(tx),
-            engine: self.clone(),
-            namespace: ns.clone(),
-            id: id.clone(),
-        })
+        Ok(Session { link: session::SessionLink::new(tx), engine: self.clone(), namespace: ns.clone(), id: id.clone() })
     }
 
     /// Runs `f` as one request: everything it writes commits together if it returns `Ok`,
@@ -391,7 +385,12 @@ impl DurableObjects {
     /// The bookmark of the object's current state.
     pub async fn bookmark(&self, ns: &Namespace, id: &ObjectId) -> Result<Bookmark> {
         self.ensure(ns, id).await?;
-        self.inner.registry.with_database(&ns.object_key(id), |db| db.bookmark()).await.and_then(|b| b).map_err(DoError::from_sql)
+        self.inner
+            .registry
+            .with_database(&ns.object_key(id), |db| db.bookmark())
+            .await
+            .and_then(|b| b)
+            .map_err(DoError::from_sql)
     }
 
     /// The bookmark of the object's last commit at or before `time_ms` (within 30 days).
@@ -468,7 +467,9 @@ impl Session {
         if let Some(at) = change.after {
             // Before the commit, the schedule may only move earlier, so it never runs late.
             let (hex, name) = (hex.clone(), name.clone());
-            if let Err(e) = self.engine.index_write(ns, move |c| index::schedule_no_later(c, &hex, name.as_deref(), at)).await {
+            if let Err(e) =
+                self.engine.index_write(ns, move |c| index::schedule_no_later(c, &hex, name.as_deref(), at)).await
+            {
                 let _ = self.link.decide(false).await;
                 return Err(e);
             }

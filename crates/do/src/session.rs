@@ -18,9 +18,15 @@ pub(crate) enum Message {
     Call(Call),
     /// End the request: roll back, or commit unless the alarm changed, in which case the
     /// answer is the change and the session waits for [`Message::Decide`].
-    Finish { commit: bool, reply: oneshot::Sender<Result<Option<AlarmChange>>> },
+    Finish {
+        commit: bool,
+        reply: oneshot::Sender<Result<Option<AlarmChange>>>,
+    },
     /// Commit or roll back, after the owner has seen the alarm change.
-    Decide { commit: bool, reply: oneshot::Sender<Result<()>> },
+    Decide {
+        commit: bool,
+        reply: oneshot::Sender<Result<()>>,
+    },
 }
 
 /// The async side of a session.
@@ -34,7 +40,10 @@ impl SessionLink {
     }
 
     /// Runs `f` on the object's storage, inside the request's transaction.
-    pub(crate) async fn call<T: Send + 'static>(&self, f: impl FnOnce(&mut Storage<'_>) -> T + Send + 'static) -> Result<T> {
+    pub(crate) async fn call<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Storage<'_>) -> T + Send + 'static,
+    ) -> Result<T> {
         let (reply, answer) = oneshot::channel();
         let call: Call = Box::new(move |storage| {
             let _ = reply.send(f(storage));
@@ -58,7 +67,12 @@ impl SessionLink {
 
 /// The actor side: opens the transaction, serves calls until the request ends, and commits
 /// or rolls back. A session idle for longer than `idle_limit` is rolled back.
-pub(crate) fn serve(db: &mut Database, rx: Receiver<Message>, ready: oneshot::Sender<Result<()>>, idle_limit: Duration) {
+pub(crate) fn serve(
+    db: &mut Database,
+    rx: Receiver<Message>,
+    ready: oneshot::Sender<Result<()>>,
+    idle_limit: Duration,
+) {
     if let Err(e) = db.begin() {
         let _ = ready.send(Err(DoError::from_sql(e)));
         return;
@@ -67,7 +81,6 @@ pub(crate) fn serve(db: &mut Database, rx: Receiver<Message>, ready: oneshot::Se
     let mut storage = Storage::new(db);
     let outcome = serve_calls(&mut storage, &rx, idle_limit);
     let used_pragma = storage.used_pragma;
-    drop(storage);
     let outcome = match outcome {
         Ended::RolledBack => {
             db.rollback();
@@ -137,10 +150,12 @@ fn commit(db: &mut Database) -> Result<()> {
     }
     db.commit().map_err(|e| match e {
         // A deferred constraint left violated is the request's fault, reported as workerd does.
-        kura_sqlite::Error::Sql { message, code } if code == libsqlite3_sys::SQLITE_CONSTRAINT => DoError::Reset(format!(
-            "Durable Object was reset and rolled back to its last known good state because the application left \
+        kura_sqlite::Error::Sql { message, code } if code == libsqlite3_sys::SQLITE_CONSTRAINT => {
+            DoError::Reset(format!(
+                "Durable Object was reset and rolled back to its last known good state because the application left \
              the database in a state where constraints were violated: {message}"
-        )),
+            ))
+        }
         other => DoError::from_sql(other),
     })
 }

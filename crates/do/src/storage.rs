@@ -93,7 +93,8 @@ impl<'a> Storage<'a> {
 
     fn exec_with(&mut self, sql: &str, params: Vec<Value>, access: Access) -> Result<Cursor> {
         self.used_pragma |= sql.as_bytes().windows(6).any(|w| w.eq_ignore_ascii_case(b"pragma"));
-        let request = Request { statements: vec![Statement::with_params(sql, params)], mode: ResultMode::LastStatement, access };
+        let request =
+            Request { statements: vec![Statement::with_params(sql, params)], mode: ResultMode::LastStatement, access };
         let mut results = self.db.execute(&request).map_err(DoError::from_sql)?;
         self.check_transaction()?;
         Ok(results.pop().map(Cursor::from).unwrap_or_default())
@@ -147,9 +148,7 @@ impl<'a> Storage<'a> {
         if self.kv_ready {
             return Ok(true);
         }
-        self.internal(|c| {
-            c.prepare_cached("SELECT 1 FROM sqlite_schema WHERE name = '_cf_KV'")?.exists([])
-        })
+        self.internal(|c| c.prepare_cached("SELECT 1 FROM sqlite_schema WHERE name = '_cf_KV'")?.exists([]))
     }
 
     /// The value of `key`.
@@ -181,10 +180,8 @@ impl<'a> Storage<'a> {
         check_entry(key, value)?;
         self.kv_table()?;
         self.internal(|c| {
-            c.prepare_cached(
-                "INSERT INTO _cf_KV VALUES (?1, ?2) ON CONFLICT DO UPDATE SET value = excluded.value",
-            )?
-            .execute((key, value))
+            c.prepare_cached("INSERT INTO _cf_KV VALUES (?1, ?2) ON CONFLICT DO UPDATE SET value = excluded.value")?
+                .execute((key, value))
         })?;
         Ok(())
     }
@@ -272,8 +269,10 @@ impl<'a> Storage<'a> {
         self.get_alarm()?;
         self.internal(|c| {
             c.prepare_cached(METADATA_TABLE)?.execute([])?;
-            c.prepare_cached("INSERT INTO _cf_METADATA VALUES (?1, ?2) ON CONFLICT DO UPDATE SET value = excluded.value")?
-                .execute([ALARM_KEY, time_ms.saturating_mul(1_000_000)])
+            c.prepare_cached(
+                "INSERT INTO _cf_METADATA VALUES (?1, ?2) ON CONFLICT DO UPDATE SET value = excluded.value",
+            )?
+            .execute([ALARM_KEY, time_ms.saturating_mul(1_000_000)])
         })?;
         self.alarm_now = Some(time_ms);
         Ok(())
@@ -296,7 +295,10 @@ impl<'a> Storage<'a> {
 
     /// Runs `f` in a savepoint: what it did stays if it returns `Ok`, and is undone if it
     /// returns an error (which is returned). Nestable.
-    pub fn transaction_sync<T, E>(&mut self, f: impl FnOnce(&mut Self) -> std::result::Result<T, E>) -> std::result::Result<T, E>
+    pub fn transaction_sync<T, E>(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E>
     where
         E: From<DoError>,
     {
@@ -332,9 +334,11 @@ impl<'a> Storage<'a> {
         }
         self.get_alarm()?;
         let objects: Vec<(String, String)> = self.internal(|c| {
-            c.prepare("SELECT type, name FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%' AND type IN ('table', 'view')")?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect()
+            c.prepare(
+                "SELECT type, name FROM sqlite_schema WHERE name NOT LIKE 'sqlite_%' AND type IN ('table', 'view')",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect()
         })?;
         self.internal(|c| {
             // Foreign keys between the tables must not stop their dropping.
@@ -344,8 +348,7 @@ impl<'a> Storage<'a> {
                 let kind = if kind == "view" { "VIEW" } else { "TABLE" };
                 c.execute_batch(&format!("DROP {kind} IF EXISTS \"{quoted}\""))?;
             }
-            let sequence: bool =
-                c.prepare("SELECT 1 FROM sqlite_schema WHERE name = 'sqlite_sequence'")?.exists([])?;
+            let sequence: bool = c.prepare("SELECT 1 FROM sqlite_schema WHERE name = 'sqlite_sequence'")?.exists([])?;
             if sequence {
                 c.execute_batch("DELETE FROM sqlite_sequence")?;
             }
@@ -359,7 +362,9 @@ impl<'a> Storage<'a> {
 
 fn check_batch(n: usize) -> Result<()> {
     if n > MAX_KV_BATCH {
-        return Err(DoError::Invalid(format!("Maximum number of key value pairs is {MAX_KV_BATCH}. {n} pairs were provided.")));
+        return Err(DoError::Invalid(format!(
+            "Maximum number of key value pairs is {MAX_KV_BATCH}. {n} pairs were provided."
+        )));
     }
     Ok(())
 }
@@ -443,9 +448,19 @@ mod tests {
             range(ListOptions { prefix: Some("user:".into()), ..Default::default() }),
             Some(("user:".into(), Some("user;".into())))
         );
-        assert_eq!(range(ListOptions { prefix: Some("b".into()), start: Some("c".into()), ..Default::default() }), None);
+        assert_eq!(
+            range(ListOptions { prefix: Some("b".into()), start: Some("c".into()), ..Default::default() }),
+            None
+        );
         assert_eq!(range(ListOptions { start: Some("b".into()), end: Some("a".into()), ..Default::default() }), None);
-        assert!(compile_range(&ListOptions { start: Some("a".into()), start_after: Some("b".into()), ..Default::default() }).is_err());
+        assert!(
+            compile_range(&ListOptions {
+                start: Some("a".into()),
+                start_after: Some("b".into()),
+                ..Default::default()
+            })
+            .is_err()
+        );
         assert!(compile_range(&ListOptions { limit: Some(0), ..Default::default() }).is_err());
     }
 }

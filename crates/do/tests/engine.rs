@@ -40,7 +40,10 @@ async fn sql_and_kv_share_one_atomic_request() {
             s.exec("INSERT INTO members VALUES (?)", vec![text("alice")]).map(|_| ())
         })
         .await;
-    assert!(matches!(failed, Err(DoError::Sql { ref message, .. }) if message.contains("UNIQUE constraint failed")), "{failed:?}");
+    assert!(
+        matches!(failed, Err(DoError::Sql { ref message, .. }) if message.contains("UNIQUE constraint failed")),
+        "{failed:?}"
+    );
     let (rows, topic) = e
         .run(&ns, &red, |s| Ok((s.exec("SELECT name FROM members ORDER BY name", vec![])?.rows, s.kv_get("topic")?)))
         .await
@@ -87,15 +90,19 @@ async fn kv_lists_in_byte_order_with_workerd_options() {
         let e = e.clone();
         let ns = ns.clone();
         let id = id.clone();
-        async move {
-            e.run(&ns, &id, move |s| s.kv_list(&o)).await.unwrap().into_iter().map(|(k, _)| k).collect::<Vec<_>>()
-        }
+        async move { e.run(&ns, &id, move |s| s.kv_list(&o)).await.unwrap().into_iter().map(|(k, _)| k).collect::<Vec<_>>() }
     };
     assert_eq!(keys(ListOptions::default()).await, ["a", "b", "ba", "bb", "c", "é"]);
     assert_eq!(keys(ListOptions { prefix: Some("b".into()), ..Default::default() }).await, ["b", "ba", "bb"]);
-    assert_eq!(keys(ListOptions { start_after: Some("b".into()), limit: Some(2), ..Default::default() }).await, ["ba", "bb"]);
+    assert_eq!(
+        keys(ListOptions { start_after: Some("b".into()), limit: Some(2), ..Default::default() }).await,
+        ["ba", "bb"]
+    );
     assert_eq!(keys(ListOptions { reverse: true, limit: Some(2), ..Default::default() }).await, ["é", "c"]);
-    assert_eq!(keys(ListOptions { start: Some("b".into()), end: Some("c".into()), ..Default::default() }).await, ["b", "ba", "bb"]);
+    assert_eq!(
+        keys(ListOptions { start: Some("b".into()), end: Some("c".into()), ..Default::default() }).await,
+        ["b", "ba", "bb"]
+    );
     let deleted = e.run(&ns, &id, |s| s.kv_delete_many(&["a".into(), "zz".into()])).await.unwrap();
     assert_eq!(deleted, 1);
 }
@@ -181,7 +188,12 @@ async fn delete_all_wipes_sql_kv_and_alarm_atomically() {
     e.run(&ns, &id, |s| s.delete_all()).await.unwrap();
     let after = e
         .run(&ns, &id, |s| {
-            Ok((s.exec("SELECT count(*) FROM sqlite_schema", vec![])?.rows[0][0].clone(), s.kv_get("k")?, s.get_alarm()?, s.database_size()?))
+            Ok((
+                s.exec("SELECT count(*) FROM sqlite_schema", vec![])?.rows[0][0].clone(),
+                s.kv_get("k")?,
+                s.get_alarm()?,
+                s.database_size()?,
+            ))
         })
         .await
         .unwrap();
@@ -256,7 +268,15 @@ async fn alarms_fire_once_and_retry_with_backoff() {
     let runner = AlarmRunner::new(e.clone(), recorder.clone());
     let ns_list = ns.clone();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(runner.run(move || { let ns = ns_list.clone(); async move { vec![ns] } }, async move { let _ = stop_rx.await; }));
+    let task = tokio::spawn(runner.run(
+        move || {
+            let ns = ns_list.clone();
+            async move { vec![ns] }
+        },
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
     let at = now_ms() + 300;
     e.run(&ns, &once, move |s| s.set_alarm(at)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;

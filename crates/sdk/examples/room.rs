@@ -62,10 +62,7 @@ async fn main() -> Result<()> {
     println!("room:blue → {:?}", rooms.get_by_name("room:blue").call(members()).await?);
     let fresh = rooms.get(rooms.new_unique_id());
     println!("a new unique room ({}) → {:?}", fresh.id(), fresh.call(members()).await?);
-    let everyone = runtime
-        .engine()
-        .fan_out(rooms.engine_namespace(), None, "SELECT name FROM members", vec![])
-        .await?;
+    let everyone = runtime.engine().fan_out(rooms.engine_namespace(), None, "SELECT name FROM members", vec![]).await?;
     for row in everyone {
         println!("fan-out: {} {:?} → {:?}", row.object.id, row.object.name, row.outcome.map(|c| c.rows));
     }

@@ -164,9 +164,7 @@ impl Runtime {
 fn storage_id_for(name: &str) -> String {
     use std::fmt::Write;
     // FNV-1a, twice with different seeds: a stable, dependency-free digest of a short name.
-    let fnv = |seed: u64| {
-        name.bytes().fold(seed, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
-    };
+    let fnv = |seed: u64| name.bytes().fold(seed, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
     let mut out = String::new();
     let _ = write!(out, "{:016x}{:016x}", fnv(0xcbf2_9ce4_8422_2325), fnv(0x8422_2325_cbf2_9ce4));
     out
@@ -246,13 +244,13 @@ impl<T: DurableObject> Namespace<T> {
 
     fn slot(&self, id: &ObjectId) -> Arc<Slot<T>> {
         let mut slots = self.inner.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = slots
-            .entry(id.clone())
-            .or_insert_with(|| Arc::new(Slot {
+        let slot = slots.entry(id.clone()).or_insert_with(|| {
+            Arc::new(Slot {
                 instance: tokio::sync::Mutex::new(None),
                 last_used: Mutex::new(Instant::now()),
                 current: Arc::new(Mutex::new(Weak::new())),
-            }));
+            })
+        });
         *slot.last_used.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         Arc::clone(slot)
     }
@@ -303,7 +301,11 @@ impl<T: DurableObject> Namespace<T> {
         let slot = self.slot(id);
         let mut instance = slot.instance.lock().await;
         let session = Arc::new(self.inner.engine.begin(&self.inner.ns, id).await?);
-        let link = Arc::new(RequestLink { session: Mutex::new(Some(Arc::clone(&session))), reset: AtomicBool::new(false), restore: Mutex::new(None) });
+        let link = Arc::new(RequestLink {
+            session: Mutex::new(Some(Arc::clone(&session))),
+            reset: AtomicBool::new(false),
+            restore: Mutex::new(None),
+        });
         if alarm {
             // While its handler runs, the alarm reads as unset (it is deleted for good if the
             // handler succeeds).
@@ -329,7 +331,9 @@ impl<T: DurableObject> Namespace<T> {
                 Ok(()) => Ok(value),
                 Err(e) => {
                     *instance = None;
-                    Err(Error::Reset(format!("the request's writes could not be committed, and the object was reset: {e}")))
+                    Err(Error::Reset(format!(
+                        "the request's writes could not be committed, and the object was reset: {e}"
+                    )))
                 }
             },
             (outcome, session) => {
@@ -405,12 +409,18 @@ struct AlarmDeliver<T: DurableObject> {
 }
 
 impl<T: DurableObject> Deliver for AlarmDeliver<T> {
-    fn deliver(&self, _ns: &kura_do::Namespace, alarm: AlarmInvocation) -> kura_do::alarm::BoxFuture<'static, Result<(), String>> {
+    fn deliver(
+        &self,
+        _ns: &kura_do::Namespace,
+        alarm: AlarmInvocation,
+    ) -> kura_do::alarm::BoxFuture<'static, Result<(), String>> {
         let namespace = self.namespace.clone();
         Box::pin(async move {
             let info = AlarmInfo { retry_count: alarm.retry_count, is_retry: alarm.is_retry() };
             namespace
-                .invoke(&alarm.id, true, move |object: &mut T| -> BoxFuture<'_, Result<()>> { Box::pin(object.alarm(info)) })
+                .invoke(&alarm.id, true, move |object: &mut T| -> BoxFuture<'_, Result<()>> {
+                    Box::pin(object.alarm(info))
+                })
                 .await
                 .map_err(|e| e.to_string())
         })
@@ -517,10 +527,7 @@ impl Storage {
     /// Entries in key order, as `list()` selects them.
     pub async fn list<V: DeserializeOwned>(&self, options: ListOptions) -> Result<Vec<(String, V)>> {
         let entries = self.call(move |s| s.kv_list(&options)).await?;
-        entries
-            .into_iter()
-            .map(|(k, v)| serde_json::from_slice(&v).map(|v| (k, v)).map_err(Error::msg))
-            .collect()
+        entries.into_iter().map(|(k, v)| serde_json::from_slice(&v).map(|v| (k, v)).map_err(Error::msg)).collect()
     }
 
     /// The alarm, Unix milliseconds.

@@ -27,7 +27,8 @@ async fn the_seed_experiment_holds() {
 
     // The same data in one database answers the cross-room query in one statement…
     let db_path = dir.path().join("d1.sqlite");
-    let d1 = Registry::new(RegistrySettings::default(), move |_: &str| Some(DatabaseOptions::new(&db_path).create(true)));
+    let d1 =
+        Registry::new(RegistrySettings::default(), move |_: &str| Some(DatabaseOptions::new(&db_path).create(true)));
     d1.execute(
         "rooms",
         Request::new(vec![
@@ -41,8 +42,7 @@ async fn the_seed_experiment_holds() {
         .execute("rooms", Request::new(vec![Statement::new("SELECT room, name FROM members ORDER BY room, name")]))
         .await
         .unwrap();
-    let expected: Vec<(String, Value)> =
-        one_db[0].rows.iter().map(|r| (text(&r[0]), r[1].clone())).collect();
+    let expected: Vec<(String, Value)> = one_db[0].rows.iter().map(|r| (text(&r[0]), r[1].clone())).collect();
     // …and the fan-out over red and blue returns the same rows, tagged by room.
     let ns = rooms.engine_namespace();
     let ids = vec![rooms.id_from_name("room:red"), rooms.id_from_name("room:blue")];
@@ -56,8 +56,11 @@ async fn the_seed_experiment_holds() {
         .collect();
     got.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(got, expected);
-    let red_only =
-        runtime.engine().fan_out(ns, Some(vec![rooms.id_from_name("room:red")]), "SELECT name FROM members", vec![]).await.unwrap();
+    let red_only = runtime
+        .engine()
+        .fan_out(ns, Some(vec![rooms.id_from_name("room:red")]), "SELECT name FROM members", vec![])
+        .await
+        .unwrap();
     assert_eq!(red_only.len(), 1);
     assert_eq!(red_only[0].outcome.as_ref().unwrap().rows, vec![vec![Value::Text("alice".into())]]);
     runtime.shutdown().await;
@@ -146,13 +149,18 @@ async fn requests_to_one_object_never_interleave_and_failures_roll_back() {
     }
     seen.sort();
     assert_eq!(seen, (1..=100).collect::<Vec<_>>());
-    let failed = ns.get_by_name("hits").call(|c: &mut Counter| -> BoxFuture<'_, Result<()>> { Box::pin(c.write_then_fail()) }).await;
+    let failed = ns
+        .get_by_name("hits")
+        .call(|c: &mut Counter| -> BoxFuture<'_, Result<()>> { Box::pin(c.write_then_fail()) })
+        .await;
     assert!(matches!(failed, Err(Error::Object(ref m)) if m == "boom"));
     // The failed request wrote nothing, and the object still answers.
     assert_eq!(ns.get_by_name("hits").call(increment()).await.unwrap(), 101);
     let bad_sql = ns
         .get_by_name("hits")
-        .call(|c: &mut Counter| -> BoxFuture<'_, Result<kura::Cursor>> { Box::pin(c.state.storage().exec("BEGIN TRANSACTION", vec![])) })
+        .call(|c: &mut Counter| -> BoxFuture<'_, Result<kura::Cursor>> {
+            Box::pin(c.state.storage().exec("BEGIN TRANSACTION", vec![]))
+        })
         .await;
     assert!(bad_sql.unwrap_err().to_string().contains("transactionSync"));
     assert!(ns.id_from_string("abc").unwrap_err().to_string().contains("must be 64 hex digits"));
@@ -174,7 +182,9 @@ async fn alarms_reach_alarm_and_retry() {
     assert_eq!(alarms.load(Ordering::SeqCst), 3, "steady once, flaky twice");
     let retry: Option<u32> = ns
         .get_by_name("flaky")
-        .call(|c: &mut Counter| -> BoxFuture<'_, Result<Option<u32>>> { Box::pin(c.state.storage().get("last_alarm_retry")) })
+        .call(|c: &mut Counter| -> BoxFuture<'_, Result<Option<u32>>> {
+            Box::pin(c.state.storage().get("last_alarm_retry"))
+        })
         .await
         .unwrap();
     assert_eq!(retry, Some(1));
@@ -189,7 +199,9 @@ async fn point_in_time_recovery_through_the_runtime() {
     let stub = ns.get_by_name("pitr");
     stub.call(increment()).await.unwrap();
     let bookmark = stub
-        .call(|c: &mut Counter| -> BoxFuture<'_, Result<kura::Bookmark>> { Box::pin(c.state.storage().get_current_bookmark()) })
+        .call(|c: &mut Counter| -> BoxFuture<'_, Result<kura::Bookmark>> {
+            Box::pin(c.state.storage().get_current_bookmark())
+        })
         .await
         .unwrap();
     stub.call(increment()).await.unwrap();
@@ -211,7 +223,8 @@ async fn point_in_time_recovery_through_the_runtime() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_objects_stay_within_their_caps() {
     let dir = tempfile::tempdir().unwrap();
-    let mut settings = RuntimeSettings { max_instances: 500, idle_timeout: Duration::from_secs(60), ..Default::default() };
+    let mut settings =
+        RuntimeSettings { max_instances: 500, idle_timeout: Duration::from_secs(60), ..Default::default() };
     settings.engine.registry.max_open = 64;
     let runtime = Runtime::open_with(dir.path(), settings).unwrap();
     let (ns, _) = counters(&runtime);

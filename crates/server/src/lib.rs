@@ -100,11 +100,8 @@ pub async fn serve(
         Arc::clone(&state.r2),
         stopped(stop_rx.clone()),
     ));
-    let alarms = tokio::spawn(alarms::run(
-        Arc::clone(&state.catalog),
-        state.durable_objects.clone(),
-        stopped(stop_rx.clone()),
-    ));
+    let alarms =
+        tokio::spawn(alarms::run(Arc::clone(&state.catalog), state.durable_objects.clone(), stopped(stop_rx.clone())));
     let s3_routes = s3::routes(Arc::clone(&state.catalog), Arc::clone(&state.r2), &node.s3_domains());
     let s3_server = axum::serve(s3, s3_routes).with_graceful_shutdown(stopped(stop_rx));
     tokio::spawn(async move {

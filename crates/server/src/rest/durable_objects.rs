@@ -52,10 +52,9 @@ fn namespace_json(ns: &DoNamespace) -> Json {
 
 /// The caller's namespace (by id or name) and the engine's view of it.
 fn find_namespace(app: &AppState, account_id: &str, id_or_name: &str) -> Result<(DoNamespace, Namespace), ApiError> {
-    let ns = app
-        .catalog
-        .do_namespace(account_id, id_or_name)?
-        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, 10066, format!("Durable Object namespace '{id_or_name}' not found")))?;
+    let ns = app.catalog.do_namespace(account_id, id_or_name)?.ok_or_else(|| {
+        ApiError::new(StatusCode::NOT_FOUND, 10066, format!("Durable Object namespace '{id_or_name}' not found"))
+    })?;
     let engine_ns = Namespace::new(&ns.id, &ns.unique_key)?;
     Ok((ns, engine_ns))
 }
@@ -293,10 +292,12 @@ fn apply(storage: &mut Storage<'_>, op: Operation) -> kura_do::Result<Json> {
         Operation::KvPut { key: Some(_), value: None, entries: None } => {
             return Err(invalid("put() called with undefined value."));
         }
-        Operation::KvPut { .. } => return Err(invalid(
-            "put() may only be called with a single key-value pair and optional options as put(key, value, options) \
+        Operation::KvPut { .. } => {
+            return Err(invalid(
+                "put() may only be called with a single key-value pair and optional options as put(key, value, options) \
              or with multiple key-value pairs and optional options as put(entries, options)",
-        )),
+            ));
+        }
         Operation::KvDelete { key: Some(key), keys: None } => json!(storage.kv_delete(&key)?),
         Operation::KvDelete { key: None, keys: Some(keys) } => json!(storage.kv_delete_many(&keys)?),
         Operation::KvDelete { .. } => return Err(invalid("kv_delete takes either key or keys")),
@@ -344,7 +345,9 @@ pub async fn batch(
     }
     let results = app
         .durable_objects
-        .run(&ns, &id, move |storage| batch.operations.into_iter().map(|op| apply(storage, op)).collect::<kura_do::Result<Vec<_>>>())
+        .run(&ns, &id, move |storage| {
+            batch.operations.into_iter().map(|op| apply(storage, op)).collect::<kura_do::Result<Vec<_>>>()
+        })
         .await?;
     Ok(ok(json!({ "id": id.to_string(), "name": id.name(), "results": results })))
 }
@@ -364,7 +367,13 @@ enum Queries {
 }
 
 /// Runs queries on one object as one request (all or nothing).
-async fn run_queries(app: &AppState, caller: &Caller, ns: &Namespace, id: &ObjectId, queries: Vec<SqlQuery>) -> Result<Vec<Json>, ApiError> {
+async fn run_queries(
+    app: &AppState,
+    caller: &Caller,
+    ns: &Namespace,
+    id: &ObjectId,
+    queries: Vec<SqlQuery>,
+) -> Result<Vec<Json>, ApiError> {
     if queries.is_empty() {
         return Err(ApiError::bad_request("No SQL statements detected."));
     }
@@ -378,8 +387,11 @@ async fn run_queries(app: &AppState, caller: &Caller, ns: &Namespace, id: &Objec
             queries
                 .into_iter()
                 .map(|q| {
-                    let cursor =
-                        if read_only { storage.exec_read_only(&q.sql, q.params.0)? } else { storage.exec(&q.sql, q.params.0)? };
+                    let cursor = if read_only {
+                        storage.exec_read_only(&q.sql, q.params.0)?
+                    } else {
+                        storage.exec(&q.sql, q.params.0)?
+                    };
                     Ok(cursor_json(&cursor))
                 })
                 .collect::<kura_do::Result<Vec<_>>>()

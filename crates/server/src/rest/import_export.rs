@@ -57,8 +57,12 @@ pub async fn export(
     }
     let db = app.d1.get(&account_id, &database)?;
     let (token, path) = app.transfers.reserve_download();
-    let options =
-        DumpOptions { no_schema: options.no_schema, no_data: options.no_data, tables: options.tables, ..Default::default() };
+    let options = DumpOptions {
+        no_schema: options.no_schema,
+        no_data: options.no_data,
+        tables: options.tables,
+        ..Default::default()
+    };
     match app.d1.export(&account_id, &db.uuid, options, path.clone()).await {
         Ok((bookmark, stats)) => {
             app.transfers.publish_download(&token, path);

@@ -63,8 +63,14 @@ pub fn routes() -> Router<AppState> {
             "/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/objects",
             get(durable_objects::list_objects).post(durable_objects::new_unique_id),
         )
-        .route("/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/query", post(durable_objects::explorer_query))
-        .route("/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/fan_out", post(durable_objects::fan_out))
+        .route(
+            "/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/query",
+            post(durable_objects::explorer_query),
+        )
+        .route(
+            "/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/fan_out",
+            post(durable_objects::fan_out),
+        )
         .route(
             "/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/objects/{object}/batch",
             post(durable_objects::batch),

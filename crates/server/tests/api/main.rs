@@ -5,6 +5,7 @@ mod auth;
 mod binding;
 mod common;
 mod databases;
+mod durable_objects;
 mod limits;
 mod patterns;
 mod query;
