@@ -59,6 +59,32 @@ fn find_namespace(app: &AppState, account_id: &str, id_or_name: &str) -> Result<
     Ok((ns, engine_ns))
 }
 
+/// Checks the caller may do `need` in the account, and finds the namespace.
+fn reach_namespace(
+    app: &AppState,
+    caller: &Caller,
+    need: Need,
+    account_id: &str,
+    namespace: &str,
+) -> Result<Namespace, ApiError> {
+    caller.require(account_id, need)?;
+    Ok(find_namespace(app, account_id, namespace)?.1)
+}
+
+/// As [`reach_namespace`], and the object addressed by `object`.
+fn reach_object(
+    app: &AppState,
+    caller: &Caller,
+    need: Need,
+    account_id: &str,
+    namespace: &str,
+    object: &str,
+) -> Result<(Namespace, ObjectId), ApiError> {
+    let ns = reach_namespace(app, caller, need, account_id, namespace)?;
+    let id = object_id(&ns, object)?;
+    Ok((ns, id))
+}
+
 /// `GET /accounts/{account_id}/workers/durable_objects/namespaces`
 pub async fn list_namespaces(
     State(app): State<AppState>,
@@ -151,8 +177,7 @@ pub async fn list_objects(
     V4Path((account_id, namespace)): V4Path<(String, String)>,
     V4Query(query): V4Query,
 ) -> Result<Response, ApiError> {
-    caller.require(&account_id, Need::DoRead)?;
-    let (_, ns) = find_namespace(&app, &account_id, &namespace)?;
+    let ns = reach_namespace(&app, &caller, Need::DoRead, &account_id, &namespace)?;
     let limit = query_number(&query, "limit")?.unwrap_or(1000).clamp(1, 10_000);
     let cursor = query.get("cursor").cloned().unwrap_or_default();
     let page = app.durable_objects.list(&ns, &cursor, limit + 1).await?;
@@ -187,8 +212,7 @@ pub async fn new_unique_id(
     caller: Caller,
     V4Path((account_id, namespace)): V4Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    caller.require(&account_id, Need::DoWrite)?;
-    let (_, ns) = find_namespace(&app, &account_id, &namespace)?;
+    let ns = reach_namespace(&app, &caller, Need::DoWrite, &account_id, &namespace)?;
     Ok(ok(json!({ "id": ns.new_unique_id(None)?.to_string() })))
 }
 
@@ -336,9 +360,7 @@ pub async fn batch(
     V4Path((account_id, namespace, object)): V4Path<(String, String, String)>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    caller.require(&account_id, Need::DoWrite)?;
-    let (_, ns) = find_namespace(&app, &account_id, &namespace)?;
-    let id = object_id(&ns, &object)?;
+    let (ns, id) = reach_object(&app, &caller, Need::DoWrite, &account_id, &namespace, &object)?;
     let batch: Batch = parse_json(&read_body(body).await?)?;
     if batch.operations.is_empty() {
         return Err(ApiError::bad_request("A batch needs at least one operation"));
@@ -407,9 +429,7 @@ pub async fn query(
     V4Path((account_id, namespace, object)): V4Path<(String, String, String)>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    caller.require(&account_id, Need::DoRead)?;
-    let (_, ns) = find_namespace(&app, &account_id, &namespace)?;
-    let id = object_id(&ns, &object)?;
+    let (ns, id) = reach_object(&app, &caller, Need::DoRead, &account_id, &namespace, &object)?;
     let queries = match parse_json::<Queries>(&read_body(body).await?)? {
         Queries::One(q) => vec![q],
         Queries::Many(qs) => qs,
@@ -435,8 +455,7 @@ pub async fn explorer_query(
     V4Path((account_id, namespace)): V4Path<(String, String)>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    caller.require(&account_id, Need::DoRead)?;
-    let (_, ns) = find_namespace(&app, &account_id, &namespace)?;
+    let ns = reach_namespace(&app, &caller, Need::DoRead, &account_id, &namespace)?;
     let body: ExplorerQuery = parse_json(&read_body(body).await?)?;
     let id = match (body.durable_object_id, body.durable_object_name) {
         (Some(id), None) => ns.id_from_string(&id)?,
@@ -466,8 +485,7 @@ pub async fn fan_out(
     V4Path((account_id, namespace)): V4Path<(String, String)>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    caller.require(&account_id, Need::DoRead)?;
-    let (_, ns) = find_namespace(&app, &account_id, &namespace)?;
+    let ns = reach_namespace(&app, &caller, Need::DoRead, &account_id, &namespace)?;
     let body: FanOut = parse_json(&read_body(body).await?)?;
     let objects = match body.objects {
         Some(list) => Some(list.iter().map(|o| object_id(&ns, o)).collect::<Result<Vec<_>, _>>()?),
@@ -497,9 +515,7 @@ pub async fn export(
     caller: Caller,
     V4Path((account_id, namespace, object)): V4Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
-    caller.require(&account_id, Need::DoRead)?;
-    let (_, ns) = find_namespace(&app, &account_id, &namespace)?;
-    let id = object_id(&ns, &object)?;
+    let (ns, id) = reach_object(&app, &caller, Need::DoRead, &account_id, &namespace, &object)?;
     let dump = app.durable_objects.export(&ns, &id).await?;
     Ok(([(header::CONTENT_TYPE, "application/sql; charset=utf-8")], dump).into_response())
 }
@@ -511,9 +527,7 @@ pub async fn bookmark(
     V4Path((account_id, namespace, object)): V4Path<(String, String, String)>,
     V4Query(query): V4Query,
 ) -> Result<Response, ApiError> {
-    caller.require(&account_id, Need::DoRead)?;
-    let (_, ns) = find_namespace(&app, &account_id, &namespace)?;
-    let id = object_id(&ns, &object)?;
+    let (ns, id) = reach_object(&app, &caller, Need::DoRead, &account_id, &namespace, &object)?;
     let bookmark = match query.get("timestamp").filter(|t| !t.is_empty()) {
         Some(t) => {
             let at = kura_d1::parse_timestamp(t).map_err(ApiError::bad_request)?;
@@ -538,9 +552,7 @@ pub async fn restore(
     V4Path((account_id, namespace, object)): V4Path<(String, String, String)>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    caller.require(&account_id, Need::DoWrite)?;
-    let (_, ns) = find_namespace(&app, &account_id, &namespace)?;
-    let id = object_id(&ns, &object)?;
+    let (ns, id) = reach_object(&app, &caller, Need::DoWrite, &account_id, &namespace, &object)?;
     let body: RestoreBody = parse_json(&read_body(body).await?)?;
     let bookmark = body.bookmark.parse::<kura_do::Bookmark>().map_err(|e| ApiError::bad_request(e.to_string()))?;
     let restored = app.durable_objects.restore(&ns, &id, &bookmark).await?;
