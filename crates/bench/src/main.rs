@@ -8,11 +8,14 @@
 //! cargo run --release -p kura-bench -- d1 [--seconds 5] [--no-peer]
 //! cargo run --release -p kura-bench -- r2 [--seconds 5] [--gib 1] [--no-peer]
 //! cargo run --release -p kura-bench -- time-travel [--gib 1] [--transactions 100000]
+//! cargo run --release -p kura-bench -- do [--seconds 5] [--on-disk 100000] [--no-peer]
 //! ```
 
 mod d1;
+mod durable_objects;
 mod limit;
 mod load;
+mod memory;
 mod peer;
 mod r2;
 mod report;
@@ -54,6 +57,18 @@ enum Suite {
         #[arg(long, default_value_t = 100_000)]
         transactions: u64,
     },
+    /// Durable Objects: requests over 1,000 objects at 16 clients (runtime and HTTP), the first
+    /// request to an evicted object, memory per idle object and with many objects on disk.
+    Do {
+        #[command(flatten)]
+        settings: Settings,
+        /// Objects written for the memory measurement.
+        #[arg(long, default_value_t = 100_000)]
+        on_disk: u64,
+    },
+    /// (Internal) the memory measurement's fresh process: touches the objects under DIR.
+    #[command(hide = true)]
+    DoFootprint { dir: PathBuf, objects: u64 },
 }
 
 /// Settings every suite shares.
@@ -71,8 +86,9 @@ pub struct Settings {
     /// Operations per peer workload.
     #[arg(long, default_value_t = 2000)]
     pub peer_ops: u64,
-    /// Run only these kura workloads (comma-separated: floor1, floor16, select16, select1,
-    /// insert1, insert16, batch1, batch4), skipping the limit and the peer; for profiling.
+    /// Run only these kura workloads (comma-separated; d1: floor1, floor16, select16, select1,
+    /// insert1, insert16, batch1, batch4; do: sdk16, sdk1, cold, http16, http1, memory),
+    /// skipping the limit and the peer; for profiling.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Where to keep data files (default: the system's temporary directory).
@@ -86,5 +102,7 @@ fn main() -> anyhow::Result<()> {
         Suite::D1(settings) => d1::run(&settings),
         Suite::R2 { settings, gib } => r2::run(&settings, gib),
         Suite::TimeTravel { settings, gib, transactions } => time_travel::run_suite(&settings, gib, transactions),
+        Suite::Do { settings, on_disk } => durable_objects::run(&settings, on_disk),
+        Suite::DoFootprint { dir, objects } => durable_objects::footprint_child(dir, objects),
     }
 }

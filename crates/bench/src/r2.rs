@@ -87,20 +87,6 @@ impl S3 {
     }
 }
 
-/// The process's resident memory now and at its peak, in MiB (Linux).
-fn memory_mib() -> (f64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<f64>().ok())
-            .map_or(0.0, |kb| kb / 1024.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 /// The physical limit: `size`-byte writes appended to one file, each made durable (fsync), as
 /// each PUT is; then the same bytes read back in order.
 fn limit(dir: &std::path::Path, size: usize, duration: Duration) -> anyhow::Result<(Stats, Stats)> {
@@ -245,7 +231,7 @@ async fn measure(s3: S3, duration: Duration, gib: f64) -> anyhow::Result<Figures
     let part = 16 * MIB as u64;
     let parts = total.div_ceil(part);
     eprintln!("R2: a {gib} GiB multipart upload ({parts} parts of 16 MiB, 4 at a time), then reading it back…");
-    let (memory_before, _) = memory_mib();
+    let (memory_before, _) = crate::memory::resident_mib();
     let started = Instant::now();
     let created = s3.signed(reqwest::Method::POST, &format!("/{BUCKET}/huge?uploads")).send().await?.text().await?;
     let upload_id = created
@@ -288,7 +274,7 @@ async fn measure(s3: S3, duration: Duration, gib: f64) -> anyhow::Result<Figures
     let read = s3.get("huge").await;
     anyhow::ensure!(read == total, "read back {read} of {total} bytes");
     let multipart_download = Stats::from_latencies(vec![started.elapsed()], total / MIB as u64, started.elapsed());
-    let (_, memory_peak) = memory_mib();
+    let (_, memory_peak) = crate::memory::resident_mib();
     Ok(Figures { put_1k, get_1k, put_1m, get_1m, multipart_upload, multipart_download, memory_before, memory_peak })
 }
 

@@ -501,7 +501,8 @@ fn open_options(root: &Path, history: &HistorySettings, key: &str) -> Option<Dat
         }
         Some((ns, id)) if is_hex(ns, 32) && is_hex(id, 64) => {
             let dir = root.join(ns).join(&id[..2]).join(id);
-            let mut options = DatabaseOptions::new(dir.join("db.sqlite")).create(true).history(history.clone(), key);
+            let mut options =
+                DatabaseOptions::new(dir.join("db.sqlite")).create(true).compact(true).history(history.clone(), key);
             options.limits = Limits::durable_object();
             Some(options)
         }

@@ -267,7 +267,9 @@ impl<T: DurableObject> Namespace<T> {
             let mut idle: Vec<(Instant, ObjectId)> =
                 slots.iter().filter(|(_, s)| unused(s)).map(|(id, s)| (idle_since(s), id.clone())).collect();
             idle.sort_by_key(|(at, _)| *at);
-            let excess = slots.len() - settings.max_instances;
+            // Down to 90% of the cap, so the sweep (a sort of every instance) runs once per
+            // tenth of the cap's new objects rather than on each.
+            let excess = slots.len() - settings.max_instances * 9 / 10;
             for (_, id) in idle.into_iter().take(excess) {
                 slots.remove(&id);
             }

@@ -95,6 +95,7 @@ pub struct Node {
 impl Node {
     /// Opens (creating if needed) the data directory and locks it for this process.
     pub fn open(dir: &Path, settings: NodeSettings) -> Result<Node, NodeError> {
+        kura_sqlite::configure_process();
         let io = |context: String| move |source| NodeError::Io { context, source };
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let lock = lock_directory(dir)?;

@@ -44,9 +44,33 @@ mod registry;
 mod request;
 
 pub use actor::Executed;
-pub use database::{Database, DatabaseOptions};
+pub use database::{COMPACT_CACHE_KIB, Database, DatabaseOptions};
 pub use error::{Error, Result, TRANSACTION_MESSAGE, code_name};
 pub use history::{Bookmark, HistorySettings, MalformedBookmark, Restored};
 pub use policy::Limits;
 pub use registry::{Opener, Registry, RegistrySettings};
 pub use request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};
+
+/// Configures SQLite for a process that may hold a thousand connections open: no up-front
+/// page-cache allocation per connection (SQLite's default reserves about 90 KB in each on its
+/// first read; pages are then allocated one by one, as they are needed). Takes effect only
+/// before SQLite's first connection in the process, so call it first thing (opening a
+/// [`Database`] also calls it); later calls do nothing.
+pub fn configure_process() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: sqlite3_config is documented as safe before sqlite3_initialize; after it, it
+        // answers SQLITE_MISUSE and changes nothing.
+        let rc = unsafe {
+            rusqlite::ffi::sqlite3_config(
+                rusqlite::ffi::SQLITE_CONFIG_PAGECACHE,
+                std::ptr::null_mut::<std::ffi::c_void>(),
+                0 as std::ffi::c_int,
+                0 as std::ffi::c_int,
+            )
+        };
+        if rc != rusqlite::ffi::SQLITE_OK {
+            tracing::debug!(rc, "SQLite was already initialized; its page cache keeps its defaults");
+        }
+    });
+}

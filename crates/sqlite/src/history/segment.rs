@@ -136,6 +136,11 @@ pub(crate) struct OpenSegment {
 /// before a checkpoint finds little left to do.
 const WRITEBACK_BYTES: u64 = 1 << 20;
 
+/// Bytes of records buffered before they are written to the file. Small, because every open
+/// database has one (a thousand Durable Objects may be open at once), and large enough that
+/// a small transaction's record is one write.
+const WRITE_BUFFER: usize = 16 * 1024;
+
 /// Starts writing a file's dirty pages to disk without waiting for them.
 #[cfg(target_os = "linux")]
 fn start_writeback(file: &File) {
@@ -188,7 +193,7 @@ impl OpenSegment {
             entries: Vec::new(),
             len: SEGMENT_HEADER_LEN,
             opened: Instant::now(),
-            out: BufWriter::with_capacity(64 * 1024, file),
+            out: BufWriter::with_capacity(WRITE_BUFFER, file),
             dirty: false,
             unsynced: 0,
         })
@@ -258,7 +263,7 @@ impl OpenSegment {
     }
 
     fn from_parts(path: &Path, file: File, entries: Vec<Entry>, len: u64) -> OpenSegment {
-        let mut out = BufWriter::with_capacity(64 * 1024, file);
+        let mut out = BufWriter::with_capacity(WRITE_BUFFER, file);
         // Appends go to the end: position the file there once.
         let _ = std::io::Seek::seek(out.get_mut(), std::io::SeekFrom::Start(len));
         OpenSegment { path: path.to_owned(), entries, len, opened: Instant::now(), out, dirty: false, unsynced: 0 }

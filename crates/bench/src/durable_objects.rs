@@ -1,0 +1,547 @@
+//! The Durable Objects suite: requests spread over 1,000 objects (a small SQL write and a read
+//! each), through the Rust runtime in-process (as a Worker calls its objects) and over HTTP;
+//! the first request to an evicted object; resident memory per idle object and with 100,000
+//! objects on disk (measured in child processes of this program, so nothing else is resident);
+//! beside the physical limit (the same statements on one SQLite file per object, as durable)
+//! and the peer (Miniflare's Durable Object RPC inside a Worker).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use kura::{BoxFuture, DurableObject, Runtime, RuntimeSettings, State, Value};
+use serde_json::{Value as Json, json};
+
+use crate::load::{self, Stats};
+use crate::report::{self, Row};
+use crate::server::{ACCOUNT, Kura, TOKEN};
+use crate::{Settings, peer};
+
+/// Objects the requests are spread over.
+const OBJECTS: u64 = 1_000;
+/// Concurrent clients.
+const CLIENTS: usize = 16;
+/// The workload's statements: one small write and one read, as one request.
+const CREATE: &str = "CREATE TABLE IF NOT EXISTS member (user_id TEXT PRIMARY KEY)";
+const WRITE: &str = "INSERT OR IGNORE INTO member (user_id) VALUES (?)";
+const READ: &str = "SELECT count(*) FROM member";
+
+/// The peer's `Room`, in Rust: its table is made by the constructor.
+struct Room {
+    state: State,
+}
+
+impl DurableObject for Room {
+    type Env = ();
+
+    async fn new(state: State, _env: ()) -> kura::Result<Self> {
+        state.storage().exec(CREATE, vec![]).await?;
+        Ok(Room { state })
+    }
+}
+
+impl Room {
+    /// Adds a member and answers how many there are.
+    async fn add(&mut self, user: String) -> kura::Result<i64> {
+        let storage = self.state.storage();
+        storage.exec(WRITE, vec![Value::Text(user)]).await?;
+        let count = storage.exec(READ, vec![]).await?;
+        match count.rows.first().and_then(|r| r.first()) {
+            Some(Value::Integer(n)) => Ok(*n),
+            other => Err(kura::Error::msg(format!("count(*) answered {other:?}"))),
+        }
+    }
+}
+
+fn add(user: String) -> impl for<'a> FnOnce(&'a mut Room) -> BoxFuture<'a, kura::Result<i64>> + Send + 'static {
+    move |room: &mut Room| -> BoxFuture<'_, kura::Result<i64>> { Box::pin(room.add(user)) }
+}
+
+/// The object a client's `n`th request goes to: spread evenly, different per client.
+fn object_for(client: usize, n: u64) -> u64 {
+    (client as u64 * 104_729 + n * 7_919) % OBJECTS
+}
+
+fn room_name(object: u64) -> String {
+    format!("room:{object}")
+}
+
+fn runtime_settings() -> RuntimeSettings {
+    RuntimeSettings::default()
+}
+
+fn tokio_runtime(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name(name).enable_all().build()?)
+}
+
+pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
+    let scratch = match &settings.scratch {
+        Some(dir) => tempfile::tempdir_in(dir)?,
+        None => tempfile::tempdir()?,
+    };
+    let duration = Duration::from_secs_f64(settings.seconds);
+    let wanted = |name: &str| settings.only.is_empty() || settings.only.iter().any(|o| o == name);
+    let rt = tokio_runtime("load")?;
+
+    eprintln!("measuring kura's Rust runtime (in-process, {OBJECTS} objects)…");
+    let sdk_dir = scratch.path().join("sdk");
+    let (sdk_16, sdk_1) = rt.block_on(measure_runtime(&sdk_dir, duration, &wanted))?;
+    eprintln!("measuring the first request to an evicted object (a fresh runtime on the same files)…");
+    let cold = if wanted("cold") { rt.block_on(measure_cold(&sdk_dir))? } else { Stats::default() };
+
+    let (http_16, http_1) = if wanted("http16") || wanted("http1") {
+        eprintln!("measuring kura over HTTP (batch endpoint)…");
+        let kura = Kura::start(&scratch.path().join("kura"), true).context("starting kura")?;
+        let figures = rt.block_on(measure_http(&kura.api_host(), duration, &wanted));
+        kura.shutdown();
+        figures?
+    } else {
+        (Stats::default(), Stats::default())
+    };
+
+    let footprint = if wanted("memory") {
+        eprintln!("measuring memory: {on_disk} objects written, then touched by a fresh process…");
+        Some(measure_footprint(&scratch.path().join("footprint"), on_disk, &rt)?)
+    } else {
+        None
+    };
+
+    if !settings.only.is_empty() {
+        for (name, stats) in
+            [("sdk16", sdk_16), ("sdk1", sdk_1), ("cold", cold), ("http16", http_16), ("http1", http_1)]
+        {
+            if stats.units > 0 {
+                println!("{name}: {:.0}/s p50 {:?} p99 {:?}", stats.rate(), stats.p50, stats.p99);
+            }
+        }
+        if let Some(f) = footprint {
+            f.print();
+        }
+        return Ok(());
+    }
+
+    eprintln!("measuring the physical limit (one SQLite file per object, WAL, synchronous=FULL)…");
+    let limit_dir = scratch.path().join("limit");
+    let limit_16 = limit(&limit_dir, CLIENTS, duration)?;
+    let limit_1 = limit(&limit_dir, 1, duration)?;
+    let limit_cold = limit_first_requests(&limit_dir)?;
+
+    let (peer_figures, peer_note) = if settings.no_peer {
+        (Vec::new(), "skipped (--no-peer)".to_owned())
+    } else {
+        eprintln!("running the peer (Miniflare)…");
+        match peer::run(settings, &["do_rpc_add"], &scratch.path().join("peer")) {
+            Ok(f) => (
+                f,
+                format!(
+                    "Miniflare 4.20260730.0, Durable Object RPC room.add(u) inside a Worker over 50 rooms, one client, {} ops",
+                    settings.peer_ops
+                ),
+            ),
+            Err(why) => (Vec::new(), format!("not measured: {why}")),
+        }
+    };
+    let peer_rate = peer::rate(&peer_figures, "do_rpc_add");
+    let target = peer_rate.map(|p| p * 10.0);
+    let row = |workload: &str, clients, kura, limit, target| Row {
+        workload: workload.into(),
+        clients,
+        unit: "requests",
+        kura,
+        peer: peer_rate,
+        limit: Some(limit),
+        target,
+    };
+    let rows = vec![
+        row("runtime: write + read", CLIENTS, sdk_16, limit_16, target),
+        row("runtime: write + read", 1, sdk_1, limit_1, None),
+        row("HTTP batch: write + read", CLIENTS, http_16, limit_16, target),
+        row("HTTP batch: write + read", 1, http_1, limit_1, None),
+        row("first request, evicted object", 1, cold, limit_cold, None),
+    ];
+    report::print(
+        &format!(
+            "Durable Objects: each request a small SQL write and a read on one of {OBJECTS} objects, committed durably \
+             (WAL + synchronous=FULL); limit = the same statements on one rusqlite connection per object file; \
+             target = 10× the peer"
+        ),
+        &rows,
+        &peer_note,
+    );
+    println!(
+        "first request to an evicted object: p50 {:.2} ms (target ≤ 2 ms {}), p99 {:.2} ms; limit (open the file, \
+         the same request): p50 {:.2} ms",
+        ms(cold.p50),
+        if cold.p50 <= Duration::from_millis(2) { "✓" } else { "✗" },
+        ms(cold.p99),
+        ms(limit_cold.p50),
+    );
+    if let Some(f) = footprint {
+        f.print();
+    }
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Requests through the runtime at 16 clients and at 1, after one warm-up request per object.
+async fn measure_runtime(
+    dir: &Path,
+    duration: Duration,
+    wanted: &dyn Fn(&str) -> bool,
+) -> anyhow::Result<(Stats, Stats)> {
+    let runtime = Runtime::open_with(dir, runtime_settings())?;
+    let rooms = runtime.namespace::<Room>("ROOMS", "bench-Room", ())?;
+    for object in 0..OBJECTS {
+        rooms.get_by_name(&room_name(object)).call(add("seed".into())).await?;
+    }
+    let next = Arc::new(AtomicU64::new(0));
+    let load = |clients| {
+        let (rooms, next) = (rooms.clone(), Arc::clone(&next));
+        load::run(clients, duration, move |client, n| {
+            let (rooms, user) = (rooms.clone(), format!("u{}", next.fetch_add(1, Ordering::Relaxed)));
+            async move {
+                let count = rooms.get_by_name(&room_name(object_for(client, n))).call(add(user)).await;
+                assert!(count.expect("runtime request") > 0);
+                1
+            }
+        })
+    };
+    let sixteen = if wanted("sdk16") { load(CLIENTS).await } else { Stats::default() };
+    let one = if wanted("sdk1") { load(1).await } else { Stats::default() };
+    runtime.shutdown().await;
+    Ok((sixteen, one))
+}
+
+/// The first request to each object in a fresh runtime over the same files: nothing of it is
+/// in memory and its file is closed, as after an eviction.
+async fn measure_cold(dir: &Path) -> anyhow::Result<Stats> {
+    let runtime = Runtime::open_with(dir, runtime_settings())?;
+    let rooms = runtime.namespace::<Room>("ROOMS", "bench-Room", ())?;
+    let started = Instant::now();
+    let mut latencies = Vec::new();
+    for object in 0..OBJECTS {
+        let began = Instant::now();
+        rooms.get_by_name(&room_name(object)).call(add("cold".into())).await?;
+        latencies.push(began.elapsed());
+    }
+    let stats = Stats::from_latencies(latencies, OBJECTS, started.elapsed());
+    runtime.shutdown().await;
+    Ok(stats)
+}
+
+/// The batch endpoint at 16 clients and at 1: an INSERT and a count as one request.
+async fn measure_http(api: &str, duration: Duration, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<(Stats, Stats)> {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
+    let namespaces = format!("http://{api}/client/v4/accounts/{ACCOUNT}/workers/durable_objects/namespaces");
+    let created: Json = http
+        .post(&namespaces)
+        .bearer_auth(TOKEN)
+        .json(&json!({ "name": "ROOMS", "class": "Room", "script": "bench" }))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let Some(id) = created["result"]["id"].as_str() else { bail!("cannot create the namespace: {created}") };
+    let objects: Arc<str> = format!("{namespaces}/{id}/objects").into();
+    let batch = move |object: u64, statements: &[(&str, Option<String>)]| {
+        let operations: Vec<Json> = statements
+            .iter()
+            .map(|(sql, param)| json!({ "op": "sql", "sql": sql, "params": param.iter().collect::<Vec<_>>() }))
+            .collect();
+        (format!("{objects}/{}/batch", room_name(object)), json!({ "operations": operations }).to_string())
+    };
+    let send = {
+        let http = http.clone();
+        move |(url, body): (String, String)| {
+            let http = http.clone();
+            async move {
+                let response = http
+                    .post(url)
+                    .bearer_auth(TOKEN)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("request");
+                let status = response.status();
+                let bytes = response.bytes().await.expect("response body");
+                assert!(status.is_success(), "benchmark request failed: {}", String::from_utf8_lossy(&bytes));
+            }
+        }
+    };
+    for object in 0..OBJECTS {
+        send(batch(object, &[(CREATE, None), (WRITE, Some("seed".into()))])).await;
+    }
+    let next = Arc::new(AtomicU64::new(0));
+    let load = |clients| {
+        let (send, batch, next) = (send.clone(), batch.clone(), Arc::clone(&next));
+        load::run(clients, duration, move |client, n| {
+            let user = format!("u{}", next.fetch_add(1, Ordering::Relaxed));
+            let request = batch(object_for(client, n), &[(WRITE, Some(user)), (READ, None)]);
+            let send = send.clone();
+            async move {
+                send(request).await;
+                1
+            }
+        })
+    };
+    let sixteen = if wanted("http16") { load(CLIENTS).await } else { Stats::default() };
+    let one = if wanted("http1") { load(1).await } else { Stats::default() };
+    Ok((sixteen, one))
+}
+
+/// One object file for the limit, as kura keeps it: WAL, `synchronous=FULL`.
+fn limit_open(dir: &Path, object: u64) -> anyhow::Result<rusqlite::Connection> {
+    let conn = rusqlite::Connection::open(dir.join(format!("{object}.sqlite")))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch(CREATE)?;
+    Ok(conn)
+}
+
+/// One request on the limit's side: the same statements in one durable transaction.
+fn limit_request(conn: &rusqlite::Connection, user: &str) -> anyhow::Result<()> {
+    conn.execute_batch("BEGIN")?;
+    conn.prepare_cached(WRITE)?.execute([user])?;
+    let count: i64 = conn.prepare_cached(READ)?.query_row([], |r| r.get(0))?;
+    anyhow::ensure!(count > 0);
+    conn.execute_batch("COMMIT")?;
+    Ok(())
+}
+
+/// The physical limit: `clients` threads, each owning its share of the object files with a
+/// connection open on each, running the workload's requests back to back.
+fn limit(dir: &Path, clients: usize, duration: Duration) -> anyhow::Result<Stats> {
+    std::fs::create_dir_all(dir)?;
+    let started = Instant::now();
+    let threads: Vec<_> = (0..clients)
+        .map(|client| {
+            let dir = dir.to_owned();
+            std::thread::spawn(move || -> anyhow::Result<Vec<Duration>> {
+                let mine: Vec<u64> = (0..OBJECTS).filter(|o| *o as usize % clients == client).collect();
+                let conns = mine.iter().map(|o| limit_open(&dir, *o)).collect::<anyhow::Result<Vec<_>>>()?;
+                let mut latencies = Vec::new();
+                let deadline = Instant::now() + duration;
+                let mut n = 0usize;
+                while Instant::now() < deadline {
+                    let began = Instant::now();
+                    limit_request(&conns[(n * 7_919) % conns.len()], &format!("l{client}-{n}"))?;
+                    latencies.push(began.elapsed());
+                    n += 1;
+                }
+                Ok(latencies)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in threads {
+        all.extend(t.join().map_err(|_| anyhow::anyhow!("a limit thread panicked"))??);
+    }
+    let units = all.len() as u64;
+    // The threads' setup (opening their files) is not part of the figure.
+    let elapsed = duration.min(started.elapsed());
+    Ok(Stats::from_latencies(all, units, elapsed))
+}
+
+/// The limit of a first request: open an object's file and run the request on it.
+fn limit_first_requests(dir: &Path) -> anyhow::Result<Stats> {
+    let started = Instant::now();
+    let mut latencies = Vec::new();
+    for object in 0..OBJECTS {
+        let began = Instant::now();
+        let conn = rusqlite::Connection::open(dir.join(format!("{object}.sqlite")))?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        limit_request(&conn, "first")?;
+        latencies.push(began.elapsed());
+    }
+    Ok(Stats::from_latencies(latencies, OBJECTS, started.elapsed()))
+}
+
+/// What the memory measurement found.
+pub struct Footprint {
+    objects: u64,
+    write_rate: f64,
+    disk_bytes: u64,
+    report: Json,
+}
+
+impl Footprint {
+    fn print(&self) {
+        let r = &self.report;
+        let mib = |k: &str| r[k].as_f64().unwrap_or(0.0) / 1024.0 / 1024.0;
+        let idle = r["idle_objects"].as_u64().unwrap_or(1).max(1);
+        println!();
+        println!(
+            "Memory (a fresh process; resident set from /proc): {} objects on disk, written at {:.0} objects/s, \
+             {:.1} KiB of disk each",
+            self.objects,
+            self.write_rate,
+            self.disk_bytes as f64 / self.objects.max(1) as f64 / 1024.0
+        );
+        println!("  runtime open, nothing touched:              {:>8.1} MiB", mib("baseline_rss"));
+        println!(
+            "  {idle} objects touched, idle in memory:      {:>8.1} MiB  → {:.1} KiB per idle object (instance + open file)",
+            mib("idle_rss"),
+            (r["idle_rss"].as_f64().unwrap_or(0.0) - r["baseline_rss"].as_f64().unwrap_or(0.0)) / idle as f64 / 1024.0
+        );
+        println!(
+            "  all {} touched once, {:.0} first requests/s: {:>8.1} MiB now, {:.1} MiB at peak; {} instances and {} files \
+             open (caps {} and {})",
+            self.objects,
+            r["touch_rate"].as_f64().unwrap_or(0.0),
+            mib("all_rss"),
+            mib("peak_rss"),
+            r["instances"],
+            r["open_files"],
+            r["max_instances"],
+            r["max_open"],
+        );
+        let instances = r["instances"].as_u64().unwrap_or(1).max(1);
+        println!(
+            "  files idle {}s and closed ({} open), instances kept:  {:>8.1} MiB  → {:.1} KiB per known object (instance only)",
+            FILE_IDLE.as_secs() * 3,
+            r["closed_files"],
+            mib("closed_rss"),
+            (r["closed_rss"].as_f64().unwrap_or(0.0) - r["baseline_rss"].as_f64().unwrap_or(0.0))
+                / instances as f64
+                / 1024.0
+        );
+    }
+}
+
+/// Writes `objects` objects (the 1,000 of the workload's first, one row each) with the engine,
+/// then measures a fresh process touching them.
+fn measure_footprint(dir: &Path, objects: u64, rt: &tokio::runtime::Runtime) -> anyhow::Result<Footprint> {
+    let started = Instant::now();
+    rt.block_on(async {
+        let runtime = Runtime::open_with(dir, runtime_settings())?;
+        let rooms = runtime.namespace::<Room>("ROOMS", "bench-Room", ())?;
+        let next = Arc::new(AtomicU64::new(0));
+        let workers: Vec<tokio::task::JoinHandle<kura::Result<()>>> = (0..CLIENTS)
+            .map(|_| {
+                let (rooms, next) = (rooms.clone(), Arc::clone(&next));
+                tokio::spawn(async move {
+                    loop {
+                        let object = next.fetch_add(1, Ordering::Relaxed);
+                        if object >= objects {
+                            return Ok(());
+                        }
+                        rooms.get_by_name(&room_name(object)).call(add("seed".into())).await?;
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.await??;
+        }
+        runtime.shutdown().await;
+        anyhow::Ok(())
+    })?;
+    let write_rate = objects as f64 / started.elapsed().as_secs_f64();
+    let disk_bytes = disk_usage(dir);
+    let output = Command::new(std::env::current_exe()?)
+        .arg("do-footprint")
+        .arg(dir)
+        .arg(objects.to_string())
+        .output()
+        .context("running the footprint process")?;
+    if !output.status.success() {
+        bail!("the footprint process failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let report: Json = serde_json::from_slice(&output.stdout).context("the footprint process's answer")?;
+    Ok(Footprint { objects, write_rate, disk_bytes, report })
+}
+
+/// Bytes of disk the files under `dir` take.
+fn disk_usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut pending = vec![dir.to_owned()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match entry.metadata() {
+                Ok(m) if m.is_dir() => pending.push(entry.path()),
+                Ok(m) => total += m.blocks() * 512,
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+/// How long an idle object's file stays open in the memory measurement.
+const FILE_IDLE: Duration = Duration::from_secs(2);
+
+/// The child process's side: open a runtime on `dir`, touch the first 1,000 objects and keep
+/// them idle, then touch all `objects`; print what was resident at each step as JSON.
+pub fn footprint_child(dir: PathBuf, objects: u64) -> anyhow::Result<()> {
+    let rt = tokio_runtime("footprint")?;
+    let mut settings = runtime_settings();
+    // Files close after 30 s idle by default; sooner here, so the run need not wait for it.
+    settings.engine.registry.idle_timeout = FILE_IDLE;
+    let report = rt.block_on(async {
+        let runtime = Runtime::open_with(&dir, settings.clone())?;
+        let rooms = runtime.namespace::<Room>("ROOMS", "bench-Room", ())?;
+        let baseline_rss = crate::memory::resident_bytes().0;
+        let idle_objects = OBJECTS.min(objects);
+        for object in 0..idle_objects {
+            rooms.get_by_name(&room_name(object)).call(add("idle".into())).await?;
+        }
+        let idle_rss = crate::memory::resident_bytes().0;
+        let started = Instant::now();
+        let next = Arc::new(AtomicU64::new(0));
+        let workers: Vec<tokio::task::JoinHandle<kura::Result<()>>> = (0..CLIENTS)
+            .map(|_| {
+                let (rooms, next) = (rooms.clone(), Arc::clone(&next));
+                tokio::spawn(async move {
+                    loop {
+                        let object = next.fetch_add(1, Ordering::Relaxed);
+                        if object >= objects {
+                            return Ok(());
+                        }
+                        let count = rooms.get_by_name(&room_name(object)).call(add("again".into())).await?;
+                        // Every object still answers with its data: the seed row and this one.
+                        if count < 2 {
+                            return Err(kura::Error::msg(format!("room:{object} lost its data")));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.await??;
+        }
+        let touch_rate = objects as f64 / started.elapsed().as_secs_f64();
+        let (all_rss, _) = crate::memory::resident_bytes();
+        let open_files = runtime.engine().open_objects();
+        // Idle objects close their files; their instances stay (up to the cap).
+        tokio::time::sleep(FILE_IDLE * 3).await;
+        // SAFETY: malloc_trim only returns free memory to the system.
+        unsafe { libc::malloc_trim(0) };
+        let (closed_rss, peak_rss) = crate::memory::resident_bytes();
+        let report = json!({
+            "baseline_rss": baseline_rss,
+            "idle_objects": idle_objects,
+            "idle_rss": idle_rss,
+            "all_rss": all_rss,
+            "closed_rss": closed_rss,
+            "closed_files": runtime.engine().open_objects(),
+            "peak_rss": peak_rss,
+            "touch_rate": touch_rate,
+            "instances": rooms.instances(),
+            "open_files": open_files,
+            "max_instances": settings.max_instances,
+            "max_open": settings.engine.registry.max_open,
+        });
+        runtime.shutdown().await;
+        anyhow::Ok(report)
+    })?;
+    println!("{report}");
+    Ok(())
+}
