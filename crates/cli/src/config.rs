@@ -1,5 +1,6 @@
 //! wrangler's configuration file (`wrangler.json`, `wrangler.jsonc` or `wrangler.toml`), read as
-//! wrangler reads it: only what kura needs, the `d1_databases` bindings.
+//! wrangler reads it: only what kura needs, the `d1_databases` bindings and the Durable Object
+//! bindings with the migrations that declare their classes.
 
 use std::path::{Path, PathBuf};
 
@@ -21,19 +22,68 @@ pub struct D1Binding {
     pub migrations_dir: Option<String>,
 }
 
+/// One `[[durable_objects.bindings]]` entry.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct DoBinding {
+    /// `env.<name>` in a Worker.
+    pub name: String,
+    /// The class.
+    pub class_name: String,
+    /// The Worker that defines the class, if not this one.
+    pub script_name: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct DurableObjectsSection {
+    #[serde(default)]
+    bindings: Vec<DoBinding>,
+}
+
+/// One `[[migrations]]` entry: only which classes it declares.
+#[derive(Debug, Default, Deserialize)]
+struct Migration {
+    #[serde(default)]
+    new_sqlite_classes: Vec<String>,
+    #[serde(default)]
+    new_classes: Vec<String>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 struct RawConfig {
     #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
     d1_databases: Vec<D1Binding>,
+    #[serde(default)]
+    durable_objects: DurableObjectsSection,
+    #[serde(default)]
+    migrations: Vec<Migration>,
 }
 
-/// A configuration file and its D1 bindings.
+/// A configuration file and its bindings.
 #[derive(Debug, Clone)]
 pub struct WranglerConfig {
     /// The file.
     pub path: PathBuf,
+    /// The Worker's name.
+    pub name: Option<String>,
     /// Its D1 bindings.
     pub d1_databases: Vec<D1Binding>,
+    /// Its Durable Object bindings.
+    pub durable_objects: Vec<DoBinding>,
+    /// Classes its migrations declare SQLite-backed (`new_sqlite_classes`).
+    pub sqlite_classes: Vec<String>,
+    /// Classes its migrations declare key-value-backed (`new_classes`).
+    pub kv_classes: Vec<String>,
+}
+
+/// A Durable Object namespace as a configuration file declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoNamespaceSpec {
+    /// The binding's name, which becomes the namespace's.
+    pub name: String,
+    pub class: String,
+    pub script: String,
 }
 
 /// The files wrangler looks for, in its order of preference.
@@ -56,7 +106,41 @@ impl WranglerConfig {
             serde_json::from_str(&strip_jsonc(&text))
                 .with_context(|| format!("{} is not valid JSON", path.display()))?
         };
-        Ok(Some(WranglerConfig { path, d1_databases: raw.d1_databases }))
+        let (mut sqlite_classes, mut kv_classes) = (Vec::new(), Vec::new());
+        for m in raw.migrations {
+            sqlite_classes.extend(m.new_sqlite_classes);
+            kv_classes.extend(m.new_classes);
+        }
+        Ok(Some(WranglerConfig {
+            path,
+            name: raw.name,
+            d1_databases: raw.d1_databases,
+            durable_objects: raw.durable_objects.bindings,
+            sqlite_classes,
+            kv_classes,
+        }))
+    }
+
+    /// The Durable Object namespace bound as `name` (or whose class is `name`), as wrangler
+    /// would create it: named after the binding, the unique key derived from script and class.
+    /// Only SQLite-backed classes are kura's.
+    pub fn durable_object(&self, name: &str) -> anyhow::Result<Option<DoNamespaceSpec>> {
+        let Some(binding) = self.durable_objects.iter().find(|b| b.name == name || b.class_name == name) else {
+            return Ok(None);
+        };
+        let class = &binding.class_name;
+        if binding.script_name.is_none() && !self.sqlite_classes.contains(class) {
+            if self.kv_classes.contains(class) {
+                bail!(
+                    "{class} is declared with new_classes (key-value storage); kura keeps SQLite-backed Durable                      Objects only: declare it in new_sqlite_classes"
+                );
+            }
+            bail!("{class} is not declared by any migration in {}: add it to new_sqlite_classes", self.path.display());
+        }
+        let script = binding.script_name.clone().or_else(|| self.name.clone()).with_context(|| {
+            format!("{} names no Worker (`name`), which the namespace's unique key derives from", self.path.display())
+        })?;
+        Ok(Some(DoNamespaceSpec { name: binding.name.clone(), class: class.clone(), script }))
     }
 
     /// The binding whose `database_name` or `binding` is `name`.
@@ -179,5 +263,26 @@ mod tests {
         assert!(dir_path.ends_with("db/migrations"));
         assert_eq!(table, "d1_migrations");
         assert!(Target::resolve("other", Some(config)).migrations().is_err());
+    }
+
+    #[test]
+    fn durable_object_bindings_need_a_sqlite_migration() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wrangler.toml");
+        std::fs::write(
+            &path,
+            "name = \"chat\"\n[[durable_objects.bindings]]\nname = \"ROOMS\"\nclass_name = \"Room\"\n\
+             [[durable_objects.bindings]]\nname = \"OLD\"\nclass_name = \"Legacy\"\n\
+             [[durable_objects.bindings]]\nname = \"NONE\"\nclass_name = \"Nowhere\"\n\
+             [[migrations]]\ntag = \"v1\"\nnew_sqlite_classes = [\"Room\"]\nnew_classes = [\"Legacy\"]\n",
+        )
+        .unwrap();
+        let config = WranglerConfig::find(Some(&path)).unwrap().unwrap();
+        let rooms = config.durable_object("ROOMS").unwrap().unwrap();
+        assert_eq!(rooms, DoNamespaceSpec { name: "ROOMS".into(), class: "Room".into(), script: "chat".into() });
+        assert_eq!(config.durable_object("Room").unwrap(), Some(rooms));
+        assert!(config.durable_object("OLD").unwrap_err().to_string().contains("new_sqlite_classes"));
+        assert!(config.durable_object("NONE").is_err());
+        assert_eq!(config.durable_object("OTHER").unwrap(), None);
     }
 }

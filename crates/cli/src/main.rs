@@ -1,12 +1,13 @@
 //! `kura`: the one binary. `kura serve` runs the server on a data directory; `kura d1 …` works
 //! on D1 databases locally (in-process, on the data directory) or remotely (any server speaking
-//! Cloudflare's v4 API: kura, or Cloudflare itself); `kura accounts` and `kura tokens` manage
-//! credentials.
+//! Cloudflare's v4 API: kura, or Cloudflare itself); `kura r2 …` and `kura do …` do the same for
+//! R2 and Durable Objects; `kura accounts` and `kura tokens` manage credentials.
 
 mod admin;
 mod api;
 mod config;
 mod d1;
+mod durable_objects;
 mod local;
 mod output;
 mod progress;
@@ -36,6 +37,9 @@ enum Command {
     /// Manage R2 buckets and objects, locally or remotely, and presign URLs.
     #[command(subcommand)]
     R2(r2::R2Command),
+    /// Manage Durable Object namespaces and inspect, query and export their objects.
+    #[command(subcommand)]
+    Do(durable_objects::DoCommand),
     /// Manage accounts in the data directory.
     #[command(subcommand)]
     Accounts(admin::AccountsCommand),
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::run(args).await,
             Command::D1(command) => d1::run(command).await,
             Command::R2(command) => r2::run(command).await,
+            Command::Do(command) => durable_objects::run(command).await,
             Command::Accounts(command) => admin::run_accounts(command),
             Command::Tokens(command) => admin::run_tokens(command),
         }

@@ -248,3 +248,98 @@ fn kill_9_during_uploads_and_overwrites_keeps_every_acknowledged_object() {
         assert!(!shard.join("00ffffffffffffffffffffffffffffff").exists());
     });
 }
+
+/// A tiny HTTP receiver for alarm POSTs: answers 200 to each and keeps the JSON bodies.
+fn alarm_receiver() -> (String, Arc<std::sync::Mutex<Vec<Json>>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/alarm", listener.local_addr().unwrap());
+    let received = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = Arc::clone(&received);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            if reader.read_exact(&mut body).is_ok()
+                && let Ok(json) = serde_json::from_slice::<Json>(&body)
+            {
+                sink.lock().unwrap().push(json);
+            }
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (url, received)
+}
+
+#[test]
+fn durable_object_alarms_survive_kill_9() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (alarm_url, received) = alarm_receiver();
+    let server = KuraProcess::start();
+    let http = reqwest::Client::new();
+    let namespaces = format!("{}/accounts/{ACCOUNT}/workers/durable_objects/namespaces", server.api);
+    let call = |base: String, path: String, body: Json| {
+        let http = http.clone();
+        async move {
+            let answer: Json = http
+                .post(format!("{base}{path}"))
+                .bearer_auth(TOKEN)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(answer["success"], true, "{answer}");
+            answer["result"].clone()
+        }
+    };
+    let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    // One alarm falls due while the server is down, the other after it is back.
+    let (early, late) = (now_ms() + 1_500, now_ms() + 6_000);
+    runtime.block_on(async {
+        call(namespaces.clone(), String::new(), json!({ "name": "TIMERS", "alarm_url": alarm_url })).await;
+        for (object, time) in [("early", early), ("late", late)] {
+            let ops = json!({ "operations": [{ "op": "set_alarm", "time": time }] });
+            call(namespaces.clone(), format!("/TIMERS/objects/{object}/batch"), ops).await;
+        }
+    });
+    let (dir, data) = server.stop(); // SIGKILL: acknowledged alarms must still fire
+    std::thread::sleep(std::time::Duration::from_millis(2_000));
+    assert!(received.lock().unwrap().is_empty(), "nothing fired while the server was down");
+    let server = KuraProcess::start_on(dir, data);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while received.lock().unwrap().len() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Long enough for a duplicate delivery to show up.
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    let got = received.lock().unwrap().clone();
+    let mut fired: Vec<(String, i64)> = got
+        .iter()
+        .map(|a| (a["name"].as_str().unwrap_or_default().to_owned(), a["scheduledTime"].as_i64().unwrap_or(0)))
+        .collect();
+    fired.sort();
+    assert_eq!(fired, [("early".to_owned(), early), ("late".to_owned(), late)], "each alarm fired once: {got:?}");
+    assert!(got.iter().all(|a| a["isRetry"] == false));
+    let namespaces = format!("{}/accounts/{ACCOUNT}/workers/durable_objects/namespaces", server.api);
+    runtime.block_on(async {
+        for object in ["early", "late"] {
+            let ops = json!({ "operations": [{ "op": "get_alarm" }] });
+            let result = call(namespaces.clone(), format!("/TIMERS/objects/{object}/batch"), ops).await;
+            assert_eq!(result["results"][0], Json::Null, "{object}'s alarm is gone once delivered");
+        }
+    });
+}

@@ -171,3 +171,100 @@ fn acknowledged_writes_survive_kill_9() {
     .json();
     assert_eq!(rows[0]["results"][0], serde_json::json!({"n": 20, "s": 190}));
 }
+
+#[test]
+fn durable_objects_from_the_cli_locally_and_remotely() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cwd, data) = (dir.path(), dir.path().join("data"));
+    std::fs::write(
+        cwd.join("wrangler.toml"),
+        "name = \"chat\"\n[[durable_objects.bindings]]\nname = \"ROOMS\"\nclass_name = \"Room\"\n\
+         [[migrations]]\ntag = \"v1\"\nnew_sqlite_classes = [\"Room\"]\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| kura(cwd, &data, args, &[]);
+    let ok = |args: &[&str]| run(args).expect_ok(&args.join(" "));
+
+    // The binding creates the namespace on first use, keyed as Miniflare keys it.
+    let schema = "CREATE TABLE member (name TEXT PRIMARY KEY)";
+    ok(&["do", "sql", "ROOMS", "room:red", &format!("{schema}; INSERT INTO member VALUES ('alice')")]);
+    ok(&["do", "sql", "ROOMS", "room:blue", &format!("{schema}; INSERT INTO member VALUES (?)"), "--param", "\"bob\""]);
+    let namespaces = ok(&["do", "namespace", "list", "--json"]).json();
+    assert_eq!(
+        (namespaces[0]["name"].as_str(), namespaces[0]["unique_key"].as_str()),
+        (Some("ROOMS"), Some("chat-Room"))
+    );
+
+    let red = ok(&["do", "sql", "ROOMS", "room:red", "SELECT name FROM member", "--json"]).json();
+    assert_eq!(red["rows"], serde_json::json!([["alice"]]));
+    let listed = ok(&["do", "list", "ROOMS", "--json"]).json();
+    let mut names: Vec<&str> =
+        listed["objects"].as_array().unwrap().iter().filter_map(|o| o["name"].as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["room:blue", "room:red"]);
+    assert!(listed["objects"][0]["stored_bytes"].as_u64().unwrap() > 0);
+    let page = ok(&["do", "list", "ROOMS", "--limit", "1", "--json"]).json();
+    assert_eq!(page["objects"].as_array().unwrap().len(), 1);
+    let rest = ok(&["do", "list", "ROOMS", "--json", "--cursor", page["cursor"].as_str().unwrap()]).json();
+    assert_eq!(rest["objects"].as_array().unwrap().len(), 1);
+    assert_ne!(rest["objects"][0]["id"], page["objects"][0]["id"]);
+
+    let all = ok(&["do", "query-all", "ROOMS", "SELECT name FROM member", "--json"]).json();
+    assert_eq!(all["consistent_snapshot"], false);
+    let mut rows: Vec<String> =
+        all["objects"].as_array().unwrap().iter().map(|o| o["rows"][0][0].to_string()).collect();
+    rows.sort();
+    assert_eq!(rows, ["\"alice\"", "\"bob\""]);
+    let only_red =
+        ok(&["do", "query-all", "ROOMS", "SELECT name FROM member", "--object", "room:red", "--json"]).json();
+    assert_eq!(only_red["objects"].as_array().unwrap().len(), 1);
+    assert_eq!(only_red["objects"][0]["rows"], serde_json::json!([["alice"]]));
+    let table = ok(&["do", "query-all", "ROOMS", "SELECT name FROM member"]);
+    assert!(table.stdout.contains("room:red") && table.stdout.contains("alice"), "{}", table.all());
+
+    let dump = cwd.join("red.sql");
+    ok(&["do", "export", "ROOMS", "room:red", "--output", dump.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&dump).unwrap();
+    assert!(text.contains("CREATE TABLE member") && text.contains("'alice'"), "{text}");
+
+    // Bad input: a clear error, nothing changed.
+    let begin = run(&["do", "sql", "ROOMS", "room:red", "INSERT INTO member VALUES ('eve'); BEGIN"]);
+    assert!(!begin.ok && begin.stderr.contains("transactionSync"), "{}", begin.all());
+    let red = ok(&["do", "sql", "ROOMS", "room:red", "SELECT count(*) FROM member", "--json"]).json();
+    assert_eq!(red["rows"], serde_json::json!([[1]]), "the failed request changed nothing");
+    let unknown = run(&["do", "list", "NOPE"]);
+    assert!(!unknown.ok && unknown.stderr.contains("'NOPE' not found"), "{}", unknown.all());
+    let bad_id = run(&["do", "sql", "ROOMS", &"f".repeat(64), "SELECT 1"]);
+    assert!(!bad_id.ok && bad_id.stderr.contains("not valid for this namespace"), "{}", bad_id.all());
+
+    // The same commands against a server.
+    drop(dir);
+    let server = KuraProcess::start();
+    let cwd = server.dir.path().to_owned();
+    let remote = server.remote_env();
+    let data = server.data.clone();
+    let ok = |args: &[&str]| kura(&cwd, &data, args, &remote).expect_ok(&args.join(" "));
+    ok(&["do", "namespace", "create", "PLAYERS", "--class", "Player", "--script", "game", "--remote"]);
+    ok(&["do", "sql", "PLAYERS", "ann", "CREATE TABLE score (n); INSERT INTO score VALUES (7)", "--remote"]);
+    ok(&[
+        "do",
+        "sql",
+        "PLAYERS",
+        "ben",
+        "CREATE TABLE score (n); INSERT INTO score VALUES (?)",
+        "--param",
+        "9",
+        "--remote",
+    ]);
+    let listed = ok(&["do", "list", "PLAYERS", "--remote", "--json"]).json();
+    assert_eq!(listed["objects"].as_array().unwrap().len(), 2);
+    let total = ok(&["do", "query-all", "PLAYERS", "SELECT n FROM score", "--remote", "--json"]).json();
+    let sum: i64 = total["objects"].as_array().unwrap().iter().map(|o| o["rows"][0][0].as_i64().unwrap()).sum();
+    assert_eq!(sum, 16);
+    let ann = ok(&["do", "sql", "PLAYERS", "ann", "SELECT n FROM score", "--remote", "--json"]).json();
+    assert_eq!(ann["rows"], serde_json::json!([[7]]));
+    let exported = ok(&["do", "export", "PLAYERS", "ben", "--remote"]);
+    assert!(exported.stdout.contains("VALUES(9)"), "{}", exported.all());
+    let namespaces = ok(&["do", "namespace", "list", "--remote", "--json"]).json();
+    assert_eq!(namespaces[0]["unique_key"], "game-Player");
+}

@@ -13,7 +13,7 @@ use serde_json::{Map, Value as Json, json};
 
 use kura_catalog::{DoNamespace, NewDoNamespace};
 use kura_d1::wire::{JsonParams, JsonValue};
-use kura_do::{Cursor, DoError, ListOptions, Namespace, ObjectId, Storage};
+use kura_do::{Cursor, DoError, FanOutRow, ListOptions, Namespace, ObjectId, ObjectSummary, Storage};
 
 use super::extract::{V4Path, V4Query, read_body};
 use super::{ApiError, ok, parse_json, query_number};
@@ -37,7 +37,8 @@ impl From<DoError> for ApiError {
     }
 }
 
-fn namespace_json(ns: &DoNamespace) -> Json {
+/// A namespace as the API shows it.
+pub fn namespace_json(ns: &DoNamespace) -> Json {
     json!({
         "id": ns.id,
         "name": ns.name,
@@ -182,19 +183,7 @@ pub async fn list_objects(
     let cursor = query.get("cursor").cloned().unwrap_or_default();
     let page = app.durable_objects.list(&ns, &cursor, limit + 1).await?;
     let more = page.len() as u64 > limit;
-    let objects: Vec<Json> = page
-        .iter()
-        .take(limit as usize)
-        .map(|o| {
-            json!({
-                "id": o.entry.id,
-                "name": o.entry.name,
-                "hasStoredData": o.stored_bytes > 0,
-                "stored_bytes": o.stored_bytes,
-                "created_on": jiff::Timestamp::from_millisecond(o.entry.created_ms).map(|t| t.to_string()).unwrap_or_default(),
-            })
-        })
-        .collect();
+    let objects: Vec<Json> = page.iter().take(limit as usize).map(object_json).collect();
     let next = if more { page.get(limit as usize - 1).map(|o| o.entry.id.clone()) } else { None };
     let body = json!({
         "result": objects,
@@ -204,6 +193,17 @@ pub async fn list_objects(
         "result_info": { "count": objects.len(), "cursor": next.unwrap_or_default() },
     });
     Ok(axum::Json(body).into_response())
+}
+
+/// An object as the listing shows it: Cloudflare's `{id, hasStoredData}`, its name and size.
+pub fn object_json(o: &ObjectSummary) -> Json {
+    json!({
+        "id": o.entry.id,
+        "name": o.entry.name,
+        "hasStoredData": o.stored_bytes > 0,
+        "stored_bytes": o.stored_bytes,
+        "created_on": jiff::Timestamp::from_millisecond(o.entry.created_ms).map(|t| t.to_string()).unwrap_or_default(),
+    })
 }
 
 /// `POST …/namespaces/{namespace}/objects`: a new unique id (the object is created on first use).
@@ -276,7 +276,8 @@ enum Operation {
     DatabaseSize,
 }
 
-fn cursor_json(cursor: &Cursor) -> Json {
+/// A statement's answer: `{columns, rows, meta: {rows_read, rows_written}}`.
+pub fn cursor_json(cursor: &Cursor) -> Json {
     json!({
         "columns": cursor.columns,
         "rows": cursor.rows.iter().map(|r| r.iter().map(|v| serde_json::to_value(JsonValue(v)).unwrap_or(Json::Null)).collect::<Vec<_>>()).collect::<Vec<_>>(),
@@ -492,6 +493,11 @@ pub async fn fan_out(
         None => None,
     };
     let rows = app.durable_objects.fan_out(&ns, objects, &body.sql, body.params.0).await?;
+    Ok(ok(fan_out_json(&rows)))
+}
+
+/// A fan-out's answer: each object's rows (or error), tagged with its id and name.
+pub fn fan_out_json(rows: &[FanOutRow]) -> Json {
     let results: Vec<Json> = rows
         .iter()
         .map(|row| {
@@ -506,7 +512,7 @@ pub async fn fan_out(
             item
         })
         .collect();
-    Ok(ok(json!({ "consistent_snapshot": false, "objects": results })))
+    json!({ "consistent_snapshot": false, "objects": results })
 }
 
 /// `GET …/namespaces/{namespace}/objects/{object}/export`: the object's storage as SQL.

@@ -2,7 +2,7 @@
 //! one place where every error becomes its wire form (status, Cloudflare code, message).
 
 mod d1;
-mod durable_objects;
+pub mod durable_objects;
 pub(crate) mod extract;
 mod graphql;
 mod import_export;
