@@ -220,22 +220,60 @@ async fn point_in_time_recovery_through_the_runtime() {
     assert_eq!(stub.call(increment()).await.unwrap(), 3, "the restore was undone (n = 2)");
 }
 
+/// Resident memory of this process, in bytes (Linux).
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB");
+    kib.trim().parse::<u64>().unwrap() * 1024
+}
+
+/// Touches `range`'s counters from 8 tasks at once, checking the caps after each request;
+/// answers the counters' values.
+async fn touch_all(ns: &kura::Namespace<Counter>, runtime: &Runtime, range: std::ops::Range<u64>) -> Vec<u64> {
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(range.start));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (ns, runtime, next, end) = (ns.clone(), runtime.clone(), Arc::clone(&next), range.end);
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= end {
+                        return seen;
+                    }
+                    seen.push(ns.get_by_name(&format!("c{i}")).call(increment()).await.unwrap());
+                    assert!(runtime.engine().open_objects() <= 64, "{} files open", runtime.engine().open_objects());
+                    assert!(ns.instances() <= 500 + 8, "{} instances", ns.instances());
+                }
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn many_objects_stay_within_their_caps() {
+async fn twenty_thousand_objects_stay_within_their_caps() {
     let dir = tempfile::tempdir().unwrap();
     let mut settings =
         RuntimeSettings { max_instances: 500, idle_timeout: Duration::from_secs(60), ..Default::default() };
     settings.engine.registry.max_open = 64;
     let runtime = Runtime::open_with(dir.path(), settings).unwrap();
     let (ns, _) = counters(&runtime);
-    let objects = 2_000u64;
-    for i in 0..objects {
-        ns.get_by_name(&format!("c{i}")).call(increment()).await.unwrap();
-        assert!(runtime.engine().open_objects() <= 64);
-    }
-    assert!(ns.instances() <= 501, "{}", ns.instances());
-    for i in (0..objects).step_by(97) {
-        assert_eq!(ns.get_by_name(&format!("c{i}")).call(increment()).await.unwrap(), 2);
-    }
+    let objects = 20_000u64;
+    // The caps are full after the first few thousand; from then on memory must not grow with
+    // the number of objects.
+    assert!(touch_all(&ns, &runtime, 0..4_000).await.iter().all(|n| *n == 1));
+    let warm = resident_bytes();
+    assert!(touch_all(&ns, &runtime, 4_000..objects).await.iter().all(|n| *n == 1));
+    let grown = resident_bytes().saturating_sub(warm);
+    assert!(grown < 48 << 20, "16,000 more objects grew memory by {} MiB", grown >> 20);
+    // Every object still answers with its data.
+    let second = touch_all(&ns, &runtime, 0..objects).await;
+    assert_eq!(second.len() as u64, objects);
+    assert!(second.iter().all(|n| *n == 2), "every counter kept its first increment");
     assert_eq!(runtime.engine().count(ns.engine_namespace()).await.unwrap(), objects);
 }
