@@ -6,7 +6,6 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,8 +36,7 @@ impl AlarmInvocation {
     }
 }
 
-/// A boxed future, as delivery returns.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use crate::BoxFuture;
 
 /// Runs an alarm's handler. `Err` is a failed attempt (retried), with why.
 pub trait Deliver: Send + Sync + 'static {

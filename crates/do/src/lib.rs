@@ -35,6 +35,9 @@ use kura_sqlite::{DatabaseOptions, HistorySettings, Limits, Registry, RegistrySe
 use tokio::sync::{Notify, oneshot};
 
 pub use error::{DoError, Result};
+
+/// A boxed future, as requests and alarm deliveries are.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 pub use id::{IdError, IdFactory, ObjectId};
 pub use index::{DueAlarm, ObjectEntry};
 pub use kura_sqlite::{Bookmark, Restored, Value};
@@ -248,7 +251,41 @@ impl DurableObjects {
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(DoError::Closed),
         }
-        Ok(Session { link: session::SessionLink::new(tx), engine: self.clone(), namespace: ns.clone(), id: id.clone() })
+        Ok(Session {
+            link: session::SessionLink::Remote(tx),
+            engine: self.clone(),
+            namespace: ns.clone(),
+            id: id.clone(),
+        })
+    }
+
+    /// Runs `request` as one request on the object's own thread (creating the object on first
+    /// use), after the requests before it: its [`Session`]'s storage calls run there directly,
+    /// with no hop between threads, and it ends the request with [`Session::commit`] or
+    /// [`Session::rollback`] (what it leaves undecided is rolled back). The thread is the
+    /// object's alone, so the request may await anything, except another request to the same
+    /// object, which would wait for it forever. Storage calls from other threads fail.
+    pub async fn serve<T: Send + 'static>(
+        &self,
+        ns: &Namespace,
+        id: &ObjectId,
+        request: impl FnOnce(Session) -> BoxFuture<'static, T> + Send + 'static,
+    ) -> Result<T> {
+        self.ensure(ns, id).await?;
+        let handle = tokio::runtime::Handle::current();
+        let (engine, namespace, object) = (self.clone(), ns.clone(), id.clone());
+        self.inner
+            .registry
+            .with_database(&ns.object_key(id), move |db| {
+                // Timers, spawned tasks and I/O the request uses run on the caller's runtime.
+                let _runtime = handle.enter();
+                session::serve_local(db, |link| {
+                    let session = Session { link, engine, namespace, id: object };
+                    session::block_on(request(session))
+                })
+            })
+            .await
+            .map_err(DoError::from_sql)?
     }
 
     /// Runs `f` as one request: everything it writes commits together if it returns `Ok`,
@@ -259,17 +296,21 @@ impl DurableObjects {
         id: &ObjectId,
         f: impl FnOnce(&mut Storage<'_>) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let session = self.begin(ns, id).await?;
-        match session.call(f).await {
-            Ok(Ok(value)) => {
-                session.commit().await?;
-                Ok(value)
-            }
-            Ok(Err(e)) | Err(e) => {
-                session.rollback().await;
-                Err(e)
-            }
-        }
+        self.serve(ns, id, move |session| {
+            Box::pin(async move {
+                match session.call(f).await {
+                    Ok(Ok(value)) => {
+                        session.commit().await?;
+                        Ok(value)
+                    }
+                    Ok(Err(e)) | Err(e) => {
+                        session.rollback().await;
+                        Err(e)
+                    }
+                }
+            })
+        })
+        .await?
     }
 
     /// The objects of a namespace after `after` (an id; "" for the first page), in id order,

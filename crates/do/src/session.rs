@@ -29,39 +29,163 @@ pub(crate) enum Message {
     },
 }
 
-/// The async side of a session.
-pub(crate) struct SessionLink {
-    tx: Sender<Message>,
+/// The async side of a session: calls travel to the object's thread over a channel
+/// ([`SessionLink::Remote`]), or, when the request itself runs on that thread
+/// ([`serve_local`]), go straight to its storage ([`SessionLink::Local`]).
+pub(crate) enum SessionLink {
+    Remote(Sender<Message>),
+    Local,
 }
 
 impl SessionLink {
-    pub(crate) fn new(tx: Sender<Message>) -> Self {
-        SessionLink { tx }
-    }
-
     /// Runs `f` on the object's storage, inside the request's transaction.
     pub(crate) async fn call<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Storage<'_>) -> T + Send + 'static,
     ) -> Result<T> {
+        let tx = match self {
+            SessionLink::Local => return local::with_storage(f),
+            SessionLink::Remote(tx) => tx,
+        };
         let (reply, answer) = oneshot::channel();
         let call: Call = Box::new(move |storage| {
             let _ = reply.send(f(storage));
         });
-        self.tx.send(Message::Call(call)).map_err(|_| DoError::Closed)?;
+        tx.send(Message::Call(call)).map_err(|_| DoError::Closed)?;
         answer.await.map_err(|_| DoError::Closed)
     }
 
     pub(crate) async fn finish(&self, commit: bool) -> Result<Option<AlarmChange>> {
+        let tx = match self {
+            SessionLink::Local => return local::with_storage(|storage| finish_local(storage, commit))?,
+            SessionLink::Remote(tx) => tx,
+        };
         let (reply, answer) = oneshot::channel();
-        self.tx.send(Message::Finish { commit, reply }).map_err(|_| DoError::Closed)?;
+        tx.send(Message::Finish { commit, reply }).map_err(|_| DoError::Closed)?;
         answer.await.map_err(|_| DoError::Closed)?
     }
 
     pub(crate) async fn decide(&self, commit: bool) -> Result<()> {
+        let tx = match self {
+            SessionLink::Local => {
+                return local::with_storage(|storage| {
+                    if commit {
+                        self::commit(storage.database())
+                    } else {
+                        storage.database().rollback();
+                        Ok(())
+                    }
+                })?;
+            }
+            SessionLink::Remote(tx) => tx,
+        };
         let (reply, answer) = oneshot::channel();
-        self.tx.send(Message::Decide { commit, reply }).map_err(|_| DoError::Closed)?;
+        tx.send(Message::Decide { commit, reply }).map_err(|_| DoError::Closed)?;
         answer.await.map_err(|_| DoError::Closed)?
+    }
+}
+
+/// Ends a local request: rolls back, or commits unless the alarm changed (the change is then
+/// the answer, and [`SessionLink::decide`] commits once the owner has seen it).
+fn finish_local(storage: &mut Storage<'_>, commit: bool) -> Result<Option<AlarmChange>> {
+    if !commit {
+        storage.database().rollback();
+        return Ok(None);
+    }
+    match storage.alarm_change() {
+        None => commit_storage(storage).map(|()| None),
+        Some(change) => Ok(Some(change)),
+    }
+}
+
+fn commit_storage(storage: &mut Storage<'_>) -> Result<()> {
+    commit(storage.database())
+}
+
+/// Runs `request` on this thread (the object's own) as one request: the transaction opens
+/// first, the request's storage calls go straight to it, and whatever the request did not
+/// commit is rolled back when it returns.
+pub(crate) fn serve_local<T>(db: &mut Database, request: impl FnOnce(SessionLink) -> T) -> Result<T> {
+    db.begin().map_err(DoError::from_sql)?;
+    let mut storage = Storage::new(db);
+    let output = local::lend(&mut storage, || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| request(SessionLink::Local)))
+    });
+    let used_pragma = storage.used_pragma;
+    let db = storage.database();
+    if db.in_transaction() {
+        db.rollback();
+    }
+    if used_pragma {
+        db.reset_connection_pragmas();
+    }
+    output.map_err(|_| DoError::Reset("the request panicked; what it wrote was rolled back".into()))
+}
+
+/// Drives `future` to completion on this thread, parking it while the future waits.
+pub(crate) fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+        fn wake_by_ref(self: &std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let mut future = std::pin::pin!(future);
+    let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut context = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::park();
+    }
+}
+
+/// The storage a local request reaches, lent to this thread while the request runs.
+mod local {
+    use std::cell::Cell;
+
+    use crate::error::{DoError, Result};
+    use crate::storage::Storage;
+
+    thread_local! {
+        /// The storage of the request running on this thread; null when none is, or while a
+        /// call is using it (so a call cannot reach it again from inside itself).
+        static CURRENT: Cell<*mut Storage<'static>> = const { Cell::new(std::ptr::null_mut()) };
+    }
+
+    /// Puts the pointer back when a call ends, even by a panic.
+    struct Restore(*mut Storage<'static>);
+
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(self.0));
+        }
+    }
+
+    /// Lends `storage` to this thread's calls while `body` runs.
+    pub(super) fn lend<R>(storage: &mut Storage<'_>, body: impl FnOnce() -> R) -> R {
+        let ptr = (storage as *mut Storage<'_>).cast::<Storage<'static>>();
+        let previous = CURRENT.with(|c| c.replace(ptr));
+        let _restore = Restore(previous);
+        body()
+    }
+
+    /// Runs `f` on the lent storage; `Closed` from any other thread, or from inside a call.
+    pub(super) fn with_storage<T>(f: impl FnOnce(&mut Storage<'_>) -> T) -> Result<T> {
+        let ptr = CURRENT.with(|c| c.replace(std::ptr::null_mut()));
+        if ptr.is_null() {
+            return Err(DoError::Closed);
+        }
+        let _restore = Restore(ptr);
+        // SAFETY: `ptr` was lent by `lend` on this thread, whose frame (and so the storage,
+        // borrowed mutably for it) outlives every call made while `body` runs; the cell is
+        // null while this call holds the only reference, so no other can alias it.
+        Ok(f(unsafe { &mut *ptr }))
     }
 }
 

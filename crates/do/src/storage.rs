@@ -80,6 +80,11 @@ impl<'a> Storage<'a> {
         Storage { db, depth: 0, alarm_before: None, alarm_now: None, kv_ready: false, used_pragma: false }
     }
 
+    /// The connection underneath, for ending the request.
+    pub(crate) fn database(&mut self) -> &mut Database {
+        self.db
+    }
+
     /// Runs SQL under Durable Objects' rules: several statements may be given, only the last
     /// may take parameters, and the result is the last statement's.
     pub fn exec(&mut self, sql: &str, params: Vec<Value>) -> Result<Cursor> {

@@ -41,8 +41,9 @@ pub enum Error {
     /// its in-memory state is gone and the request's writes were rolled back.
     #[error("{0}")]
     Reset(String),
-    /// Storage was used outside a request of its object.
-    #[error("storage can only be used while a request of its object runs")]
+    /// Storage was used outside a request of its object, or from a task other than the
+    /// request's own.
+    #[error("storage can only be used by a request of its object, from the request's own task")]
     NoRequest,
 }
 
@@ -172,7 +173,7 @@ fn storage_id_for(name: &str) -> String {
 
 /// One object's instance and the fair lock requests take turns on.
 struct Slot<T> {
-    instance: tokio::sync::Mutex<Option<T>>,
+    instance: Arc<tokio::sync::Mutex<Option<T>>>,
     last_used: Mutex<Instant>,
     /// The request now running, which the instance's [`State`] reaches its storage through.
     current: Arc<Mutex<Weak<RequestLink>>>,
@@ -246,7 +247,7 @@ impl<T: DurableObject> Namespace<T> {
         let mut slots = self.inner.slots.lock().unwrap_or_else(|p| p.into_inner());
         let slot = slots.entry(id.clone()).or_insert_with(|| {
             Arc::new(Slot {
-                instance: tokio::sync::Mutex::new(None),
+                instance: Arc::new(tokio::sync::Mutex::new(None)),
                 last_used: Mutex::new(Instant::now()),
                 current: Arc::new(Mutex::new(Weak::new())),
             })
@@ -290,33 +291,66 @@ impl<T: DurableObject> Namespace<T> {
         }
     }
 
-    /// Runs one request on the object `id`: waits its turn, builds the instance if needed,
-    /// runs `f`, and commits or rolls back what it wrote.
+    /// Runs one request on the object `id`: waits its turn, then, on the object's own thread
+    /// (where its storage calls need no hop), builds the instance if needed, runs `f`, and
+    /// commits or rolls back what it wrote; a restore it asked for is applied before the next.
     async fn invoke<R, F>(&self, id: &ObjectId, alarm: bool, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: for<'a> FnOnce(&'a mut T) -> BoxFuture<'a, Result<R>> + Send,
+        F: for<'a> FnOnce(&'a mut T) -> BoxFuture<'a, Result<R>> + Send + 'static,
     {
         if self.instances() > self.inner.settings.max_instances {
             self.sweep();
         }
         let slot = self.slot(id);
-        let mut instance = slot.instance.lock().await;
-        let session = Arc::new(self.inner.engine.begin(&self.inner.ns, id).await?);
+        let instance = Arc::clone(&slot.instance).lock_owned().await;
+        let (namespace, current, object) = (self.clone(), Arc::clone(&slot.current), id.clone());
+        let (mut instance, result, restore) = self
+            .inner
+            .engine
+            .serve(&self.inner.ns, id, move |session| -> kura_do::BoxFuture<'static, _> {
+                Box::pin(namespace.request(instance, current, object, session, alarm, f))
+            })
+            .await?;
+        if let Some(bookmark) = restore {
+            *instance = None;
+            self.inner.engine.restore(&self.inner.ns, id, &bookmark).await?;
+        }
+        result
+    }
+
+    /// One request, on the object's thread, holding its instance.
+    async fn request<R, F>(
+        self,
+        mut instance: tokio::sync::OwnedMutexGuard<Option<T>>,
+        current: Arc<Mutex<Weak<RequestLink>>>,
+        id: ObjectId,
+        session: Session,
+        alarm: bool,
+        f: F,
+    ) -> (tokio::sync::OwnedMutexGuard<Option<T>>, Result<R>, Option<Bookmark>)
+    where
+        R: Send + 'static,
+        F: for<'a> FnOnce(&'a mut T) -> BoxFuture<'a, Result<R>> + Send + 'static,
+    {
+        if alarm {
+            // While its handler runs, the alarm reads as unset (it is deleted for good if the
+            // handler succeeds).
+            if let Err(e) = session.call(|s| s.delete_alarm()).await.and_then(|deleted| deleted) {
+                session.rollback().await;
+                return (instance, Err(e.into()), None);
+            }
+        }
+        let session = Arc::new(session);
         let link = Arc::new(RequestLink {
             session: Mutex::new(Some(Arc::clone(&session))),
             reset: AtomicBool::new(false),
             restore: Mutex::new(None),
         });
-        if alarm {
-            // While its handler runs, the alarm reads as unset (it is deleted for good if the
-            // handler succeeds).
-            session.call(|s| s.delete_alarm()).await??;
-        }
-        *slot.current.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(&link);
+        *current.lock().unwrap_or_else(|p| p.into_inner()) = Arc::downgrade(&link);
         let outcome = AssertUnwindSafe(async {
             if instance.is_none() {
-                let state = State { id: id.clone(), storage: Storage { current: Arc::clone(&slot.current) } };
+                let state = State { id: id.clone(), storage: Storage { current: Arc::clone(&current) } };
                 *instance = Some(T::new(state, self.inner.env.clone()).await?);
             }
             let object = instance.as_mut().expect("the instance was just built");
@@ -352,11 +386,7 @@ impl<T: DurableObject> Namespace<T> {
             }
         };
         let restore = link.restore.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(bookmark) = restore {
-            *instance = None;
-            self.inner.engine.restore(&self.inner.ns, id, &bookmark).await?;
-        }
-        result
+        (instance, result, restore)
     }
 }
 
@@ -395,7 +425,7 @@ impl<T: DurableObject> Stub<T> {
     pub async fn call<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: for<'a> FnOnce(&'a mut T) -> BoxFuture<'a, Result<R>> + Send,
+        F: for<'a> FnOnce(&'a mut T) -> BoxFuture<'a, Result<R>> + Send + 'static,
     {
         self.namespace.invoke(&self.id, false, f).await
     }
@@ -496,7 +526,13 @@ impl Storage {
         f: impl FnOnce(&mut kura_do::Storage<'_>) -> kura_do::Result<R> + Send + 'static,
     ) -> Result<R> {
         let session = self.session()?;
-        Ok(session.call(f).await??)
+        match session.call(f).await {
+            // Only the request's own task reaches its storage (the request runs on its
+            // object's thread).
+            Err(DoError::Closed) => Err(Error::NoRequest),
+            Err(e) => Err(e.into()),
+            Ok(answer) => Ok(answer?),
+        }
     }
 
     /// Runs SQL (several statements allowed; only the last may take parameters).

@@ -164,6 +164,17 @@ async fn requests_to_one_object_never_interleave_and_failures_roll_back() {
         .await;
     assert!(bad_sql.unwrap_err().to_string().contains("transactionSync"));
     assert!(ns.id_from_string("abc").unwrap_err().to_string().contains("must be 64 hex digits"));
+    // Storage belongs to the request's own task: a task it spawns is refused, cleanly.
+    let spawned = ns
+        .get_by_name("hits")
+        .call(|c: &mut Counter| -> BoxFuture<'_, Result<Result<()>>> {
+            let storage = c.state.storage().clone();
+            Box::pin(async move { Ok(tokio::spawn(async move { storage.put("n", &0u64).await }).await.unwrap()) })
+        })
+        .await
+        .unwrap();
+    assert!(matches!(spawned, Err(Error::NoRequest)), "{spawned:?}");
+    assert_eq!(ns.get_by_name("hits").call(increment()).await.unwrap(), 102, "the refused write changed nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
