@@ -288,3 +288,27 @@ async fn twenty_thousand_objects_stay_within_their_caps() {
     assert!(second.iter().all(|n| *n == 2), "every counter kept its first increment");
     assert_eq!(runtime.engine().count(ns.engine_namespace()).await.unwrap(), objects);
 }
+
+/// Requests run on their object's thread; timers they await are driven by the caller's
+/// runtime, a single-threaded one too.
+#[tokio::test(flavor = "current_thread")]
+async fn requests_work_from_a_current_thread_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = Runtime::open(dir.path()).unwrap();
+    let (ns, _) = counters(&runtime);
+    for expected in 1..=3 {
+        assert_eq!(ns.get_by_name("single").call(increment()).await.unwrap(), expected);
+    }
+    let ticks = ns
+        .get_by_name("single")
+        .call(|_: &mut Counter| -> BoxFuture<'_, Result<u32>> {
+            Box::pin(async {
+                let spawned = tokio::spawn(async { 7 });
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                Ok(spawned.await.unwrap())
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(ticks, 7);
+}
