@@ -46,7 +46,7 @@ pub enum TokensCommand {
         /// A human name.
         #[arg(long, default_value = "token")]
         name: String,
-        /// What it may do: admin, d1:read, d1:write, r2:read or r2:write.
+        /// What it may do: admin, d1:read, d1:write, r2:read, r2:write, do:read or do:write.
         #[arg(long, default_value = "admin")]
         scope: String,
         /// Limit its R2 access (and its S3 key's) to this bucket; repeat for several.

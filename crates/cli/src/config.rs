@@ -132,7 +132,8 @@ impl WranglerConfig {
         if binding.script_name.is_none() && !self.sqlite_classes.contains(class) {
             if self.kv_classes.contains(class) {
                 bail!(
-                    "{class} is declared with new_classes (key-value storage); kura keeps SQLite-backed Durable                      Objects only: declare it in new_sqlite_classes"
+                    "{class} is declared with new_classes (key-value storage); kura keeps SQLite-backed Durable \
+                     Objects only: declare it in new_sqlite_classes"
                 );
             }
             bail!("{class} is not declared by any migration in {}: add it to new_sqlite_classes", self.path.display());

@@ -367,7 +367,9 @@ fn rows_table(columns: &Json, rows: &Json) -> String {
 pub async fn run(command: DoCommand) -> anyhow::Result<()> {
     match command {
         DoCommand::Namespace(NamespaceCommand::Create { name, class, script, unique_key, alarm_url, at }) => {
+            // A binding of the configuration gives class and script, and must be SQLite-backed.
             let spec = match WranglerConfig::find(at.config.as_deref())? {
+                Some(config) if class.is_none() => config.durable_object(&name)?,
                 Some(config) => config.durable_object(&name).ok().flatten(),
                 None => None,
             };
@@ -482,6 +484,10 @@ pub async fn run(command: DoCommand) -> anyhow::Result<()> {
             let answer = outcome?;
             if json {
                 print_json(&answer);
+                return Ok(());
+            }
+            if answer["objects"].as_array().is_none_or(|o| o.is_empty()) {
+                println!("No objects.");
                 return Ok(());
             }
             eprintln!("(not one snapshot: each object answered at its own moment)");

@@ -415,7 +415,12 @@ impl DurableObjects {
             .registry
             .with_database(&format!("{}/{hex}", ns.storage_id), move |db| {
                 db.begin().map_err(DoError::from_sql)?;
-                let outcome = Storage::new(db).exec_read_only(&sql, params);
+                let outcome = Storage::new(db).exec_read_only(&sql, params).map_err(|e| match e {
+                    DoError::ReadOnly { sql } => DoError::Invalid(format!(
+                        "a fan-out runs read-only statements only, and this one writes: {sql}"
+                    )),
+                    other => other,
+                });
                 db.rollback();
                 outcome
             })

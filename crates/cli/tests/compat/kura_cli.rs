@@ -179,7 +179,8 @@ fn durable_objects_from_the_cli_locally_and_remotely() {
     std::fs::write(
         cwd.join("wrangler.toml"),
         "name = \"chat\"\n[[durable_objects.bindings]]\nname = \"ROOMS\"\nclass_name = \"Room\"\n\
-         [[migrations]]\ntag = \"v1\"\nnew_sqlite_classes = [\"Room\"]\n",
+         [[durable_objects.bindings]]\nname = \"OLD\"\nclass_name = \"Legacy\"\n\
+         [[migrations]]\ntag = \"v1\"\nnew_sqlite_classes = [\"Room\"]\nnew_classes = [\"Legacy\"]\n",
     )
     .unwrap();
     let run = |args: &[&str]| kura(cwd, &data, args, &[]);
@@ -234,6 +235,10 @@ fn durable_objects_from_the_cli_locally_and_remotely() {
     assert_eq!(red["rows"], serde_json::json!([[1]]), "the failed request changed nothing");
     let unknown = run(&["do", "list", "NOPE"]);
     assert!(!unknown.ok && unknown.stderr.contains("'NOPE' not found"), "{}", unknown.all());
+    let kv_backed = run(&["do", "namespace", "create", "OLD"]);
+    assert!(!kv_backed.ok && kv_backed.stderr.contains("new_sqlite_classes"), "{}", kv_backed.all());
+    let writes = run(&["do", "query-all", "ROOMS", "DELETE FROM member"]);
+    assert!(!writes.ok && writes.stdout.contains("read-only statements only"), "{}", writes.all());
     let bad_id = run(&["do", "sql", "ROOMS", &"f".repeat(64), "SELECT 1"]);
     assert!(!bad_id.ok && bad_id.stderr.contains("not valid for this namespace"), "{}", bad_id.all());
 
@@ -263,6 +268,8 @@ fn durable_objects_from_the_cli_locally_and_remotely() {
     assert_eq!(sum, 16);
     let ann = ok(&["do", "sql", "PLAYERS", "ann", "SELECT n FROM score", "--remote", "--json"]).json();
     assert_eq!(ann["rows"], serde_json::json!([[7]]));
+    let never_used = kura(&cwd, &data, &["do", "export", "PLAYERS", "nobody", "--remote"], &remote);
+    assert!(!never_used.ok && never_used.stderr.contains("stored nothing yet"), "{}", never_used.all());
     let exported = ok(&["do", "export", "PLAYERS", "ben", "--remote"]);
     assert!(exported.stdout.contains("VALUES(9)"), "{}", exported.all());
     let namespaces = ok(&["do", "namespace", "list", "--remote", "--json"]).json();

@@ -389,6 +389,10 @@ enum Queries {
     Many(Vec<SqlQuery>),
 }
 
+fn nothing_stored() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, 10067, "The object has stored nothing yet")
+}
+
 /// Runs queries on one object as one request (all or nothing).
 async fn run_queries(
     app: &AppState,
@@ -402,7 +406,7 @@ async fn run_queries(
     }
     let read_only = !caller.token.scope.can_write_do();
     if read_only && !app.durable_objects.exists(ns, id) {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, 10067, "The object has stored nothing yet"));
+        return Err(nothing_stored());
     }
     let results = app
         .durable_objects
@@ -522,6 +526,9 @@ pub async fn export(
     V4Path((account_id, namespace, object)): V4Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
     let (ns, id) = reach_object(&app, &caller, Need::DoRead, &account_id, &namespace, &object)?;
+    if !app.durable_objects.exists(&ns, &id) {
+        return Err(nothing_stored());
+    }
     let dump = app.durable_objects.export(&ns, &id).await?;
     Ok(([(header::CONTENT_TYPE, "application/sql; charset=utf-8")], dump).into_response())
 }
