@@ -376,7 +376,8 @@ pub async fn run(command: DoCommand) -> anyhow::Result<()> {
             let new = NewDoNamespace {
                 class_name: class.or_else(|| spec.as_ref().map(|s| s.class.clone())),
                 script: script.or_else(|| spec.as_ref().map(|s| s.script.clone())),
-                name,
+                // Named by its class, a binding still gives the namespace the binding's name.
+                name: spec.as_ref().map_or(name, |s| s.name.clone()),
                 unique_key,
                 alarm_url,
             };
@@ -407,8 +408,8 @@ pub async fn run(command: DoCommand) -> anyhow::Result<()> {
             }
         }
         DoCommand::List { namespace, limit, cursor, json, at } => {
-            if limit == 0 {
-                bail!("--limit must be at least 1");
+            if !(1..=10_000).contains(&limit) {
+                bail!("--limit must be between 1 and 10000");
             }
             let backend = Backend::open(&at).await?;
             let outcome = async {
@@ -432,6 +433,9 @@ pub async fn run(command: DoCommand) -> anyhow::Result<()> {
             }
         }
         DoCommand::Sql { namespace, object, sql, params, json, at } => {
+            if object.is_empty() {
+                bail!("An object needs a name or an id");
+            }
             let params = parse_params(&params)?;
             let backend = Backend::open(&at).await?;
             let outcome = async {
@@ -453,6 +457,9 @@ pub async fn run(command: DoCommand) -> anyhow::Result<()> {
             }
         }
         DoCommand::Export { namespace, object, output, at } => {
+            if object.is_empty() {
+                bail!("An object needs a name or an id");
+            }
             if output.as_ref().is_some_and(|o| o.is_dir()) {
                 bail!("--output must be a file, not a directory");
             }
@@ -482,8 +489,13 @@ pub async fn run(command: DoCommand) -> anyhow::Result<()> {
             .await;
             backend.close().await;
             let answer = outcome?;
+            let failed =
+                answer["objects"].as_array().into_iter().flatten().filter(|o| o.get("error").is_some()).count();
             if json {
                 print_json(&answer);
+                if failed > 0 {
+                    bail!("{failed} object(s) failed; their errors are in the answer");
+                }
                 return Ok(());
             }
             if answer["objects"].as_array().is_none_or(|o| o.is_empty()) {
@@ -491,14 +503,12 @@ pub async fn run(command: DoCommand) -> anyhow::Result<()> {
                 return Ok(());
             }
             eprintln!("(not one snapshot: each object answered at its own moment)");
-            let mut failed = 0;
             for object in answer["objects"].as_array().into_iter().flatten() {
                 let who = match object["name"].as_str() {
                     Some(name) => format!("{name} ({})", cell(&object["id"])),
                     None => cell(&object["id"]),
                 };
                 if let Some(error) = object["error"].as_str() {
-                    failed += 1;
                     println!("✘ {who}: {error}");
                 } else {
                     println!("● {who}");

@@ -50,8 +50,10 @@ pub struct DoSettings {
     pub registry: RegistrySettings,
     /// Each object's history (point-in-time recovery keeps 30 days).
     pub history: HistorySettings,
-    /// Longest a request may leave its object waiting between two storage calls before it is
-    /// rolled back (an alarm handler may run for 15 minutes).
+    /// Longest a request may hold its object before it is rolled back: in all, for a request
+    /// served on its object's thread ([`DurableObjects::serve`]); between two storage calls,
+    /// for a [`Session`] from [`DurableObjects::begin`] (an alarm handler may run for 15
+    /// minutes).
     pub session_idle_limit: Duration,
     /// Objects a fan-out query reads at once.
     pub fan_out_parallelism: usize,
@@ -273,19 +275,26 @@ impl DurableObjects {
     ) -> Result<T> {
         self.ensure(ns, id).await?;
         let handle = tokio::runtime::Handle::current();
+        let limit = self.inner.settings.session_idle_limit;
         let (engine, namespace, object) = (self.clone(), ns.clone(), id.clone());
-        self.inner
+        let served = self
+            .inner
             .registry
             .with_database(&ns.object_key(id), move |db| {
                 // Timers, spawned tasks and I/O the request uses run on the caller's runtime.
                 let _runtime = handle.enter();
                 session::serve_local(db, |link| {
                     let session = Session { link, engine, namespace, id: object };
-                    session::block_on(request(session))
+                    // A request that never ends would hold its object for ever.
+                    session::block_on(tokio::time::timeout(limit, request(session)))
                 })
             })
             .await
-            .map_err(DoError::from_sql)?
+            .map_err(DoError::from_sql)??;
+        served.map_err(|_| {
+            tracing::warn!(limit = ?limit, "a request held its object too long; it was rolled back");
+            DoError::Reset(format!("the request ran longer than {} s and was rolled back", limit.as_secs()))
+        })
     }
 
     /// Runs `f` as one request: everything it writes commits together if it returns `Ok`,

@@ -34,7 +34,9 @@ pub(crate) enum Message {
 /// ([`serve_local`]), go straight to its storage ([`SessionLink::Local`]).
 pub(crate) enum SessionLink {
     Remote(Sender<Message>),
-    Local,
+    /// The request lent under this token (so a session of one object, carried into another
+    /// object's request, cannot reach that object's storage).
+    Local(u64),
 }
 
 impl SessionLink {
@@ -44,7 +46,7 @@ impl SessionLink {
         f: impl FnOnce(&mut Storage<'_>) -> T + Send + 'static,
     ) -> Result<T> {
         let tx = match self {
-            SessionLink::Local => return local::with_storage(f),
+            SessionLink::Local(token) => return local::with_storage(*token, f),
             SessionLink::Remote(tx) => tx,
         };
         let (reply, answer) = oneshot::channel();
@@ -57,7 +59,7 @@ impl SessionLink {
 
     pub(crate) async fn finish(&self, commit: bool) -> Result<Option<AlarmChange>> {
         let tx = match self {
-            SessionLink::Local => return local::with_storage(|storage| finish_local(storage, commit))?,
+            SessionLink::Local(token) => return local::with_storage(*token, |storage| finish_local(storage, commit))?,
             SessionLink::Remote(tx) => tx,
         };
         let (reply, answer) = oneshot::channel();
@@ -67,8 +69,8 @@ impl SessionLink {
 
     pub(crate) async fn decide(&self, commit: bool) -> Result<()> {
         let tx = match self {
-            SessionLink::Local => {
-                return local::with_storage(|storage| {
+            SessionLink::Local(token) => {
+                return local::with_storage(*token, |storage| {
                     if commit {
                         self::commit(storage.database())
                     } else {
@@ -108,8 +110,9 @@ fn commit_storage(storage: &mut Storage<'_>) -> Result<()> {
 pub(crate) fn serve_local<T>(db: &mut Database, request: impl FnOnce(SessionLink) -> T) -> Result<T> {
     db.begin().map_err(DoError::from_sql)?;
     let mut storage = Storage::new(db);
-    let output = local::lend(&mut storage, || {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| request(SessionLink::Local)))
+    let token = local::next_token();
+    let output = local::lend(&mut storage, token, || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| request(SessionLink::Local(token))))
     });
     let used_pragma = storage.used_pragma;
     let db = storage.database();
@@ -148,18 +151,28 @@ pub(crate) fn block_on<F: std::future::Future>(future: F) -> F::Output {
 /// The storage a local request reaches, lent to this thread while the request runs.
 mod local {
     use std::cell::Cell;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     use crate::error::{DoError, Result};
     use crate::storage::Storage;
 
+    /// A lent storage and the token of the request it was lent to.
+    type Lent = (*mut Storage<'static>, u64);
+
     thread_local! {
         /// The storage of the request running on this thread; null when none is, or while a
         /// call is using it (so a call cannot reach it again from inside itself).
-        static CURRENT: Cell<*mut Storage<'static>> = const { Cell::new(std::ptr::null_mut()) };
+        static CURRENT: Cell<Lent> = const { Cell::new((std::ptr::null_mut(), 0)) };
     }
 
-    /// Puts the pointer back when a call ends, even by a panic.
-    struct Restore(*mut Storage<'static>);
+    /// A token no other request has had.
+    pub(super) fn next_token() -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Puts the lent storage back when a call ends, even by a panic.
+    struct Restore(Lent);
 
     impl Drop for Restore {
         fn drop(&mut self) {
@@ -167,21 +180,23 @@ mod local {
         }
     }
 
-    /// Lends `storage` to this thread's calls while `body` runs.
-    pub(super) fn lend<R>(storage: &mut Storage<'_>, body: impl FnOnce() -> R) -> R {
+    /// Lends `storage` to this thread's calls under `token` while `body` runs.
+    pub(super) fn lend<R>(storage: &mut Storage<'_>, token: u64, body: impl FnOnce() -> R) -> R {
         let ptr = (storage as *mut Storage<'_>).cast::<Storage<'static>>();
-        let previous = CURRENT.with(|c| c.replace(ptr));
+        let previous = CURRENT.with(|c| c.replace((ptr, token)));
         let _restore = Restore(previous);
         body()
     }
 
-    /// Runs `f` on the lent storage; `Closed` from any other thread, or from inside a call.
-    pub(super) fn with_storage<T>(f: impl FnOnce(&mut Storage<'_>) -> T) -> Result<T> {
-        let ptr = CURRENT.with(|c| c.replace(std::ptr::null_mut()));
-        if ptr.is_null() {
+    /// Runs `f` on the storage lent under `token`; `Closed` from any other thread, from another
+    /// request's thread, or from inside a call.
+    pub(super) fn with_storage<T>(token: u64, f: impl FnOnce(&mut Storage<'_>) -> T) -> Result<T> {
+        let (ptr, lent_to) = CURRENT.with(|c| c.get());
+        if ptr.is_null() || lent_to != token {
             return Err(DoError::Closed);
         }
-        let _restore = Restore(ptr);
+        CURRENT.with(|c| c.set((std::ptr::null_mut(), 0)));
+        let _restore = Restore((ptr, lent_to));
         // SAFETY: `ptr` was lent by `lend` on this thread, whose frame (and so the storage,
         // borrowed mutably for it) outlives every call made while `body` runs; the cell is
         // null while this call holds the only reference, so no other can alias it.

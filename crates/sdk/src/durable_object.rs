@@ -174,6 +174,9 @@ fn storage_id_for(name: &str) -> String {
 /// One object's instance and the fair lock requests take turns on.
 struct Slot<T> {
     instance: Arc<tokio::sync::Mutex<Option<T>>>,
+    /// Set when a request ended without finishing (it timed out or panicked outside the
+    /// object's code): the next request builds a fresh instance.
+    reset_next: Arc<AtomicBool>,
     last_used: Mutex<Instant>,
     /// The request now running, which the instance's [`State`] reaches its storage through.
     current: Arc<Mutex<Weak<RequestLink>>>,
@@ -248,6 +251,7 @@ impl<T: DurableObject> Namespace<T> {
         let slot = slots.entry(id.clone()).or_insert_with(|| {
             Arc::new(Slot {
                 instance: Arc::new(tokio::sync::Mutex::new(None)),
+                reset_next: Arc::new(AtomicBool::new(false)),
                 last_used: Mutex::new(Instant::now()),
                 current: Arc::new(Mutex::new(Weak::new())),
             })
@@ -303,27 +307,40 @@ impl<T: DurableObject> Namespace<T> {
             self.sweep();
         }
         let slot = self.slot(id);
-        let instance = Arc::clone(&slot.instance).lock_owned().await;
-        let (namespace, current, object) = (self.clone(), Arc::clone(&slot.current), id.clone());
-        let (mut instance, result, restore) = self
-            .inner
-            .engine
-            .serve(&self.inner.ns, id, move |session| -> kura_do::BoxFuture<'static, _> {
-                Box::pin(namespace.request(instance, current, object, session, alarm, f))
-            })
-            .await?;
-        if let Some(bookmark) = restore {
-            *instance = None;
-            self.inner.engine.restore(&self.inner.ns, id, &bookmark).await?;
-        }
-        result
+        let (namespace, id) = (self.clone(), id.clone());
+        // On a task of its own, so a request whose caller stops waiting still ends whole:
+        // committed, and any restore it asked for applied before the next request.
+        let task = tokio::spawn(async move {
+            let instance = Arc::clone(&slot.instance).lock_owned().await;
+            let (inner, held, object) = (namespace.clone(), Arc::clone(&slot), id.clone());
+            let served = namespace
+                .inner
+                .engine
+                .serve(&namespace.inner.ns, &id, move |session| -> kura_do::BoxFuture<'static, _> {
+                    Box::pin(inner.request(instance, held, object, session, alarm, f))
+                })
+                .await;
+            let (mut instance, result, restore) = match served {
+                Ok(done) => done,
+                Err(e) => {
+                    slot.reset_next.store(true, Ordering::SeqCst);
+                    return Err(e.into());
+                }
+            };
+            if let Some(bookmark) = restore {
+                *instance = None;
+                namespace.inner.engine.restore(&namespace.inner.ns, &id, &bookmark).await?;
+            }
+            result
+        });
+        task.await.unwrap_or_else(|e| Err(Error::Reset(format!("the request's task failed: {e}"))))
     }
 
     /// One request, on the object's thread, holding its instance.
     async fn request<R, F>(
         self,
         mut instance: tokio::sync::OwnedMutexGuard<Option<T>>,
-        current: Arc<Mutex<Weak<RequestLink>>>,
+        slot: Arc<Slot<T>>,
         id: ObjectId,
         session: Session,
         alarm: bool,
@@ -333,6 +350,10 @@ impl<T: DurableObject> Namespace<T> {
         R: Send + 'static,
         F: for<'a> FnOnce(&'a mut T) -> BoxFuture<'a, Result<R>> + Send + 'static,
     {
+        let current = Arc::clone(&slot.current);
+        if slot.reset_next.swap(false, Ordering::SeqCst) {
+            *instance = None;
+        }
         if alarm {
             // While its handler runs, the alarm reads as unset (it is deleted for good if the
             // handler succeeds).

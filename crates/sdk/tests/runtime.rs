@@ -312,3 +312,52 @@ async fn requests_work_from_a_current_thread_runtime() {
         .unwrap();
     assert_eq!(ticks, 7);
 }
+
+/// One object's storage, carried into another object's request, reaches neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_carried_into_another_objects_request_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = Runtime::open(dir.path()).unwrap();
+    let (ns, _) = counters(&runtime);
+    let b = ns.get_by_name("b");
+    let smuggled = ns
+        .get_by_name("a")
+        .call(move |a: &mut Counter| -> BoxFuture<'_, Result<Result<()>>> {
+            let storage = a.state.storage().clone();
+            Box::pin(async move {
+                Ok(b.call(move |_: &mut Counter| -> BoxFuture<'_, Result<()>> {
+                    Box::pin(async move { storage.put("n", &500u64).await })
+                })
+                .await)
+            })
+        })
+        .await
+        .unwrap();
+    assert!(matches!(smuggled, Err(Error::NoRequest)), "{smuggled:?}");
+    assert_eq!(ns.get_by_name("b").call(increment()).await.unwrap(), 1, "b was not written");
+    assert_eq!(ns.get_by_name("a").call(increment()).await.unwrap(), 1, "nor was a");
+}
+
+/// A request that holds its object past the limit is rolled back, and the object goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_the_limit_is_rolled_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = RuntimeSettings::default();
+    settings.engine.session_idle_limit = Duration::from_millis(300);
+    let runtime = Runtime::open_with(dir.path(), settings).unwrap();
+    let (ns, _) = counters(&runtime);
+    assert_eq!(ns.get_by_name("slow").call(increment()).await.unwrap(), 1);
+    let stuck = ns
+        .get_by_name("slow")
+        .call(|c: &mut Counter| -> BoxFuture<'_, Result<()>> {
+            Box::pin(async move {
+                c.state.storage().put("n", &1_000u64).await?;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok(())
+            })
+        })
+        .await;
+    assert!(matches!(stuck, Err(Error::Storage(_))), "{stuck:?}");
+    assert!(stuck.unwrap_err().to_string().contains("ran longer than"));
+    assert_eq!(ns.get_by_name("slow").call(increment()).await.unwrap(), 2, "the stuck request's write was rolled back");
+}
