@@ -274,7 +274,7 @@ impl Backend {
             Backend::Local(l) => {
                 let engine_ns = engine_namespace(ns)?;
                 let id = object_id(&engine_ns, object)?;
-                if !l.node.durable_objects().exists(&engine_ns, &id) {
+                if !l.node.durable_objects().exists(&engine_ns, &id).await? {
                     bail!("The object has stored nothing yet");
                 }
                 Ok(l.node.durable_objects().export(&engine_ns, &id).await?)

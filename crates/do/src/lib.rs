@@ -41,7 +41,7 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 pub use id::{IdError, IdFactory, ObjectId};
 pub use index::{DueAlarm, ObjectEntry};
 pub use kura_sqlite::{Bookmark, Restored, Value};
-pub use storage::{AlarmChange, Cursor, ListOptions, MAX_KV_BATCH, MAX_KV_ENTRY_BYTES, Storage, now_ms};
+pub use storage::{AlarmChange, CommitNotice, Cursor, ListOptions, MAX_KV_BATCH, MAX_KV_ENTRY_BYTES, Storage, now_ms};
 
 /// How the engine runs.
 #[derive(Debug, Clone)]
@@ -193,8 +193,13 @@ impl DurableObjects {
         self.inner.root.join(&ns.storage_id).join(&hex[..2]).join(hex)
     }
 
-    /// Whether the object has ever been used.
-    pub fn exists(&self, ns: &Namespace, id: &ObjectId) -> bool {
+    /// Whether the object has ever stored anything (it is then listed in its namespace).
+    pub async fn exists(&self, ns: &Namespace, id: &ObjectId) -> Result<bool> {
+        Ok(self.entry(ns, id).await?.is_some())
+    }
+
+    /// Whether the object has files (it may have been reached without storing anything).
+    fn has_files(&self, ns: &Namespace, id: &ObjectId) -> bool {
         self.object_dir(ns, id).exists()
     }
 
@@ -223,15 +228,13 @@ impl DurableObjects {
         Ok(outcome)
     }
 
-    /// Makes sure the object exists: its index entry first, then its directory.
+    /// Makes sure the object's directory exists; the object joins the namespace's index with
+    /// the first request that writes to it.
     async fn ensure(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
         let dir = self.object_dir(ns, id);
         if dir.exists() {
             return Ok(());
         }
-        let (hex, name) = (id.to_string(), id.name().map(str::to_owned));
-        let now = now_ms();
-        self.index_write(ns, move |c| index::register(c, &hex, name.as_deref(), now)).await?;
         std::fs::create_dir_all(&dir).map_err(|e| DoError::Storage(format!("creating {}: {e}", dir.display())))
     }
 
@@ -357,7 +360,7 @@ impl DurableObjects {
     /// The object's storage as SQL text: its tables, rows, indexes, triggers and views, and its
     /// KV entries (`_cf_KV`), in D1's dump format. An object never used exports as empty.
     pub async fn export(&self, ns: &Namespace, id: &ObjectId) -> Result<String> {
-        if !self.exists(ns, id) {
+        if !self.has_files(ns, id) {
             return Ok("PRAGMA defer_foreign_keys=TRUE;\n".to_owned());
         }
         let options = DumpOptions { reserved_tables: vec!["_cf_KV".into()], ..Default::default() };
@@ -514,29 +517,43 @@ impl Session {
         self.link.call(f).await
     }
 
-    /// Commits what the request wrote; answers once it is durable (and the alarm schedule
-    /// follows any alarm change).
+    /// Commits what the request wrote; answers once it is durable (and the namespace's index
+    /// lists the object, and its alarm schedule follows any alarm change).
     pub async fn commit(self) -> Result<()> {
-        let Some(change) = self.link.finish(true).await? else { return Ok(()) };
+        let Some(notice) = self.link.finish(true).await? else { return Ok(()) };
         let (ns, hex, name) = (&self.namespace, self.id.to_string(), self.id.name().map(str::to_owned));
-        if let Some(at) = change.after {
-            // Before the commit, the schedule may only move earlier, so it never runs late.
-            let (hex, name) = (hex.clone(), name.clone());
-            if let Err(e) =
-                self.engine.index_write(ns, move |c| index::schedule_no_later(c, &hex, name.as_deref(), at)).await
-            {
+        let alarm_at = notice.alarm.and_then(|change| change.after);
+        if notice.first_write || alarm_at.is_some() {
+            // Before the commit: the object is listed, and the schedule may only move earlier,
+            // so it never runs late.
+            let (hex, name, now) = (hex.clone(), name.clone(), now_ms());
+            let listed = self
+                .engine
+                .index_write(ns, move |c| {
+                    if notice.first_write {
+                        index::register(c, &hex, name.as_deref(), now)?;
+                    }
+                    if let Some(at) = alarm_at {
+                        index::schedule_no_later(c, &hex, name.as_deref(), at)?;
+                    }
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = listed {
                 let _ = self.link.decide(false).await;
                 return Err(e);
             }
         }
         self.link.decide(true).await?;
-        // After it, exactly; should this fail, the schedule runs early and is corrected then.
-        let outcome =
-            self.engine.index_write(ns, move |c| index::schedule(c, &hex, name.as_deref(), change.after, 0)).await;
-        if let Err(e) = outcome {
-            tracing::warn!(error = %e, "could not update the alarm schedule after a commit");
+        if let Some(change) = notice.alarm {
+            // After it, exactly; should this fail, the schedule runs early and is corrected then.
+            let outcome =
+                self.engine.index_write(ns, move |c| index::schedule(c, &hex, name.as_deref(), change.after, 0)).await;
+            if let Err(e) = outcome {
+                tracing::warn!(error = %e, "could not update the alarm schedule after a commit");
+            }
+            self.engine.inner.alarm_wake.notify_one();
         }
-        self.engine.inner.alarm_wake.notify_one();
         Ok(())
     }
 

@@ -10,7 +10,7 @@ use kura_sqlite::Database;
 use tokio::sync::oneshot;
 
 use crate::error::{DoError, Result};
-use crate::storage::{AlarmChange, Storage};
+use crate::storage::{CommitNotice, Storage};
 
 type Call = Box<dyn FnOnce(&mut Storage<'_>) + Send>;
 
@@ -20,7 +20,7 @@ pub(crate) enum Message {
     /// answer is the change and the session waits for [`Message::Decide`].
     Finish {
         commit: bool,
-        reply: oneshot::Sender<Result<Option<AlarmChange>>>,
+        reply: oneshot::Sender<Result<Option<CommitNotice>>>,
     },
     /// Commit or roll back, after the owner has seen the alarm change.
     Decide {
@@ -57,7 +57,7 @@ impl SessionLink {
         answer.await.map_err(|_| DoError::Closed)
     }
 
-    pub(crate) async fn finish(&self, commit: bool) -> Result<Option<AlarmChange>> {
+    pub(crate) async fn finish(&self, commit: bool) -> Result<Option<CommitNotice>> {
         let tx = match self {
             SessionLink::Local(token) => return local::with_storage(*token, |storage| finish_local(storage, commit))?,
             SessionLink::Remote(tx) => tx,
@@ -89,14 +89,18 @@ impl SessionLink {
 
 /// Ends a local request: rolls back, or commits unless the alarm changed (the change is then
 /// the answer, and [`SessionLink::decide`] commits once the owner has seen it).
-fn finish_local(storage: &mut Storage<'_>, commit: bool) -> Result<Option<AlarmChange>> {
+fn finish_local(storage: &mut Storage<'_>, commit: bool) -> Result<Option<CommitNotice>> {
     if !commit {
         storage.database().rollback();
         return Ok(None);
     }
-    match storage.alarm_change() {
-        None => commit_storage(storage).map(|()| None),
-        Some(change) => Ok(Some(change)),
+    match storage.prepare_commit() {
+        Ok(None) => commit_storage(storage).map(|()| None),
+        Ok(Some(notice)) => Ok(Some(notice)),
+        Err(e) => {
+            storage.database().rollback();
+            Err(e)
+        }
     }
 }
 
@@ -241,7 +245,7 @@ pub(crate) fn serve(
 
 enum Ended {
     RolledBack,
-    Commit(oneshot::Sender<Result<Option<AlarmChange>>>),
+    Commit(oneshot::Sender<Result<Option<CommitNotice>>>),
     Decided(oneshot::Sender<Result<()>>),
 }
 
@@ -253,10 +257,14 @@ fn serve_calls(storage: &mut Storage<'_>, rx: &Receiver<Message>, idle_limit: Du
                 let _ = reply.send(Ok(None));
                 return Ended::RolledBack;
             }
-            Ok(Message::Finish { commit: true, reply }) => match storage.alarm_change() {
-                None => return Ended::Commit(reply),
-                Some(change) => {
-                    let _ = reply.send(Ok(Some(change)));
+            Ok(Message::Finish { commit: true, reply }) => match storage.prepare_commit() {
+                Ok(None) => return Ended::Commit(reply),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                    return Ended::RolledBack;
+                }
+                Ok(Some(notice)) => {
+                    let _ = reply.send(Ok(Some(notice)));
                     return match rx.recv_timeout(idle_limit) {
                         Ok(Message::Decide { commit: true, reply }) => Ended::Decided(reply),
                         Ok(Message::Decide { commit: false, reply }) => {

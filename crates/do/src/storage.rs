@@ -18,6 +18,16 @@ const METADATA_TABLE: &str = "CREATE TABLE IF NOT EXISTS _cf_METADATA (key INTEG
 /// `_cf_METADATA` key of the alarm time, in nanoseconds since the Unix epoch (as workerd).
 const ALARM_KEY: i64 = 1;
 
+/// What a request's commit must first settle with the object's namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CommitNotice {
+    /// The alarm changed.
+    pub alarm: Option<AlarmChange>,
+    /// The object stores something for the first time (since it was last listed): it joins
+    /// the namespace's index.
+    pub first_write: bool,
+}
+
 /// The result of one `exec`: the last statement's columns and rows, and its counters.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Cursor {
@@ -290,6 +300,24 @@ impl<'a> Storage<'a> {
         }
         self.alarm_now = None;
         Ok(())
+    }
+
+    /// Before a commit: what the namespace must hear of first, if anything. A request that
+    /// writes to an object not yet listed marks it listed (in the same transaction).
+    pub(crate) fn prepare_commit(&mut self) -> Result<Option<CommitNotice>> {
+        let first_write = self.db.writes_pending() && !self.listed()?;
+        if first_write {
+            self.internal(|c| c.execute_batch("PRAGMA user_version = 1"))?;
+        }
+        let alarm = self.alarm_change();
+        Ok((first_write || alarm.is_some()).then_some(CommitNotice { alarm, first_write }))
+    }
+
+    /// Whether the object is in its namespace's index: kura marks it in the file header's
+    /// `user_version`, which no statement of the object's may set (the authorizer refuses the
+    /// pragma) and which `delete_all` keeps, as the index keeps the object.
+    fn listed(&mut self) -> Result<bool> {
+        self.internal(|c| c.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))).map(|v| v != 0)
     }
 
     /// How the alarm changed in this request, if it was touched and is different.

@@ -405,7 +405,7 @@ async fn run_queries(
         return Err(ApiError::bad_request("No SQL statements detected."));
     }
     let read_only = !caller.token.scope.can_write_do();
-    if read_only && !app.durable_objects.exists(ns, id) {
+    if read_only && !app.durable_objects.exists(ns, id).await? {
         return Err(nothing_stored());
     }
     let results = app
@@ -526,7 +526,7 @@ pub async fn export(
     V4Path((account_id, namespace, object)): V4Path<(String, String, String)>,
 ) -> Result<Response, ApiError> {
     let (ns, id) = reach_object(&app, &caller, Need::DoRead, &account_id, &namespace, &object)?;
-    if !app.durable_objects.exists(&ns, &id) {
+    if !app.durable_objects.exists(&ns, &id).await? {
         return Err(nothing_stored());
     }
     let dump = app.durable_objects.export(&ns, &id).await?;

@@ -112,9 +112,17 @@ async fn the_seed_experiment_over_http() {
     };
     assert_eq!(fan_out(json!(["room:red", "room:blue"])).await, expected);
     assert_eq!(fan_out(json!(["room:red"])).await, vec![("room:red".to_owned(), "alice".to_owned())]);
-    // Over all objects, the empty unique room reports its error instead of hiding it.
-    let (_, all) =
-        server.call(Method::POST, &ns_path("/ROOMS/fan_out"), Some(json!({ "sql": "SELECT name FROM members" }))).await;
+    // The unique room stored nothing, so it is not one of the namespace's objects; once it
+    // stores something (a KV entry, no members table), a fan-out over all objects reports its
+    // error instead of hiding it.
+    let fan_out_path = ns_path("/ROOMS/fan_out");
+    let fan_out_all = || server.call(Method::POST, &fan_out_path, Some(json!({ "sql": "SELECT name FROM members" })));
+    let (_, all) = fan_out_all().await;
+    assert_eq!(all["result"]["objects"].as_array().unwrap().len(), 2, "{all}");
+    let kv = json!({ "operations": [{ "op": "kv_put", "key": "topic", "value": "empty" }] });
+    let (status, body) = server.call(Method::POST, &ns_path(&format!("/ROOMS/objects/{unique}/batch")), Some(kv)).await;
+    assert_eq!(status, 200, "{body}");
+    let (_, all) = fan_out_all().await;
     let objects = all["result"]["objects"].as_array().unwrap();
     assert_eq!(objects.len(), 3, "{all}");
     assert!(objects.iter().any(|o| o["error"].as_str().is_some_and(|e| e.contains("no such table"))), "{all}");

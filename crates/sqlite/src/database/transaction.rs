@@ -31,6 +31,12 @@ impl Database {
         unsafe { ffi::sqlite3_get_autocommit(self.handle()) == 0 }
     }
 
+    /// Whether the open transaction has written anything (SQLite holds its write lock).
+    pub fn writes_pending(&self) -> bool {
+        // SAFETY: the handle is open; "main" is a valid NUL-terminated schema name.
+        unsafe { ffi::sqlite3_txn_state(self.handle(), c"main".as_ptr()) == ffi::SQLITE_TXN_WRITE }
+    }
+
     /// Opens a transaction for a group of requests.
     pub fn begin(&mut self) -> Result<()> {
         self.internal("BEGIN")
