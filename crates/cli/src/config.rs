@@ -46,6 +46,17 @@ struct Migration {
     new_sqlite_classes: Vec<String>,
     #[serde(default)]
     new_classes: Vec<String>,
+    #[serde(default)]
+    renamed_classes: Vec<RenamedClass>,
+    #[serde(default)]
+    deleted_classes: Vec<String>,
+}
+
+/// A class renamed by a migration keeps its storage, and so its kind.
+#[derive(Debug, Deserialize)]
+struct RenamedClass {
+    from: String,
+    to: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -107,9 +118,19 @@ impl WranglerConfig {
                 .with_context(|| format!("{} is not valid JSON", path.display()))?
         };
         let (mut sqlite_classes, mut kv_classes) = (Vec::new(), Vec::new());
+        // Migrations apply in order: a renamed class keeps its kind; a deleted one is gone.
         for m in raw.migrations {
             sqlite_classes.extend(m.new_sqlite_classes);
             kv_classes.extend(m.new_classes);
+            for renamed in m.renamed_classes {
+                for classes in [&mut sqlite_classes, &mut kv_classes] {
+                    if let Some(class) = classes.iter_mut().find(|c| **c == renamed.from) {
+                        *class = renamed.to.clone();
+                    }
+                }
+            }
+            sqlite_classes.retain(|c| !m.deleted_classes.contains(c));
+            kv_classes.retain(|c| !m.deleted_classes.contains(c));
         }
         Ok(Some(WranglerConfig {
             path,
@@ -285,5 +306,24 @@ mod tests {
         assert!(config.durable_object("OLD").unwrap_err().to_string().contains("new_sqlite_classes"));
         assert!(config.durable_object("NONE").is_err());
         assert_eq!(config.durable_object("OTHER").unwrap(), None);
+    }
+
+    #[test]
+    fn renamed_classes_keep_their_kind_and_deleted_ones_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wrangler.json");
+        std::fs::write(
+            &path,
+            r#"{ "name": "chat",
+                 "durable_objects": { "bindings": [ { "name": "ROOMS", "class_name": "ChatRoom" },
+                                                    { "name": "GONE", "class_name": "Old" } ] },
+                 "migrations": [ { "tag": "v1", "new_sqlite_classes": ["Room", "Old"] },
+                                 { "tag": "v2", "renamed_classes": [ { "from": "Room", "to": "ChatRoom" } ],
+                                   "deleted_classes": ["Old"] } ] }"#,
+        )
+        .unwrap();
+        let config = WranglerConfig::find(Some(&path)).unwrap().unwrap();
+        assert_eq!(config.durable_object("ROOMS").unwrap().unwrap().class, "ChatRoom");
+        assert!(config.durable_object("GONE").is_err());
     }
 }
