@@ -260,19 +260,7 @@ async fn measure_http(api: &str, duration: Duration, wanted: &dyn Fn(&str) -> bo
         let http = http.clone();
         move |(url, body): (String, String)| {
             let http = http.clone();
-            async move {
-                let response = http
-                    .post(url)
-                    .bearer_auth(TOKEN)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .expect("request");
-                let status = response.status();
-                let bytes = response.bytes().await.expect("response body");
-                assert!(status.is_success(), "benchmark request failed: {}", String::from_utf8_lossy(&bytes));
-            }
+            async move { crate::server::post_ok(&http, &url, body).await }
         }
     };
     for object in 0..OBJECTS {
@@ -422,24 +410,7 @@ fn measure_footprint(dir: &Path, objects: u64, rt: &tokio::runtime::Runtime) -> 
     rt.block_on(async {
         let runtime = Runtime::open_with(dir, runtime_settings())?;
         let rooms = runtime.namespace::<Room>("ROOMS", "bench-Room", ())?;
-        let next = Arc::new(AtomicU64::new(0));
-        let workers: Vec<tokio::task::JoinHandle<kura::Result<()>>> = (0..CLIENTS)
-            .map(|_| {
-                let (rooms, next) = (rooms.clone(), Arc::clone(&next));
-                tokio::spawn(async move {
-                    loop {
-                        let object = next.fetch_add(1, Ordering::Relaxed);
-                        if object >= objects {
-                            return Ok(());
-                        }
-                        rooms.get_by_name(&room_name(object)).call(add("seed".into())).await?;
-                    }
-                })
-            })
-            .collect();
-        for w in workers {
-            w.await??;
-        }
+        add_to_all(&rooms, objects, "seed", 1).await?;
         runtime.shutdown().await;
         anyhow::Ok(())
     })?;
@@ -456,6 +427,33 @@ fn measure_footprint(dir: &Path, objects: u64, rt: &tokio::runtime::Runtime) -> 
     }
     let report: Json = serde_json::from_slice(&output.stdout).context("the footprint process's answer")?;
     Ok(Footprint { objects, write_rate, disk_bytes, report })
+}
+
+/// Adds `user` to each of rooms 0..`objects` from 16 concurrent clients; a room answering
+/// fewer than `least` members has lost data.
+async fn add_to_all(rooms: &kura::Namespace<Room>, objects: u64, user: &'static str, least: i64) -> kura::Result<()> {
+    let next = Arc::new(AtomicU64::new(0));
+    let workers: Vec<tokio::task::JoinHandle<kura::Result<()>>> = (0..CLIENTS)
+        .map(|_| {
+            let (rooms, next) = (rooms.clone(), Arc::clone(&next));
+            tokio::spawn(async move {
+                loop {
+                    let object = next.fetch_add(1, Ordering::Relaxed);
+                    if object >= objects {
+                        return Ok(());
+                    }
+                    let count = rooms.get_by_name(&room_name(object)).call(add(user.into())).await?;
+                    if count < least {
+                        return Err(kura::Error::msg(format!("room:{object} lost its data")));
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.map_err(kura::Error::msg)??;
+    }
+    Ok(())
 }
 
 /// Bytes of disk the files under `dir` take.
@@ -495,28 +493,8 @@ pub fn footprint_child(dir: PathBuf, objects: u64) -> anyhow::Result<()> {
         }
         let idle_rss = crate::memory::resident_bytes().0;
         let started = Instant::now();
-        let next = Arc::new(AtomicU64::new(0));
-        let workers: Vec<tokio::task::JoinHandle<kura::Result<()>>> = (0..CLIENTS)
-            .map(|_| {
-                let (rooms, next) = (rooms.clone(), Arc::clone(&next));
-                tokio::spawn(async move {
-                    loop {
-                        let object = next.fetch_add(1, Ordering::Relaxed);
-                        if object >= objects {
-                            return Ok(());
-                        }
-                        let count = rooms.get_by_name(&room_name(object)).call(add("again".into())).await?;
-                        // Every object still answers with its data: the seed row and this one.
-                        if count < 2 {
-                            return Err(kura::Error::msg(format!("room:{object} lost its data")));
-                        }
-                    }
-                })
-            })
-            .collect();
-        for w in workers {
-            w.await??;
-        }
+        // Every object still answers with its data: the seed row, the idle one and this one.
+        add_to_all(&rooms, objects, "again", 2).await?;
         let touch_rate = objects as f64 / started.elapsed().as_secs_f64();
         let (all_rss, _) = crate::memory::resident_bytes();
         let open_files = runtime.engine().open_objects();

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use clap::{Args, Subcommand};
+use clap::Subcommand;
 use reqwest::Method;
 use serde_json::{Value as Json, json};
 
@@ -14,27 +14,10 @@ use kura_catalog::NewDoNamespace;
 use kura_d1::wire::JsonParams;
 use kura_server::rest::durable_objects::{cursor_json, fan_out_json, namespace_json, object_json};
 
-use crate::DataArgs;
 use crate::api::ApiClient;
-use crate::config::WranglerConfig;
 use crate::local::Local;
+use crate::location::Location;
 use crate::output::{cell, objects_table, print_json, table};
-
-/// Where a command runs and how it reads configuration.
-#[derive(Args, Clone)]
-pub struct Location {
-    /// Work on the local data directory, in this process (the default).
-    #[arg(long, conflicts_with = "remote")]
-    local: bool,
-    /// Work against the v4 API named by CLOUDFLARE_API_BASE_URL.
-    #[arg(long)]
-    remote: bool,
-    /// The wrangler configuration file (default: wrangler.json, wrangler.jsonc or wrangler.toml here).
-    #[arg(long, short = 'c')]
-    config: Option<PathBuf>,
-    #[command(flatten)]
-    data: DataArgs,
-}
 
 #[derive(Subcommand)]
 pub enum DoCommand {
@@ -207,7 +190,7 @@ impl Backend {
         if let Some(ns) = self.find_namespace(name).await? {
             return Ok(ns);
         }
-        let config = WranglerConfig::find(at.config.as_deref())?;
+        let config = at.wrangler_config()?;
         let Some(spec) = config.as_ref().map(|c| c.durable_object(name)).transpose()?.flatten() else {
             bail!("Durable Object namespace '{name}' not found: create it with `kura do namespace create {name}`");
         };
@@ -368,7 +351,7 @@ pub async fn run(command: DoCommand) -> anyhow::Result<()> {
     match command {
         DoCommand::Namespace(NamespaceCommand::Create { name, class, script, unique_key, alarm_url, at }) => {
             // A binding of the configuration gives class and script, and must be SQLite-backed.
-            let spec = match WranglerConfig::find(at.config.as_deref())? {
+            let spec = match at.wrangler_config()? {
                 Some(config) if class.is_none() => config.durable_object(&name)?,
                 Some(config) => config.durable_object(&name).ok().flatten(),
                 None => None,

@@ -9,6 +9,7 @@ mod config;
 mod d1;
 mod durable_objects;
 mod local;
+mod location;
 mod output;
 mod progress;
 mod r2;

@@ -9,31 +9,15 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use clap::{Args, Subcommand};
+use clap::Subcommand;
 use serde_json::Value as Json;
 
 use kura_d1::CreateOptions;
 
-use crate::DataArgs;
-use crate::config::{Target, WranglerConfig};
+use crate::config::Target;
+pub use crate::location::Location;
 use crate::output::{cell, objects_table, print_json, table};
 use backend::Backend;
-
-/// Where a command runs and how it reads configuration.
-#[derive(Args, Clone)]
-pub struct Location {
-    /// Work on the local data directory, in this process (the default).
-    #[arg(long, conflicts_with = "remote")]
-    local: bool,
-    /// Work against the v4 API named by CLOUDFLARE_API_BASE_URL (kura, or Cloudflare itself).
-    #[arg(long)]
-    remote: bool,
-    /// The wrangler configuration file (default: wrangler.json, wrangler.jsonc or wrangler.toml here).
-    #[arg(long, short = 'c')]
-    config: Option<PathBuf>,
-    #[command(flatten)]
-    data: DataArgs,
-}
 
 impl Location {
     async fn backend(&self) -> anyhow::Result<Backend> {
@@ -41,7 +25,7 @@ impl Location {
     }
 
     fn target(&self, name: &str) -> anyhow::Result<Target> {
-        Ok(Target::resolve(name, WranglerConfig::find(self.config.as_deref())?))
+        Ok(Target::resolve(name, self.wrangler_config()?))
     }
 }
 
