@@ -69,10 +69,6 @@ fn room_name(object: u64) -> String {
     format!("room:{object}")
 }
 
-fn runtime_settings() -> RuntimeSettings {
-    RuntimeSettings::default()
-}
-
 fn tokio_runtime(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name(name).enable_all().build()?)
 }
@@ -195,7 +191,7 @@ async fn measure_runtime(
     duration: Duration,
     wanted: &dyn Fn(&str) -> bool,
 ) -> anyhow::Result<(Stats, Stats)> {
-    let runtime = Runtime::open_with(dir, runtime_settings())?;
+    let runtime = Runtime::open_with(dir, RuntimeSettings::default())?;
     let rooms = runtime.namespace::<Room>("ROOMS", "bench-Room", ())?;
     for object in 0..OBJECTS {
         rooms.get_by_name(&room_name(object)).call(add("seed".into())).await?;
@@ -221,7 +217,7 @@ async fn measure_runtime(
 /// The first request to each object in a fresh runtime over the same files: nothing of it is
 /// in memory and its file is closed, as after an eviction.
 async fn measure_cold(dir: &Path) -> anyhow::Result<Stats> {
-    let runtime = Runtime::open_with(dir, runtime_settings())?;
+    let runtime = Runtime::open_with(dir, RuntimeSettings::default())?;
     let rooms = runtime.namespace::<Room>("ROOMS", "bench-Room", ())?;
     let started = Instant::now();
     let mut latencies = Vec::new();
@@ -408,7 +404,7 @@ impl Footprint {
 fn measure_footprint(dir: &Path, objects: u64, rt: &tokio::runtime::Runtime) -> anyhow::Result<Footprint> {
     let started = Instant::now();
     rt.block_on(async {
-        let runtime = Runtime::open_with(dir, runtime_settings())?;
+        let runtime = Runtime::open_with(dir, RuntimeSettings::default())?;
         let rooms = runtime.namespace::<Room>("ROOMS", "bench-Room", ())?;
         add_to_all(&rooms, objects, "seed", 1).await?;
         runtime.shutdown().await;
@@ -480,7 +476,7 @@ const FILE_IDLE: Duration = Duration::from_secs(2);
 /// them idle, then touch all `objects`; print what was resident at each step as JSON.
 pub fn footprint_child(dir: PathBuf, objects: u64) -> anyhow::Result<()> {
     let rt = tokio_runtime("footprint")?;
-    let mut settings = runtime_settings();
+    let mut settings = RuntimeSettings::default();
     // Files close after 30 s idle by default; sooner here, so the run need not wait for it.
     settings.engine.registry.idle_timeout = FILE_IDLE;
     let report = rt.block_on(async {

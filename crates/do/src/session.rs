@@ -95,17 +95,13 @@ fn finish_local(storage: &mut Storage<'_>, commit: bool) -> Result<Option<Commit
         return Ok(None);
     }
     match storage.prepare_commit() {
-        Ok(None) => commit_storage(storage).map(|()| None),
+        Ok(None) => self::commit(storage.database()).map(|()| None),
         Ok(Some(notice)) => Ok(Some(notice)),
         Err(e) => {
             storage.database().rollback();
             Err(e)
         }
     }
-}
-
-fn commit_storage(storage: &mut Storage<'_>) -> Result<()> {
-    commit(storage.database())
 }
 
 /// Runs `request` on this thread (the object's own) as one request: the transaction opens

@@ -1,7 +1,7 @@
 //! The seed's experiment as a Rust program: per-room state moves out of one D1 database into
 //! one Durable Object per room. Run with `cargo run -p kura --example room`.
 
-use kura::{BoxFuture, DurableObject, Result, Runtime, State, Value};
+use kura::{BoxFuture, DurableObject, Request, Response, Result, Runtime, State, Value};
 
 /// One chat room: its members, in the room's own private SQLite.
 pub struct Room {
@@ -14,6 +14,22 @@ impl DurableObject for Room {
     async fn new(state: State, _env: ()) -> Result<Self> {
         state.storage().exec("CREATE TABLE IF NOT EXISTS members (name TEXT PRIMARY KEY)", vec![]).await?;
         Ok(Room { state })
+    }
+
+    /// Over HTTP: `POST` with a name in the body adds that member; `GET` and `POST` answer the
+    /// members, as JSON.
+    async fn fetch(&mut self, request: Request) -> Result<Response> {
+        let reply = |status: u16, body: String| {
+            http::Response::builder().status(status).body(body.into()).map_err(kura::Error::msg)
+        };
+        if request.method() == http::Method::POST {
+            let name = String::from_utf8_lossy(request.body()).trim().to_owned();
+            if name.is_empty() {
+                return reply(400, "a member needs a name".into());
+            }
+            self.add(&name).await?;
+        }
+        reply(200, serde_json::to_string(&self.members().await?).map_err(kura::Error::msg)?)
     }
 }
 

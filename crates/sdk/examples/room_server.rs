@@ -15,47 +15,13 @@ use axum::extract::{Path, State as AxumState};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response as AxumResponse};
 use axum::routing::get;
-use kura::{DurableObject, Namespace, Request, Response, Result, Runtime, State, Value};
+use kura::{Namespace, Runtime, Value};
 
-/// One chat room: its members, in its own SQLite.
-pub struct Room {
-    state: State,
-}
-
-impl DurableObject for Room {
-    type Env = ();
-
-    async fn new(state: State, _env: ()) -> Result<Self> {
-        state.storage().exec("CREATE TABLE IF NOT EXISTS members (name TEXT PRIMARY KEY)", vec![]).await?;
-        Ok(Room { state })
-    }
-
-    /// `POST` with a name in the body adds a member; `GET` lists them, as JSON.
-    async fn fetch(&mut self, request: Request) -> Result<Response> {
-        let storage = self.state.storage();
-        if request.method() == Method::POST {
-            let name = String::from_utf8_lossy(request.body()).trim().to_owned();
-            if name.is_empty() {
-                return Ok(reply(StatusCode::BAD_REQUEST, "a member needs a name".into()));
-            }
-            storage.exec("INSERT OR IGNORE INTO members VALUES (?)", vec![Value::Text(name)]).await?;
-        }
-        let cursor = storage.exec("SELECT name FROM members ORDER BY name", vec![]).await?;
-        let names: Vec<String> = cursor.rows.iter().filter_map(|r| text(r.first())).collect();
-        Ok(reply(StatusCode::OK, serde_json::to_string(&names).map_err(kura::Error::msg)?))
-    }
-}
-
-fn text(value: Option<&Value>) -> Option<String> {
-    match value {
-        Some(Value::Text(s)) => Some(s.clone()),
-        _ => None,
-    }
-}
-
-fn reply(status: StatusCode, body: String) -> Response {
-    http::Response::builder().status(status).body(Bytes::from(body)).expect("a valid response")
-}
+/// The seed's `Room`, whose `fetch` serves its members.
+#[allow(dead_code)]
+#[path = "room.rs"]
+pub mod room;
+pub use room::Room;
 
 #[derive(Clone)]
 pub struct App {
@@ -87,7 +53,14 @@ async fn all_rooms(AxumState(app): AxumState<App>) -> AxumResponse {
     let mut rooms = serde_json::Map::new();
     for row in rows {
         let names: Vec<String> = match row.outcome {
-            Ok(cursor) => cursor.rows.iter().filter_map(|r| text(r.first())).collect(),
+            Ok(cursor) => cursor
+                .rows
+                .into_iter()
+                .filter_map(|r| match r.into_iter().next() {
+                    Some(Value::Text(name)) => Some(name),
+                    _ => None,
+                })
+                .collect(),
             Err(_) => Vec::new(),
         };
         rooms.insert(row.object.name.unwrap_or(row.object.id), names.into());
