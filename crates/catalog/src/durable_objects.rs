@@ -24,6 +24,18 @@ pub struct DoNamespace {
     pub alarm_url: Option<String>,
     /// ISO 8601 creation time.
     pub created_at: String,
+    /// Who runs its objects: kura's engine ([`crate::HOST_KURA`]) or workerd
+    /// ([`crate::HOST_WORKERD`]), never both.
+    pub host: String,
+    /// Whether its objects' storage has the SQL API.
+    pub use_sqlite: bool,
+}
+
+impl DoNamespace {
+    /// Whether workerd runs its objects (JavaScript classes of a deployed Worker).
+    pub fn hosted_by_workerd(&self) -> bool {
+        self.host == crate::HOST_WORKERD
+    }
 }
 
 /// What a new namespace is made of.
@@ -55,9 +67,10 @@ fn is_valid_alarm_url(url: &str) -> bool {
         && !url.contains(char::is_whitespace)
 }
 
-const COLUMNS: &str = "id, account_id, name, script, class_name, unique_key, alarm_url, created_at";
+pub(crate) const COLUMNS: &str =
+    "id, account_id, name, script, class_name, unique_key, alarm_url, created_at, host, use_sqlite";
 
-fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<DoNamespace> {
+pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<DoNamespace> {
     Ok(DoNamespace {
         id: row.get(0)?,
         account_id: row.get(1)?,
@@ -67,6 +80,8 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<DoNamespace> {
         unique_key: row.get(5)?,
         alarm_url: row.get(6)?,
         created_at: row.get(7)?,
+        host: row.get(8)?,
+        use_sqlite: row.get(9)?,
     })
 }
 
@@ -102,6 +117,8 @@ impl Catalog {
             unique_key,
             alarm_url: new.alarm_url.clone(),
             created_at: now_iso(),
+            host: crate::HOST_KURA.to_owned(),
+            use_sqlite: true,
         };
         self.write_checked(|tx| {
             let storage = |e| self.storage(e);
@@ -118,8 +135,19 @@ impl Catalog {
             }
             let n = &namespace;
             tx.execute(
-                &format!("INSERT INTO do_namespaces ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"),
-                (&n.id, &n.account_id, &n.name, &n.script, &n.class_name, &n.unique_key, &n.alarm_url, &n.created_at),
+                &format!("INSERT INTO do_namespaces ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+                (
+                    &n.id,
+                    &n.account_id,
+                    &n.name,
+                    &n.script,
+                    &n.class_name,
+                    &n.unique_key,
+                    &n.alarm_url,
+                    &n.created_at,
+                    &n.host,
+                    n.use_sqlite,
+                ),
             )
             .map_err(storage)?;
             Ok(())

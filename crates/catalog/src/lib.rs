@@ -5,7 +5,8 @@
 //! - accounts ([`Account`]), API tokens ([`Token`], [`Scope`]), D1 databases ([`D1Database`])
 //!   and their hourly usage ([`Usage`]), R2 buckets ([`R2Bucket`]) and the S3 keys that reach
 //!   them ([`S3Credential`], derived from tokens as R2 derives them), Durable Object namespaces
-//!   ([`DoNamespace`]).
+//!   ([`DoNamespace`]), deployed Workers ([`WorkerScript`], their versions, deployments and
+//!   secrets).
 //!
 //! The catalog is small and written rarely: one connection reads and another writes, each
 //! behind a mutex, so reads (every request authenticates) never wait behind a write that waits
@@ -29,6 +30,7 @@ mod d1;
 mod durable_objects;
 mod r2;
 mod token;
+mod workers;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -39,6 +41,10 @@ pub use d1::{D1Database, D1DatabaseList, NewD1Database, Usage, UsageDelta, is_va
 pub use durable_objects::{DoNamespace, NewDoNamespace, is_valid_namespace_name};
 pub use r2::{R2Bucket, S3Credential, is_valid_bucket_name};
 pub use token::{Scope, Token};
+pub use workers::{
+    HOST_KURA, HOST_WORKERD, NamespaceChange, NewWorkerVersion, RecordedVersion, WorkerDeployment, WorkerScript,
+    WorkerVersion, is_valid_binding_name, is_valid_script_name,
+};
 
 /// What can go wrong with the catalog, grouped by what the caller must do.
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +159,46 @@ const MIGRATIONS: &[&str] = &[
         created_at  TEXT NOT NULL,
         UNIQUE (account_id, name)
     );
+"#,
+    r#"
+    ALTER TABLE do_namespaces ADD COLUMN host TEXT NOT NULL DEFAULT 'kura';
+    ALTER TABLE do_namespaces ADD COLUMN use_sqlite INTEGER NOT NULL DEFAULT 1;
+    CREATE TABLE workers_scripts (
+        id                TEXT PRIMARY KEY,
+        account_id        TEXT NOT NULL REFERENCES accounts(id),
+        name              TEXT NOT NULL,
+        created_on        TEXT NOT NULL,
+        modified_on       TEXT NOT NULL,
+        migration_tag     TEXT,
+        subdomain_enabled INTEGER NOT NULL DEFAULT 0,
+        previews_enabled  INTEGER NOT NULL DEFAULT 0,
+        deployed_version  TEXT,
+        UNIQUE (account_id, name)
+    );
+    CREATE TABLE workers_versions (
+        id          TEXT PRIMARY KEY,
+        script_id   TEXT NOT NULL REFERENCES workers_scripts(id),
+        number      INTEGER NOT NULL,
+        created_on  TEXT NOT NULL,
+        source      TEXT NOT NULL,
+        metadata    TEXT NOT NULL,
+        annotations TEXT,
+        UNIQUE (script_id, number)
+    );
+    CREATE TABLE workers_deployments (
+        id          TEXT PRIMARY KEY,
+        script_id   TEXT NOT NULL REFERENCES workers_scripts(id),
+        version_id  TEXT NOT NULL REFERENCES workers_versions(id),
+        created_on  TEXT NOT NULL,
+        source      TEXT NOT NULL,
+        annotations TEXT
+    );
+    CREATE TABLE workers_secrets (
+        script_id TEXT NOT NULL REFERENCES workers_scripts(id),
+        name      TEXT NOT NULL,
+        text      TEXT NOT NULL,
+        PRIMARY KEY (script_id, name)
+    ) WITHOUT ROWID;
 "#,
 ];
 

@@ -36,6 +36,15 @@ pub struct ServeArgs {
     /// the environment); other hosts are path-style.
     #[arg(long = "s3-domain", env = "KURA_S3_DOMAIN", value_delimiter = ',')]
     s3_domains: Vec<String>,
+    /// Address of the listener that serves deployed Workers (routed by host: `<name>.localhost`).
+    #[arg(long, env = "KURA_WORKERS_LISTEN", default_value = "127.0.0.1:8787")]
+    workers_listen: SocketAddr,
+    /// Serve Workers at `<name>.<DOMAIN>` too (repeat, or comma-separate in the environment).
+    #[arg(long = "workers-domain", env = "KURA_WORKERS_DOMAIN", value_delimiter = ',')]
+    workers_domains: Vec<String>,
+    /// The workerd binary Workers run in (default: KURA_WORKERD, else node_modules nearby).
+    #[arg(long)]
+    workerd: Option<std::path::PathBuf>,
     /// Days of history Time Travel keeps restorable.
     #[arg(long, env = "KURA_TIME_TRAVEL_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3650))]
     time_travel_days: u64,
@@ -55,12 +64,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let boot = node.bootstrap(&credentials)?;
     let api = TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
     let s3 = TcpListener::bind(args.s3_listen).await.with_context(|| format!("cannot listen on {}", args.s3_listen))?;
+    let workers = TcpListener::bind(args.workers_listen).await.with_context(|| {
+        format!("cannot listen on {} (for Workers; choose another with --workers-listen)", args.workers_listen)
+    })?;
+    let workers_url = format!("http://{}", workers.local_addr()?);
     let api_url = format!("http://{}/client/v4", api.local_addr()?);
     let s3_url = format!("http://{}", s3.local_addr()?);
 
     println!("kura {} serving {}", env!("CARGO_PKG_VERSION"), node.dir().display());
     println!("  API (Cloudflare v4): {api_url}");
     println!("  S3:                  {s3_url}");
+    println!("  Workers:             {workers_url} (as <name>.localhost)");
     println!("  account:             {}", boot.account.id);
     if let Some(secret) = &boot.new_token {
         println!();
@@ -83,7 +97,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     println!("ready");
 
-    kura_server::serve(node, api, s3, shutdown_signal()).await?;
+    let workers_settings = kura_workers::WorkersSettings {
+        runtime: kura_workers::RuntimeSettings { workerd: args.workerd.clone(), ..Default::default() },
+        domains: args.workers_domains.clone(),
+    };
+    let listeners = kura_server::Listeners { api, s3, workers: Some(workers) };
+    kura_server::serve_all(node, listeners, workers_settings, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
 }

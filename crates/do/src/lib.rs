@@ -85,6 +85,7 @@ impl Default for DoSettings {
 pub struct Namespace {
     storage_id: String,
     ids: IdFactory,
+    elsewhere: bool,
 }
 
 impl Namespace {
@@ -94,7 +95,20 @@ impl Namespace {
         if storage_id.len() != 32 || !storage_id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
             return Err(DoError::Invalid(format!("'{storage_id}' is not a namespace storage id")));
         }
-        Ok(Namespace { storage_id: storage_id.to_owned(), ids: IdFactory::new(unique_key) })
+        Ok(Namespace { storage_id: storage_id.to_owned(), ids: IdFactory::new(unique_key), elsewhere: false })
+    }
+
+    /// The same namespace, its objects run by another process (workerd, for a deployed
+    /// Worker's class) in `<namespace id>/workerd/<object id>.sqlite`: the engine lists,
+    /// exports and reads them, never writes them or runs requests on them.
+    pub fn hosted_elsewhere(mut self) -> Self {
+        self.elsewhere = true;
+        self
+    }
+
+    /// Whether another process runs the objects.
+    pub fn is_hosted_elsewhere(&self) -> bool {
+        self.elsewhere
     }
 
     /// The storage id.
@@ -193,6 +207,40 @@ impl DurableObjects {
         self.inner.root.join(&ns.storage_id).join(&hex[..2]).join(hex)
     }
 
+    /// The file another process keeps an object of a namespace hosted elsewhere in.
+    fn hosted_file(&self, ns: &Namespace, hex: &str) -> PathBuf {
+        self.inner.root.join(&ns.storage_id).join("workerd").join(format!("{hex}.sqlite"))
+    }
+
+    /// Refuses to run requests on objects another process runs.
+    fn runs_here(&self, ns: &Namespace) -> Result<()> {
+        if ns.elsewhere {
+            return Err(DoError::Invalid(
+                "this namespace's objects run in workerd (a deployed Worker's class): kura lists, reads and exports them, \
+                 but requests go through the Worker"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Opens a hosted object's file read-only, beside the process that writes it.
+    fn open_hosted(&self, ns: &Namespace, hex: &str) -> Result<Option<kura_sqlite::Database>> {
+        let path = self.hosted_file(ns, hex);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let mut options = DatabaseOptions::new(path).read_only(true).compact(true);
+        options.limits = Limits::durable_object();
+        kura_sqlite::Database::open(&options).map(Some).map_err(DoError::from_sql)
+    }
+
+    /// Lists an object another process runs (announced as it starts), with its name.
+    pub async fn register(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
+        let (hex, name, now) = (id.to_string(), id.name().map(str::to_owned), now_ms());
+        self.index_write(ns, move |c| index::register(c, &hex, name.as_deref(), now)).await
+    }
+
     /// Whether the object has ever stored anything (it is then listed in its namespace).
     pub async fn exists(&self, ns: &Namespace, id: &ObjectId) -> Result<bool> {
         Ok(self.entry(ns, id).await?.is_some())
@@ -231,6 +279,7 @@ impl DurableObjects {
     /// Makes sure the object's directory exists; the object joins the namespace's index with
     /// the first request that writes to it.
     async fn ensure(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
+        self.runs_here(ns)?;
         let dir = self.object_dir(ns, id);
         if dir.exists() {
             return Ok(());
@@ -333,9 +382,14 @@ impl DurableObjects {
         Ok(entries
             .into_iter()
             .map(|entry| {
-                let stored_bytes = match self.id_dir(ns, &entry.id) {
-                    Some(dir) => file_len(&dir.join("db.sqlite")) + file_len(&dir.join("db.sqlite-wal")),
-                    None => 0,
+                let stored_bytes = if ns.elsewhere {
+                    let file = self.hosted_file(ns, &entry.id);
+                    file_len(&file) + file_len(&file.with_extension("sqlite-wal"))
+                } else {
+                    match self.id_dir(ns, &entry.id) {
+                        Some(dir) => file_len(&dir.join("db.sqlite")) + file_len(&dir.join("db.sqlite-wal")),
+                        None => 0,
+                    }
                 };
                 ObjectSummary { entry, stored_bytes }
             })
@@ -360,10 +414,25 @@ impl DurableObjects {
     /// The object's storage as SQL text: its tables, rows, indexes, triggers and views, and its
     /// KV entries (`_cf_KV`), in D1's dump format. An object never used exports as empty.
     pub async fn export(&self, ns: &Namespace, id: &ObjectId) -> Result<String> {
+        let options = DumpOptions { reserved_tables: vec!["_cf_KV".into()], ..Default::default() };
+        if ns.elsewhere {
+            let (engine, ns, hex) = (self.clone(), ns.clone(), id.to_string());
+            let bytes = tokio::task::spawn_blocking(move || {
+                let Some(mut db) = engine.open_hosted(&ns, &hex)? else { return Ok(Vec::new()) };
+                let mut out = Vec::new();
+                dump(&mut db, &options, &mut out).map_err(|e| DoError::Storage(e.to_string()))?;
+                Ok::<_, DoError>(out)
+            })
+            .await
+            .map_err(|e| DoError::Storage(e.to_string()))??;
+            if bytes.is_empty() {
+                return Ok("PRAGMA defer_foreign_keys=TRUE;\n".to_owned());
+            }
+            return String::from_utf8(bytes).map_err(|e| DoError::Storage(e.to_string()));
+        }
         if !self.has_files(ns, id) {
             return Ok("PRAGMA defer_foreign_keys=TRUE;\n".to_owned());
         }
-        let options = DumpOptions { reserved_tables: vec!["_cf_KV".into()], ..Default::default() };
         let bytes = self
             .inner
             .registry
@@ -420,6 +489,26 @@ impl DurableObjects {
     }
 
     async fn read_one(&self, ns: &Namespace, hex: &str, sql: String, params: Vec<Value>) -> Result<Cursor> {
+        let fan_out_error = |e| match e {
+            DoError::ReadOnly { sql } => {
+                DoError::Invalid(format!("a fan-out runs read-only statements only, and this one writes: {sql}"))
+            }
+            other => other,
+        };
+        if ns.elsewhere {
+            let (engine, ns, hex) = (self.clone(), ns.clone(), hex.to_owned());
+            return tokio::task::spawn_blocking(move || {
+                let Some(mut db) = engine.open_hosted(&ns, &hex)? else {
+                    return Err(DoError::Invalid("the object has stored nothing yet".into()));
+                };
+                db.begin().map_err(DoError::from_sql)?;
+                let outcome = Storage::new(&mut db).exec_read_only(&sql, params).map_err(fan_out_error);
+                db.rollback();
+                outcome
+            })
+            .await
+            .map_err(|e| DoError::Storage(e.to_string()))?;
+        }
         if !self.id_dir(ns, hex).is_some_and(|d| d.exists()) {
             return Err(DoError::Invalid("the object has stored nothing yet".into()));
         }
@@ -427,12 +516,7 @@ impl DurableObjects {
             .registry
             .with_database(&format!("{}/{hex}", ns.storage_id), move |db| {
                 db.begin().map_err(DoError::from_sql)?;
-                let outcome = Storage::new(db).exec_read_only(&sql, params).map_err(|e| match e {
-                    DoError::ReadOnly { sql } => DoError::Invalid(format!(
-                        "a fan-out runs read-only statements only, and this one writes: {sql}"
-                    )),
-                    other => other,
-                });
+                let outcome = Storage::new(db).exec_read_only(&sql, params).map_err(fan_out_error);
                 db.rollback();
                 outcome
             })

@@ -36,8 +36,15 @@ pub enum R2Error {
     #[error("Your proposed upload is smaller than the minimum allowed object size.")]
     EntityTooSmall,
     /// The body does not match a checksum the client sent.
-    #[error("{0}")]
-    BadDigest(String),
+    #[error("{}", digest_message(algorithm, sent, actual, DigestText::AsS3))]
+    BadDigest {
+        /// R2's name of the algorithm (`MD5`, `SHA-256`).
+        algorithm: &'static str,
+        /// The digest the client sent.
+        sent: Vec<u8>,
+        /// The digest of what arrived.
+        actual: Vec<u8>,
+    },
     /// A part named in a completion is unknown or its ETag differs.
     #[error("One or more of the specified parts could not be found.")]
     InvalidPart,
@@ -75,7 +82,7 @@ impl R2Error {
             R2Error::MetadataTooLarge => "MetadataTooLarge",
             R2Error::EntityTooLarge => "EntityTooLarge",
             R2Error::EntityTooSmall => "EntityTooSmall",
-            R2Error::BadDigest(_) => "BadDigest",
+            R2Error::BadDigest { .. } => "BadDigest",
             R2Error::InvalidPart | R2Error::BadUpload => "InvalidPart",
             R2Error::BucketNotEmpty => "BucketNotEmpty",
             R2Error::InvalidArgument(_) => "InvalidArgument",
@@ -111,7 +118,7 @@ impl R2Error {
             R2Error::MetadataTooLarge => 10012,
             R2Error::EntityTooLarge => 100100,
             R2Error::EntityTooSmall => 10011,
-            R2Error::BadDigest(_) => 10037,
+            R2Error::BadDigest { .. } => 10037,
             R2Error::InvalidPart => 10025,
             R2Error::BadUpload => 10048,
             R2Error::BucketNotEmpty => 10008,
@@ -119,6 +126,14 @@ impl R2Error {
             R2Error::IncompleteBody(_) => 10013,
             R2Error::Busy => 10058,
             R2Error::Storage(_) => 10001,
+        }
+    }
+
+    /// The message as the Workers binding words it: every digest in hex.
+    pub fn binding_message(&self) -> String {
+        match self {
+            R2Error::BadDigest { algorithm, sent, actual } => digest_message(algorithm, sent, actual, DigestText::Hex),
+            other => other.to_string(),
         }
     }
 
@@ -143,6 +158,27 @@ impl From<rusqlite::Error> for R2Error {
     fn from(e: rusqlite::Error) -> Self {
         R2Error::storage("bucket metadata", e)
     }
+}
+
+/// How a digest mismatch shows the digests: S3 shows MD5 in hex and its checksums in base64,
+/// as the headers carry them; the Workers binding shows all in hex.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DigestText {
+    AsS3,
+    Hex,
+}
+
+fn digest_message(algorithm: &str, sent: &[u8], actual: &[u8], text: DigestText) -> String {
+    use base64::Engine;
+    let show = |b: &[u8]| match text {
+        DigestText::AsS3 if algorithm != "MD5" => base64::engine::general_purpose::STANDARD.encode(b),
+        _ => hex::encode(b),
+    };
+    format!(
+        "The {algorithm} checksum you specified did not match what we received.\nYou provided a {algorithm} checksum with value: {}\nActual {algorithm} was: {}",
+        show(sent),
+        show(actual)
+    )
 }
 
 /// Results of R2 calls.

@@ -275,6 +275,10 @@ pub enum ChecksumAlgorithm {
     Sha1,
     /// SHA-256.
     Sha256,
+    /// SHA-384 (the Workers binding's `sha384`).
+    Sha384,
+    /// SHA-512 (the Workers binding's `sha512`).
+    Sha512,
 }
 
 impl ChecksumAlgorithm {
@@ -286,16 +290,21 @@ impl ChecksumAlgorithm {
             ChecksumAlgorithm::Crc64Nvme => "crc64nvme",
             ChecksumAlgorithm::Sha1 => "sha1",
             ChecksumAlgorithm::Sha256 => "sha256",
+            ChecksumAlgorithm::Sha384 => "sha384",
+            ChecksumAlgorithm::Sha512 => "sha512",
         }
     }
 
-    fn display_name(self) -> &'static str {
+    /// The name R2's messages use (`SHA-256`).
+    pub fn display_name(self) -> &'static str {
         match self {
             ChecksumAlgorithm::Crc32 => "CRC32",
             ChecksumAlgorithm::Crc32c => "CRC32C",
             ChecksumAlgorithm::Crc64Nvme => "CRC64NVME",
             ChecksumAlgorithm::Sha1 => "SHA-1",
             ChecksumAlgorithm::Sha256 => "SHA-256",
+            ChecksumAlgorithm::Sha384 => "SHA-384",
+            ChecksumAlgorithm::Sha512 => "SHA-512",
         }
     }
 }
@@ -331,6 +340,8 @@ enum Running {
     Crc(crc_fast::Digest, usize),
     Sha1(sha1::Sha1),
     Sha256(sha2::Sha256),
+    Sha384(sha2::Sha384),
+    Sha512(sha2::Sha512),
 }
 
 /// Digests computed while a body streams in: MD5 always, and whatever the client asked to check.
@@ -360,6 +371,8 @@ impl Digester {
                     }
                     ChecksumAlgorithm::Sha1 => Running::Sha1(sha1::Sha1::new()),
                     ChecksumAlgorithm::Sha256 => Running::Sha256(sha2::Sha256::new()),
+                    ChecksumAlgorithm::Sha384 => Running::Sha384(sha2::Sha384::new()),
+                    ChecksumAlgorithm::Sha512 => Running::Sha512(sha2::Sha512::new()),
                 };
                 (a, running)
             })
@@ -374,6 +387,8 @@ impl Digester {
                 Running::Crc(d, _) => d.update(bytes),
                 Running::Sha1(d) => d.update(bytes),
                 Running::Sha256(d) => d.update(bytes),
+                Running::Sha384(d) => d.update(bytes),
+                Running::Sha512(d) => d.update(bytes),
             }
         }
     }
@@ -385,11 +400,7 @@ impl Digester {
         if let Some(sent) = expected.md5
             && sent != md5
         {
-            return Err(R2Error::BadDigest(format!(
-                "The MD5 checksum you specified did not match what we received.\nYou provided a MD5 checksum with value: {}\nActual MD5 was: {}",
-                hex::encode(sent),
-                hex::encode(md5)
-            )));
+            return Err(R2Error::BadDigest { algorithm: "MD5", sent: sent.to_vec(), actual: md5.to_vec() });
         }
         let mut stored = BTreeMap::new();
         let trailing = match &expected.trailing {
@@ -409,16 +420,16 @@ impl Digester {
                 Running::Crc(d, width) => d.finalize().to_be_bytes()[8 - width..].to_vec(),
                 Running::Sha1(d) => d.finalize().to_vec(),
                 Running::Sha256(d) => d.finalize().to_vec(),
+                Running::Sha384(d) => d.finalize().to_vec(),
+                Running::Sha512(d) => d.finalize().to_vec(),
             };
             for (_, sent) in expected.checksums.iter().chain(trailing.iter()).filter(|(a, _)| *a == algorithm) {
                 if *sent != actual {
-                    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-                    return Err(R2Error::BadDigest(format!(
-                        "The {name} checksum you specified did not match what we received.\nYou provided a {name} checksum with value: {}\nActual {name} was: {}",
-                        b64(sent),
-                        b64(&actual),
-                        name = algorithm.display_name()
-                    )));
+                    return Err(R2Error::BadDigest {
+                        algorithm: algorithm.display_name(),
+                        sent: sent.clone(),
+                        actual: actual.clone(),
+                    });
                 }
             }
             stored.insert(algorithm.name().to_owned(), base64::engine::general_purpose::STANDARD.encode(&actual));
@@ -521,6 +532,6 @@ mod tests {
         assert_eq!(stored["crc32"], "NhCmhg==");
         let mut d = Digester::new(&expected);
         d.update(b"hellO");
-        assert!(matches!(d.finish(&expected), Err(R2Error::BadDigest(_))));
+        assert!(matches!(d.finish(&expected), Err(R2Error::BadDigest { .. })));
     }
 }

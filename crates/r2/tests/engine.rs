@@ -63,7 +63,7 @@ async fn a_failed_precondition_or_digest_stores_nothing() {
     r2.put_object(BUCKET, "k", body(b"kept"), PutOptions::default()).await.unwrap();
     let mut options = PutOptions::default();
     options.digests.md5 = Some([0; 16]);
-    assert!(matches!(r2.put_object(BUCKET, "k", body(b"other"), options).await, Err(R2Error::BadDigest(_))));
+    assert!(matches!(r2.put_object(BUCKET, "k", body(b"other"), options).await, Err(R2Error::BadDigest { .. })));
     let options = PutOptions { size: Some(100), ..Default::default() };
     assert!(matches!(r2.put_object(BUCKET, "k", body(b"short"), options).await, Err(R2Error::IncompleteBody(_))));
     assert_eq!(read_all(&r2, "k").await, b"kept");

@@ -57,6 +57,18 @@ pub struct AppState {
     pub r2: Arc<kura_r2::R2>,
     /// The Durable Objects engine.
     pub durable_objects: kura_do::DurableObjects,
+    /// The Workers layer, when this server runs Workers.
+    pub workers: Option<kura_workers::Workers>,
+}
+
+/// The listeners a server serves on.
+pub struct Listeners {
+    /// The Cloudflare v4 API (and the binding protocol for outside clients).
+    pub api: TcpListener,
+    /// S3.
+    pub s3: TcpListener,
+    /// Deployed Workers, routed by host; `None` runs no Workers.
+    pub workers: Option<TcpListener>,
 }
 
 /// The API listener's whole application: `/healthz` and `/client/v4/…`.
@@ -79,21 +91,45 @@ pub async fn serve(
     s3: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_all(node, Listeners { api, s3, workers: None }, kura_workers::WorkersSettings::default(), shutdown).await
+}
+
+/// Serves every listener until `shutdown` resolves; with a Workers listener, also runs the
+/// deployed Workers in workerd, their bindings served on a socket of their own.
+pub async fn serve_all(
+    node: Node,
+    listeners: Listeners,
+    workers_settings: kura_workers::WorkersSettings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let transfers = Arc::new(transfer::Transfers::open(&node.dir().join("transfers"))?);
+    let workers = match &listeners.workers {
+        Some(_) => Some(
+            kura_workers::Workers::open(
+                node.dir().join("workers"),
+                node.dir().join("do"),
+                Arc::clone(node.catalog()),
+                workers_settings,
+            )
+            .map_err(std::io::Error::other)?,
+        ),
+        None => None,
+    };
     let state = AppState {
         catalog: Arc::clone(node.catalog()),
         d1: Arc::clone(node.d1()),
         transfers,
         r2: Arc::clone(node.r2()),
         durable_objects: node.durable_objects().clone(),
+        workers: workers.clone(),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let usage_flusher = tokio::spawn(flush_usage_periodically(Arc::clone(&state.d1), stopped(stop_rx.clone())));
-    let api = api.tap_io(no_delay);
-    let s3 = s3.tap_io(no_delay);
+    let api = listeners.api.tap_io(no_delay);
+    let s3 = listeners.s3.tap_io(no_delay);
     let api_server = axum::serve(api, app(state.clone())).with_graceful_shutdown(stopped(stop_rx.clone()));
     let sweeper = tokio::spawn(sweep_r2_periodically(
         Arc::clone(&state.catalog),
@@ -103,12 +139,35 @@ pub async fn serve(
     let alarms =
         tokio::spawn(alarms::run(Arc::clone(&state.catalog), state.durable_objects.clone(), stopped(stop_rx.clone())));
     let s3_routes = s3::routes(Arc::clone(&state.catalog), Arc::clone(&state.r2), &node.s3_domains());
-    let s3_server = axum::serve(s3, s3_routes).with_graceful_shutdown(stopped(stop_rx));
+    let s3_server = axum::serve(s3, s3_routes).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let mut workers_servers = Vec::new();
+    if let (Some(workers), Some(listener)) = (&workers, listeners.workers) {
+        let socket = workers.bindings_socket().to_owned();
+        let _ = std::fs::remove_file(&socket);
+        let bindings = tokio::net::UnixListener::bind(&socket)?;
+        let binding_routes =
+            binding::worker_routes().layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state.clone());
+        workers_servers.push(tokio::spawn(
+            axum::serve(bindings, binding_routes).with_graceful_shutdown(stopped(stop_rx.clone())).into_future(),
+        ));
+        let proxy = axum::serve(listener.tap_io(no_delay), kura_workers::proxy::app(workers.clone()))
+            .with_graceful_shutdown(stopped(stop_rx.clone()));
+        workers_servers.push(tokio::spawn(proxy.into_future()));
+        if let Err(e) = workers.start().await {
+            tracing::error!(error = %e, "the deployed Workers could not be started");
+        }
+    }
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
     let (api_result, s3_result) = tokio::join!(api_server.into_future(), s3_server.into_future());
+    for server in workers_servers {
+        let _ = server.await;
+    }
+    if let Some(workers) = &workers {
+        workers.shutdown().await;
+    }
     let _ = usage_flusher.await;
     let _ = sweeper.await;
     let _ = alarms.await;

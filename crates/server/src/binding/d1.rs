@@ -112,14 +112,48 @@ async fn run(
     caller.require(&account, Need::D1Read)?;
     let database = match database {
         Some(database) => database,
-        None => headers
-            .get(DATABASE_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty())
-            .map(str::to_owned)
-            .ok_or_else(|| malformed(format!("the {DATABASE_HEADER} header names no database")))?,
+        None => named_database(&headers)?,
     };
-    check_session(&headers)?;
+    let access = if caller.can_write_d1() { Access::ReadWrite } else { Access::ReadOnly };
+    execute(&app, &account, access, &database, &headers, &query, body).await
+}
+
+/// The database a header names, for the shim's fixed URLs.
+fn named_database(headers: &HeaderMap) -> Result<String, BindingError> {
+    headers
+        .get(DATABASE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| malformed(format!("the {DATABASE_HEADER} header names no database")))
+}
+
+/// `POST /query` from a deployed Worker's `env.DB`, on the Workers' binding socket: the
+/// database and account are what its configuration says, and the Worker may write.
+pub async fn query_from_worker(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+    body: Body,
+) -> Response {
+    let outcome = async {
+        let account = super::worker_account(&app, &headers)?;
+        let database = named_database(&headers)?;
+        execute(&app, &account, Access::ReadWrite, &database, &headers, &query, body).await
+    };
+    outcome.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn execute(
+    app: &AppState,
+    account: &str,
+    access: Access,
+    database: &str,
+    headers: &HeaderMap,
+    query: &HashMap<String, String>,
+    body: Body,
+) -> Result<Response, BindingError> {
+    check_session(headers)?;
     let format = match query.get("resultsFormat").map(String::as_str) {
         Some("ROWS_AND_COLUMNS") => RowFormat::Raw,
         // ARRAY_OF_OBJECTS, the default; NONE answers rows all the same, as D1 does.
@@ -132,9 +166,8 @@ async fn run(
     };
     let statements = statements.into_iter().map(|s| Statement::with_params(s.sql, s.params.0)).collect();
     // Each element answers once, for its last statement, as workerd's `sql.exec` does.
-    let access = if caller.can_write_d1() { Access::ReadWrite } else { Access::ReadOnly };
     let request = Request { statements, mode: ResultMode::LastStatement, access };
-    let executed = app.d1.query_with_bookmark(&account, &database, request).await?;
+    let executed = app.d1.query_with_bookmark(account, database, request).await?;
     let mut response = axum::Json(JsonResults { results: &executed.results, format }).into_response();
     if let Some(value) = executed.bookmark.and_then(|b| HeaderValue::from_str(&b.to_string()).ok()) {
         response.headers_mut().insert(SESSION_HEADER, value);

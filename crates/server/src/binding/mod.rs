@@ -1,13 +1,23 @@
-//! The binding protocols: what a Workers runtime's bindings (workerd's `env.DB`) send to the
-//! service behind them, served over HTTP so a workerd, or any client, can point a binding at
-//! kura. Requests authenticate with the same bearer tokens as the v4 API.
+//! The binding protocols: what a Workers runtime's bindings send to the service behind them.
+//!
+//! - On the API listener, for any client (a hand-configured workerd, a script): D1's binding,
+//!   authenticated with the v4 API's bearer tokens ([`routes`]).
+//! - On the Workers' own socket, for the workerd kura supervises ([`worker_routes`]): D1, R2,
+//!   Durable Object announcements and logs. workerd adds to every request the headers its
+//!   configuration names — this run's secret, the account, the database or bucket — and the
+//!   Worker's code can neither see nor change them.
 
 mod d1;
+mod r2;
+mod workers;
 
 use axum::Router;
-use axum::routing::post;
+use axum::http::HeaderMap;
+use axum::routing::{get, post};
 
 use crate::AppState;
+use crate::rest::ApiError;
+use kura_workers::config::headers;
 
 /// The binding routes, on the API listener.
 pub fn routes() -> Router<AppState> {
@@ -19,4 +29,33 @@ pub fn routes() -> Router<AppState> {
         // The same, with the database in the path, for clients that choose their URLs.
         .route("/binding/d1/{database}/query", post(d1::query_at))
         .route("/binding/d1/{database}/execute", post(d1::query_at))
+}
+
+/// The routes of the Workers' binding socket.
+pub fn worker_routes() -> Router<AppState> {
+    Router::new()
+        .route("/query", post(d1::query_from_worker))
+        .route("/execute", post(d1::query_from_worker))
+        // R2 bodies stream to and from the blob store; their limit is R2's.
+        .route("/", get(r2::read).put(r2::write).layer(axum::extract::DefaultBodyLimit::disable()))
+        .route("/objects", post(workers::announce))
+        .route("/logs", post(workers::logs))
+}
+
+/// The account a request on the Workers' socket acts for, once its secret checks out.
+pub(crate) fn worker_account(app: &AppState, request: &HeaderMap) -> Result<String, ApiError> {
+    let Some(workers) = &app.workers else { return Err(ApiError::forbidden()) };
+    let sent = request.get(headers::SECRET).map(|v| v.as_bytes()).unwrap_or_default();
+    if !constant_time_eq(sent, workers.secret().as_bytes()) {
+        return Err(ApiError::forbidden());
+    }
+    request
+        .get(headers::ACCOUNT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .ok_or_else(|| ApiError::bad_request(format!("the {} header names no account", headers::ACCOUNT)))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

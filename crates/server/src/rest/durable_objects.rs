@@ -44,8 +44,9 @@ pub fn namespace_json(ns: &DoNamespace) -> Json {
         "name": ns.name,
         "script": ns.script,
         "class": ns.class_name,
-        "use_sqlite": true,
+        "use_sqlite": ns.use_sqlite,
         "unique_key": ns.unique_key,
+        "host": ns.host,
         "alarm_url": ns.alarm_url,
         "created_on": ns.created_at,
     })
@@ -57,6 +58,7 @@ fn find_namespace(app: &AppState, account_id: &str, id_or_name: &str) -> Result<
         ApiError::new(StatusCode::NOT_FOUND, 10066, format!("Durable Object namespace '{id_or_name}' not found"))
     })?;
     let engine_ns = Namespace::new(&ns.id, &ns.unique_key)?;
+    let engine_ns = if ns.hosted_by_workerd() { engine_ns.hosted_elsewhere() } else { engine_ns };
     Ok((ns, engine_ns))
 }
 

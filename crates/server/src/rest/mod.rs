@@ -9,6 +9,7 @@ mod import_export;
 mod r2;
 mod time_travel;
 mod user;
+mod workers;
 
 use std::collections::HashMap;
 
@@ -91,6 +92,47 @@ pub fn routes() -> Router<AppState> {
             "/accounts/{account_id}/workers/durable_objects/namespaces/{namespace}/objects/{object}/restore",
             post(durable_objects::restore),
         )
+        .route("/accounts/{account_id}/workers/scripts", get(workers::list_scripts))
+        .route(
+            "/accounts/{account_id}/workers/scripts/{name}",
+            get(workers::get_script).put(workers::put_script).delete(workers::delete_script),
+        )
+        .route(
+            "/accounts/{account_id}/workers/scripts/{name}/settings",
+            get(workers::settings).patch(workers::patch_script_settings),
+        )
+        .route(
+            "/accounts/{account_id}/workers/scripts/{name}/script-settings",
+            get(workers::settings).patch(workers::patch_script_settings),
+        )
+        .route(
+            "/accounts/{account_id}/workers/scripts/{name}/subdomain",
+            get(workers::get_subdomain).post(workers::set_subdomain),
+        )
+        .route("/accounts/{account_id}/workers/scripts/{name}/schedules", axum::routing::put(workers::put_schedules))
+        .route(
+            "/accounts/{account_id}/workers/scripts/{name}/deployments",
+            get(workers::list_deployments).post(workers::create_deployment),
+        )
+        .route(
+            "/accounts/{account_id}/workers/scripts/{name}/versions",
+            get(workers::list_versions).post(workers::upload_version),
+        )
+        .route("/accounts/{account_id}/workers/scripts/{name}/versions/{version}", get(workers::get_version))
+        .route(
+            "/accounts/{account_id}/workers/scripts/{name}/secrets",
+            get(workers::list_secrets).put(workers::put_secret),
+        )
+        .route(
+            "/accounts/{account_id}/workers/scripts/{name}/secrets/{secret}",
+            axum::routing::delete(workers::delete_secret),
+        )
+        .route("/accounts/{account_id}/workers/scripts/{name}/references", get(workers::references))
+        .route("/accounts/{account_id}/workers/scripts/{name}/logs", get(workers::logs))
+        .route("/accounts/{account_id}/workers/services/{name}", get(workers::service).delete(workers::delete_script))
+        .route("/accounts/{account_id}/workers/subdomain", get(workers::account_subdomain))
+        .route("/accounts/{account_id}/workers/tails/by-consumer/{name}", get(workers::tails_by_consumer))
+        .route("/accounts/{account_id}/storage/kv/namespaces", get(workers::kv_namespaces))
         .route("/graphql", post(graphql::query))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, 7003, "No route for that URI") })
         .method_not_allowed_fallback(|| async {

@@ -43,6 +43,10 @@ pub struct DatabaseOptions {
     /// One of many open at once (a Durable Object): no lookaside allocator and a page cache of
     /// at most [`COMPACT_CACHE_KIB`], so a thousand open files stay within a few hundred MB.
     pub compact: bool,
+    /// Only read the file, which another process owns and writes (a Durable Object workerd
+    /// runs): no history, no exclusive locking, no changes to its journal; every statement
+    /// read-only.
+    pub read_only: bool,
 }
 
 /// The page cache of a compact database, in KiB (SQLite's default is 2,000).
@@ -59,7 +63,15 @@ impl DatabaseOptions {
             history: None,
             identity: String::new(),
             compact: false,
+            read_only: false,
         }
+    }
+
+    /// Opens the file read-only, beside the process that owns it (see
+    /// [`DatabaseOptions::read_only`]).
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
     }
 
     /// Opens the file as one of many open at once (see [`DatabaseOptions::compact`]).
@@ -135,7 +147,9 @@ fn connect(
     crate::configure_process();
     let open_error = |e: rusqlite::Error| Error::Open { path: options.path.clone(), message: e.to_string() };
     let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    if options.create {
+    if options.read_only {
+        flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    } else if options.create {
         flags |= OpenFlags::SQLITE_OPEN_CREATE;
     }
     let mut conn = rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?;
@@ -170,14 +184,20 @@ fn connect(
         .map_err(open_error)?;
     }
     conn.busy_timeout(Duration::from_secs(5)).map_err(open_error)?;
-    // The actor is the file's only user, so SQLite need not take file locks per transaction
-    // or keep the WAL index in shared memory.
-    conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(open_error)?;
-    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(open_error)?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Error::Open { path: options.path.clone(), message: format!("cannot use WAL mode (got {mode})") });
+    if !options.read_only {
+        // The actor is the file's only user, so SQLite need not take file locks per
+        // transaction or keep the WAL index in shared memory.
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(open_error)?;
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(open_error)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::Open {
+                path: options.path.clone(),
+                message: format!("cannot use WAL mode (got {mode})"),
+            });
+        }
+        conn.pragma_update(None, "synchronous", "FULL").map_err(open_error)?;
     }
-    conn.pragma_update(None, "synchronous", "FULL").map_err(open_error)?;
     conn.pragma_update(None, "foreign_keys", "ON").map_err(open_error)?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true).map_err(open_error)?;
     // Stable plans: without this, STAT4 builds re-prepare a cached statement whenever a

@@ -1,0 +1,691 @@
+//! workerd's R2 binding protocol (reference workers.md §1), what a deployed Worker's
+//! `env.BUCKET` sends: `GET /` with the request in `cf-r2-request` for head, get and list;
+//! `PUT /` with `cf-r2-metadata-size` bytes of JSON before the payload for put, delete and
+//! multipart. Replies carry their JSON first (`cf-r2-metadata-size`) and the object's bytes
+//! after it; failures carry `cf-r2-error` with R2's v4 code, which workerd turns into the
+//! exception (or the `null`) a Worker sees.
+
+use std::collections::BTreeMap;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use bytes::{Bytes, BytesMut};
+use futures_util::{StreamExt, TryStreamExt};
+use serde::{Deserialize, Deserializer};
+use serde_json::{Value as Json, json};
+
+use kura_r2::{
+    ByteRange, ChecksumAlgorithm, Conditional, EtagCondition, ExpectedDigests, GetOptions, HttpMetadata, ListOptions,
+    ObjectInfo, PartOptions, PutOptions, R2Error,
+};
+use kura_workers::config::headers;
+
+use crate::AppState;
+
+const REQUEST_HEADER: &str = "cf-r2-request";
+const METADATA_SIZE_HEADER: &str = "cf-r2-metadata-size";
+const ERROR_HEADER: &str = "cf-r2-error";
+
+/// Largest request JSON accepted (workerd's own bound on replies).
+const MAX_METADATA: usize = 1 << 20;
+
+/// A failure as the binding carries it.
+#[derive(Debug)]
+struct BindingError {
+    status: StatusCode,
+    code: u32,
+    message: String,
+    /// For a failed `get` precondition: the object, which the Worker still receives.
+    object: Option<Json>,
+}
+
+impl BindingError {
+    fn new(status: StatusCode, code: u32, message: impl Into<String>) -> Self {
+        BindingError { status, code, message: message.into(), object: None }
+    }
+
+    fn invalid(message: impl Into<String>) -> Self {
+        BindingError::new(StatusCode::BAD_REQUEST, 10029, message)
+    }
+}
+
+impl From<R2Error> for BindingError {
+    fn from(e: R2Error) -> Self {
+        let status = match &e {
+            R2Error::NotModified => StatusCode::PRECONDITION_FAILED,
+            other => StatusCode::from_u16(other.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        };
+        BindingError::new(status, e.v4_code(), e.binding_message())
+    }
+}
+
+impl IntoResponse for BindingError {
+    fn into_response(self) -> Response {
+        let error = json!({"version": 1, "v4code": self.code, "message": self.message}).to_string();
+        let mut response = match self.object {
+            Some(object) => metadata_reply(self.status, &object, Body::empty()),
+            None => self.status.into_response(),
+        };
+        if let Ok(value) = HeaderValue::from_bytes(error.as_bytes()) {
+            response.headers_mut().insert(ERROR_HEADER, value);
+        }
+        response
+    }
+}
+
+/// A reply whose body is `metadata` (JSON) and then `rest`.
+fn metadata_reply(status: StatusCode, metadata: &Json, rest: Body) -> Response {
+    let text = Bytes::from(metadata.to_string());
+    let length = text.len();
+    let stream = futures_util::stream::once(async move { Ok::<_, axum::Error>(text) }).chain(rest.into_data_stream());
+    let mut response = (status, Body::from_stream(stream)).into_response();
+    response.headers_mut().insert(METADATA_SIZE_HEADER, HeaderValue::from(length));
+    response
+}
+
+/// capnp's JSON writes 64-bit integers as strings; accept either.
+fn u64_lenient<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Number(u64),
+        Text(String),
+    }
+    match Option::<Either>::deserialize(d)? {
+        None => Ok(None),
+        Some(Either::Number(n)) => Ok(Some(n)),
+        Some(Either::Text(t)) => t.parse().map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct RangeJson {
+    #[serde(default, deserialize_with = "u64_lenient")]
+    offset: Option<u64>,
+    #[serde(default, deserialize_with = "u64_lenient")]
+    length: Option<u64>,
+    #[serde(default, deserialize_with = "u64_lenient")]
+    suffix: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EtagJson {
+    #[serde(default)]
+    value: String,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct OnlyIfJson {
+    #[serde(default)]
+    etag_matches: Option<Vec<EtagJson>>,
+    #[serde(default)]
+    etag_does_not_match: Option<Vec<EtagJson>>,
+    #[serde(default, deserialize_with = "u64_lenient")]
+    uploaded_before: Option<u64>,
+    #[serde(default, deserialize_with = "u64_lenient")]
+    uploaded_after: Option<u64>,
+    #[serde(default)]
+    seconds_granularity: bool,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct HttpFieldsJson {
+    content_type: Option<String>,
+    content_language: Option<String>,
+    content_disposition: Option<String>,
+    content_encoding: Option<String>,
+    cache_control: Option<String>,
+    #[serde(default, deserialize_with = "u64_lenient")]
+    cache_expiry: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct FieldJson {
+    k: String,
+    v: String,
+}
+
+#[derive(Deserialize)]
+struct PartJson {
+    etag: String,
+    part: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "method", rename_all = "camelCase")]
+// One request per call: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum BindingRequest {
+    Head {
+        object: String,
+    },
+    #[serde(rename_all = "camelCase")]
+    Get {
+        object: String,
+        #[serde(default)]
+        range: Option<RangeJson>,
+        #[serde(default)]
+        range_header: Option<String>,
+        #[serde(default)]
+        only_if: Option<OnlyIfJson>,
+    },
+    #[serde(rename_all = "camelCase")]
+    List {
+        #[serde(default)]
+        limit: Option<u32>,
+        #[serde(default)]
+        prefix: Option<String>,
+        #[serde(default)]
+        cursor: Option<String>,
+        #[serde(default)]
+        delimiter: Option<String>,
+        #[serde(default)]
+        start_after: Option<String>,
+        #[serde(default)]
+        include: Option<Vec<u32>>,
+    },
+    #[serde(rename_all = "camelCase")]
+    Put {
+        object: String,
+        #[serde(default)]
+        custom_fields: Vec<FieldJson>,
+        #[serde(default)]
+        http_fields: Option<HttpFieldsJson>,
+        #[serde(default)]
+        only_if: Option<OnlyIfJson>,
+        #[serde(default)]
+        md5: Option<String>,
+        #[serde(default)]
+        sha1: Option<String>,
+        #[serde(default)]
+        sha256: Option<String>,
+        #[serde(default)]
+        sha384: Option<String>,
+        #[serde(default)]
+        sha512: Option<String>,
+        #[serde(default)]
+        storage_class: Option<String>,
+        #[serde(default)]
+        ssec: Option<Json>,
+    },
+    Delete {
+        #[serde(default)]
+        object: Option<String>,
+        #[serde(default)]
+        objects: Option<Vec<String>>,
+    },
+    #[serde(rename_all = "camelCase")]
+    CreateMultipartUpload {
+        object: String,
+        #[serde(default)]
+        custom_fields: Vec<FieldJson>,
+        #[serde(default)]
+        http_fields: Option<HttpFieldsJson>,
+        #[serde(default)]
+        storage_class: Option<String>,
+        #[serde(default)]
+        ssec: Option<Json>,
+    },
+    #[serde(rename_all = "camelCase")]
+    UploadPart {
+        object: String,
+        upload_id: String,
+        part_number: u32,
+        #[serde(default)]
+        ssec: Option<Json>,
+    },
+    #[serde(rename_all = "camelCase")]
+    CompleteMultipartUpload {
+        object: String,
+        upload_id: String,
+        parts: Vec<PartJson>,
+    },
+    #[serde(rename_all = "camelCase")]
+    AbortMultipartUpload {
+        object: String,
+        upload_id: String,
+    },
+}
+
+fn parse_request(bytes: &[u8]) -> Result<BindingRequest, BindingError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        BindingError::new(StatusCode::INTERNAL_SERVER_ERROR, 10001, format!("the binding request is malformed: {e}"))
+    })
+}
+
+/// The bucket the binding's configuration names (its storage id).
+fn bucket_of(app: &AppState, headers: &HeaderMap) -> Result<String, BindingError> {
+    let account = super::worker_account(app, headers).map_err(|e| BindingError::new(e.status(), 10001, e.message()))?;
+    let name = headers.get(headers::R2_BUCKET).and_then(|v| v.to_str().ok()).unwrap_or("");
+    match app.catalog.r2_bucket(&account, name) {
+        Ok(Some(bucket)) => Ok(bucket.id),
+        Ok(None) => Err(BindingError::from(R2Error::NoSuchBucket)),
+        Err(e) => Err(BindingError::new(StatusCode::INTERNAL_SERVER_ERROR, 10001, e.to_string())),
+    }
+}
+
+/// `GET /`: head, get and list.
+pub async fn read(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    let outcome = async {
+        let bucket = bucket_of(&app, &headers)?;
+        let request = headers
+            .get(REQUEST_HEADER)
+            .ok_or_else(|| BindingError::invalid(format!("the {REQUEST_HEADER} header is missing")))?;
+        match parse_request(request.as_bytes())? {
+            BindingRequest::Head { object } => head(&app, &bucket, &object).await,
+            BindingRequest::Get { object, range, range_header, only_if } => {
+                get(&app, &bucket, &object, range, range_header, only_if).await
+            }
+            BindingRequest::List { limit, prefix, cursor, delimiter, start_after, include } => {
+                list(&app, &bucket, limit, prefix, cursor, delimiter, start_after, include).await
+            }
+            _ => Err(BindingError::new(StatusCode::INTERNAL_SERVER_ERROR, 10001, "that method is sent with PUT")),
+        }
+    };
+    outcome.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `PUT /`: put, delete and multipart.
+pub async fn write(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let outcome = async {
+        let bucket = bucket_of(&app, &headers)?;
+        let size: usize = headers
+            .get(METADATA_SIZE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n <= MAX_METADATA)
+            .ok_or_else(|| BindingError::invalid("Metadata missing or invalid"))?;
+        let total: Option<u64> =
+            headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+        let (metadata, payload) = split_body(body, size).await?;
+        let payload_size = total.map(|t| t.saturating_sub(size as u64));
+        match parse_request(&metadata)? {
+            BindingRequest::Put {
+                object,
+                custom_fields,
+                http_fields,
+                only_if,
+                md5,
+                sha1,
+                sha256,
+                sha384,
+                sha512,
+                storage_class,
+                ssec,
+            } => {
+                refuse_ssec(&ssec)?;
+                let digests = expected_digests(md5, [sha1, sha256, sha384, sha512])?;
+                let options = PutOptions {
+                    http: http_metadata(http_fields),
+                    custom: custom_fields.into_iter().map(|f| (f.k, f.v)).collect(),
+                    storage_class,
+                    conditional: conditional(only_if),
+                    digests,
+                    size: payload_size,
+                };
+                match app.r2.put_object(&bucket, &object, payload, options).await {
+                    Ok(info) => Ok(axum::Json(head_json(&info, None, true, true)).into_response()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            BindingRequest::Delete { object, objects } => {
+                let keys = objects.unwrap_or_default().into_iter().chain(object).collect();
+                app.r2.delete_objects(&bucket, keys).await?;
+                Ok(StatusCode::OK.into_response())
+            }
+            BindingRequest::CreateMultipartUpload { object, custom_fields, http_fields, storage_class, ssec } => {
+                refuse_ssec(&ssec)?;
+                let custom: BTreeMap<String, String> = custom_fields.into_iter().map(|f| (f.k, f.v)).collect();
+                let id = app
+                    .r2
+                    .create_multipart_upload(
+                        &bucket,
+                        &object,
+                        http_metadata(http_fields),
+                        custom,
+                        storage_class.as_deref(),
+                    )
+                    .await?;
+                Ok(axum::Json(json!({"uploadId": id})).into_response())
+            }
+            BindingRequest::UploadPart { object, upload_id, part_number, ssec } => {
+                refuse_ssec(&ssec)?;
+                let options = PartOptions { size: payload_size, digests: ExpectedDigests::default() };
+                let part = app.r2.upload_part(&bucket, &object, &upload_id, part_number, payload, options).await?;
+                Ok(axum::Json(json!({"etag": part.etag})).into_response())
+            }
+            BindingRequest::CompleteMultipartUpload { object, upload_id, parts } => {
+                let parts = parts.into_iter().map(|p| (p.part, p.etag)).collect();
+                let info = match app.r2.complete_multipart_upload(&bucket, &object, &upload_id, parts).await {
+                    Ok(info) => info,
+                    // workerd asserts on "not found" here; R2 says the upload does not exist.
+                    Err(R2Error::NoSuchKey) => return Err(R2Error::NoSuchUpload.into()),
+                    Err(e) => return Err(e.into()),
+                };
+                Ok(axum::Json(head_json(&info, None, true, true)).into_response())
+            }
+            BindingRequest::AbortMultipartUpload { object, upload_id } => {
+                match app.r2.abort_multipart_upload(&bucket, &object, &upload_id).await {
+                    Ok(()) | Err(R2Error::NoSuchUpload) => Ok(StatusCode::OK.into_response()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            _ => Err(BindingError::new(StatusCode::INTERNAL_SERVER_ERROR, 10001, "that method is sent with GET")),
+        }
+    };
+    outcome.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+type Payload = std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Bytes, axum::Error>> + Send>>;
+
+/// The first `size` bytes of the body (the request's JSON), and the rest as a stream.
+async fn split_body(body: Body, size: usize) -> Result<(Bytes, Payload), BindingError> {
+    let mut stream = body.into_data_stream();
+    let mut head = BytesMut::new();
+    while head.len() < size {
+        match stream.try_next().await {
+            Ok(Some(chunk)) => head.extend_from_slice(&chunk),
+            Ok(None) => return Err(BindingError::invalid("Metadata missing or invalid")),
+            Err(e) => return Err(BindingError::new(StatusCode::BAD_REQUEST, 10013, e.to_string())),
+        }
+    }
+    let rest = head.split_off(size).freeze();
+    let first = futures_util::stream::iter((!rest.is_empty()).then_some(Ok(rest)));
+    Ok((head.freeze(), Box::pin(first.chain(stream))))
+}
+
+fn refuse_ssec(ssec: &Option<Json>) -> Result<(), BindingError> {
+    match ssec {
+        None => Ok(()),
+        Some(_) => Err(BindingError::new(StatusCode::NOT_IMPLEMENTED, 10001, "kura does not support SSE-C keys")),
+    }
+}
+
+fn expected_digests(md5: Option<String>, others: [Option<String>; 4]) -> Result<ExpectedDigests, BindingError> {
+    let mut digests = ExpectedDigests::default();
+    if let Some(md5) = md5 {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(md5.trim())
+            .ok()
+            .and_then(|b| <[u8; 16]>::try_from(b).ok())
+            .ok_or_else(|| BindingError::invalid("the MD5 checksum is malformed"))?;
+        digests.md5 = Some(bytes);
+    }
+    let algorithms =
+        [ChecksumAlgorithm::Sha1, ChecksumAlgorithm::Sha256, ChecksumAlgorithm::Sha384, ChecksumAlgorithm::Sha512];
+    for (algorithm, value) in algorithms.into_iter().zip(others) {
+        if let Some(value) = value {
+            let bytes = hex::decode(value.trim()).map_err(|_| {
+                BindingError::invalid(format!("the {} checksum is malformed", algorithm.display_name()))
+            })?;
+            digests.checksums.push((algorithm, bytes));
+        }
+    }
+    Ok(digests)
+}
+
+const HTTP_DATE: &str = "%a, %d %b %Y %H:%M:%S GMT";
+
+fn http_metadata(fields: Option<HttpFieldsJson>) -> HttpMetadata {
+    let fields = fields.unwrap_or_default();
+    HttpMetadata {
+        content_type: fields.content_type,
+        content_language: fields.content_language,
+        content_disposition: fields.content_disposition,
+        content_encoding: fields.content_encoding,
+        cache_control: fields.cache_control,
+        expires: fields
+            .cache_expiry
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms as i64).ok())
+            .map(|t| t.strftime(HTTP_DATE).to_string()),
+    }
+}
+
+fn conditional(only_if: Option<OnlyIfJson>) -> Conditional {
+    let Some(only_if) = only_if else { return Conditional::default() };
+    let tags = |list: Option<Vec<EtagJson>>| {
+        list.map(|list| {
+            list.into_iter()
+                .map(|e| match e.kind.as_str() {
+                    "wildcard" => EtagCondition::Any,
+                    kind => EtagCondition::Tag { value: e.value, weak: kind == "weak" },
+                })
+                .collect()
+        })
+    };
+    Conditional {
+        if_match: tags(only_if.etag_matches),
+        if_none_match: tags(only_if.etag_does_not_match),
+        if_modified_since_ms: only_if.uploaded_after.map(|ms| ms as i64),
+        if_unmodified_since_ms: only_if.uploaded_before.map(|ms| ms as i64),
+        seconds_granularity: only_if.seconds_granularity,
+    }
+}
+
+/// The HeadResponse workerd builds an `R2Object` from (checksums in hex under `"0"`…`"4"`).
+fn head_json(info: &ObjectInfo, range: Option<(u64, u64)>, http: bool, custom: bool) -> Json {
+    let mut out = json!({
+        "name": info.key,
+        "version": info.version,
+        "size": info.size,
+        "etag": info.etag,
+        "uploaded": info.uploaded_ms,
+        "storageClass": info.storage_class,
+    });
+    if http {
+        let h = &info.http;
+        let mut fields = serde_json::Map::new();
+        for (name, value) in [
+            ("contentType", &h.content_type),
+            ("contentLanguage", &h.content_language),
+            ("contentDisposition", &h.content_disposition),
+            ("contentEncoding", &h.content_encoding),
+            ("cacheControl", &h.cache_control),
+        ] {
+            if let Some(value) = value {
+                fields.insert(name.into(), json!(value));
+            }
+        }
+        let expiry = h
+            .expires
+            .as_deref()
+            .and_then(|t| jiff::fmt::strtime::parse(HTTP_DATE, t).ok())
+            .and_then(|t| t.to_timestamp().ok());
+        if let Some(expiry) = expiry {
+            fields.insert("cacheExpiry".into(), json!(expiry.as_millisecond()));
+        }
+        out["httpFields"] = Json::Object(fields);
+    }
+    if custom {
+        out["customFields"] = info.custom.iter().map(|(k, v)| json!({"k": k, "v": v})).collect();
+    }
+    if let Some((offset, length)) = range {
+        out["range"] = json!({"offset": offset, "length": length});
+    }
+    let mut checksums = serde_json::Map::new();
+    for (index, name) in ["md5", "sha1", "sha256", "sha384", "sha512"].iter().enumerate() {
+        let Some(value) = info.checksums.get(*name) else { continue };
+        let hex = if *name == "md5" {
+            value.clone()
+        } else {
+            match base64::engine::general_purpose::STANDARD.decode(value) {
+                Ok(bytes) => hex::encode(bytes),
+                Err(_) => continue,
+            }
+        };
+        checksums.insert(index.to_string(), json!(hex));
+    }
+    out["checksums"] = Json::Object(checksums);
+    out
+}
+
+async fn head(app: &AppState, bucket: &str, key: &str) -> Result<Response, BindingError> {
+    let info = app.r2.head_object(bucket, key).await?.ok_or(R2Error::NoSuchKey)?;
+    Ok(metadata_reply(StatusCode::OK, &head_json(&info, Some((0, info.size)), true, true), Body::empty()))
+}
+
+/// A `Range` header's single range (several ranges read the whole object, as R2 does).
+fn parse_range_header(text: &str) -> Result<Option<ByteRange>, BindingError> {
+    let Some(spec) = text.trim().strip_prefix("bytes=") else {
+        return Err(R2Error::InvalidRange.into());
+    };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let (start, end) = spec.split_once('-').ok_or(R2Error::InvalidRange)?;
+    let number = |t: &str| t.trim().parse::<u64>().map_err(|_| BindingError::from(R2Error::InvalidRange));
+    Ok(Some(match (start.trim(), end.trim()) {
+        ("", suffix) => ByteRange::Suffix(number(suffix)?),
+        (start, "") => ByteRange::From { start: number(start)?, end: None },
+        (start, end) => ByteRange::From { start: number(start)?, end: Some(number(end)?) },
+    }))
+}
+
+fn byte_range(range: Option<RangeJson>, header: Option<String>) -> Result<Option<ByteRange>, BindingError> {
+    if let Some(header) = header {
+        return parse_range_header(&header);
+    }
+    let Some(range) = range else { return Ok(None) };
+    Ok(match (range.offset, range.length, range.suffix) {
+        (_, _, Some(suffix)) => Some(ByteRange::Suffix(suffix)),
+        (_, Some(0), None) => return Err(R2Error::InvalidRange.into()),
+        (offset, Some(length), None) => {
+            let start = offset.unwrap_or(0);
+            Some(ByteRange::From { start, end: Some(start + length - 1) })
+        }
+        (Some(offset), None, None) => Some(ByteRange::From { start: offset, end: None }),
+        (None, None, None) => None,
+    })
+}
+
+async fn get(
+    app: &AppState,
+    bucket: &str,
+    key: &str,
+    range: Option<RangeJson>,
+    range_header: Option<String>,
+    only_if: Option<OnlyIfJson>,
+) -> Result<Response, BindingError> {
+    let range = byte_range(range, range_header)?;
+    let options = GetOptions { range, conditional: conditional(only_if), part_number: None };
+    match app.r2.get_object(bucket, key, options).await {
+        Ok(object) => {
+            let served = object.range.unwrap_or((0, object.info.size));
+            let metadata = head_json(&object.info, Some(served), true, true);
+            Ok(metadata_reply(StatusCode::OK, &metadata, Body::from_stream(object.body)))
+        }
+        Err(e @ (R2Error::PreconditionFailed | R2Error::NotModified)) => {
+            // The Worker still gets the object, without its body.
+            let mut failure = BindingError::from(e);
+            failure.status = StatusCode::PRECONDITION_FAILED;
+            failure.code = 10031;
+            if let Some(info) = app.r2.head_object(bucket, key).await? {
+                failure.object = Some(head_json(&info, Some((0, info.size)), true, true));
+            }
+            Err(failure)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn list(
+    app: &AppState,
+    bucket: &str,
+    limit: Option<u32>,
+    prefix: Option<String>,
+    cursor: Option<String>,
+    delimiter: Option<String>,
+    start_after: Option<String>,
+    include: Option<Vec<u32>>,
+) -> Result<Response, BindingError> {
+    let include = include.unwrap_or_default();
+    let limit = match limit {
+        None => 1000,
+        Some(n) if (1..=1000).contains(&n) => n as usize,
+        Some(_) => {
+            return Err(BindingError::new(
+                StatusCode::BAD_REQUEST,
+                10022,
+                "MaxKeys params must be positive integer <= 1000.",
+            ));
+        }
+    };
+    // With metadata to send, pages are smaller, as R2's are.
+    let limit = if include.is_empty() { limit } else { limit.min(100) };
+    let options = ListOptions {
+        prefix: prefix.unwrap_or_default(),
+        delimiter: delimiter.filter(|d| !d.is_empty()),
+        start_after,
+        cursor: cursor.filter(|c| !c.is_empty()),
+        limit,
+    };
+    let listing = app.r2.list(bucket, options).await?;
+    let (http, custom) = (include.contains(&0), include.contains(&1));
+    let objects: Vec<Json> = listing
+        .objects
+        .iter()
+        .map(|info| {
+            let mut entry = head_json(info, None, true, true);
+            // Not asked for: present but empty, as under wrangler dev.
+            if !http {
+                entry["httpFields"] = json!({});
+            }
+            if !custom {
+                entry["customFields"] = json!([]);
+            }
+            entry
+        })
+        .collect();
+    let mut out = json!({"objects": objects, "truncated": listing.truncated, "delimitedPrefixes": listing.prefixes});
+    if listing.truncated
+        && let Some(cursor) = listing.cursor
+    {
+        out["cursor"] = json!(cursor);
+    }
+    Ok(metadata_reply(StatusCode::OK, &out, Body::empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_requests_parse() {
+        let get: BindingRequest = serde_json::from_str(
+            r#"{"version":1,"method":"get","object":"k","range":{"offset":"6","length":"5"},"onlyIf":{"etagDoesNotMatch":[{"type":"wildcard"}],"uploadedAfter":"1445412480000","secondsGranularity":true}}"#,
+        )
+        .unwrap();
+        let BindingRequest::Get { range, only_if, .. } = get else { panic!() };
+        assert_eq!(byte_range(range, None).ok().flatten(), Some(ByteRange::From { start: 6, end: Some(10) }));
+        let c = conditional(only_if);
+        assert_eq!(c.if_none_match, Some(vec![EtagCondition::Any]));
+        assert_eq!((c.if_modified_since_ms, c.seconds_granularity), (Some(1445412480000), true));
+        let put: BindingRequest = serde_json::from_str(
+            r#"{"version":1,"method":"put","object":"a/b.txt","customFields":[{"k":"k","v":"v"}],"httpFields":{"contentType":"text/plain","cacheExpiry":"1700000000000"},"md5":"XrY7u+Ae7tCTyyK7j1rNww==","storageClass":"Standard"}"#,
+        )
+        .unwrap();
+        let BindingRequest::Put { http_fields, md5, .. } = put else { panic!() };
+        let http = http_metadata(http_fields);
+        assert_eq!(http.expires.as_deref(), Some("Tue, 14 Nov 2023 22:13:20 GMT"));
+        assert!(expected_digests(md5, [None, None, None, None]).unwrap().md5.is_some());
+        assert!(parse_request(br#"{"method":"nope"}"#).is_err());
+    }
+
+    #[test]
+    fn range_headers() {
+        assert_eq!(parse_range_header("bytes=0-1").ok().flatten(), Some(ByteRange::From { start: 0, end: Some(1) }));
+        assert_eq!(parse_range_header("bytes=-3").ok().flatten(), Some(ByteRange::Suffix(3)));
+        assert_eq!(parse_range_header("bytes=0-1,3-4").ok().flatten(), None);
+        assert!(parse_range_header("pages=1").is_err());
+    }
+}

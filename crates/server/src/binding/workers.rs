@@ -1,0 +1,70 @@
+//! What the workerd kura supervises tells kura about its Workers: Durable Objects as they
+//! start (so kura lists them by name) and the events of their tail workers (their logs).
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use kura_workers::config::headers;
+
+use crate::AppState;
+use crate::rest::ApiError;
+use crate::rest::extract::read_body;
+
+#[derive(Deserialize)]
+struct Announcement {
+    class: String,
+    id: String,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+fn script_of(app: &AppState, request: &HeaderMap) -> Result<kura_catalog::WorkerScript, ApiError> {
+    let workers = app.workers.as_ref().ok_or_else(ApiError::forbidden)?;
+    let sent = request.get(headers::SECRET).map(|v| v.as_bytes()).unwrap_or_default();
+    if !super::constant_time_eq(sent, workers.secret().as_bytes()) {
+        return Err(ApiError::forbidden());
+    }
+    let id = request.get(headers::SCRIPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    workers.script_by_id(id).map_err(ApiError::from)
+}
+
+/// `POST /objects`: a Durable Object of a deployed class is starting. It joins its
+/// namespace's index (with its name, when it was reached by one) before its first request.
+pub async fn announce(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let outcome = async {
+        let script = script_of(&app, &headers)?;
+        let body = read_body(body).await?;
+        let announced: Announcement = crate::rest::parse_json(&body)?;
+        let workers = app.workers.as_ref().expect("checked");
+        let namespace = workers.class_namespace(&script, &announced.class)?.ok_or_else(|| {
+            ApiError::bad_request(format!("'{}' is no Durable Object class of '{}'", announced.class, script.name))
+        })?;
+        let engine_namespace = kura_do::Namespace::new(&namespace.id, &namespace.unique_key)
+            .map_err(|e| ApiError::internal(&e))?
+            .hosted_elsewhere();
+        let id = engine_namespace.id_from_string(&announced.id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let id = match announced.name {
+            Some(name) if engine_namespace.id_from_name(&name) == id => engine_namespace.id_from_name(&name),
+            Some(_) => return Err(ApiError::bad_request("the name does not derive the id")),
+            None => id,
+        };
+        app.durable_objects.register(&engine_namespace, &id).await?;
+        Ok::<_, ApiError>(StatusCode::NO_CONTENT.into_response())
+    };
+    outcome.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /logs`: a tail worker's events.
+pub async fn logs(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    let outcome = async {
+        let script = script_of(&app, &headers)?;
+        let body = read_body(body).await?;
+        let events: Vec<serde_json::Value> = crate::rest::parse_json(&body)?;
+        app.workers.as_ref().expect("checked").record_logs(&script.id, events)?;
+        Ok::<_, ApiError>(StatusCode::NO_CONTENT.into_response())
+    };
+    outcome.await.unwrap_or_else(IntoResponse::into_response)
+}

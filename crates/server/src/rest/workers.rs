@@ -1,0 +1,572 @@
+//! Workers in the v4 API, as `wrangler deploy`, `versions`, `deployments`, `secret` and
+//! `delete` call it (reference workers.md §3): script uploads (multipart: metadata + modules),
+//! versions and deployments, settings, secrets, the subdomain calls wrangler makes on its way,
+//! and kura's own `logs`. Every call needs an admin token.
+
+use std::collections::HashMap;
+
+use axum::extract::{Multipart, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use bytes::Bytes;
+use kura_catalog::{WorkerDeployment, WorkerScript, WorkerVersion};
+use kura_workers::{
+    ModuleKind, StoredVersion, Upload, UploadMetadata, UploadOptions, UploadedModule, Workers, WorkersError,
+};
+use serde::Deserialize;
+use serde_json::{Value as Json, json};
+
+use super::extract::{V4Path, V4Query, read_body};
+use super::{ApiError, ResultInfo, ok, ok_paged, parse_json};
+use crate::AppState;
+use crate::auth::Caller;
+
+impl From<WorkersError> for ApiError {
+    fn from(e: WorkersError) -> Self {
+        match e {
+            WorkersError::InvalidUpload(m) | WorkersError::ScriptRejected(m) => {
+                ApiError::new(StatusCode::BAD_REQUEST, 10021, m)
+            }
+            WorkersError::MissingTarget { code, message } => ApiError::new(StatusCode::BAD_REQUEST, code, message),
+            WorkersError::ScriptNotFound => ApiError::new(StatusCode::NOT_FOUND, 10007, e.to_string()),
+            WorkersError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, 10007, m),
+            WorkersError::MigrationConflict(m) => ApiError::new(StatusCode::BAD_REQUEST, 10079, m),
+            WorkersError::NoWorkerd { .. } => ApiError::new(StatusCode::BAD_REQUEST, 10021, e.to_string()),
+            WorkersError::Catalog(e) => e.into(),
+            other => ApiError::internal(&other),
+        }
+    }
+}
+
+/// The Workers layer, for an admin of the account.
+fn workers<'a>(app: &'a AppState, caller: &Caller, account_id: &str) -> Result<&'a Workers, ApiError> {
+    if caller.token.account_id != account_id || caller.scope() != kura_catalog::Scope::Admin {
+        return Err(ApiError::forbidden());
+    }
+    app.workers.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            10021,
+            "this kura server does not run Workers (it was started without a Workers listener)",
+        )
+    })
+}
+
+fn script_of(workers: &Workers, account_id: &str, name: &str) -> Result<WorkerScript, ApiError> {
+    workers.catalog().worker_script(account_id, name)?.ok_or_else(|| WorkersError::ScriptNotFound.into())
+}
+
+fn deployed_version(
+    workers: &Workers,
+    script: &WorkerScript,
+) -> Result<Option<(WorkerVersion, StoredVersion)>, ApiError> {
+    let Some(id) = &script.deployed_version else { return Ok(None) };
+    let Some(version) = workers.catalog().worker_version(&script.id, id)? else { return Ok(None) };
+    let stored = workers.stored_version(&version)?;
+    Ok(Some((version, stored)))
+}
+
+/// A script as `GET /workers/scripts` lists it.
+fn script_json(script: &WorkerScript, stored: Option<&StoredVersion>) -> Json {
+    let mut out = json!({
+        "id": script.name,
+        "tag": script.id,
+        "etag": stored.map(|v| v.etag.as_str()).unwrap_or(""),
+        "handlers": ["fetch"],
+        "named_handlers": [],
+        "created_on": script.created_on,
+        "modified_on": script.modified_on,
+        "usage_model": stored.map(|v| v.usage_model.as_str()).unwrap_or("standard"),
+        "compatibility_date": stored.and_then(|v| v.compatibility_date.as_deref()),
+        "compatibility_flags": stored.map(|v| v.compatibility_flags.clone()).unwrap_or_default(),
+        "last_deployed_from": "wrangler",
+        "has_assets": false,
+        "has_modules": stored.is_some_and(|v| v.main_module.is_some()),
+        "logpush": false,
+    });
+    if let Some(tag) = &script.migration_tag {
+        out["migration_tag"] = json!(tag);
+    }
+    out
+}
+
+/// The bindings as the settings API shows them: the version's, then each secret by name.
+fn settings_bindings(
+    workers: &Workers,
+    script: &WorkerScript,
+    stored: Option<&StoredVersion>,
+) -> Result<Json, ApiError> {
+    let mut bindings: Vec<Json> = stored
+        .map(|v| v.bindings.iter().map(|b| serde_json::to_value(b).expect("bindings serialise")).collect())
+        .unwrap_or_default();
+    for name in workers.secret_names(&script.account_id, &script.name)? {
+        bindings.push(json!({"type": "secret_text", "name": name}));
+    }
+    Ok(Json::Array(bindings))
+}
+
+fn annotations(raw: &Option<String>) -> Json {
+    raw.as_deref().and_then(|a| serde_json::from_str(a).ok()).unwrap_or_else(|| json!({}))
+}
+
+fn version_json(workers: &Workers, script: &WorkerScript, version: &WorkerVersion) -> Result<Json, ApiError> {
+    let stored = workers.stored_version(version)?;
+    Ok(json!({
+        "id": version.id,
+        "number": version.number,
+        "metadata": {
+            "created_on": version.created_on,
+            "modified_on": version.created_on,
+            "source": version.source,
+            "author_id": "",
+            "author_email": "kura@localhost",
+            "has_preview": false,
+        },
+        "annotations": annotations(&version.annotations),
+        "resources": {
+            "bindings": settings_bindings(workers, script, Some(&stored))?,
+            "script": {"etag": stored.etag, "handlers": ["fetch"], "last_deployed_from": "wrangler"},
+            "script_runtime": {
+                "compatibility_date": stored.compatibility_date,
+                "compatibility_flags": stored.compatibility_flags,
+                "usage_model": stored.usage_model,
+                "limits": {"cpu_ms": 30000},
+            },
+        },
+        "startup_time_ms": 0,
+    }))
+}
+
+fn deployment_json(deployment: &WorkerDeployment) -> Json {
+    json!({
+        "id": deployment.id,
+        "source": deployment.source,
+        "strategy": "percentage",
+        "author_email": "kura@localhost",
+        "annotations": annotations(&deployment.annotations),
+        "created_on": deployment.created_on,
+        "versions": [{"version_id": deployment.version_id, "percentage": 100.0}],
+    })
+}
+
+/// Reads a script upload: the `metadata` part and one part per module.
+async fn read_upload(mut form: Multipart) -> Result<Upload, ApiError> {
+    let malformed = |e: axum::extract::multipart::MultipartError| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            10021,
+            format!("the upload is not a readable multipart form: {}", e.body_text()),
+        )
+    };
+    let mut metadata = None;
+    let mut modules = Vec::new();
+    while let Some(field) = form.next_field().await.map_err(malformed)? {
+        let name = field.name().unwrap_or("").to_owned();
+        let content_type = field.content_type().map(str::to_owned);
+        let bytes: Bytes = field.bytes().await.map_err(malformed)?;
+        if name == "metadata" && content_type.as_deref().is_none_or(|t| t.starts_with("application/json")) {
+            let parsed: UploadMetadata = serde_json::from_slice(&bytes).map_err(|e| {
+                ApiError::new(StatusCode::BAD_REQUEST, 10021, format!("the metadata part is malformed: {e}"))
+            })?;
+            metadata = Some(parsed);
+            continue;
+        }
+        let content_type = content_type.unwrap_or_default();
+        let kind = ModuleKind::from_content_type(&content_type).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                10021,
+                format!("part '{name}' has the content type '{content_type}', which is no module type"),
+            )
+        })?;
+        modules.push(UploadedModule { name, kind, bytes });
+    }
+    let metadata =
+        metadata.ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, 10021, "the upload has no `metadata` part"))?;
+    Ok(Upload { metadata, modules })
+}
+
+fn upload_result(uploaded: &kura_workers::Uploaded) -> Json {
+    let mut result = script_json(&uploaded.script, Some(&uploaded.stored));
+    result["deployment_id"] = json!(uploaded.version.id);
+    result["startup_time_ms"] = json!(0);
+    result
+}
+
+/// `PUT /accounts/{a}/workers/scripts/{name}`: upload and deploy.
+pub async fn put_script(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+    V4Query(query): V4Query,
+    form: Multipart,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let upload = read_upload(form).await?;
+    let options = UploadOptions { deploy: true, strict_inherit: strict(&query), source: "wrangler".into() };
+    let uploaded = workers.upload(&account_id, &name, upload, options).await?;
+    Ok(ok(upload_result(&uploaded)))
+}
+
+fn strict(query: &HashMap<String, String>) -> bool {
+    query.get("bindings_inherit").is_some_and(|v| v == "strict")
+}
+
+/// `POST /accounts/{a}/workers/scripts/{name}/versions`: upload a version, deploy nothing.
+pub async fn upload_version(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+    V4Query(query): V4Query,
+    form: Multipart,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let upload = read_upload(form).await?;
+    let options = UploadOptions { deploy: false, strict_inherit: strict(&query), source: "wrangler".into() };
+    let uploaded = workers.upload(&account_id, &name, upload, options).await?;
+    Ok(ok(version_json(workers, &uploaded.script, &uploaded.version)?))
+}
+
+/// `GET /accounts/{a}/workers/scripts`
+pub async fn list_scripts(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path(account_id): V4Path<String>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let mut out = Vec::new();
+    for script in workers.catalog().list_worker_scripts(&account_id)? {
+        let stored = deployed_version(workers, &script)?.map(|(_, s)| s);
+        out.push(script_json(&script, stored.as_ref()));
+    }
+    Ok(ok(out))
+}
+
+/// `GET /accounts/{a}/workers/scripts/{name}`: the entry module's source.
+pub async fn get_script(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let script = script_of(workers, &account_id, &name)?;
+    let (_, stored) = deployed_version(workers, &script)?.ok_or(WorkersError::ScriptNotFound)?;
+    let source = workers.module_source(&script, &stored)?;
+    let content_type = stored.modules.first().map_or("application/javascript", |m| m.kind.content_type());
+    Ok(axum::response::IntoResponse::into_response(([(axum::http::header::CONTENT_TYPE, content_type)], source)))
+}
+
+/// `GET /accounts/{a}/workers/services/{name}`: what wrangler checks first.
+pub async fn service(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let Some(script) = workers.catalog().worker_script(&account_id, &name)? else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, 10090, "This Worker does not exist on your account."));
+    };
+    let stored = deployed_version(workers, &script)?.map(|(_, s)| s);
+    Ok(ok(json!({
+        "id": script.name,
+        "default_environment": {
+            "environment": "production",
+            "created_on": script.created_on,
+            "modified_on": script.modified_on,
+            "script": script_json(&script, stored.as_ref()),
+        },
+        "created_on": script.created_on,
+        "modified_on": script.modified_on,
+    })))
+}
+
+/// `DELETE /accounts/{a}/workers/services/{name}` and `…/scripts/{name}`
+pub async fn delete_script(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    if !workers.delete(&account_id, &name).await? {
+        return Err(WorkersError::ScriptNotFound.into());
+    }
+    Ok(ok(Json::Null))
+}
+
+/// `GET /accounts/{a}/workers/scripts/{name}/settings` (and `script-settings`)
+pub async fn settings(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let script = script_of(workers, &account_id, &name)?;
+    let stored = deployed_version(workers, &script)?.map(|(_, s)| s);
+    let mut out = json!({
+        "bindings": settings_bindings(workers, &script, stored.as_ref())?,
+        "compatibility_date": stored.as_ref().and_then(|v| v.compatibility_date.clone()),
+        "compatibility_flags": stored.as_ref().map(|v| v.compatibility_flags.clone()).unwrap_or_default(),
+        "usage_model": stored.as_ref().map_or("standard".to_owned(), |v| v.usage_model.clone()),
+        "logpush": false,
+        "placement": {},
+        "tail_consumers": [],
+        "observability": {"enabled": false},
+        "tags": [],
+    });
+    if let Some(tag) = &script.migration_tag {
+        out["migrations"] = json!({"tag": tag});
+    }
+    Ok(ok(out))
+}
+
+/// `PATCH …/script-settings`: logpush, tail consumers, observability, tags — accepted, and
+/// kura keeps none of them (nothing it runs uses them).
+pub async fn patch_script_settings(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    script_of(workers, &account_id, &name)?;
+    Ok(ok(json!({"logpush": false, "tail_consumers": [], "observability": {"enabled": false}, "tags": []})))
+}
+
+#[derive(Deserialize)]
+struct SubdomainBody {
+    enabled: bool,
+    #[serde(default)]
+    previews_enabled: Option<bool>,
+}
+
+/// `GET /accounts/{a}/workers/scripts/{name}/subdomain`
+pub async fn get_subdomain(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let script = script_of(workers, &account_id, &name)?;
+    Ok(ok(json!({"enabled": script.subdomain_enabled, "previews_enabled": script.previews_enabled})))
+}
+
+/// `POST /accounts/{a}/workers/scripts/{name}/subdomain`: recorded; a deployed Worker is served
+/// on the Workers listener either way.
+pub async fn set_subdomain(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let script = script_of(workers, &account_id, &name)?;
+    let body: SubdomainBody = parse_json(&read_body(body).await?)?;
+    let previews = body.previews_enabled.unwrap_or(script.previews_enabled);
+    workers.catalog().set_worker_subdomain(&script.id, body.enabled, previews)?;
+    Ok(ok(json!({"enabled": body.enabled, "previews_enabled": previews})))
+}
+
+/// `GET /accounts/{a}/workers/subdomain`: the account's workers.dev-style subdomain.
+pub async fn account_subdomain(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path(account_id): V4Path<String>,
+) -> Result<Response, ApiError> {
+    workers(&app, &caller, &account_id)?;
+    Ok(ok(json!({"subdomain": "kura"})))
+}
+
+/// `PUT /accounts/{a}/workers/scripts/{name}/schedules`: cron triggers are accepted and
+/// echoed; kura does not fire them (docs/compatibility.md).
+pub async fn put_schedules(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    script_of(workers, &account_id, &name)?;
+    let crons: Vec<Json> = parse_json(&read_body(body).await?)?;
+    let now = jiff::Timestamp::now().to_string();
+    let schedules: Vec<Json> = crons
+        .iter()
+        .map(|c| json!({"cron": c.get("cron").cloned().unwrap_or(Json::Null), "created_on": now, "modified_on": now}))
+        .collect();
+    Ok(ok(json!({"schedules": schedules})))
+}
+
+/// `GET /accounts/{a}/workers/scripts/{name}/deployments`
+pub async fn list_deployments(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let script = script_of(workers, &account_id, &name)?;
+    let deployments: Vec<Json> =
+        workers.catalog().worker_deployments(&script.id)?.iter().map(deployment_json).collect();
+    Ok(ok(json!({"deployments": deployments})))
+}
+
+#[derive(Deserialize)]
+struct DeploymentBody {
+    #[serde(default)]
+    strategy: Option<String>,
+    versions: Vec<DeploymentVersion>,
+    #[serde(default)]
+    annotations: Option<serde_json::Map<String, Json>>,
+}
+
+#[derive(Deserialize)]
+struct DeploymentVersion {
+    version_id: String,
+    percentage: f64,
+}
+
+/// `POST /accounts/{a}/workers/scripts/{name}/deployments`: one version at 100% (kura serves
+/// one version of a script at a time).
+pub async fn create_deployment(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let body: DeploymentBody = parse_json(&read_body(body).await?)?;
+    let single = match body.versions.as_slice() {
+        [only] if (only.percentage - 100.0).abs() < f64::EPSILON => only,
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                10021,
+                "kura serves one version of a Worker at a time: deploy a single version at 100%",
+            ));
+        }
+    };
+    if body.strategy.as_deref().is_some_and(|s| s != "percentage") {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, 10021, "the only deployment strategy is 'percentage'"));
+    }
+    let annotations = body.annotations.map(|a| Json::Object(a).to_string());
+    let deployment = workers.deploy_version(&account_id, &name, &single.version_id, annotations.as_deref()).await?;
+    Ok(ok(deployment_json(&deployment)))
+}
+
+/// `GET /accounts/{a}/workers/scripts/{name}/versions`
+pub async fn list_versions(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let script = script_of(workers, &account_id, &name)?;
+    let mut items = Vec::new();
+    for version in workers.catalog().worker_versions(&script.id)? {
+        items.push(version_json(workers, &script, &version)?);
+    }
+    let count = items.len() as u64;
+    Ok(ok_paged(json!({"items": items}), ResultInfo { page: 1, per_page: count.max(1), count, total_count: count }))
+}
+
+/// `GET /accounts/{a}/workers/scripts/{name}/versions/{id}`
+pub async fn get_version(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name, version_id)): V4Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let script = script_of(workers, &account_id, &name)?;
+    let version = workers
+        .catalog()
+        .worker_version(&script.id, &version_id)?
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, 10007, format!("no version '{version_id}' of '{name}'")))?;
+    Ok(ok(version_json(workers, &script, &version)?))
+}
+
+#[derive(Deserialize)]
+struct SecretBody {
+    name: String,
+    text: String,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+}
+
+/// `PUT /accounts/{a}/workers/scripts/{name}/secrets`
+pub async fn put_secret(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let body: SecretBody = parse_json(&read_body(body).await?)?;
+    if body.kind.as_deref().is_some_and(|k| k != "secret_text") {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, 10021, "only secrets of type secret_text are supported"));
+    }
+    workers.set_secret(&account_id, &name, &body.name, &body.text).await?;
+    Ok(ok(json!({"name": body.name, "type": "secret_text"})))
+}
+
+/// `GET /accounts/{a}/workers/scripts/{name}/secrets`
+pub async fn list_secrets(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let names = workers.secret_names(&account_id, &name)?;
+    Ok(ok(names.into_iter().map(|n| json!({"name": n, "type": "secret_text"})).collect::<Vec<_>>()))
+}
+
+/// `DELETE /accounts/{a}/workers/scripts/{name}/secrets/{secret}`
+pub async fn delete_secret(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name, secret)): V4Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    if !workers.delete_secret(&account_id, &name, &secret).await? {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, 10056, format!("The secret '{secret}' does not exist")));
+    }
+    Ok(ok(Json::Null))
+}
+
+/// `GET /accounts/{a}/workers/scripts/{name}/references`: what `wrangler delete` checks.
+pub async fn references(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    script_of(workers, &account_id, &name)?;
+    Ok(ok(json!({"services": {"incoming": [], "outgoing": []}, "durable_objects": [], "dispatch_outbounds": []})))
+}
+
+/// `GET /accounts/{a}/workers/tails/by-consumer/{name}`: kura has no tail consumers.
+pub async fn tails_by_consumer(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, _name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    workers(&app, &caller, &account_id)?;
+    Ok(ok(json!([])))
+}
+
+/// `GET /accounts/{a}/storage/kv/namespaces`: kura has no KV; wrangler lists them when it
+/// deletes a Worker (to clean up Workers Sites).
+pub async fn kv_namespaces(caller: Caller, V4Path(account_id): V4Path<String>) -> Result<Response, ApiError> {
+    if caller.token.account_id != account_id {
+        return Err(ApiError::forbidden());
+    }
+    Ok(ok_paged(json!([]), ResultInfo { page: 1, per_page: 100, count: 0, total_count: 0 }))
+}
+
+/// `GET /accounts/{a}/workers/scripts/{name}/logs` (kura's own): the script's recent console
+/// output and exceptions, oldest first.
+pub async fn logs(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let script = script_of(workers, &account_id, &name)?;
+    Ok(ok(workers.logs().recent(&script.id)))
+}

@@ -1,0 +1,271 @@
+//! kura's Workers layer: users' JavaScript Workers, deployed with `wrangler deploy` and run in
+//! the real workerd, with their D1, R2 and Durable Object bindings served by kura.
+//!
+//! - [`Workers`]: uploads ([`version`]: what wrangler sends, what kura keeps), deployments,
+//!   secrets, the configuration of the workerd kura supervises ([`config`], [`runtime`]), the
+//!   listener that routes requests to Workers by host ([`proxy`]), and their logs ([`logs`]).
+//! - It knows the catalog, not the engines: the server serves the bindings (D1, R2, object
+//!   announcements) on the socket [`Workers::bindings_socket`] names, to requests carrying
+//!   [`Workers::secret`].
+//!
+//! On disk, under its directory (`<data>/workers`):
+//!
+//! ```text
+//! versions/<version id>/<n>     one file per module of an upload (never a name from the upload)
+//! config/                       workerd's configuration as last written, and generated modules
+//! disks/<script id>/<key>       per Durable Object class, a link to <data>/do/<namespace id>/workerd
+//! run/                          sockets: kura's binding listener, one per script
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod config;
+mod deploy;
+mod error;
+pub mod gate;
+pub mod logs;
+pub mod proxy;
+pub mod runtime;
+mod served;
+pub mod version;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use kura_catalog::{Catalog, DoNamespace, WorkerScript};
+
+pub use deploy::{UploadOptions, Uploaded};
+pub use error::{Result, WorkersError};
+pub use runtime::{RuntimeSettings, WORKERD_VERSION, WorkerdBinary, find_workerd, install_command};
+pub use version::{Binding, ModuleKind, StoredVersion, Upload, UploadMetadata, UploadedModule};
+
+/// How the Workers layer runs.
+#[derive(Debug, Clone, Default)]
+pub struct WorkersSettings {
+    /// workerd and its restarts.
+    pub runtime: RuntimeSettings,
+    /// Domains under which `<script>.<domain>` reaches a script (`localhost` always does).
+    pub domains: Vec<String>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    do_root: PathBuf,
+    catalog: Arc<Catalog>,
+    runtime: std::result::Result<runtime::Runtime, WorkersError>,
+    layout: config::Layout,
+    routes: RwLock<proxy::Routes>,
+    upstream: proxy::Upstream,
+    logs: logs::Logs,
+    /// Uploads, deployments, deletions and secret changes, one at a time.
+    changes: tokio::sync::Mutex<()>,
+}
+
+/// The Workers layer of one data directory. Cheap to clone.
+#[derive(Clone)]
+pub struct Workers {
+    inner: Arc<Inner>,
+}
+
+/// The longest path a unix socket may have (`sun_path` less its terminator).
+const MAX_SOCKET_PATH: usize = 107;
+
+impl Workers {
+    /// Opens the layer in `dir` (Durable Object classes store their objects under `do_root`,
+    /// beside kura's own). Without a workerd the layer opens all the same: deploys then answer
+    /// which command installs one. Must be called inside a Tokio runtime.
+    pub fn open(dir: PathBuf, do_root: PathBuf, catalog: Arc<Catalog>, settings: WorkersSettings) -> Result<Workers> {
+        for sub in ["versions", "config", "disks"] {
+            let path = dir.join(sub);
+            std::fs::create_dir_all(&path).map_err(WorkersError::io(format!("creating {}", path.display())))?;
+        }
+        let socket_dir = socket_dir(&dir)?;
+        let secret = random_hex(32);
+        let binary = find_workerd(settings.runtime.workerd.as_deref());
+        let layout = config::Layout {
+            config_dir: dir.join("config"),
+            bindings_socket: socket_dir.join("bindings.sock"),
+            socket_dir,
+            secret,
+            disks_dir: dir.join("disks"),
+            max_compatibility_date: binary.as_ref().ok().and_then(|b| b.max_date.clone()),
+        };
+        let runtime = match binary {
+            Ok(binary) => {
+                tracing::info!(workerd = %binary.path.display(), "Workers run in workerd");
+                Ok(runtime::Runtime::start(binary, settings.runtime.clone(), layout.config_dir.clone()))
+            }
+            Err(e) => {
+                tracing::warn!("{e}; Workers cannot be deployed until one is installed");
+                Err(e)
+            }
+        };
+        let upstream = proxy::upstream(match &runtime {
+            Ok(runtime) => runtime.sockets(),
+            Err(_) => Arc::default(),
+        });
+        let workers = Workers {
+            inner: Arc::new(Inner {
+                dir,
+                do_root,
+                catalog,
+                runtime,
+                layout,
+                routes: RwLock::new(proxy::Routes { domains: settings.domains, ..Default::default() }),
+                upstream,
+                logs: logs::Logs::default(),
+                changes: tokio::sync::Mutex::new(()),
+            }),
+        };
+        workers.sweep_versions()?;
+        Ok(workers)
+    }
+
+    /// Starts serving what is deployed (called once the binding listener listens).
+    pub async fn start(&self) -> Result<()> {
+        let _changes = self.inner.changes.lock().await;
+        self.reload().await
+    }
+
+    /// Stops workerd.
+    pub async fn shutdown(&self) {
+        if let Ok(runtime) = &self.inner.runtime {
+            runtime.shutdown().await;
+        }
+    }
+
+    /// The socket kura's binding listener must listen on.
+    pub fn bindings_socket(&self) -> &Path {
+        &self.inner.layout.bindings_socket
+    }
+
+    /// The secret every binding request carries in [`config::headers::SECRET`].
+    pub fn secret(&self) -> &str {
+        &self.inner.layout.secret
+    }
+
+    /// The catalog.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.inner.catalog
+    }
+
+    /// The workerd in use, or why there is none.
+    pub fn workerd(&self) -> std::result::Result<&WorkerdBinary, &WorkersError> {
+        self.inner.runtime.as_ref().map(|r| r.binary())
+    }
+
+    fn runtime(&self) -> Result<&runtime::Runtime> {
+        self.inner.runtime.as_ref().map_err(|e| match e {
+            WorkersError::NoWorkerd { searched, install } => {
+                WorkersError::NoWorkerd { searched: searched.clone(), install: install.clone() }
+            }
+            other => WorkersError::Runtime(other.to_string()),
+        })
+    }
+
+    /// The script a request for `host` goes to.
+    pub fn route(&self, host: &str) -> Option<String> {
+        self.routes().route(host).map(str::to_owned)
+    }
+
+    /// The routing table.
+    pub fn routes(&self) -> proxy::Routes {
+        self.inner.routes.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) async fn runtime_enter(&self, script_id: &str) -> Option<(gate::Pass, PathBuf)> {
+        self.inner.runtime.as_ref().ok()?.enter(script_id).await
+    }
+
+    pub(crate) fn upstream(&self) -> &proxy::Upstream {
+        &self.inner.upstream
+    }
+
+    /// The logs.
+    pub fn logs(&self) -> &logs::Logs {
+        &self.inner.logs
+    }
+
+    /// Records what a script's tail worker sent.
+    pub fn record_logs(&self, script_id: &str, events: Vec<logs::LogEvent>) -> Result<()> {
+        let script = self.inner.catalog.worker_script_by_id(script_id)?.ok_or(WorkersError::ScriptNotFound)?;
+        self.inner.logs.record(script_id, &script.name, events);
+        Ok(())
+    }
+
+    /// The script with this storage id.
+    pub fn script_by_id(&self, script_id: &str) -> Result<WorkerScript> {
+        self.inner.catalog.worker_script_by_id(script_id)?.ok_or(WorkersError::ScriptNotFound)
+    }
+
+    /// The namespace of a Durable Object class a script implements in workerd.
+    pub fn class_namespace(&self, script: &WorkerScript, class_name: &str) -> Result<Option<DoNamespace>> {
+        Ok(self
+            .inner
+            .catalog
+            .list_do_namespaces(&script.account_id)?
+            .into_iter()
+            .find(|n| n.hosted_by_workerd() && n.script.as_deref() == Some(&script.name) && n.class_name == class_name))
+    }
+
+    /// The directory workerd keeps a namespace's objects in.
+    pub fn objects_dir(&self, namespace: &DoNamespace) -> PathBuf {
+        self.inner.do_root.join(&namespace.id).join("workerd")
+    }
+
+    /// Stops workerd while `f` runs (a restore of an object's file), then starts it again: the
+    /// file then has no other owner.
+    pub async fn with_workerd_stopped<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
+        let _changes = self.inner.changes.lock().await;
+        let runtime = self.runtime()?;
+        runtime.apply(config::render(&self.inner.layout, &[], config::Purpose::Serve)).await?;
+        let outcome = f();
+        self.reload().await?;
+        Ok(outcome)
+    }
+
+    /// Removes version files no version owns (an upload cut short).
+    fn sweep_versions(&self) -> Result<()> {
+        let known: std::collections::HashSet<String> =
+            self.inner.catalog.all_worker_version_ids()?.into_iter().collect();
+        let dir = self.inner.dir.join("versions");
+        for entry in std::fs::read_dir(&dir).map_err(WorkersError::io("reading the versions"))? {
+            let entry = entry.map_err(WorkersError::io("reading the versions"))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !known.contains(&name) {
+                tracing::info!(version = name, "removing the files of an upload that was never recorded");
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        Ok(())
+    }
+
+    fn version_dir(&self, version_id: &str) -> PathBuf {
+        self.inner.dir.join("versions").join(version_id)
+    }
+}
+
+/// Where the sockets go: `<dir>/run`, or a private directory under the system's temporary
+/// directory when that path is too long for a unix socket.
+fn socket_dir(dir: &Path) -> Result<PathBuf> {
+    let preferred = dir.join("run");
+    let longest = preferred.join("w-0123456789abcdef.sock");
+    let chosen = if longest.as_os_str().len() <= MAX_SOCKET_PATH {
+        preferred
+    } else {
+        let digest = <sha2::Sha256 as sha2::Digest>::digest(dir.as_os_str().as_encoded_bytes());
+        std::env::temp_dir().join(format!("kura-{}", &hex::encode(digest)[..16]))
+    };
+    std::fs::create_dir_all(&chosen).map_err(WorkersError::io(format!("creating {}", chosen.display())))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&chosen, std::fs::Permissions::from_mode(0o700))
+        .map_err(WorkersError::io(format!("restricting {}", chosen.display())))?;
+    Ok(chosen)
+}
+
+/// `n` random bytes as hex.
+fn random_hex(n: usize) -> String {
+    let mut bytes = vec![0u8; n];
+    getrandom::fill(&mut bytes).expect("the operating system's random source failed");
+    hex::encode(bytes)
+}

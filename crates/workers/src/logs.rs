@@ -1,0 +1,128 @@
+//! Workers' logs: what their tail worker reports (console output, uncaught exceptions, failed
+//! invocations), kept per script in memory — the last [`KEPT`] events — and handed to
+//! followers as they arrive; also written to kura's own log.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use serde_json::Value as Json;
+use tokio::sync::broadcast;
+
+/// Events kept per script.
+pub const KEPT: usize = 1000;
+
+/// One event: a tail item as workerd serialises it (`outcome`, `logs`, `exceptions`,
+/// `event.request`, `eventTimestamp`…), with `scriptName` filled in.
+pub type LogEvent = Json;
+
+struct ScriptLog {
+    events: VecDeque<LogEvent>,
+    followers: broadcast::Sender<LogEvent>,
+}
+
+/// Every script's log.
+#[derive(Default)]
+pub struct Logs {
+    scripts: Mutex<HashMap<String, ScriptLog>>,
+}
+
+impl Logs {
+    fn with<T>(&self, script_id: &str, f: impl FnOnce(&mut ScriptLog) -> T) -> T {
+        let mut scripts = self.scripts.lock().unwrap_or_else(|p| p.into_inner());
+        let log = scripts
+            .entry(script_id.to_owned())
+            .or_insert_with(|| ScriptLog { events: VecDeque::new(), followers: broadcast::channel(256).0 });
+        f(log)
+    }
+
+    /// Records events of the script `script_id` (called `script_name`).
+    pub fn record(&self, script_id: &str, script_name: &str, events: Vec<LogEvent>) {
+        for mut event in events {
+            if let Some(object) = event.as_object_mut() {
+                object.insert("scriptName".into(), Json::String(script_name.to_owned()));
+            }
+            log_to_tracing(script_name, &event);
+            self.with(script_id, |log| {
+                if log.events.len() == KEPT {
+                    log.events.pop_front();
+                }
+                log.events.push_back(event.clone());
+                let _ = log.followers.send(event);
+            });
+        }
+    }
+
+    /// The script's recent events, oldest first.
+    pub fn recent(&self, script_id: &str) -> Vec<LogEvent> {
+        self.with(script_id, |log| log.events.iter().cloned().collect())
+    }
+
+    /// Events from now on.
+    pub fn follow(&self, script_id: &str) -> broadcast::Receiver<LogEvent> {
+        self.with(script_id, |log| log.followers.subscribe())
+    }
+
+    /// Forgets a deleted script's events.
+    pub fn forget(&self, script_id: &str) {
+        self.scripts.lock().unwrap_or_else(|p| p.into_inner()).remove(script_id);
+    }
+}
+
+/// One line per console message and exception in kura's log.
+fn log_to_tracing(script: &str, event: &LogEvent) {
+    for line in event["logs"].as_array().into_iter().flatten() {
+        let message = render_message(&line["message"]);
+        match line["level"].as_str().unwrap_or("log") {
+            "error" => tracing::error!(target: "workers", script, "{message}"),
+            "warn" => tracing::warn!(target: "workers", script, "{message}"),
+            _ => tracing::info!(target: "workers", script, "{message}"),
+        }
+    }
+    for exception in event["exceptions"].as_array().into_iter().flatten() {
+        tracing::warn!(
+            target: "workers",
+            script,
+            "uncaught {}: {}",
+            exception["name"].as_str().unwrap_or("Error"),
+            exception["message"].as_str().unwrap_or("")
+        );
+    }
+}
+
+/// A console message's arguments, as `console.log` prints them: strings bare, the rest as JSON.
+pub fn render_message(message: &Json) -> String {
+    match message {
+        Json::Array(parts) => parts
+            .iter()
+            .map(|p| match p {
+                Json::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        Json::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn events_are_kept_named_and_bounded() {
+        let logs = Logs::default();
+        let mut follower = logs.follow("id");
+        let event = json!({"outcome": "ok", "scriptName": null, "logs": [{"message": ["hello", {"a": 1}], "level": "log"}], "exceptions": []});
+        logs.record("id", "chat", vec![event.clone()]);
+        assert_eq!(follower.try_recv().unwrap()["scriptName"], "chat");
+        logs.record("id", "chat", vec![event.clone(); KEPT + 5]);
+        let recent = logs.recent("id");
+        assert_eq!(recent.len(), KEPT);
+        assert_eq!(recent[0]["scriptName"], "chat");
+        assert_eq!(render_message(&event["logs"][0]["message"]), "hello {\"a\":1}");
+        logs.forget("id");
+        assert!(logs.recent("id").is_empty());
+    }
+}

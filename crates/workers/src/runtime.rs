@@ -1,0 +1,435 @@
+//! The one workerd process kura supervises: found on disk, started on the configuration of the
+//! deployed scripts, restarted on every deploy (behind the [`Gate`], so requests wait instead of
+//! failing) and whenever it dies, stopped with kura. Its output goes to kura's log. A candidate
+//! script is first checked by a workerd of its own, so a script workerd refuses never replaces
+//! one that serves.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::WorkerdConfig;
+use crate::error::{Result, WorkersError};
+use crate::gate::Gate;
+
+/// The workerd build wrangler 4.85.0 runs (its Miniflare's), which kura is tested with.
+pub const WORKERD_VERSION: &str = "1.20260424.1";
+
+/// The command that installs it next to where kura runs.
+pub fn install_command() -> String {
+    format!("npm install workerd@{WORKERD_VERSION}")
+}
+
+/// How the runtime runs.
+#[derive(Debug, Clone)]
+pub struct RuntimeSettings {
+    /// The workerd binary; searched for when `None`.
+    pub workerd: Option<PathBuf>,
+    /// Longest a restart waits for requests in progress to finish.
+    pub drain_timeout: Duration,
+    /// Longest workerd may take to start listening.
+    pub start_timeout: Duration,
+    /// Longest a request waits at the gate during a restart.
+    pub request_patience: Duration,
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        RuntimeSettings {
+            workerd: None,
+            drain_timeout: Duration::from_secs(30),
+            start_timeout: Duration::from_secs(30),
+            request_patience: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A workerd binary and the newest compatibility date it supports.
+#[derive(Debug, Clone)]
+pub struct WorkerdBinary {
+    /// The executable.
+    pub path: PathBuf,
+    /// `YYYY-MM-DD`, from `workerd --version`.
+    pub max_date: Option<String>,
+}
+
+/// Finds workerd: the configured path, else `KURA_WORKERD`, else a `node_modules` in the
+/// current directory or one above it.
+pub fn find_workerd(configured: Option<&Path>) -> std::result::Result<WorkerdBinary, WorkersError> {
+    let mut searched = Vec::new();
+    let candidate = match configured {
+        Some(path) => Some(path.to_owned()),
+        None => match std::env::var_os("KURA_WORKERD") {
+            Some(path) => Some(PathBuf::from(path)),
+            None => {
+                let mut found = None;
+                if let Ok(dir) = std::env::current_dir() {
+                    for dir in dir.ancestors() {
+                        for relative in [
+                            "node_modules/workerd/bin/workerd",
+                            "node_modules/@cloudflare/workerd-linux-64/bin/workerd",
+                        ] {
+                            let path = dir.join(relative);
+                            if found.is_none() && path.is_file() {
+                                found = Some(path);
+                            }
+                        }
+                        searched.push(dir.join("node_modules").display().to_string());
+                        if found.is_some() {
+                            break;
+                        }
+                    }
+                }
+                found
+            }
+        },
+    };
+    let Some(path) = candidate else {
+        let searched = match searched.len() {
+            0 => "no current directory".to_owned(),
+            n => format!("searched {} and {} more directories above it", searched[0], n - 1),
+        };
+        return Err(WorkersError::NoWorkerd { searched, install: install_command() });
+    };
+    let output = std::process::Command::new(&path).arg("--version").output().map_err(|e| WorkersError::NoWorkerd {
+        searched: format!("{} could not be run: {e}", path.display()),
+        install: install_command(),
+    })?;
+    let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let max_date = version.strip_prefix("workerd ").filter(|d| d.len() == 10).map(str::to_owned);
+    Ok(WorkerdBinary { path, max_date })
+}
+
+enum Order {
+    Apply(WorkerdConfig, oneshot::Sender<Result<()>>),
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// The supervised workerd. Cheap to share behind an `Arc`.
+pub struct Runtime {
+    binary: WorkerdBinary,
+    settings: RuntimeSettings,
+    gate: Arc<Gate>,
+    sockets: Arc<RwLock<HashMap<String, PathBuf>>>,
+    commands: mpsc::Sender<Order>,
+}
+
+/// The last lines workerd wrote to stderr, for error messages.
+type StderrTail = Arc<Mutex<Vec<String>>>;
+
+struct Running {
+    child: Child,
+    stderr: StderrTail,
+    started: Instant,
+}
+
+struct Supervisor {
+    binary: WorkerdBinary,
+    settings: RuntimeSettings,
+    config_dir: PathBuf,
+    gate: Arc<Gate>,
+    sockets: Arc<RwLock<HashMap<String, PathBuf>>>,
+    running: Option<Running>,
+    last_good: Option<WorkerdConfig>,
+    retry_at: Option<tokio::time::Instant>,
+    backoff: Duration,
+}
+
+impl Runtime {
+    /// Starts supervising (no process runs until a configuration with scripts is applied).
+    /// `config_dir` is where configurations are written.
+    pub fn start(binary: WorkerdBinary, settings: RuntimeSettings, config_dir: PathBuf) -> Runtime {
+        let (commands, rx) = mpsc::channel(16);
+        let gate = Arc::new(Gate::default());
+        let sockets = Arc::new(RwLock::new(HashMap::new()));
+        let supervisor = Supervisor {
+            binary: binary.clone(),
+            settings: settings.clone(),
+            config_dir,
+            gate: Arc::clone(&gate),
+            sockets: Arc::clone(&sockets),
+            running: None,
+            last_good: None,
+            retry_at: None,
+            backoff: Duration::from_millis(500),
+        };
+        tokio::spawn(supervisor.run(rx));
+        Runtime { binary, settings, gate, sockets, commands }
+    }
+
+    /// The binary in use.
+    pub fn binary(&self) -> &WorkerdBinary {
+        &self.binary
+    }
+
+    /// Replaces the running configuration: requests in progress finish, new ones wait, workerd
+    /// restarts on `config`. If workerd will not run it, the previous configuration serves on
+    /// and the error says why.
+    pub async fn apply(&self, config: WorkerdConfig) -> Result<()> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Order::Apply(config, reply))
+            .await
+            .map_err(|_| WorkersError::Runtime("the runtime has stopped".into()))?;
+        answer.await.map_err(|_| WorkersError::Runtime("the runtime has stopped".into()))?
+    }
+
+    /// Stops workerd.
+    pub async fn shutdown(&self) {
+        let (reply, answer) = oneshot::channel();
+        if self.commands.send(Order::Shutdown(reply)).await.is_ok() {
+            let _ = answer.await;
+        }
+    }
+
+    /// Runs `config` in a workerd of its own in `dir` until it listens, then stops it: whether
+    /// workerd accepts the configuration, and if not, what it said.
+    pub async fn check(&self, config: &WorkerdConfig, dir: &Path) -> Result<()> {
+        let mut running = spawn(&self.binary, dir, config).await?;
+        let outcome = wait_listening(&mut running, config, self.settings.start_timeout).await;
+        stop(&mut running).await;
+        outcome.map_err(|e| match e {
+            WorkersError::Runtime(message) => WorkersError::ScriptRejected(message),
+            other => other,
+        })
+    }
+
+    /// Waits at the gate, then answers where the script is served.
+    pub async fn enter(&self, script_id: &str) -> Option<(crate::gate::Pass, PathBuf)> {
+        let pass = self.gate.enter(self.settings.request_patience).await?;
+        let socket = self.sockets.read().unwrap_or_else(|p| p.into_inner()).get(script_id).cloned()?;
+        Some((pass, socket))
+    }
+
+    /// Where each script is served, for the listener's connector.
+    pub fn sockets(&self) -> Arc<RwLock<HashMap<String, PathBuf>>> {
+        Arc::clone(&self.sockets)
+    }
+}
+
+impl Supervisor {
+    async fn run(mut self, mut commands: mpsc::Receiver<Order>) {
+        loop {
+            let retry_at = self.retry_at;
+            let exited = async {
+                match self.running.as_mut() {
+                    Some(running) => running.child.wait().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                command = commands.recv() => match command {
+                    Some(Order::Apply(config, reply)) => {
+                        let outcome = self.apply(config).await;
+                        let _ = reply.send(outcome);
+                    }
+                    Some(Order::Shutdown(reply)) => {
+                        self.stop().await;
+                        let _ = reply.send(());
+                        return;
+                    }
+                    None => {
+                        self.stop().await;
+                        return;
+                    }
+                },
+                status = exited => {
+                    let ran = self.running.take().map(|r| (r.started.elapsed(), r.stderr));
+                    let (ran_for, stderr) = ran.unwrap_or_default();
+                    tracing::error!(status = ?status.ok(), ran_for = ?ran_for, last_output = %tail_text(&stderr), "workerd exited; restarting it");
+                    self.gate.close(Duration::ZERO).await;
+                    if ran_for > Duration::from_secs(60) {
+                        self.backoff = Duration::from_millis(500);
+                    }
+                    self.retry_at = Some(tokio::time::Instant::now() + self.backoff);
+                    self.backoff = (self.backoff * 2).min(Duration::from_secs(30));
+                }
+                _ = sleep_until(retry_at) => {
+                    self.retry_at = None;
+                    if let Some(config) = self.last_good.clone() {
+                        match self.launch(&config).await {
+                            Ok(()) => self.gate.open(),
+                            Err(e) => {
+                                tracing::error!(error = %e, "workerd would not restart; trying again");
+                                self.retry_at = Some(tokio::time::Instant::now() + self.backoff);
+                                self.backoff = (self.backoff * 2).min(Duration::from_secs(30));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn apply(&mut self, config: WorkerdConfig) -> Result<()> {
+        let unfinished = self.gate.close(self.settings.drain_timeout).await;
+        if unfinished > 0 {
+            tracing::warn!(unfinished, "requests still running after the drain timeout are cut off by the restart");
+        }
+        self.stop().await;
+        self.retry_at = None;
+        let outcome = self.launch(&config).await;
+        match &outcome {
+            Ok(()) => self.last_good = Some(config),
+            Err(e) => {
+                tracing::error!(error = %e, "workerd refused the new configuration; the previous one serves on");
+                if let Some(previous) = self.last_good.clone()
+                    && let Err(e) = self.launch(&previous).await
+                {
+                    tracing::error!(error = %e, "workerd would not run the previous configuration either; retrying");
+                    self.retry_at = Some(tokio::time::Instant::now() + self.backoff);
+                }
+            }
+        }
+        self.gate.open();
+        outcome
+    }
+
+    /// Writes `config` and starts workerd on it (nothing, for a configuration without scripts).
+    async fn launch(&mut self, config: &WorkerdConfig) -> Result<()> {
+        if config.sockets.is_empty() {
+            self.sockets.write().unwrap_or_else(|p| p.into_inner()).clear();
+            return Ok(());
+        }
+        let mut running = spawn(&self.binary, &self.config_dir, config).await?;
+        if let Err(e) = wait_listening(&mut running, config, self.settings.start_timeout).await {
+            stop(&mut running).await;
+            return Err(e);
+        }
+        *self.sockets.write().unwrap_or_else(|p| p.into_inner()) = config.sockets.iter().cloned().collect();
+        self.running = Some(running);
+        Ok(())
+    }
+
+    async fn stop(&mut self) {
+        if let Some(mut running) = self.running.take() {
+            stop(&mut running).await;
+        }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn tail_text(stderr: &StderrTail) -> String {
+    stderr.lock().unwrap_or_else(|p| p.into_inner()).join("\n")
+}
+
+/// Writes the configuration's files into `dir` and starts workerd there.
+async fn spawn(binary: &WorkerdBinary, dir: &Path, config: &WorkerdConfig) -> Result<Running> {
+    std::fs::create_dir_all(dir).map_err(WorkersError::io(format!("creating {}", dir.display())))?;
+    for (name, contents) in &config.generated {
+        std::fs::write(dir.join(name), contents).map_err(WorkersError::io(format!("writing {name}")))?;
+    }
+    let config_path = dir.join("workerd.capnp");
+    std::fs::write(&config_path, &config.text).map_err(WorkersError::io("writing workerd's configuration"))?;
+    for (_, socket) in &config.sockets {
+        let _ = std::fs::remove_file(socket);
+        if let Some(parent) = socket.parent() {
+            std::fs::create_dir_all(parent).map_err(WorkersError::io(format!("creating {}", parent.display())))?;
+        }
+    }
+    let mut command = Command::new(&binary.path);
+    command
+        .arg("serve")
+        .arg("workerd.capnp")
+        .current_dir(dir)
+        // Workers run in UTC, on Cloudflare as under Miniflare.
+        .env("TZ", "UTC")
+        .envs(config.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    // workerd must not outlive kura, even one killed with SIGKILL.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child =
+        command.spawn().map_err(|e| WorkersError::Runtime(format!("cannot start {}: {e}", binary.path.display())))?;
+    let stderr: StderrTail = Arc::default();
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(forward(BufReader::new(out), None));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(forward(BufReader::new(err), Some(Arc::clone(&stderr))));
+    }
+    Ok(Running { child, stderr, started: Instant::now() })
+}
+
+/// Copies workerd's output into kura's log, keeping stderr's last lines.
+async fn forward(reader: impl tokio::io::AsyncBufRead + Unpin, keep: Option<StderrTail>) {
+    let mut lines = reader.lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        match &keep {
+            Some(kept) => {
+                tracing::warn!(target: "workerd", "{line}");
+                let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
+                if kept.len() == 50 {
+                    kept.remove(0);
+                }
+                kept.push(line);
+            }
+            // Console output; each Worker's tail worker reports it under the Worker's name.
+            None => tracing::debug!(target: "workerd", "{line}"),
+        }
+    }
+}
+
+/// Waits until every socket of the configuration accepts connections, or workerd exits.
+async fn wait_listening(running: &mut Running, config: &WorkerdConfig, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut pending: Vec<&PathBuf> = config.sockets.iter().map(|(_, s)| s).collect();
+    loop {
+        if let Some(status) = running.child.try_wait().map_err(WorkersError::io("watching workerd"))? {
+            // Give the output a moment to arrive: it says why.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let said = tail_text(&running.stderr);
+            return Err(WorkersError::Runtime(if said.is_empty() {
+                format!("workerd exited ({status})")
+            } else {
+                said
+            }));
+        }
+        let mut still = Vec::new();
+        for socket in pending {
+            if tokio::net::UnixStream::connect(socket).await.is_err() {
+                still.push(socket);
+            }
+        }
+        pending = still;
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(WorkersError::Runtime(format!("workerd did not listen within {} s", timeout.as_secs())));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Asks workerd to stop (SIGTERM: objects close their databases), then makes sure it has.
+async fn stop(running: &mut Running) {
+    if let Some(pid) = running.child.id() {
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGTERM);
+        }
+    }
+    if tokio::time::timeout(Duration::from_secs(10), running.child.wait()).await.is_err() {
+        tracing::warn!("workerd did not stop within 10 s of SIGTERM; killing it");
+        let _ = running.child.kill().await;
+    }
+}

@@ -1,0 +1,165 @@
+//! From the catalog to a running configuration: the deployed scripts with their versions,
+//! secrets and Durable Object classes, the disks those classes store their objects on, and the
+//! routing table of the Workers listener.
+
+use std::path::Path;
+
+use kura_catalog::{DoNamespace, WorkerScript};
+
+use crate::config::{self, HostedClass, Purpose, ServedScript};
+use crate::error::{Result, WorkersError};
+use crate::version::StoredVersion;
+use crate::{Workers, proxy};
+
+/// A unique key workerd may use as a directory name: it names the namespace's directory on the
+/// class's disk.
+pub(crate) fn is_usable_unique_key(key: &str) -> bool {
+    (1..=200).contains(&key.len())
+        && !key.starts_with('.')
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'$'))
+}
+
+pub(crate) fn hosted_class(namespace: &DoNamespace) -> HostedClass {
+    HostedClass {
+        class_name: namespace.class_name.clone(),
+        unique_key: namespace.unique_key.clone(),
+        namespace_id: namespace.id.clone(),
+        use_sqlite: namespace.use_sqlite,
+    }
+}
+
+impl Workers {
+    /// The classes a script implements in workerd, as the catalog has them now.
+    pub(crate) fn hosted_classes(&self, script: &WorkerScript) -> Result<Vec<HostedClass>> {
+        Ok(self
+            .inner
+            .catalog
+            .list_do_namespaces(&script.account_id)?
+            .iter()
+            .filter(|n| n.hosted_by_workerd() && n.script.as_deref() == Some(&script.name))
+            .map(hosted_class)
+            .collect())
+    }
+
+    /// Every deployed script, ready to configure.
+    pub(crate) fn served_scripts(&self) -> Result<Vec<ServedScript>> {
+        let catalog = &self.inner.catalog;
+        let mut served = Vec::new();
+        for script in catalog.deployed_worker_scripts()? {
+            let version_id = script.deployed_version.clone().expect("deployed scripts have a version");
+            let Some(version) = catalog.worker_version(&script.id, &version_id)? else {
+                tracing::error!(
+                    script = script.name,
+                    version = version_id,
+                    "the deployed version is missing; not serving it"
+                );
+                continue;
+            };
+            served.push(ServedScript {
+                version: StoredVersion::from_json(&version.metadata)?,
+                version_created_on: version.created_on,
+                modules_dir: self.version_dir(&version_id),
+                secrets: catalog.worker_secrets(&script.id)?,
+                classes: self.hosted_classes(&script)?,
+                id: script.id,
+                account_id: script.account_id,
+                name: script.name,
+                version_id,
+            });
+        }
+        Ok(served)
+    }
+
+    /// Makes each script's disk hold one link per class, to the class's objects directory.
+    fn prepare_disks(&self, scripts: &[ServedScript]) -> Result<()> {
+        let disks = &self.inner.layout.disks_dir;
+        for script in scripts.iter().filter(|s| !s.classes.is_empty()) {
+            let disk = disks.join(&script.id);
+            let _ = std::fs::remove_dir_all(&disk);
+            std::fs::create_dir_all(&disk).map_err(WorkersError::io(format!("creating {}", disk.display())))?;
+            for class in &script.classes {
+                let objects = self.inner.do_root.join(&class.namespace_id).join("workerd");
+                std::fs::create_dir_all(&objects)
+                    .map_err(WorkersError::io(format!("creating {}", objects.display())))?;
+                link(&objects, &disk.join(&class.unique_key))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the configuration of what is deployed now and has workerd run it. Callers hold
+    /// the change lock.
+    pub(crate) async fn reload(&self) -> Result<()> {
+        let scripts = self.served_scripts()?;
+        let Ok(runtime) = &self.inner.runtime else {
+            self.set_routes(&scripts);
+            return Ok(());
+        };
+        self.prepare_disks(&scripts)?;
+        let config = config::render(&self.inner.layout, &scripts, Purpose::Serve);
+        runtime.apply(config).await?;
+        self.set_routes(&scripts);
+        Ok(())
+    }
+
+    fn set_routes(&self, scripts: &[ServedScript]) {
+        let mut routes = self.inner.routes.write().unwrap_or_else(|p| p.into_inner());
+        let domains = std::mem::take(&mut routes.domains);
+        let mut by_name = std::collections::HashMap::new();
+        for script in scripts {
+            by_name.entry(script.name.clone()).or_insert_with(|| script.id.clone());
+        }
+        *routes = proxy::Routes { by_name, domains };
+    }
+
+    /// Has a workerd of its own run `candidate` (with nothing connected and objects in memory):
+    /// whether workerd accepts it, and if not, what it said.
+    pub(crate) async fn check(&self, candidate: &ServedScript) -> Result<()> {
+        let runtime = self.runtime()?;
+        let name = format!("check-{}", &crate::random_hex(6));
+        let mut layout = self.inner.layout.clone();
+        layout.config_dir = self.inner.dir.join("config").join(&name);
+        layout.socket_dir = self.inner.layout.socket_dir.join(&name);
+        let config = config::render(&layout, std::slice::from_ref(candidate), Purpose::Check);
+        let outcome = runtime.check(&config, &layout.config_dir).await;
+        let _ = std::fs::remove_dir_all(&layout.config_dir);
+        let _ = std::fs::remove_dir_all(&layout.socket_dir);
+        outcome.map_err(|e| match e {
+            WorkersError::ScriptRejected(said) => WorkersError::ScriptRejected(explain_refusal(&said, candidate)),
+            other => other,
+        })
+    }
+}
+
+/// workerd's complaint in the user's terms: its service names are kura's, not theirs, and an
+/// uncaught exception reads as Cloudflare reports it (`Uncaught Error: … at index.js:2:7`).
+fn explain_refusal(said: &str, script: &ServedScript) -> String {
+    let service = config::worker_service(&script.id);
+    let lines: Vec<String> = said
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.replace(&format!("service {service}: "), "").replace(&service, &script.name))
+        .collect();
+    match lines.iter().position(|l| l.contains("Uncaught")) {
+        Some(first) => lines[first..].join("\n"),
+        None => format!("workerd refused the Worker: {}", lines.join("\n")),
+    }
+}
+
+fn link(target: &Path, at: &Path) -> Result<()> {
+    let _ = std::fs::remove_file(at);
+    std::os::unix::fs::symlink(target, at).map_err(WorkersError::io(format!("linking {}", at.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_keys_usable_as_directory_names() {
+        assert!(is_usable_unique_key("chat-Room") && is_usable_unique_key("my_worker-Room$2"));
+        for bad in ["", ".hidden", "a/b", "..", "a b", &"k".repeat(201)] {
+            assert!(!is_usable_unique_key(bad), "{bad}");
+        }
+    }
+}
