@@ -14,6 +14,7 @@ mod output;
 mod progress;
 mod r2;
 mod serve;
+mod workers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,6 +42,9 @@ enum Command {
     /// Manage Durable Object namespaces and inspect, query and export their objects.
     #[command(subcommand)]
     Do(durable_objects::DoCommand),
+    /// List and delete deployed Workers and read their logs, locally or remotely.
+    #[command(subcommand)]
+    Workers(workers::WorkersCommand),
     /// Manage accounts in the data directory.
     #[command(subcommand)]
     Accounts(admin::AccountsCommand),
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
             Command::D1(command) => d1::run(command).await,
             Command::R2(command) => r2::run(command).await,
             Command::Do(command) => durable_objects::run(command).await,
+            Command::Workers(command) => workers::run(command).await,
             Command::Accounts(command) => admin::run_accounts(command),
             Command::Tokens(command) => admin::run_tokens(command),
         }

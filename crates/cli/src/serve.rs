@@ -64,17 +64,28 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let boot = node.bootstrap(&credentials)?;
     let api = TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
     let s3 = TcpListener::bind(args.s3_listen).await.with_context(|| format!("cannot listen on {}", args.s3_listen))?;
-    let workers = TcpListener::bind(args.workers_listen).await.with_context(|| {
-        format!("cannot listen on {} (for Workers; choose another with --workers-listen)", args.workers_listen)
-    })?;
-    let workers_url = format!("http://{}", workers.local_addr()?);
+    // Without its port, the rest of kura still serves (wrangler dev may hold 8787).
+    let workers = match TcpListener::bind(args.workers_listen).await {
+        Ok(listener) => Some(listener),
+        Err(e) => {
+            tracing::warn!(
+                "cannot listen on {} for Workers ({e}); Workers are not served: choose another address with --workers-listen",
+                args.workers_listen
+            );
+            None
+        }
+    };
+    let workers_url = match &workers {
+        Some(listener) => format!("http://{} (as <name>.localhost)", listener.local_addr()?),
+        None => "not served (see the warning above)".to_owned(),
+    };
     let api_url = format!("http://{}/client/v4", api.local_addr()?);
     let s3_url = format!("http://{}", s3.local_addr()?);
 
     println!("kura {} serving {}", env!("CARGO_PKG_VERSION"), node.dir().display());
     println!("  API (Cloudflare v4): {api_url}");
     println!("  S3:                  {s3_url}");
-    println!("  Workers:             {workers_url} (as <name>.localhost)");
+    println!("  Workers:             {workers_url}");
     println!("  account:             {}", boot.account.id);
     if let Some(secret) = &boot.new_token {
         println!();
@@ -100,8 +111,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let workers_settings = kura_workers::WorkersSettings {
         runtime: kura_workers::RuntimeSettings { workerd: args.workerd.clone(), ..Default::default() },
         domains: args.workers_domains.clone(),
+        offline: false,
     };
-    let listeners = kura_server::Listeners { api, s3, workers: Some(workers) };
+    let listeners = kura_server::Listeners { api, s3, workers };
     kura_server::serve_all(node, listeners, workers_settings, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())

@@ -34,6 +34,11 @@ impl Drop for Pass {
 }
 
 impl Gate {
+    /// A gate closed until [`Gate::open`]: requests that arrive before the first start wait.
+    pub fn closed() -> Gate {
+        Gate { state: Mutex::new(State { closed: true, through: 0 }), changed: Notify::new() }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -46,6 +46,8 @@ pub struct WorkersSettings {
     pub runtime: RuntimeSettings,
     /// Domains under which `<script>.<domain>` reaches a script (`localhost` always does).
     pub domains: Vec<String>,
+    /// Run nothing (no workerd): for commands that change the catalog without a server.
+    pub offline: bool,
 }
 
 struct Inner {
@@ -75,13 +77,16 @@ impl Workers {
     /// beside kura's own). Without a workerd the layer opens all the same: deploys then answer
     /// which command installs one. Must be called inside a Tokio runtime.
     pub fn open(dir: PathBuf, do_root: PathBuf, catalog: Arc<Catalog>, settings: WorkersSettings) -> Result<Workers> {
-        for sub in ["versions", "config", "disks"] {
+        for sub in ["versions", "config", "disks", "logs"] {
             let path = dir.join(sub);
             std::fs::create_dir_all(&path).map_err(WorkersError::io(format!("creating {}", path.display())))?;
         }
         let socket_dir = socket_dir(&dir)?;
         let secret = random_hex(32);
-        let binary = find_workerd(settings.runtime.workerd.as_deref());
+        let binary = match settings.offline {
+            true => Err(WorkersError::Runtime("Workers do not run without a server".into())),
+            false => find_workerd(settings.runtime.workerd.as_deref()),
+        };
         let layout = config::Layout {
             config_dir: dir.join("config"),
             bindings_socket: socket_dir.join("bindings.sock"),
@@ -96,7 +101,9 @@ impl Workers {
                 Ok(runtime::Runtime::start(binary, settings.runtime.clone(), layout.config_dir.clone()))
             }
             Err(e) => {
-                tracing::warn!("{e}; Workers cannot be deployed until one is installed");
+                if !settings.offline {
+                    tracing::warn!("{e}; Workers cannot be deployed until one is installed");
+                }
                 Err(e)
             }
         };
@@ -106,18 +113,20 @@ impl Workers {
         });
         let workers = Workers {
             inner: Arc::new(Inner {
-                dir,
                 do_root,
                 catalog,
                 runtime,
                 layout,
                 routes: RwLock::new(proxy::Routes { domains: settings.domains, ..Default::default() }),
                 upstream,
-                logs: logs::Logs::default(),
+                logs: logs::Logs::in_dir(dir.join("logs")),
+                dir,
                 changes: tokio::sync::Mutex::new(()),
             }),
         };
         workers.sweep_versions()?;
+        // Requests that arrive before workerd has started wait at the gate for their Worker.
+        workers.set_routes(&workers.served_scripts()?);
         Ok(workers)
     }
 
@@ -184,6 +193,11 @@ impl Workers {
     /// The logs.
     pub fn logs(&self) -> &logs::Logs {
         &self.inner.logs
+    }
+
+    /// A script's logged events from its files (what `logs` answers without a server).
+    pub fn logged(&self, script_id: &str) -> Vec<logs::LogEvent> {
+        logs::read_files(&self.inner.dir.join("logs"), script_id)
     }
 
     /// Records what a script's tail worker sent.

@@ -1,8 +1,11 @@
 //! Workers' logs: what their tail worker reports (console output, uncaught exceptions, failed
 //! invocations), kept per script in memory — the last [`KEPT`] events — and handed to
-//! followers as they arrive; also written to kura's own log.
+//! followers as they arrive; also appended to `logs/<script id>.jsonl` (one older file kept
+//! past [`FILE_BYTES`]), so they outlive the server, and written to kura's own log.
 
 use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde_json::Value as Json;
@@ -10,6 +13,9 @@ use tokio::sync::broadcast;
 
 /// Events kept per script.
 pub const KEPT: usize = 1000;
+
+/// A script's log file is rolled over past this size.
+pub const FILE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// One event: a tail item as workerd serialises it (`outcome`, `logs`, `exceptions`,
 /// `event.request`, `eventTimestamp`…), with `scriptName` filled in.
@@ -24,9 +30,53 @@ struct ScriptLog {
 #[derive(Default)]
 pub struct Logs {
     scripts: Mutex<HashMap<String, ScriptLog>>,
+    dir: Option<PathBuf>,
+}
+
+fn file_of(dir: &Path, script_id: &str) -> PathBuf {
+    dir.join(format!("{script_id}.jsonl"))
+}
+
+/// A script's logged events as its files hold them, oldest first (the last [`KEPT`]).
+pub fn read_files(dir: &Path, script_id: &str) -> Vec<LogEvent> {
+    let current = file_of(dir, script_id);
+    let mut events: Vec<LogEvent> = [current.with_extension("jsonl.1"), current]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .flat_map(|text| text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect::<Vec<_>>())
+        .collect();
+    let skip = events.len().saturating_sub(KEPT);
+    events.drain(..skip);
+    events
 }
 
 impl Logs {
+    /// Logs kept in memory and appended to files in `dir`.
+    pub fn in_dir(dir: PathBuf) -> Logs {
+        Logs { scripts: Mutex::default(), dir: Some(dir) }
+    }
+
+    fn append(&self, script_id: &str, events: &[LogEvent]) {
+        let Some(dir) = &self.dir else { return };
+        let path = file_of(dir, script_id);
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() > FILE_BYTES) {
+            let _ = std::fs::rename(&path, path.with_extension("jsonl.1"));
+        }
+        let mut text = String::new();
+        for event in events {
+            text.push_str(&event.to_string());
+            text.push('\n');
+        }
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(text.as_bytes()));
+        if let Err(e) = written {
+            tracing::warn!(error = %e, path = %path.display(), "could not keep a Worker's logs");
+        }
+    }
+
     fn with<T>(&self, script_id: &str, f: impl FnOnce(&mut ScriptLog) -> T) -> T {
         let mut scripts = self.scripts.lock().unwrap_or_else(|p| p.into_inner());
         let log = scripts
@@ -36,11 +86,14 @@ impl Logs {
     }
 
     /// Records events of the script `script_id` (called `script_name`).
-    pub fn record(&self, script_id: &str, script_name: &str, events: Vec<LogEvent>) {
-        for mut event in events {
+    pub fn record(&self, script_id: &str, script_name: &str, mut events: Vec<LogEvent>) {
+        for event in &mut events {
             if let Some(object) = event.as_object_mut() {
                 object.insert("scriptName".into(), Json::String(script_name.to_owned()));
             }
+        }
+        self.append(script_id, &events);
+        for event in events {
             log_to_tracing(script_name, &event);
             self.with(script_id, |log| {
                 if log.events.len() == KEPT {
@@ -65,6 +118,11 @@ impl Logs {
     /// Forgets a deleted script's events.
     pub fn forget(&self, script_id: &str) {
         self.scripts.lock().unwrap_or_else(|p| p.into_inner()).remove(script_id);
+        if let Some(dir) = &self.dir {
+            let path = file_of(dir, script_id);
+            let _ = std::fs::remove_file(path.with_extension("jsonl.1"));
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -124,5 +182,20 @@ mod tests {
         assert_eq!(render_message(&event["logs"][0]["message"]), "hello {\"a\":1}");
         logs.forget("id");
         assert!(logs.recent("id").is_empty());
+    }
+
+    #[test]
+    fn files_outlive_the_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = Logs::in_dir(dir.path().to_owned());
+        logs.record(
+            "id",
+            "chat",
+            vec![json!({"logs": [], "exceptions": [], "n": 1}), json!({"logs": [], "exceptions": [], "n": 2})],
+        );
+        drop(logs);
+        let read = read_files(dir.path(), "id");
+        assert_eq!(read.iter().map(|e| e["n"].clone()).collect::<Vec<_>>(), [json!(1), json!(2)]);
+        assert_eq!(read[0]["scriptName"], "chat");
     }
 }

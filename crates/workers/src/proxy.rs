@@ -144,6 +144,9 @@ async fn forward(State(workers): State<Workers>, mut request: Request) -> Respon
         };
         return plain(StatusCode::NOT_FOUND, message);
     };
+    if let Err(e) = workers.workerd() {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"));
+    }
     let Some((pass, _socket)) = workers.runtime_enter(&script_id).await else {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "The Worker is restarting; try again.\n".to_owned());
     };

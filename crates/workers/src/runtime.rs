@@ -146,7 +146,8 @@ impl Runtime {
     /// `config_dir` is where configurations are written.
     pub fn start(binary: WorkerdBinary, settings: RuntimeSettings, config_dir: PathBuf) -> Runtime {
         let (commands, rx) = mpsc::channel(16);
-        let gate = Arc::new(Gate::default());
+        // Closed until the first configuration runs.
+        let gate = Arc::new(Gate::closed());
         let sockets = Arc::new(RwLock::new(HashMap::new()));
         let supervisor = Supervisor {
             binary: binary.clone(),

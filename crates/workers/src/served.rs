@@ -102,7 +102,7 @@ impl Workers {
         Ok(())
     }
 
-    fn set_routes(&self, scripts: &[ServedScript]) {
+    pub(crate) fn set_routes(&self, scripts: &[ServedScript]) {
         let mut routes = self.inner.routes.write().unwrap_or_else(|p| p.into_inner());
         let domains = std::mem::take(&mut routes.domains);
         let mut by_name = std::collections::HashMap::new();

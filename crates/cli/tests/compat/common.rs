@@ -20,6 +20,8 @@ pub struct KuraProcess {
     child: Child,
     pub api: String,
     pub s3: String,
+    /// The Workers listener (`http://127.0.0.1:port`).
+    pub workers: String,
     pub data: PathBuf,
     pub dir: tempfile::TempDir,
 }
@@ -33,8 +35,10 @@ impl KuraProcess {
 
     pub fn start_on(dir: tempfile::TempDir, data: PathBuf) -> KuraProcess {
         let mut child = Command::new(kura_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0", "--data"])
+            .args(["serve", "--listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0", "--workers-listen", "127.0.0.1:0"])
+            .arg("--data")
             .arg(&data)
+            .env("KURA_WORKERD", installed("node_modules/workerd/bin/workerd"))
             .env("KURA_ACCOUNT_ID", ACCOUNT)
             .env("KURA_API_TOKEN", TOKEN)
             .env("KURA_S3_ACCESS_KEY_ID", S3_ACCESS_KEY_ID)
@@ -49,7 +53,7 @@ impl KuraProcess {
         let (tx, rx) = std::sync::mpsc::channel();
         // Read the banner for the address, then keep draining so the server never blocks on it.
         std::thread::spawn(move || {
-            let (mut api, mut s3) = (None, None);
+            let (mut api, mut s3, mut workers) = (None, None, None);
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 if let Some(url) = line.trim().strip_prefix("API (Cloudflare v4):") {
@@ -58,17 +62,20 @@ impl KuraProcess {
                 if let Some(url) = line.trim().strip_prefix("S3:") {
                     s3 = Some(url.trim().to_owned());
                 }
+                if let Some(url) = line.trim().strip_prefix("Workers:") {
+                    workers = url.split_whitespace().next().map(str::to_owned);
+                }
                 if line == "ready" {
-                    let _ = tx.send(api.take().zip(s3.take()));
+                    let _ = tx.send(api.take().zip(s3.take()).zip(workers.take()));
                 }
             }
         });
-        let (api, s3) = rx
+        let ((api, s3), workers) = rx
             .recv_timeout(Duration::from_secs(60))
             .ok()
             .flatten()
-            .expect("kura serve printed its API and S3 addresses and became ready");
-        KuraProcess { child, api, s3, data, dir }
+            .expect("kura serve printed its API, S3 and Workers addresses and became ready");
+        KuraProcess { child, api, s3, workers, data, dir }
     }
 
     /// Environment that points wrangler (or `kura --remote`) at this server.
@@ -187,4 +194,45 @@ pub fn write_wrangler_toml(dir: &Path, name: &str, id: Option<&str>) {
         format!("name = \"app\"\ncompatibility_date = \"2025-01-01\"\n\n[[d1_databases]]\nbinding = \"DB\"\ndatabase_name = \"{name}\"\n{id_line}"),
     )
     .unwrap();
+}
+
+/// wrangler as `scripts/test` installed it.
+pub fn wrangler() -> PathBuf {
+    installed("node_modules/.bin/wrangler")
+}
+
+pub struct Wrangler<'a> {
+    pub server: &'a KuraProcess,
+    pub home: tempfile::TempDir,
+}
+
+impl<'a> Wrangler<'a> {
+    pub fn new(server: &'a KuraProcess) -> Self {
+        Wrangler { server, home: tempfile::tempdir().unwrap() }
+    }
+
+    pub fn run(&self, cwd: &Path, args: &[&str]) -> Run {
+        self.run_with(cwd, args, true)
+    }
+
+    /// Runs wrangler; without the account id it discovers the account through the API.
+    pub fn run_with(&self, cwd: &Path, args: &[&str], with_account: bool) -> Run {
+        let mut env = self.server.remote_env();
+        if !with_account {
+            env.retain(|(k, _)| *k != "CLOUDFLARE_ACCOUNT_ID");
+        }
+        env.extend([
+            ("WRANGLER_SEND_METRICS", "false".to_owned()),
+            ("CI", "true".to_owned()),
+            ("NO_COLOR", "1".to_owned()),
+            ("FORCE_COLOR", "0".to_owned()),
+            ("HOME", self.home.path().display().to_string()),
+            ("XDG_CONFIG_HOME", self.home.path().join(".config").display().to_string()),
+        ]);
+        run(&wrangler(), args, cwd, &env)
+    }
+
+    pub fn ok(&self, cwd: &Path, args: &[&str]) -> Run {
+        self.run(cwd, args).expect_ok(&format!("wrangler {}", args.join(" ")))
+    }
 }

@@ -10,4 +10,5 @@ mod crash;
 mod kura_cli;
 mod s3_clients;
 mod workerd;
+mod workers;
 mod wrangler;

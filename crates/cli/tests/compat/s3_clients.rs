@@ -7,11 +7,11 @@ use std::process::{Command, Output};
 
 use crate::common::{KuraProcess, compat_dir, installed, kura};
 
-fn aws(server: &KuraProcess, args: &[&str]) -> Output {
+pub(crate) fn aws(server: &KuraProcess, args: &[&str]) -> Output {
     Command::new("aws").args(args).envs(server.s3_env()).output().expect("the AWS CLI runs (scripts/test installs it)")
 }
 
-fn ok(server: &KuraProcess, args: &[&str]) -> String {
+pub(crate) fn ok(server: &KuraProcess, args: &[&str]) -> String {
     let out = aws(server, args);
     assert!(
         out.status.success(),

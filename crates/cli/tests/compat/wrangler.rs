@@ -1,51 +1,8 @@
 //! Real wrangler 4.85.0, unmodified, against a live kura server.
 
-use std::path::{Path, PathBuf};
-
 use serde_json::Value as Json;
 
-use crate::common::{KuraProcess, Run, installed, run, write_wrangler_toml};
-
-/// wrangler as `scripts/test` installed it.
-fn wrangler() -> PathBuf {
-    installed("node_modules/.bin/wrangler")
-}
-
-struct Wrangler<'a> {
-    server: &'a KuraProcess,
-    home: tempfile::TempDir,
-}
-
-impl<'a> Wrangler<'a> {
-    fn new(server: &'a KuraProcess) -> Self {
-        Wrangler { server, home: tempfile::tempdir().unwrap() }
-    }
-
-    fn run(&self, cwd: &Path, args: &[&str]) -> Run {
-        self.run_with(cwd, args, true)
-    }
-
-    /// Runs wrangler; without the account id it discovers the account through the API.
-    fn run_with(&self, cwd: &Path, args: &[&str], with_account: bool) -> Run {
-        let mut env = self.server.remote_env();
-        if !with_account {
-            env.retain(|(k, _)| *k != "CLOUDFLARE_ACCOUNT_ID");
-        }
-        env.extend([
-            ("WRANGLER_SEND_METRICS", "false".to_owned()),
-            ("CI", "true".to_owned()),
-            ("NO_COLOR", "1".to_owned()),
-            ("FORCE_COLOR", "0".to_owned()),
-            ("HOME", self.home.path().display().to_string()),
-            ("XDG_CONFIG_HOME", self.home.path().join(".config").display().to_string()),
-        ]);
-        run(&wrangler(), args, cwd, &env)
-    }
-
-    fn ok(&self, cwd: &Path, args: &[&str]) -> Run {
-        self.run(cwd, args).expect_ok(&format!("wrangler {}", args.join(" ")))
-    }
-}
+use crate::common::{KuraProcess, Wrangler, write_wrangler_toml};
 
 fn names(list: &Json) -> Vec<String> {
     list.as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap().to_owned()).collect()

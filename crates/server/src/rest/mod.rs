@@ -9,7 +9,7 @@ mod import_export;
 mod r2;
 mod time_travel;
 mod user;
-mod workers;
+pub mod workers;
 
 use std::collections::HashMap;
 

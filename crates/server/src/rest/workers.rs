@@ -67,7 +67,7 @@ fn deployed_version(
 }
 
 /// A script as `GET /workers/scripts` lists it.
-fn script_json(script: &WorkerScript, stored: Option<&StoredVersion>) -> Json {
+pub fn script_json(script: &WorkerScript, stored: Option<&StoredVersion>) -> Json {
     let mut out = json!({
         "id": script.name,
         "tag": script.id,

@@ -1,0 +1,533 @@
+//! Workers on kura: the Workers under `workers/`, written as Cloudflare's guides write them,
+//! deployed with real wrangler 4.85.0 to a live `kura serve`, run by the real workerd it
+//! supervises, and driven over HTTP — D1 (seat booking), R2 with aws4fetch presigning and D1
+//! (photo uploads), Durable Objects (rooms), every R2 binding method against S3, redeploys
+//! under load, a Worker that throws, bad deploys, secrets, deployments, delete and logs.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value as Json, json};
+
+use crate::common::{KuraProcess, Run, Wrangler, compat_dir, kura};
+use crate::s3_clients::ok as aws_ok;
+
+/// A copy of one of the Workers under `workers/`, where wrangler can bundle it (aws4fetch
+/// resolves from the compat directory's node_modules).
+struct Project {
+    dir: tempfile::TempDir,
+}
+
+impl Project {
+    fn new(name: &str) -> Project {
+        let parent = compat_dir().join("projects");
+        std::fs::create_dir_all(&parent).unwrap();
+        let dir = tempfile::tempdir_in(&parent).unwrap();
+        copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/compat/workers").join(name), dir.path());
+        Project { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn edit(&self, file: &str, from: &str, to: &str) {
+        let path = self.path().join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "{file} has no '{from}'");
+        std::fs::write(path, text.replacen(from, to, 1)).unwrap();
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir_all(&target).unwrap();
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// A client of the Workers listener, reaching a Worker by its host name.
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Client {
+    fn new(server: &KuraProcess) -> Client {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        Client { http: reqwest::Client::new(), base: server.workers.clone(), runtime }
+    }
+
+    fn request(&self, method: reqwest::Method, worker: &str, path: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, format!("{}{path}", self.base)).header("host", format!("{worker}.localhost"))
+    }
+
+    /// Sends and answers (status, body as JSON or as a string).
+    fn send(&self, request: reqwest::RequestBuilder) -> (u16, Json) {
+        self.runtime.block_on(answer(request))
+    }
+
+    fn get(&self, worker: &str, path: &str) -> Json {
+        let (status, body) = self.send(self.request(reqwest::Method::GET, worker, path));
+        assert_eq!(status, 200, "GET {path}: {body}");
+        body
+    }
+
+    fn post(&self, worker: &str, path: &str) -> Json {
+        let (status, body) = self.send(self.request(reqwest::Method::POST, worker, path));
+        assert_eq!(status, 200, "POST {path}: {body}");
+        body
+    }
+
+    /// Sends `requests` all at once; answers each (status, body).
+    fn concurrently(&self, requests: Vec<reqwest::RequestBuilder>) -> Vec<(u16, Json)> {
+        self.runtime.block_on(futures_util::future::join_all(requests.into_iter().map(answer)))
+    }
+}
+
+async fn answer(request: reqwest::RequestBuilder) -> (u16, Json) {
+    let response = request.send().await.expect("the Workers listener answers");
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Json::String(text)))
+}
+
+fn deploy(w: &Wrangler<'_>, project: &Project, extra: &[&str]) -> Run {
+    let mut args = vec!["deploy"];
+    args.extend(extra);
+    w.ok(project.path(), &args)
+}
+
+fn secret(w: &Wrangler<'_>, project: &Project, name: &str, value: &str) {
+    let mut env = w.server.remote_env();
+    env.extend([
+        ("WRANGLER_SEND_METRICS", "false".to_owned()),
+        ("CI", "true".to_owned()),
+        ("HOME", w.home.path().display().to_string()),
+    ]);
+    let mut child = std::process::Command::new(crate::common::wrangler())
+        .args(["secret", "put", name])
+        .current_dir(project.path())
+        .envs(env)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(value.as_bytes()).unwrap();
+    let out = Run::from(child.wait_with_output().unwrap());
+    assert!(out.ok && out.all().contains("Success! Uploaded secret"), "secret put {name}: {}", out.all());
+}
+
+fn kura_remote(server: &KuraProcess, args: &[&str]) -> Run {
+    kura(server.dir.path(), &server.data, args, &server.remote_env())
+}
+
+#[test]
+fn seat_booking_on_d1_books_exactly_the_seats_there_are() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let project = Project::new("seats");
+    let first = deploy(&w, &project, &[]);
+    assert!(first.all().contains("env.DB (seats-db)") && first.all().contains("Current Version ID"), "{}", first.all());
+    secret(&w, &project, "API_KEY", "s3cr3t");
+    let client = Client::new(&server);
+
+    let config = client.get("seats", "/config");
+    assert_eq!((&config["greeting"], &config["apiKey"]), (&json!("welcome"), &json!("s3cr3t")), "vars and secrets");
+    assert_eq!(config["keys"], json!(["API_KEY", "DB", "GREETING"]));
+
+    // 50 concurrent bookings for 10 seats: exactly 10 confirmed, no overbooking.
+    client.get("seats", "/setup?seats=10");
+    let bookings =
+        (0..50).map(|i| client.request(reqwest::Method::POST, "seats", &format!("/book?who=guest{i}"))).collect();
+    let answers = client.concurrently(bookings);
+    let confirmed = answers.iter().filter(|(status, body)| *status == 200 && body["booked"] == true).count();
+    let sold_out = answers.iter().filter(|(status, _)| *status == 409).count();
+    assert_eq!((confirmed, sold_out), (10, 40), "{answers:?}");
+    let state = client.get("seats", "/state");
+    assert_eq!(state["event"], json!({"available": 0, "version": 10}), "the version advanced once per seat");
+    assert_eq!(state["bookings"], 10);
+
+    // The same idempotency key sent concurrently is claimed once.
+    let claims = (0..20)
+        .map(|i| client.request(reqwest::Method::POST, "seats", &format!("/claim?key=order-1&who=c{i}")))
+        .collect();
+    let claimed = client.concurrently(claims).iter().filter(|(_, body)| body["claimed"] == true).count();
+    assert_eq!(claimed, 1);
+    assert_eq!(client.get("seats", "/state")["claims"].as_array().unwrap().len(), 1);
+
+    // A Worker that throws answers 500 and the server goes on serving; its console output and
+    // exception reach `kura workers logs`.
+    let (status, _) = client.send(client.request(reqwest::Method::GET, "seats", "/throw?who=eve"));
+    assert_eq!(status, 500);
+    assert_eq!(client.get("seats", "/state")["bookings"], 10);
+    let mut logged = Json::Null;
+    for _ in 0..100 {
+        logged =
+            kura_remote(&server, &["workers", "logs", "seats", "--remote", "--json"]).expect_ok("workers logs").json();
+        if logged.as_array().is_some_and(|events| events.iter().any(|e| e["outcome"] == "exception")) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = logged.to_string();
+    assert!(text.contains("about to throw for") && text.contains("kaboom for eve"), "{text}");
+    let pretty = kura_remote(&server, &["workers", "logs", "seats", "--remote"]).expect_ok("workers logs");
+    assert!(
+        pretty.stdout.contains("(log) about to throw for eve") && pretty.stdout.contains("Error: kaboom for eve"),
+        "{}",
+        pretty.stdout
+    );
+
+    // A redeploy under load loses no request: requests wait while workerd restarts.
+    let deployed = std::sync::atomic::AtomicBool::new(false);
+    let load = std::thread::scope(|scope| {
+        let loader = scope.spawn(|| client.load_until(&deployed, "seats", "/config"));
+        project.edit("wrangler.toml", "GREETING = \"welcome\"", "GREETING = \"welcome back\"");
+        deploy(&w, &project, &[]);
+        deployed.store(true, std::sync::atomic::Ordering::SeqCst);
+        loader.join().unwrap()
+    });
+    let failed: Vec<_> = load.iter().filter(|(status, _)| *status != 200).collect();
+    assert!(failed.is_empty(), "requests failed during a redeploy: {failed:?}");
+    assert!(load.iter().any(|(_, b)| b["greeting"] == "welcome back"), "the new version served after the deploy");
+    assert_eq!(client.get("seats", "/config")["greeting"], "welcome back");
+    assert_eq!(client.get("seats", "/config")["apiKey"], "s3cr3t", "secrets survive deploys");
+
+    // Deployments and versions as wrangler lists them; the catalog as kura lists it.
+    let deployments = w.ok(project.path(), &["deployments", "list"]);
+    assert_eq!(deployments.stdout.matches("Version(s):").count(), 2, "{}", deployments.stdout);
+    let listed = kura_remote(&server, &["workers", "list", "--remote", "--json"]).expect_ok("workers list").json();
+    assert_eq!(listed[0]["id"], "seats");
+    assert!(w.ok(project.path(), &["secret", "list"]).stdout.contains("API_KEY"));
+
+    // A deploy naming a database that does not exist gets Cloudflare's error; nothing changes.
+    let bad = Project::new("seats");
+    bad.edit(
+        "wrangler.toml",
+        "database_name = \"seats-db\"",
+        "database_name = \"seats-db\"\ndatabase_id = \"00000000-0000-4000-8000-000000000000\"",
+    );
+    let refused = w.run(bad.path(), &["deploy"]);
+    assert!(!refused.ok && refused.all().contains("[code: 10181]"), "{}", refused.all());
+    // A script that throws at start-up is refused by workerd before it replaces anything.
+    std::fs::write(
+        bad.path().join("src/index.js"),
+        "throw new Error('broken at load');\nexport default { fetch() { return new Response('never'); } };\n",
+    )
+    .unwrap();
+    bad.edit("wrangler.toml", "database_id = \"00000000-0000-4000-8000-000000000000\"", "");
+    let refused = w.run(bad.path(), &["deploy"]);
+    assert!(!refused.ok && refused.all().contains("Uncaught Error: broken at load"), "{}", refused.all());
+    assert!(refused.all().contains("[code: 10021]"), "{}", refused.all());
+    // A Durable Object binding to a class no migration declared.
+    let bad = Project::new("seats");
+    std::fs::write(
+        bad.path().join("wrangler.toml"),
+        std::fs::read_to_string(bad.path().join("wrangler.toml")).unwrap()
+            + "\n[[durable_objects.bindings]]\nname = \"ROOMS\"\nclass_name = \"Room\"\nscript_name = \"elsewhere\"\n",
+    )
+    .unwrap();
+    let refused = w.run(bad.path(), &["deploy"]);
+    assert!(!refused.ok && refused.all().contains("[code: 10061]"), "{}", refused.all());
+    assert_eq!(client.get("seats", "/config")["greeting"], "welcome back", "the deployed version serves on");
+    let deployments = w.ok(project.path(), &["deployments", "list"]);
+    assert_eq!(deployments.stdout.matches("Version(s):").count(), 2, "bad deploys deploy nothing");
+
+    // wrangler delete: the Worker stops serving.
+    let deleted = w.ok(project.path(), &["delete", "--force"]);
+    assert!(deleted.stdout.contains("Successfully deleted seats"), "{}", deleted.stdout);
+    let (status, body) = client.send(client.request(reqwest::Method::GET, "seats", "/config"));
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(
+        kura_remote(&server, &["workers", "list", "--remote", "--json"]).expect_ok("workers list").json(),
+        json!([])
+    );
+}
+
+impl Client {
+    /// Keeps 4 requests in flight until `done`, and a little after; answers every one.
+    fn load_until(&self, done: &std::sync::atomic::AtomicBool, worker: &str, path: &str) -> Vec<(u16, Json)> {
+        self.runtime.block_on(async {
+            let mut out = Vec::new();
+            let mut after = 0;
+            while after < 10 {
+                if done.load(std::sync::atomic::Ordering::SeqCst) {
+                    after += 1;
+                }
+                let batch = (0..4).map(|_| answer(self.request(reqwest::Method::GET, worker, path)));
+                out.extend(futures_util::future::join_all(batch).await);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            out
+        })
+    }
+}
+
+#[test]
+fn photo_uploads_presign_with_aws4fetch_store_blob_first_and_reclaim_unreferenced() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let project = Project::new("photos");
+    let endpoint = format!("S3_ENDPOINT:{}", server.s3);
+    deploy(&w, &project, &["--var", &endpoint]);
+    secret(&w, &project, "S3_ACCESS_KEY_ID", crate::common::S3_ACCESS_KEY_ID);
+    secret(&w, &project, "S3_SECRET_ACCESS_KEY", crate::common::S3_SECRET_ACCESS_KEY);
+    let client = Client::new(&server);
+    client.post("photos", "/setup");
+
+    // The Worker presigns; the upload goes straight to S3 with the signed content type.
+    let upload = client.post("photos", "/uploads?type=image/png");
+    let url = upload["url"].as_str().unwrap().to_owned();
+    assert!(url.contains("X-Amz-Expires=300") && url.contains("X-Amz-SignedHeaders=content-type%3Bhost"), "{url}");
+    let put = |url: &str, content_type: &str| {
+        client.runtime.block_on(async {
+            let response = reqwest::Client::new()
+                .put(url)
+                .header("content-type", content_type)
+                .body(vec![0x89, b'P', b'N', b'G'])
+                .send()
+                .await
+                .unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        })
+    };
+    let other = client.post("photos", "/uploads?type=image/png");
+    let (status, body) = put(other["url"].as_str().unwrap(), "text/html");
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("SignatureDoesNotMatch"), "{body}");
+    let (status, body) = client.send(client.request(
+        reqwest::Method::POST,
+        "photos",
+        &format!("/uploads/{}/done", other["id"].as_str().unwrap()),
+    ));
+    assert_eq!((status, &body["reason"]), (409, &json!("the blob is not uploaded")), "a refused upload stores nothing");
+    assert_eq!(put(&url, "image/png").0, 200);
+    let done = client.post("photos", &format!("/uploads/{}/done", upload["id"].as_str().unwrap()));
+    assert_eq!((&done["ready"], &done["size"], &done["type"]), (&json!(true), &json!(4), &json!("image/png")));
+
+    // 2,500 photos, 500 of them referenced, plus a key that is not a photo; reclaim pages
+    // through list() with cursors and deletes only the unreferenced UUID keys.
+    client.post("photos", "/seed?count=2500&referenced=500");
+    let reclaimed = client.post("photos", "/reclaim");
+    assert_eq!(reclaimed["listed"], 2500 + 1 + 1, "the seeded photos, the README and the upload: {reclaimed}");
+    assert_eq!(reclaimed["deleted"], 2000, "{reclaimed}");
+    assert!(reclaimed["pages"].as_u64().unwrap() >= 3, "{reclaimed}");
+    let left = aws_ok(&server, &["s3api", "list-objects-v2", "--bucket", "photos", "--prefix", "photos/"]);
+    let left: Json = serde_json::from_str(&left).unwrap();
+    assert_eq!(left["Contents"].as_array().unwrap().len(), 502, "500 referenced, the uploaded one and the README");
+    assert!(left["Contents"].as_array().unwrap().iter().any(|o| o["Key"] == "photos/README.txt"));
+
+    // Content-addressed blobs: a reference made while a reclaim runs keeps (or restores) its
+    // blob, every time.
+    for round in 0..15 {
+        let body = format!("shared blob {round}");
+        let made =
+            client.send(client.request(reqwest::Method::POST, "photos", &format!("/refs/a{round}")).body(body.clone()));
+        assert_eq!(made.0, 200, "{made:?}");
+        client.send(client.request(reqwest::Method::DELETE, "photos", &format!("/refs/a{round}")));
+        let race = vec![
+            client.request(reqwest::Method::POST, "photos", "/reclaim-blobs"),
+            client.request(reqwest::Method::POST, "photos", &format!("/refs/b{round}")).body(body),
+        ];
+        for (status, answer) in client.concurrently(race) {
+            assert_eq!(status, 200, "{answer}");
+        }
+    }
+    let audit = client.get("photos", "/audit");
+    assert_eq!((&audit["referenced"], &audit["missing"]), (&json!(15), &json!([])), "{audit}");
+}
+
+#[test]
+fn rooms_are_durable_objects_reached_by_name_and_listed_by_kura() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let project = Project::new("rooms");
+    let deployed = deploy(&w, &project, &[]);
+    assert!(deployed.all().contains("env.ROOMS (Room)"), "{}", deployed.all());
+    let client = Client::new(&server);
+    client.get("rooms", "/setup");
+
+    assert_eq!(client.post("rooms", "/rooms/red/join?name=alice"), json!(["alice"]));
+    assert_eq!(client.post("rooms", "/rooms/blue/join?name=bob"), json!(["bob"]));
+    assert_eq!(client.get("rooms", "/rooms/red"), json!(["alice"]), "red again, by name, is the same object");
+    let unique = client.get("rooms", "/unique");
+    assert_eq!(unique["members"], json!([]), "a newUniqueId() room is empty");
+    let directory = client.get("rooms", "/directory");
+    assert_eq!(directory, json!([{"room": "blue", "name": "bob"}, {"room": "red", "name": "alice"}]));
+    assert_eq!(client.get("rooms", "/collect"), directory, "D1's directory and the rooms agree");
+    assert_eq!(client.get("rooms", "/collect?room=red"), json!([{"room": "red", "name": "alice"}]));
+
+    // kura lists the objects workerd runs, by name, and reads them.
+    let listed = kura_remote(&server, &["do", "list", "rooms_Room", "--remote", "--json"]).expect_ok("do list").json();
+    let names: Vec<&str> = listed["objects"].as_array().unwrap().iter().filter_map(|o| o["name"].as_str()).collect();
+    assert!(names.contains(&"room:red") && names.contains(&"room:blue"), "{listed}");
+    let namespaces =
+        kura_remote(&server, &["do", "namespace", "list", "--remote", "--json"]).expect_ok("namespaces").json();
+    assert_eq!(namespaces[0]["host"], "workerd", "{namespaces}");
+    let fanned = kura_remote(
+        &server,
+        &["do", "query-all", "rooms_Room", "SELECT name FROM members ORDER BY name", "--remote", "--json"],
+    )
+    .expect_ok("do query-all")
+    .json();
+    let mut from_kura: Vec<Json> = Vec::new();
+    for object in fanned["objects"].as_array().unwrap() {
+        let Some(room) = object["name"].as_str().and_then(|n| n.strip_prefix("room:")) else { continue };
+        for row in object["rows"].as_array().unwrap() {
+            from_kura.push(json!({"room": room, "name": row[0]}));
+        }
+    }
+    from_kura.sort_by_key(|r| r["room"].as_str().unwrap().to_owned());
+    assert_eq!(Json::Array(from_kura), client.get("rooms", "/collect"), "kura's fan-out equals the Worker's");
+    let export = kura_remote(&server, &["do", "export", "rooms_Room", "room:red", "--remote"]).expect_ok("do export");
+    assert!(
+        export.stdout.contains("INSERT INTO \"members\"") && export.stdout.contains("'alice'"),
+        "{}",
+        export.stdout
+    );
+    let refused = kura_remote(&server, &["do", "sql", "rooms_Room", "room:red", "DELETE FROM members", "--remote"]);
+    assert!(!refused.ok && refused.all().contains("run in workerd"), "{}", refused.all());
+    assert_eq!(client.get("rooms", "/rooms/red"), json!(["alice"]), "kura never writes what workerd owns");
+
+    // Objects survive a restart of everything.
+    let (dir, data) = server.stop();
+    let server = KuraProcess::start_on(dir, data);
+    let client = Client::new(&server);
+    assert_eq!(client.post("rooms", "/rooms/red/join?name=carol"), json!(["alice", "carol"]));
+}
+
+fn s3_json(server: &KuraProcess, args: &[&str]) -> Json {
+    serde_json::from_str(&aws_ok(server, args)).unwrap()
+}
+
+#[test]
+fn every_r2_binding_method_reads_and_writes_what_s3_sees() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let project = Project::new("files");
+    deploy(&w, &project, &[]);
+    let client = Client::new(&server);
+    let put = |key: &str, query: &str, body: &str| {
+        let request =
+            client.request(reqwest::Method::PUT, "files", &format!("/objects/{key}?{query}")).body(body.to_owned());
+        client.send(request)
+    };
+
+    // put, with HTTP and custom metadata, seen over S3.
+    let (status, object) = put("docs/hello.txt", "type=text/plain&meta=%7B%22owner%22%3A%22ann%22%7D", "hello world");
+    assert_eq!(status, 200, "{object}");
+    assert_eq!(object["etag"], "5eb63bbbe01eeed093cb22bb8f5acdc3");
+    assert_eq!(object["checksums"]["md5"], "5eb63bbbe01eeed093cb22bb8f5acdc3");
+    let head = s3_json(&server, &["s3api", "head-object", "--bucket", "files", "--key", "docs/hello.txt"]);
+    assert_eq!((&head["ContentType"], &head["Metadata"]), (&json!("text/plain"), &json!({"owner": "ann"})));
+    assert_eq!(head["ETag"], "\"5eb63bbbe01eeed093cb22bb8f5acdc3\"");
+    assert_eq!(head["CacheControl"], "max-age=60");
+
+    // An object written over S3, read by the binding.
+    let local = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(local.path(), "a,b\n1,2\n").unwrap();
+    let source = local.path().display().to_string();
+    aws_ok(
+        &server,
+        &[
+            "s3api",
+            "put-object",
+            "--bucket",
+            "files",
+            "--key",
+            "docs/data.csv",
+            "--body",
+            &source,
+            "--content-type",
+            "text/csv",
+        ],
+    );
+    let read = client.get("files", "/objects/docs/data.csv");
+    assert_eq!((&read["text"], &read["httpMetadata"]["contentType"]), (&json!("a,b\n1,2\n"), &json!("text/csv")));
+
+    // get with ranges and conditions; head; misses.
+    assert_eq!(client.get("files", "/objects/docs/hello.txt?offset=6&length=5")["text"], "world");
+    let suffix = client.get("files", "/objects/docs/hello.txt?suffix=3");
+    assert_eq!((&suffix["text"], &suffix["range"]), (&json!("rld"), &json!({"offset": 8, "length": 3})));
+    assert_eq!(client.get("files", "/objects/docs/hello.txt?rangeHeader=bytes%3D0-4")["text"], "hello");
+    let unchanged = client.get("files", "/objects/docs/hello.txt?ifNoneMatch=5eb63bbbe01eeed093cb22bb8f5acdc3");
+    assert_eq!((&unchanged["hasBody"], &unchanged["key"]), (&json!(false), &json!("docs/hello.txt")));
+    assert_eq!(client.get("files", "/objects/docs/hello.txt?head=1")["size"], 11);
+    assert_eq!(client.get("files", "/objects/nope?head=1"), Json::Null);
+    let (status, _) = client.send(client.request(reqwest::Method::GET, "files", "/objects/nope"));
+    assert_eq!(status, 404);
+    let (status, refused) = put("docs/hello.txt", "ifMatch=wrong", "replaced");
+    assert_eq!((status, refused), (200, Json::Null), "a failed onlyIf put returns null and writes nothing");
+    assert_eq!(client.get("files", "/objects/docs/hello.txt")["text"], "hello world");
+
+    // list: prefix, limit and cursor, delimiter, startAfter, include.
+    for i in 1..=5 {
+        put(&format!("list/a/{i}"), "type=text/plain", "x");
+    }
+    put("list/b/1", "", "x");
+    let first = client.get("files", "/list?prefix=list/a/&limit=2");
+    assert_eq!((&first["keys"], &first["truncated"]), (&json!(["list/a/1", "list/a/2"]), &json!(true)));
+    let cursor = first["cursor"].as_str().unwrap();
+    let rest = client.get("files", &format!("/list?prefix=list/a/&cursor={cursor}"));
+    assert_eq!((&rest["keys"], &rest["truncated"]), (&json!(["list/a/3", "list/a/4", "list/a/5"]), &json!(false)));
+    let folded = client.get("files", "/list?prefix=list/&delimiter=/");
+    assert_eq!(folded["delimitedPrefixes"], json!(["list/a/", "list/b/"]));
+    assert_eq!(client.get("files", "/list?prefix=list/&startAfter=list/a/4")["keys"], json!(["list/a/5", "list/b/1"]));
+    let included = client.get("files", "/list?prefix=list/a/&limit=1&include=httpMetadata");
+    assert_eq!(
+        included["objects"][0]["httpMetadata"],
+        json!({"contentType": "text/plain", "cacheControl": "max-age=60"})
+    );
+
+    // delete one and many, seen over S3.
+    client.send(client.request(reqwest::Method::DELETE, "files", "/objects/list/b/1"));
+    client.send(client.request(reqwest::Method::POST, "files", "/delete-many").json(&json!(["list/a/1", "list/a/2"])));
+    let listed = s3_json(&server, &["s3api", "list-objects-v2", "--bucket", "files", "--prefix", "list/"]);
+    let keys: Vec<&str> = listed["Contents"].as_array().unwrap().iter().map(|o| o["Key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["list/a/3", "list/a/4", "list/a/5"]);
+
+    // Multipart: create, resume, upload parts, complete; abort.
+    let multipart = client.post("files", "/multipart?key=big.bin");
+    let object = &multipart["object"];
+    assert_eq!(object["size"], 5 * 1024 * 1024 + 4);
+    assert!(object["etag"].as_str().unwrap().ends_with("-2"), "{multipart}");
+    assert!(
+        multipart["badPart"]["error"].as_str().unwrap().contains("Part number must be between 1 and 10000"),
+        "{multipart}"
+    );
+    assert!(multipart["completeAborted"]["error"].as_str().unwrap().contains("(10024)"), "{multipart}");
+    let head = s3_json(&server, &["s3api", "head-object", "--bucket", "files", "--key", "big.bin"]);
+    assert_eq!(head["ETag"].as_str().unwrap(), format!("\"{}\"", object["etag"].as_str().unwrap()));
+    assert_eq!((&head["ContentLength"], &head["Metadata"]), (&json!(5 * 1024 * 1024 + 4), &json!({"parts": "2"})));
+    let uploads = s3_json(&server, &["s3api", "list-multipart-uploads", "--bucket", "files"]);
+    assert!(
+        uploads.get("Uploads").is_none_or(|u| u.as_array().unwrap().is_empty()),
+        "the aborted upload is gone: {uploads}"
+    );
+
+    // R2's errors as workerd turns them into exceptions; none of them writes anything.
+    put("small", "", "tiny");
+    let errors = client.get("files", "/errors");
+    let error = |name: &str| errors[name]["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        error("badDigest").contains("SHA-256 checksum you specified did not match")
+            && error("badDigest").contains("(10037)"),
+        "{errors}"
+    );
+    assert!(error("unknownLength").contains("known length"), "{errors}");
+    assert_eq!(errors["failedPut"]["ok"], Json::Null);
+    assert!(error("badRange").contains("(10039)"), "{errors}");
+    assert!(error("badLimit").contains("(10022)"), "{errors}");
+    assert!(error("longKey").contains("(10020)"), "{errors}");
+    assert_eq!(errors["digestStored"], Json::Null, "a bad digest stores nothing");
+}
