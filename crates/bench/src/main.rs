@@ -9,6 +9,7 @@
 //! cargo run --release -p kura-bench -- r2 [--seconds 5] [--gib 1] [--no-peer]
 //! cargo run --release -p kura-bench -- time-travel [--gib 1] [--transactions 100000]
 //! cargo run --release -p kura-bench -- do [--seconds 5] [--on-disk 100000] [--no-peer]
+//! cargo run --release -p kura-bench -- workers [--seconds 5] [--no-peer]
 //! ```
 
 mod d1;
@@ -22,6 +23,7 @@ mod report;
 mod server;
 mod time_travel;
 mod worker;
+mod workers;
 
 use std::path::PathBuf;
 
@@ -66,6 +68,10 @@ enum Suite {
         #[arg(long, default_value_t = 100_000)]
         on_disk: u64,
     },
+    /// Workers: one deployed Worker at 16 clients doing a constant answer, a D1 point SELECT,
+    /// an R2 1 KiB GET and a Durable Object call, beside Miniflare serving the same Worker;
+    /// memory with the Worker idle.
+    Workers(Settings),
     /// (Internal) the memory measurement's fresh process: touches the objects under DIR.
     #[command(hide = true)]
     DoFootprint { dir: PathBuf, objects: u64 },
@@ -103,6 +109,7 @@ fn main() -> anyhow::Result<()> {
         Suite::R2 { settings, gib } => r2::run(&settings, gib),
         Suite::TimeTravel { settings, gib, transactions } => time_travel::run_suite(&settings, gib, transactions),
         Suite::Do { settings, on_disk } => durable_objects::run(&settings, on_disk),
+        Suite::Workers(settings) => workers::run(&settings),
         Suite::DoFootprint { dir, objects } => durable_objects::footprint_child(dir, objects),
     }
 }

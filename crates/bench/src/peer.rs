@@ -21,12 +21,9 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Runs the peer's worker-side `ops`; an error says why the peer is unavailable.
-pub fn run(settings: &Settings, ops: &[&str], persist: &Path) -> Result<Vec<Figure>, String> {
-    let script = settings.peer_script.clone().unwrap_or_else(|| workspace().join("../shared/bench/miniflare_peer.mjs"));
-    if !script.is_file() {
-        return Err(format!("peer script not found at {}", script.display()));
-    }
+/// The directory Miniflare is installed in (installing it on first use); an error says why it
+/// cannot be.
+pub fn install() -> Result<PathBuf, String> {
     let node_ok = Command::new("node").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
     if !node_ok {
         return Err("node is not installed".into());
@@ -51,6 +48,16 @@ pub fn run(settings: &Settings, ops: &[&str], persist: &Path) -> Result<Vec<Figu
             return Err("npm could not install miniflare".into());
         }
     }
+    Ok(dir)
+}
+
+/// Runs the peer's worker-side `ops`; an error says why the peer is unavailable.
+pub fn run(settings: &Settings, ops: &[&str], persist: &Path) -> Result<Vec<Figure>, String> {
+    let script = settings.peer_script.clone().unwrap_or_else(|| workspace().join("../shared/bench/miniflare_peer.mjs"));
+    if !script.is_file() {
+        return Err(format!("peer script not found at {}", script.display()));
+    }
+    let dir = install()?;
     let local_script = dir.join("miniflare_peer.mjs");
     std::fs::copy(&script, &local_script).map_err(|e| e.to_string())?;
     let output = Command::new("node")

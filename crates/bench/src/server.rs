@@ -14,6 +14,8 @@ pub struct Kura {
     pub base: String,
     /// The S3 listener's base URL.
     pub s3: String,
+    /// The Workers listener's base URL, when the server runs Workers.
+    pub workers: Option<String>,
     /// The server's runtime (dropping it stops the server).
     pub runtime: tokio::runtime::Runtime,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -23,6 +25,15 @@ pub struct Kura {
 impl Kura {
     /// A server on `dir`; `history: false` switches Time Travel's capture off.
     pub fn start(dir: &std::path::Path, history: bool) -> anyhow::Result<Kura> {
+        Kura::start_with(dir, history, None)
+    }
+
+    /// A server on `dir` that also runs Workers, in the workerd at `workerd`.
+    pub fn start_with_workers(dir: &std::path::Path, workerd: &std::path::Path) -> anyhow::Result<Kura> {
+        Kura::start_with(dir, true, Some(workerd.to_owned()))
+    }
+
+    fn start_with(dir: &std::path::Path, history: bool, workerd: Option<std::path::PathBuf>) -> anyhow::Result<Kura> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("kura-server")
@@ -39,20 +50,33 @@ impl Kura {
             s3_key: Some((S3_KEY.into(), S3_SECRET.into())),
         })?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (base, s3_url, done) = runtime.block_on(async {
+        let (base, s3_url, workers_url, done) = runtime.block_on(async {
             let api = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let s3 = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let base = format!("http://{}/client/v4/accounts/{ACCOUNT}/d1/database", api.local_addr()?);
             let s3_url = format!("http://{}", s3.local_addr()?);
+            let (workers, workers_url) = match &workerd {
+                Some(_) => {
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+                    let url = format!("http://{}", listener.local_addr()?);
+                    (Some(listener), Some(url))
+                }
+                None => (None, None),
+            };
+            let settings = kura_workers::WorkersSettings {
+                runtime: kura_workers::RuntimeSettings { workerd, ..Default::default() },
+                ..Default::default()
+            };
+            let listeners = kura_server::Listeners { api, s3, workers };
             let done = tokio::spawn(async move {
-                let _ = kura_server::serve(node, api, s3, async {
+                let _ = kura_server::serve_all(node, listeners, settings, async {
                     let _ = stopped.await;
                 })
                 .await;
             });
-            anyhow::Ok((base, s3_url, done))
+            anyhow::Ok((base, s3_url, workers_url, done))
         })?;
-        Ok(Kura { base, s3: s3_url, runtime, stop: Some(stop), done: Some(done) })
+        Ok(Kura { base, s3: s3_url, workers: workers_url, runtime, stop: Some(stop), done: Some(done) })
     }
 
     /// The API listener's host:port.

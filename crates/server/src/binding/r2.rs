@@ -66,7 +66,7 @@ impl IntoResponse for BindingError {
     fn into_response(self) -> Response {
         let error = json!({"version": 1, "v4code": self.code, "message": self.message}).to_string();
         let mut response = match self.object {
-            Some(object) => metadata_reply(self.status, &object, Body::empty()),
+            Some(object) => metadata_reply(self.status, &object, Body::empty(), 0),
             None => self.status.into_response(),
         };
         if let Ok(value) = HeaderValue::from_bytes(error.as_bytes()) {
@@ -76,14 +76,51 @@ impl IntoResponse for BindingError {
     }
 }
 
-/// A reply whose body is `metadata` (JSON) and then `rest`.
-fn metadata_reply(status: StatusCode, metadata: &Json, rest: Body) -> Response {
+/// A reply whose body is `metadata` (JSON) and then `rest`, `rest_len` bytes long: sent with
+/// its length, not chunked.
+fn metadata_reply(status: StatusCode, metadata: &Json, rest: Body, rest_len: u64) -> Response {
     let text = Bytes::from(metadata.to_string());
     let length = text.len();
-    let stream = futures_util::stream::once(async move { Ok::<_, axum::Error>(text) }).chain(rest.into_data_stream());
-    let mut response = (status, Body::from_stream(stream)).into_response();
+    let body = if rest_len == 0 {
+        Body::from(text)
+    } else {
+        let stream =
+            futures_util::stream::once(async move { Ok::<_, axum::Error>(text) }).chain(rest.into_data_stream());
+        Body::new(SizedBody { stream: Box::pin(stream), remaining: length as u64 + rest_len })
+    };
+    let mut response = (status, body).into_response();
     response.headers_mut().insert(METADATA_SIZE_HEADER, HeaderValue::from(length));
     response
+}
+
+/// A streamed body whose length is known, so it goes out with `Content-Length`.
+struct SizedBody {
+    stream: std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Bytes, axum::Error>> + Send>>,
+    remaining: u64,
+}
+
+impl http_body::Body for SizedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        match self.stream.as_mut().poll_next(cx) {
+            std::task::Poll::Ready(Some(Ok(chunk))) => {
+                self.remaining = self.remaining.saturating_sub(chunk.len() as u64);
+                std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
+            }
+            std::task::Poll::Ready(Some(Err(e))) => std::task::Poll::Ready(Some(Err(e))),
+            std::task::Poll::Ready(None) => std::task::Poll::Ready(None),
+            std::task::Poll::Pending => std::task::Poll::Pending,
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.remaining)
+    }
 }
 
 /// capnp's JSON writes 64-bit integers as strings; accept either.
@@ -530,7 +567,7 @@ fn head_json(info: &ObjectInfo, range: Option<(u64, u64)>, http: bool, custom: b
 
 async fn head(app: &AppState, bucket: &str, key: &str) -> Result<Response, BindingError> {
     let info = app.r2.head_object(bucket, key).await?.ok_or(R2Error::NoSuchKey)?;
-    Ok(metadata_reply(StatusCode::OK, &head_json(&info, Some((0, info.size)), true, true), Body::empty()))
+    Ok(metadata_reply(StatusCode::OK, &head_json(&info, Some((0, info.size)), true, true), Body::empty(), 0))
 }
 
 /// A `Range` header's single range (several ranges read the whole object, as R2 does).
@@ -581,7 +618,8 @@ async fn get(
         Ok(object) => {
             let served = object.range.unwrap_or((0, object.info.size));
             let metadata = head_json(&object.info, Some(served), true, true);
-            Ok(metadata_reply(StatusCode::OK, &metadata, Body::from_stream(object.body)))
+            let length = object.length();
+            Ok(metadata_reply(StatusCode::OK, &metadata, Body::from_stream(object.body), length))
         }
         Err(e @ (R2Error::PreconditionFailed | R2Error::NotModified)) => {
             // The Worker still gets the object, without its body.
@@ -652,7 +690,7 @@ async fn list(
     {
         out["cursor"] = json!(cursor);
     }
-    Ok(metadata_reply(StatusCode::OK, &out, Body::empty()))
+    Ok(metadata_reply(StatusCode::OK, &out, Body::empty(), 0))
 }
 
 #[cfg(test)]

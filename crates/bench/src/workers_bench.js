@@ -1,0 +1,43 @@
+// The benchmark's Worker, the same on both sides: each request does one thing.
+import { DurableObject } from "cloudflare:workers";
+
+export class Room extends DurableObject {
+  constructor(ctx, env) {
+    super(ctx, env);
+    ctx.storage.sql.exec("CREATE TABLE IF NOT EXISTS member (user_id TEXT PRIMARY KEY)");
+  }
+  add(user) {
+    this.ctx.storage.sql.exec("INSERT OR IGNORE INTO member (user_id) VALUES (?)", user);
+    return 1;
+  }
+}
+
+export default {
+  async fetch(request, env) {
+    const url = new URL(request.url);
+    const i = Number(url.searchParams.get("i") ?? 0);
+    switch (url.pathname) {
+      case "/const":
+        return new Response("ok");
+      case "/d1":
+        return Response.json(await env.DB.prepare("SELECT * FROM kv WHERE id = ?").bind(i % 1000).first());
+      case "/r2": {
+        const object = await env.FILES.get("k/" + (i % 100));
+        return new Response(object.body);
+      }
+      case "/do":
+        return Response.json(await env.ROOMS.getByName("room:" + (i % 1000)).add("u" + i));
+      case "/setup": {
+        await env.DB.exec("CREATE TABLE IF NOT EXISTS kv (id INTEGER PRIMARY KEY, v TEXT)");
+        const rows = [];
+        for (let k = 0; k < 1000; k++) rows.push(env.DB.prepare("INSERT OR REPLACE INTO kv (id, v) VALUES (?, ?)").bind(k, "value-" + k));
+        await env.DB.batch(rows);
+        const value = new Uint8Array(1024).fill(7);
+        await Promise.all(Array.from({ length: 100 }, (_, k) => env.FILES.put("k/" + k, value)));
+        return new Response("ready");
+      }
+      default:
+        return new Response("not found", { status: 404 });
+    }
+  },
+};

@@ -1,0 +1,26 @@
+// The Workers peer: Miniflare (what `wrangler dev` runs) serving the benchmark's Worker over
+// HTTP, with a D1 database, an R2 bucket and a SQLite-backed Durable Object class, persisted
+// under the directory given. Prints {"url": …} once ready, and runs until stdin closes.
+import { Miniflare } from "miniflare";
+import { readFileSync } from "node:fs";
+
+const [dir, scriptPath] = process.argv.slice(2);
+const mf = new Miniflare({
+  modules: true,
+  compatibilityDate: "2025-04-01",
+  script: readFileSync(scriptPath, "utf8"),
+  d1Databases: ["DB"],
+  r2Buckets: ["FILES"],
+  durableObjects: { ROOMS: { className: "Room", useSQLite: true } },
+  d1Persist: dir + "/d1",
+  r2Persist: dir + "/r2",
+  durableObjectsPersist: dir + "/do",
+  port: 0,
+});
+const url = await mf.ready;
+console.log(JSON.stringify({ url: url.toString(), pid: process.pid }));
+process.stdin.resume();
+process.stdin.on("end", async () => {
+  await mf.dispose();
+  process.exit(0);
+});
