@@ -390,22 +390,8 @@ impl Catalog {
                             "a Durable Object namespace named '{name}' already exists and belongs to no class of this script"
                         )));
                     }
-                    tx.execute(
-                        "INSERT INTO do_namespaces (id, account_id, name, script, class_name, unique_key, created_at, host, use_sqlite) \
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                        (
-                            random_hex(16),
-                            &script.account_id,
-                            &name,
-                            &script.name,
-                            class_name,
-                            unique_key,
-                            now_iso(),
-                            HOST_WORKERD,
-                            use_sqlite,
-                        ),
-                    )
-                    .map_err(storage)?;
+                    insert_hosted(tx, &script.account_id, &script.name, class_name, unique_key, *use_sqlite)
+                        .map_err(storage)?;
                 }
                 NamespaceChange::Rename { from, to } => {
                     if find(from)?.is_none() {
@@ -436,6 +422,36 @@ impl Catalog {
             }
         }
         Ok(deleted)
+    }
+
+    /// Registers the namespace `<script>_<class>` for objects workerd will run once the script
+    /// is deployed with that class (objects imported from `wrangler dev`).
+    pub fn create_hosted_do_namespace(
+        &self,
+        account_id: &str,
+        script: &str,
+        class_name: &str,
+        unique_key: &str,
+    ) -> Result<DoNamespace> {
+        if !is_valid_script_name(script) || !crate::is_valid_namespace_name(class_name) {
+            return Err(Error::Invalid(format!("'{script}' and '{class_name}' make no namespace name")));
+        }
+        let id = self.write_checked(|tx| {
+            let name = format!("{script}_{class_name}");
+            let taken = tx
+                .query_row(
+                    "SELECT 1 FROM do_namespaces WHERE account_id = ?1 AND name = ?2",
+                    [account_id, &name],
+                    |_| Ok(()),
+                )
+                .optional()
+                .map_err(|e| self.storage(e))?;
+            if taken.is_some() {
+                return Err(Error::Duplicate { kind: "namespace" });
+            }
+            insert_hosted(tx, account_id, script, class_name, unique_key, true).map_err(|e| self.storage(e))
+        })?;
+        Ok(self.do_namespace(account_id, &id)?.expect("just created"))
     }
 
     /// Makes `version_id` (a version of the script) the deployment.
@@ -549,6 +565,23 @@ impl Catalog {
                 .collect()
         })
     }
+}
+
+fn insert_hosted(
+    tx: &rusqlite::Connection,
+    account_id: &str,
+    script: &str,
+    class_name: &str,
+    unique_key: &str,
+    use_sqlite: bool,
+) -> rusqlite::Result<String> {
+    let id = random_hex(16);
+    tx.execute(
+        "INSERT INTO do_namespaces (id, account_id, name, script, class_name, unique_key, created_at, host, use_sqlite) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        (&id, account_id, format!("{script}_{class_name}"), script, class_name, unique_key, now_iso(), HOST_WORKERD, use_sqlite),
+    )?;
+    Ok(id)
 }
 
 fn set_secret(tx: &rusqlite::Connection, script_id: &str, name: &str, text: &str) -> rusqlite::Result<usize> {

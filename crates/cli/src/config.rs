@@ -16,6 +16,9 @@ pub struct D1Binding {
     pub database_name: Option<String>,
     /// The database's id.
     pub database_id: Option<String>,
+    /// The id `wrangler dev` uses instead, when set.
+    #[serde(default)]
+    pub preview_database_id: Option<String>,
     /// The tracking table for migrations.
     pub migrations_table: Option<String>,
     /// The migrations directory, relative to the configuration file.

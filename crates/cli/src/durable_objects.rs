@@ -312,7 +312,8 @@ fn id_of(ns: &Json) -> &str {
 
 /// The engine's view of a namespace the API described.
 fn engine_namespace(ns: &Json) -> anyhow::Result<kura_do::Namespace> {
-    Ok(kura_do::Namespace::new(id_of(ns), ns["unique_key"].as_str().unwrap_or_default())?)
+    let engine = kura_do::Namespace::new(id_of(ns), ns["unique_key"].as_str().unwrap_or_default())?;
+    Ok(if ns["host"] == kura_catalog::HOST_WORKERD { engine.hosted_elsewhere() } else { engine })
 }
 
 fn object_id(ns: &kura_do::Namespace, object: &str) -> anyhow::Result<kura_do::ObjectId> {

@@ -15,6 +15,7 @@ mod progress;
 mod r2;
 mod serve;
 mod workers;
+mod wrangler_state;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -45,12 +46,31 @@ enum Command {
     /// List and delete deployed Workers and read their logs, locally or remotely.
     #[command(subcommand)]
     Workers(workers::WorkersCommand),
+    /// Bring data from elsewhere into the data directory.
+    #[command(subcommand)]
+    Import(ImportCommand),
     /// Manage accounts in the data directory.
     #[command(subcommand)]
     Accounts(admin::AccountsCommand),
     /// Manage API tokens in the data directory.
     #[command(subcommand)]
     Tokens(admin::TokensCommand),
+}
+
+#[derive(Subcommand)]
+enum ImportCommand {
+    /// A `wrangler dev` project's local state (its D1 databases, R2 buckets and Durable
+    /// Objects); run again, it imports only what is missing. The server must be stopped.
+    WranglerState {
+        /// The state directory (the project's `.wrangler/state/v3`).
+        dir: PathBuf,
+        /// The project's wrangler configuration, which names its D1 databases (default:
+        /// wrangler.json, wrangler.jsonc or wrangler.toml here).
+        #[arg(long, short = 'c')]
+        config: Option<PathBuf>,
+        #[command(flatten)]
+        data: DataArgs,
+    },
 }
 
 /// Where the data directory is.
@@ -85,6 +105,15 @@ fn main() -> ExitCode {
             Command::R2(command) => r2::run(command).await,
             Command::Do(command) => durable_objects::run(command).await,
             Command::Workers(command) => workers::run(command).await,
+            Command::Import(ImportCommand::WranglerState { dir, config, data }) => {
+                let config = config::WranglerConfig::find(config.as_deref())?;
+                let local = local::Local::open(&data)?;
+                let outcome = wrangler_state::run(&dir, config, &local).await;
+                local.node.durable_objects().shutdown().await;
+                local.node.d1().shutdown().await;
+                local.node.r2().shutdown().await;
+                outcome
+            }
             Command::Accounts(command) => admin::run_accounts(command),
             Command::Tokens(command) => admin::run_tokens(command),
         }

@@ -12,3 +12,14 @@ pub fn bytes(label: &str, total: u64) -> ProgressBar {
     bar.set_message(label.to_owned());
     bar
 }
+
+/// A bar counting items, with a label.
+pub fn count(label: &str, total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    let style = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({eta})")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_message(label.to_owned());
+    bar
+}

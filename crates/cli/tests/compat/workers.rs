@@ -531,3 +531,62 @@ fn every_r2_binding_method_reads_and_writes_what_s3_sees() {
     assert!(error("longKey").contains("(10020)"), "{errors}");
     assert_eq!(errors["digestStored"], Json::Null, "a bad digest stores nothing");
 }
+
+#[test]
+fn wrangler_dev_state_imports_and_the_deployed_worker_serves_it() {
+    // wrangler dev's state, made by the Miniflare wrangler bundles, running the rooms Worker.
+    let project = Project::new("rooms");
+    let state = project.path().join(".wrangler/state/v3");
+    // Beside node_modules (under the compat directory), where an ES module finds its imports.
+    let maker = project.path().join("wrangler-state.mjs");
+    std::fs::copy(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/compat/workers/wrangler-state.mjs"), &maker)
+        .unwrap();
+    let made = crate::common::run(
+        Path::new("node"),
+        &[
+            &maker.display().to_string(),
+            &state.display().to_string(),
+            &project.path().join("src/index.js").display().to_string(),
+        ],
+        &compat_dir(),
+        &[],
+    );
+    assert!(made.ok, "{}", made.all());
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let state_arg = state.display().to_string();
+    let config = project.path().join("wrangler.toml").display().to_string();
+    let import = |env: &[(&str, String)]| {
+        kura(dir.path(), &data, &["import", "wrangler-state", &state_arg, "--config", &config], env)
+    };
+    let env = [("KURA_ACCOUNT_ID", crate::common::ACCOUNT.to_owned())];
+    let first = import(&env).expect_ok("import");
+    assert!(first.stdout.contains("D1 database rooms-db"), "{}", first.stdout);
+    assert!(first.stdout.contains("R2 bucket avatars: 1 object(s) imported"), "{}", first.stdout);
+    assert!(first.stdout.contains("(namespace rooms_Room): 2 imported"), "{}", first.stdout);
+    let again = import(&env).expect_ok("import again");
+    assert!(again.stdout.contains("Imported 0 D1 database(s) (1 already here), 0 R2 object(s) (1 already here), 0 Durable Object(s) (2 already here)"), "{}", again.stdout);
+
+    // The Worker deployed from the same project serves what wrangler dev had stored.
+    let server = KuraProcess::start_on(dir, data);
+    let refused = kura(server.dir.path(), &server.data, &["import", "wrangler-state", &state_arg], &env);
+    assert!(!refused.ok && refused.all().contains("in use by another kura process"), "{}", refused.all());
+    let w = Wrangler::new(&server);
+    deploy(&w, &project, &[]);
+    let client = Client::new(&server);
+    assert_eq!(client.get("rooms", "/rooms/red"), json!(["alice"]));
+    assert_eq!(
+        client.get("rooms", "/directory"),
+        json!([{"room": "blue", "name": "bob"}, {"room": "red", "name": "alice"}])
+    );
+    let listed = kura_remote(&server, &["do", "list", "rooms_Room", "--remote", "--json"]).expect_ok("do list").json();
+    let names: Vec<&str> = listed["objects"].as_array().unwrap().iter().filter_map(|o| o["name"].as_str()).collect();
+    assert_eq!(names.len(), 2, "{listed}");
+    assert!(names.contains(&"room:red") && names.contains(&"room:blue"), "{listed}");
+    let head = s3_json(&server, &["s3api", "head-object", "--bucket", "avatars", "--key", "alice.png"]);
+    assert_eq!(
+        (&head["ContentType"], &head["Metadata"], &head["ContentLength"]),
+        (&json!("image/png"), &json!({"owner": "alice"}), &json!(4))
+    );
+}

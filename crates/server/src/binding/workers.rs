@@ -42,9 +42,7 @@ pub async fn announce(State(app): State<AppState>, headers: HeaderMap, body: Bod
         let namespace = workers.class_namespace(&script, &announced.class)?.ok_or_else(|| {
             ApiError::bad_request(format!("'{}' is no Durable Object class of '{}'", announced.class, script.name))
         })?;
-        let engine_namespace = kura_do::Namespace::new(&namespace.id, &namespace.unique_key)
-            .map_err(|e| ApiError::internal(&e))?
-            .hosted_elsewhere();
+        let engine_namespace = crate::rest::durable_objects::engine_namespace(&namespace)?;
         let id = engine_namespace.id_from_string(&announced.id).map_err(|e| ApiError::bad_request(e.to_string()))?;
         let id = match announced.name {
             Some(name) if engine_namespace.id_from_name(&name) == id => engine_namespace.id_from_name(&name),

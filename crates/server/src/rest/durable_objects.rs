@@ -52,13 +52,18 @@ pub fn namespace_json(ns: &DoNamespace) -> Json {
     })
 }
 
+/// The engine's view of a namespace: objects workerd runs are read, never written, by kura.
+pub fn engine_namespace(ns: &DoNamespace) -> Result<Namespace, DoError> {
+    let engine_ns = Namespace::new(&ns.id, &ns.unique_key)?;
+    Ok(if ns.hosted_by_workerd() { engine_ns.hosted_elsewhere() } else { engine_ns })
+}
+
 /// The caller's namespace (by id or name) and the engine's view of it.
 fn find_namespace(app: &AppState, account_id: &str, id_or_name: &str) -> Result<(DoNamespace, Namespace), ApiError> {
     let ns = app.catalog.do_namespace(account_id, id_or_name)?.ok_or_else(|| {
         ApiError::new(StatusCode::NOT_FOUND, 10066, format!("Durable Object namespace '{id_or_name}' not found"))
     })?;
-    let engine_ns = Namespace::new(&ns.id, &ns.unique_key)?;
-    let engine_ns = if ns.hosted_by_workerd() { engine_ns.hosted_elsewhere() } else { engine_ns };
+    let engine_ns = engine_namespace(&ns)?;
     Ok((ns, engine_ns))
 }
 
