@@ -133,6 +133,21 @@ impl Catalog {
             if taken.is_some() {
                 return Err(Error::Duplicate { kind: "namespace" });
             }
+            // Two namespaces with one unique key would give the same ids to different objects.
+            let same_key = tx
+                .query_row(
+                    "SELECT name FROM do_namespaces WHERE account_id = ?1 AND unique_key = ?2",
+                    [account_id, &namespace.unique_key],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()
+                .map_err(storage)?;
+            if let Some(other) = same_key {
+                return Err(Error::Conflict(format!(
+                    "the namespace '{other}' already has the unique key '{}' (its objects' ids derive from it)",
+                    namespace.unique_key
+                )));
+            }
             let n = &namespace;
             tx.execute(
                 &format!("INSERT INTO do_namespaces ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),

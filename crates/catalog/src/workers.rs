@@ -404,8 +404,11 @@ impl Catalog {
                             "Cannot apply renamed_classes migration: class '{to}' already implements Durable Objects"
                         )));
                     }
+                    // Its name follows the class, as `<script>_<class>`, unless someone named it.
                     tx.execute(
-                        "UPDATE do_namespaces SET class_name = ?4 WHERE account_id = ?1 AND script = ?2 AND class_name = ?3",
+                        "UPDATE do_namespaces SET class_name = ?4, \
+                         name = CASE WHEN name = ?2 || '_' || ?3 THEN ?2 || '_' || ?4 ELSE name END \
+                         WHERE account_id = ?1 AND script = ?2 AND class_name = ?3",
                         (&script.account_id, &script.name, from, to),
                     )
                     .map_err(storage)?;
@@ -655,7 +658,8 @@ mod tests {
         let renamed = NewWorkerVersion { expected_tag: Some(Some("v1")), ..stale };
         let second = catalog.record_worker_version(&renamed).unwrap();
         assert_eq!(second.version.number, 2);
-        let ns = catalog.do_namespace(&account, "chat_Room").unwrap().unwrap();
+        assert!(catalog.do_namespace(&account, "chat_Room").unwrap().is_none(), "the name follows the class");
+        let ns = catalog.do_namespace(&account, "chat_Lobby").unwrap().unwrap();
         assert_eq!((ns.class_name.as_str(), ns.unique_key.as_str()), ("Lobby", "chat-Room"));
 
         let versions = catalog.worker_versions(&first.script.id).unwrap();
@@ -667,7 +671,7 @@ mod tests {
         let delete = [NamespaceChange::Delete { class_name: "Lobby".into() }];
         let third = catalog.record_worker_version(&upload(&account, "v-3", &delete)).unwrap();
         assert_eq!(third.deleted_namespaces.len(), 1);
-        assert!(catalog.do_namespace(&account, "chat_Room").unwrap().is_none());
+        assert!(catalog.do_namespace(&account, "chat_Lobby").unwrap().is_none());
     }
 
     #[test]

@@ -197,6 +197,13 @@ impl Backend {
         if let Some(ns) = self.find_namespace(&spec.name).await? {
             return Ok(ns);
         }
+        // The class may already have a namespace: a deployed Worker's (`<script>_<class>`).
+        let same_class = self.namespaces().await?.into_iter().find(|ns| {
+            ns["script"].as_str() == Some(spec.script.as_str()) && ns["class"].as_str() == Some(spec.class.as_str())
+        });
+        if let Some(ns) = same_class {
+            return Ok(ns);
+        }
         eprintln!(
             "Creating namespace {} (class {}, script {}) from the configuration",
             spec.name, spec.class, spec.script

@@ -32,7 +32,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the server: Cloudflare's v4 API (D1, R2, Durable Objects) and the S3 listener, on a data directory.
+    /// Run the server: Cloudflare's v4 API (D1, R2, Durable Objects, Workers), the S3 listener and deployed Workers, on a data directory.
     Serve(serve::ServeArgs),
     /// Manage D1 databases, locally or remotely.
     #[command(subcommand)]

@@ -42,8 +42,9 @@ pub struct ServeArgs {
     /// Serve Workers at `<name>.<DOMAIN>` too (repeat, or comma-separate in the environment).
     #[arg(long = "workers-domain", env = "KURA_WORKERS_DOMAIN", value_delimiter = ',')]
     workers_domains: Vec<String>,
-    /// The workerd binary Workers run in (default: KURA_WORKERD, else node_modules nearby).
-    #[arg(long)]
+    /// The workerd binary Workers run in (default: node_modules/workerd/bin/workerd here or in a
+    /// directory above).
+    #[arg(long, env = "KURA_WORKERD")]
     workerd: Option<std::path::PathBuf>,
     /// Days of history Time Travel keeps restorable.
     #[arg(long, env = "KURA_TIME_TRAVEL_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3650))]

@@ -55,38 +55,14 @@ fn object_files(dir: &Path) -> Vec<(String, PathBuf)> {
     found
 }
 
-/// Whether another process holds SQLite's locks on a file (a running `wrangler dev`): its
-/// shared-memory index is locked for as long as a connection has the database open.
-fn held_by_another_process(db: &Path) -> Option<i32> {
-    use std::os::fd::AsRawFd;
-    let shm = PathBuf::from(format!("{}-shm", db.display()));
-    let file = std::fs::File::open(&shm).ok()?;
-    let mut lock = libc::flock {
-        l_type: libc::F_WRLCK as libc::c_short,
-        l_whence: libc::SEEK_SET as libc::c_short,
-        l_start: 120,
-        l_len: 8,
-        l_pid: 0,
-    };
-    // SAFETY: a valid descriptor and a properly initialised flock; F_GETLK only reads.
-    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut lock) };
-    (rc == 0 && lock.l_type != libc::F_UNLCK as libc::c_short).then_some(lock.l_pid)
-}
-
 fn refuse_if_running(state: &Path) -> anyhow::Result<()> {
-    for sub in ["d1/miniflare-D1DatabaseObject", "r2/miniflare-R2BucketObject"] {
-        for (_, path) in object_files(&state.join(sub)) {
-            if let Some(pid) = held_by_another_process(&path) {
-                bail!(
-                    "{} is in use by a running process (pid {pid}), probably `wrangler dev`: stop it, then import",
-                    state.display()
-                );
-            }
-        }
-    }
-    for dir in std::fs::read_dir(state.join("do")).into_iter().flatten().flatten() {
-        for (_, path) in object_files(&dir.path()) {
-            if let Some(pid) = held_by_another_process(&path) {
+    let mut dirs = vec![state.join("d1/miniflare-D1DatabaseObject"), state.join("r2/miniflare-R2BucketObject")];
+    dirs.extend(std::fs::read_dir(state.join("do")).into_iter().flatten().flatten().map(|e| e.path()));
+    for dir in dirs {
+        // A running wrangler dev keeps each namespace's metadata.sqlite open for as long as it runs.
+        let files = object_files(&dir).into_iter().map(|(_, p)| p).chain([dir.join("metadata.sqlite")]);
+        for path in files {
+            if let Some(pid) = kura_sqlite::open_elsewhere(&path) {
                 bail!(
                     "{} is in use by a running process (pid {pid}), probably `wrangler dev`: stop it, then import",
                     state.display()

@@ -19,6 +19,7 @@
 
 pub mod alarm;
 mod error;
+mod hosted;
 pub mod id;
 mod index;
 mod session;
@@ -170,6 +171,8 @@ struct Inner {
     /// Namespaces whose index schema is in place (one entry per namespace ever used).
     indexed: Mutex<HashSet<String>>,
     alarm_wake: Notify,
+    /// The histories of objects another process runs.
+    hosted: Arc<hosted::Hosted>,
 }
 
 /// The engine. Cheap to clone.
@@ -189,6 +192,7 @@ impl DurableObjects {
         std::fs::create_dir_all(&root).map_err(|e| DoError::Storage(format!("creating {}: {e}", root.display())))?;
         let opener_root = root.clone();
         let history = settings.history.clone();
+        let hosted = hosted::Hosted::start(root.clone(), history.clone());
         let registry =
             Registry::new(settings.registry.clone(), move |key: &str| open_options(&opener_root, &history, key));
         Ok(DurableObjects {
@@ -198,6 +202,7 @@ impl DurableObjects {
                 settings,
                 indexed: Mutex::new(HashSet::new()),
                 alarm_wake: Notify::new(),
+                hosted,
             }),
         })
     }
@@ -235,10 +240,16 @@ impl DurableObjects {
         kura_sqlite::Database::open(&options).map(Some).map_err(DoError::from_sql)
     }
 
-    /// Lists an object another process runs (announced as it starts), with its name.
+    /// Lists an object another process runs (announced as it starts), with its name, and
+    /// starts capturing its history.
     pub async fn register(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
         let (hex, name, now) = (id.to_string(), id.name().map(str::to_owned), now_ms());
-        self.index_write(ns, move |c| index::register(c, &hex, name.as_deref(), now)).await
+        self.index_write(ns, move |c| index::register(c, &hex, name.as_deref(), now)).await?;
+        if ns.elsewhere {
+            let (hosted, ns, hex) = (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string());
+            blocking(move || hosted.announce(&ns, &hex)).await?;
+        }
+        Ok(())
     }
 
     /// Whether the object has ever stored anything (it is then listed in its namespace).
@@ -526,6 +537,10 @@ impl DurableObjects {
 
     /// The bookmark of the object's current state.
     pub async fn bookmark(&self, ns: &Namespace, id: &ObjectId) -> Result<Bookmark> {
+        if ns.elsewhere {
+            let (hosted, ns, hex) = (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string());
+            return blocking(move || hosted.bookmark(&ns, &hex)).await;
+        }
         self.ensure(ns, id).await?;
         self.inner
             .registry
@@ -537,6 +552,10 @@ impl DurableObjects {
 
     /// The bookmark of the object's last commit at or before `time_ms` (within 30 days).
     pub async fn bookmark_for_time(&self, ns: &Namespace, id: &ObjectId, time_ms: i64) -> Result<Bookmark> {
+        if ns.elsewhere {
+            let (hosted, ns, hex) = (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string());
+            return blocking(move || hosted.bookmark_for_time(&ns, &hex, time_ms)).await;
+        }
         self.ensure(ns, id).await?;
         self.inner
             .registry
@@ -547,8 +566,14 @@ impl DurableObjects {
     }
 
     /// Restores the object to `bookmark`, between two of its requests. Returns the new
-    /// bookmark and the one just before (restoring that undoes this).
+    /// bookmark and the one just before (restoring that undoes this). An object another
+    /// process runs must be closed by it first (stop the process).
     pub async fn restore(&self, ns: &Namespace, id: &ObjectId, bookmark: &Bookmark) -> Result<Restored> {
+        if ns.elsewhere {
+            let (hosted, ns, hex, bookmark) =
+                (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string(), *bookmark);
+            return blocking(move || hosted.restore(&ns, &hex, &bookmark)).await;
+        }
         self.ensure(ns, id).await?;
         let bookmark = *bookmark;
         let restored = self
@@ -574,6 +599,8 @@ impl DurableObjects {
     /// Closes every object; later requests are refused.
     pub async fn shutdown(&self) {
         self.inner.registry.shutdown().await;
+        let hosted = Arc::clone(&self.inner.hosted);
+        let _ = tokio::task::spawn_blocking(move || hosted.stop()).await;
     }
 
     /// Waits until an alarm may have become due earlier than the schedule last said.
@@ -664,6 +691,11 @@ fn open_options(root: &Path, history: &HistorySettings, key: &str) -> Option<Dat
         }
         _ => None,
     }
+}
+
+/// Runs blocking file work off the async runtime.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| DoError::Storage(e.to_string()))?
 }
 
 fn file_len(path: &Path) -> u64 {

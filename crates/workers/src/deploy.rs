@@ -469,6 +469,21 @@ impl Workers {
             return Err(WorkersError::NotFound(format!("no version '{version_id}' of the Worker '{name}'")));
         }
         self.runtime()?;
+        // The version must run with the classes the script has now (a rollback past a
+        // migration may lack one): workerd checks it before anything changes.
+        let version = self.inner.catalog.worker_version(&script.id, version_id)?.expect("checked above");
+        let candidate = ServedScript {
+            id: script.id.clone(),
+            account_id: account_id.to_owned(),
+            name: name.to_owned(),
+            version_id: version_id.to_owned(),
+            version_created_on: version.created_on.clone(),
+            version: StoredVersion::from_json(&version.metadata)?,
+            modules_dir: self.version_dir(version_id),
+            secrets: Vec::new(),
+            classes: self.hosted_classes(&script)?,
+        };
+        self.check(&candidate).await?;
         let deployment = self.inner.catalog.deploy_worker_version(&script, version_id, "wrangler", annotations)?;
         let after = self.inner.catalog.worker_script(account_id, name)?.ok_or(WorkersError::ScriptNotFound)?;
         self.apply_or_roll_back(Some(&script), &after).await?;

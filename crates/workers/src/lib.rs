@@ -227,13 +227,13 @@ impl Workers {
         self.inner.do_root.join(&namespace.id).join("workerd")
     }
 
-    /// Stops workerd while `f` runs (a restore of an object's file), then starts it again: the
-    /// file then has no other owner.
-    pub async fn with_workerd_stopped<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
+    /// Stops workerd while `work` runs (a restore of an object's file), then starts it again:
+    /// the file has no other owner meanwhile. Requests to Workers wait at the gate, as during a
+    /// deploy.
+    pub async fn with_workerd_stopped<T>(&self, work: impl std::future::Future<Output = T>) -> Result<T> {
         let _changes = self.inner.changes.lock().await;
-        let runtime = self.runtime()?;
-        runtime.apply(config::render(&self.inner.layout, &[], config::Purpose::Serve)).await?;
-        let outcome = f();
+        self.runtime()?.pause().await?;
+        let outcome = work.await;
         self.reload().await?;
         Ok(outcome)
     }

@@ -108,6 +108,7 @@ pub fn find_workerd(configured: Option<&Path>) -> std::result::Result<WorkerdBin
 
 enum Order {
     Apply(WorkerdConfig, oneshot::Sender<Result<()>>),
+    Pause(oneshot::Sender<()>),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -181,6 +182,16 @@ impl Runtime {
         answer.await.map_err(|_| WorkersError::Runtime("the runtime has stopped".into()))?
     }
 
+    /// Stops workerd with the gate closed: requests wait until the next [`Runtime::apply`].
+    pub async fn pause(&self) -> Result<()> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Order::Pause(reply))
+            .await
+            .map_err(|_| WorkersError::Runtime("the runtime has stopped".into()))?;
+        answer.await.map_err(|_| WorkersError::Runtime("the runtime has stopped".into()))
+    }
+
     /// Stops workerd.
     pub async fn shutdown(&self) {
         let (reply, answer) = oneshot::channel();
@@ -229,6 +240,15 @@ impl Supervisor {
                     Some(Order::Apply(config, reply)) => {
                         let outcome = self.apply(config).await;
                         let _ = reply.send(outcome);
+                    }
+                    Some(Order::Pause(reply)) => {
+                        let unfinished = self.gate.close(self.settings.drain_timeout).await;
+                        if unfinished > 0 {
+                            tracing::warn!(unfinished, "requests still running after the drain timeout are cut off");
+                        }
+                        self.stop().await;
+                        self.retry_at = None;
+                        let _ = reply.send(());
                     }
                     Some(Order::Shutdown(reply)) => {
                         self.stop().await;
@@ -377,7 +397,9 @@ async fn forward(reader: impl tokio::io::AsyncBufRead + Unpin, keep: Option<Stde
     while let Ok(Some(line)) = lines.next_line().await {
         match &keep {
             Some(kept) => {
-                tracing::warn!(target: "workerd", "{line}");
+                // Uncaught exceptions and console.error also reach the tail worker, which logs
+                // them under the Worker's name; what workerd itself says on failing is kept.
+                tracing::debug!(target: "workerd", "{line}");
                 let mut kept = kept.lock().unwrap_or_else(|p| p.into_inner());
                 if kept.len() == 50 {
                     kept.remove(0);

@@ -78,6 +78,11 @@ impl KuraProcess {
         KuraProcess { child, api, s3, workers, data, dir }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Environment that points wrangler (or `kura --remote`) at this server.
     pub fn remote_env(&self) -> Vec<(&'static str, String)> {
         vec![

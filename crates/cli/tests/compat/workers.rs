@@ -27,6 +27,19 @@ impl Project {
         Project { dir }
     }
 
+    /// A project of the files given (name, contents).
+    fn with_files(files: &[(&str, &str)]) -> Project {
+        let parent = compat_dir().join("projects");
+        std::fs::create_dir_all(&parent).unwrap();
+        let dir = tempfile::tempdir_in(&parent).unwrap();
+        for (name, contents) in files {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, contents).unwrap();
+        }
+        Project { dir }
+    }
+
     fn path(&self) -> &Path {
         self.dir.path()
     }
@@ -243,6 +256,51 @@ fn seat_booking_on_d1_books_exactly_the_seats_there_are() {
     let deployments = w.ok(project.path(), &["deployments", "list"]);
     assert_eq!(deployments.stdout.matches("Version(s):").count(), 2, "bad deploys deploy nothing");
 
+    // A service binding: another Worker of the account calls this one.
+    let gateway = Project::with_files(&[
+        (
+            "wrangler.toml",
+            "name = \"gateway\"\nmain = \"src/index.js\"\ncompatibility_date = \"2025-06-01\"\n\n[[services]]\nbinding = \"SEATS\"\nservice = \"seats\"\n",
+        ),
+        (
+            "src/index.js",
+            "export default { async fetch(request, env) { const state = await (await env.SEATS.fetch('http://seats/state')).json(); return Response.json({ via: 'gateway', bookings: state.bookings }); } };\n",
+        ),
+    ]);
+    deploy(&w, &gateway, &[]);
+    assert_eq!(client.get("gateway", "/"), json!({"via": "gateway", "bookings": 10}));
+
+    // workerd dies: kura starts it again, and requests go on.
+    let workerd = workerd_of(server.pid()).expect("kura runs workerd");
+    unsafe {
+        libc::kill(workerd as i32, libc::SIGKILL);
+    }
+    let mut back = false;
+    for _ in 0..100 {
+        let (status, body) = client.send(client.request(reqwest::Method::GET, "seats", "/state"));
+        if status == 200 && body["bookings"] == 10 {
+            back = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(back, "kura restarted workerd");
+    assert_ne!(workerd_of(server.pid()), Some(workerd));
+
+    // Without a server, `kura workers` reads the data directory.
+    drop(w);
+    let (dir, data) = server.stop();
+    let local = |args: &[&str]| kura(dir.path(), &data, args, &[("KURA_ACCOUNT_ID", crate::common::ACCOUNT.to_owned())]);
+    let listed = local(&["workers", "list", "--json"]).expect_ok("workers list").json();
+    let names: Vec<&str> = listed.as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
+    assert_eq!(names, ["gateway", "seats"]);
+    assert!(local(&["workers", "logs", "seats"]).expect_ok("workers logs").stdout.contains("kaboom for eve"));
+    local(&["workers", "delete", "gateway"]).expect_ok("workers delete");
+    let server = KuraProcess::start_on(dir, data);
+    let w = Wrangler::new(&server);
+    let client = Client::new(&server);
+    assert_eq!(client.get("seats", "/state")["bookings"], 10, "seats serves again after the restart");
+
     // wrangler delete: the Worker stops serving.
     let deleted = w.ok(project.path(), &["delete", "--force"]);
     assert!(deleted.stdout.contains("Successfully deleted seats"), "{}", deleted.stdout);
@@ -252,6 +310,17 @@ fn seat_booking_on_d1_books_exactly_the_seats_there_are() {
         kura_remote(&server, &["workers", "list", "--remote", "--json"]).expect_ok("workers list").json(),
         json!([])
     );
+}
+
+/// The workerd process a kura server runs.
+fn workerd_of(kura: u32) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+        let (name, rest) = stat.split_once(") ")?;
+        let parent: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        (name.ends_with("(workerd") && parent == kura).then_some(pid)
+    })
 }
 
 impl Client {
@@ -399,11 +468,75 @@ fn rooms_are_durable_objects_reached_by_name_and_listed_by_kura() {
     assert!(!refused.ok && refused.all().contains("run in workerd"), "{}", refused.all());
     assert_eq!(client.get("rooms", "/rooms/red"), json!(["alice"]), "kura never writes what workerd owns");
 
+    // Point-in-time recovery of an object workerd runs: a bookmark taken before bob joined
+    // red, restored, removes him; restoring the undo point brings him back.
+    let api = |method: reqwest::Method, path: &str, body: Option<Json>| {
+        let url = format!(
+            "{}/accounts/{}/workers/durable_objects/namespaces/rooms_Room/objects/room:red/{path}",
+            server.api,
+            crate::common::ACCOUNT
+        );
+        let mut request = client.http.request(method, url).bearer_auth(crate::common::TOKEN);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let (status, answer) = client.send(request);
+        assert_eq!(status, 200, "{path}: {answer}");
+        answer["result"].clone()
+    };
+    let before_bob = api(reqwest::Method::GET, "bookmark", None)["bookmark"].as_str().unwrap().to_owned();
+    assert_eq!(client.post("rooms", "/rooms/red/join?name=bob"), json!(["alice", "bob"]));
+    let restored = api(reqwest::Method::POST, "restore", Some(json!({"bookmark": before_bob})));
+    assert_eq!(client.get("rooms", "/rooms/red"), json!(["alice"]), "the restore removed bob");
+    let undo = restored["previous_bookmark"].as_str().unwrap().to_owned();
+    api(reqwest::Method::POST, "restore", Some(json!({"bookmark": undo})));
+    assert_eq!(client.get("rooms", "/rooms/red"), json!(["alice", "bob"]), "the restore is undone");
+
+    // The configuration's binding names the deployed class's namespace; nothing new is made.
+    let by_binding =
+        kura(project.path(), &server.data, &["do", "list", "ROOMS", "--remote", "--json"], &server.remote_env())
+            .expect_ok("do list ROOMS");
+    assert!(!by_binding.stderr.contains("Creating namespace"), "{}", by_binding.stderr);
+    assert_eq!(by_binding.json()["objects"].as_array().unwrap().len(), listed["objects"].as_array().unwrap().len());
+
     // Objects survive a restart of everything.
     let (dir, data) = server.stop();
     let server = KuraProcess::start_on(dir, data);
     let client = Client::new(&server);
-    assert_eq!(client.post("rooms", "/rooms/red/join?name=carol"), json!(["alice", "carol"]));
+    assert_eq!(client.post("rooms", "/rooms/red/join?name=carol"), json!(["alice", "bob", "carol"]));
+
+    // A second class by a migration; rolling back to the version without it is refused by the
+    // check every deployment gets, and changes nothing.
+    let w = Wrangler::new(&server);
+    std::fs::write(
+        project.path().join("src/index.js"),
+        std::fs::read_to_string(project.path().join("src/index.js")).unwrap()
+            + "\nexport class Lobby extends DurableObject { ping() { return 'pong'; } }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        project.path().join("wrangler.toml"),
+        std::fs::read_to_string(project.path().join("wrangler.toml")).unwrap()
+            + "\n[[durable_objects.bindings]]\nname = \"LOBBY\"\nclass_name = \"Lobby\"\n\n[[migrations]]\ntag = \"v2\"\nnew_sqlite_classes = [\"Lobby\"]\n",
+    )
+    .unwrap();
+    deploy(&w, &project, &[]);
+    let scripts = format!("{}/accounts/{}/workers/scripts/rooms", server.api, crate::common::ACCOUNT);
+    let (_, versions) = client.send(client.http.get(format!("{scripts}/versions")).bearer_auth(crate::common::TOKEN));
+    let first = versions["result"]["items"].as_array().unwrap().last().unwrap()["id"].as_str().unwrap().to_owned();
+    let rollback = json!({"strategy": "percentage", "versions": [{"version_id": first, "percentage": 100}]});
+    let (status, refused) = client
+        .send(client.http.post(format!("{scripts}/deployments")).bearer_auth(crate::common::TOKEN).json(&rollback));
+    assert_eq!((status, &refused["errors"][0]["code"]), (400, &json!(10021)), "{refused}");
+    assert!(refused.to_string().contains("Lobby"), "{refused}");
+    let (_, deployments) =
+        client.send(client.http.get(format!("{scripts}/deployments")).bearer_auth(crate::common::TOKEN));
+    assert_eq!(
+        deployments["result"]["deployments"].as_array().unwrap().len(),
+        2,
+        "the refused rollback deployed nothing"
+    );
+    assert_eq!(client.get("rooms", "/rooms/red"), json!(["alice", "bob", "carol"]));
 }
 
 fn s3_json(server: &KuraProcess, args: &[&str]) -> Json {

@@ -138,6 +138,7 @@ pub async fn create_namespace(
         kura_catalog::Error::Duplicate { .. } => {
             ApiError::new(StatusCode::CONFLICT, 10065, "A Durable Object namespace with that name already exists")
         }
+        kura_catalog::Error::Conflict(m) => ApiError::new(StatusCode::CONFLICT, 10065, m),
         other => other.into(),
     })?;
     Ok(ok(namespace_json(&ns)))
@@ -575,7 +576,19 @@ pub async fn restore(
     let (ns, id) = reach_object(&app, &caller, Need::DoWrite, &account_id, &namespace, &object)?;
     let body: RestoreBody = parse_json(&read_body(body).await?)?;
     let bookmark = body.bookmark.parse::<kura_do::Bookmark>().map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let restored = app.durable_objects.restore(&ns, &id, &bookmark).await?;
+    let restored = if ns.is_hosted_elsewhere() {
+        // workerd runs the object: it is stopped while its file is replaced.
+        let workers = app.workers.as_ref().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                10026,
+                "this server does not run Workers, whose object this is",
+            )
+        })?;
+        workers.with_workerd_stopped(app.durable_objects.restore(&ns, &id, &bookmark)).await??
+    } else {
+        app.durable_objects.restore(&ns, &id, &bookmark).await?
+    };
     Ok(ok(json!({
         "bookmark": restored.bookmark.to_string(),
         "previous_bookmark": restored.previous.to_string(),

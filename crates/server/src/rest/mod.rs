@@ -132,7 +132,8 @@ pub fn routes() -> Router<AppState> {
         .route("/accounts/{account_id}/workers/services/{name}", get(workers::service).delete(workers::delete_script))
         .route("/accounts/{account_id}/workers/subdomain", get(workers::account_subdomain))
         .route("/accounts/{account_id}/workers/tails/by-consumer/{name}", get(workers::tails_by_consumer))
-        .route("/accounts/{account_id}/storage/kv/namespaces", get(workers::kv_namespaces))
+        .route("/accounts/{account_id}/storage/kv/namespaces", get(workers::kv_namespaces).post(workers::no_kv))
+        .route("/accounts/{account_id}/workers/scripts/{name}/tails", post(workers::no_tail))
         .route("/graphql", post(graphql::query))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, 7003, "No route for that URI") })
         .method_not_allowed_fallback(|| async {

@@ -559,6 +559,30 @@ pub async fn kv_namespaces(caller: Caller, V4Path(account_id): V4Path<String>) -
     Ok(ok_paged(json!([]), ResultInfo { page: 1, per_page: 100, count: 0, total_count: 0 }))
 }
 
+/// `POST /accounts/{a}/storage/kv/namespaces` (wrangler provisioning a KV binding).
+pub async fn no_kv(_caller: Caller) -> Result<Response, ApiError> {
+    Err(ApiError::new(
+        StatusCode::BAD_REQUEST,
+        10021,
+        format!(
+            "kura does not serve KV namespaces; it serves bindings of types {}",
+            kura_workers::version::SUPPORTED_BINDINGS
+        ),
+    ))
+}
+
+/// `POST /accounts/{a}/workers/scripts/{name}/tails` (`wrangler tail`).
+pub async fn no_tail(
+    _caller: Caller,
+    V4Path((_account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    Err(ApiError::new(
+        StatusCode::BAD_REQUEST,
+        10021,
+        format!("kura does not serve `wrangler tail`; read the Worker's logs with `kura workers logs {name} --remote`"),
+    ))
+}
+
 /// `GET /accounts/{a}/workers/scripts/{name}/logs` (kura's own): the script's recent console
 /// output and exceptions, oldest first.
 pub async fn logs(

@@ -15,6 +15,7 @@
 //! undone. See docs/design.md for the on-disk formats.
 
 mod bookmark;
+mod follow;
 mod record;
 mod segment;
 mod snapshot;
@@ -27,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use bookmark::{Bookmark, MalformedBookmark};
+pub use follow::{Follower, open_elsewhere};
 use record::{HEADER_LEN, Header, Kind, ReadError};
 use segment::{Entry, OpenSegment, Sealed, sync_dir};
 use snapshot::SnapshotWriter;
@@ -107,6 +109,9 @@ pub(crate) struct History {
     /// A write to the log failed part-way: nothing more may be appended (the database is
     /// reopened, and opening recovers the log).
     broken: bool,
+    /// The history of a database another process writes ([`Follower`]): it never checkpoints
+    /// or writes the database; snapshots are taken through one read at a known WAL position.
+    following: bool,
 }
 
 fn now_ms() -> i64 {
@@ -181,12 +186,17 @@ fn remove_marker(dir: &Path, name: &str) -> io::Result<()> {
 /// written (installing the snapshot it recorded), or forgets one interrupted before; and
 /// removes a half-built image. Answers whether a restore was interrupted.
 pub(crate) fn finish_interrupted_restore(db_path: &Path) -> Result<bool> {
+    finish_interrupted_restore_in(db_path, &log_dir(db_path))
+}
+
+/// As [`finish_interrupted_restore`], for a history kept in `dir`.
+fn finish_interrupted_restore_in(db_path: &Path, dir: &Path) -> Result<bool> {
     match std::fs::remove_file(restore_image_path(db_path)) {
         Ok(()) => tracing::warn!(db = %db_path.display(), "removed an unfinished restore image"),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_error("removing an unfinished restore image")(e)),
     }
-    let dir = log_dir(db_path);
+    let dir = dir.to_owned();
     let Some(marker) = read_marker(&dir, RESTORE_MARKER)? else { return Ok(false) };
     let open = open_segments(&dir).map_err(io_error("reading the history"))?.pop();
     let last = match open {
@@ -313,7 +323,21 @@ impl History {
         settings: HistorySettings,
         restore_interrupted: bool,
     ) -> Result<History> {
-        let dir = log_dir(db_path);
+        History::open_in(id, db_path, &log_dir(db_path), conn, settings, restore_interrupted, false)
+    }
+
+    /// As [`History::open`], with the log in `dir`; `following` for a database another process
+    /// writes (see [`Follower`]).
+    fn open_in(
+        id: &str,
+        db_path: &Path,
+        dir: &Path,
+        conn: &rusqlite::Connection,
+        settings: HistorySettings,
+        restore_interrupted: bool,
+        following: bool,
+    ) -> Result<History> {
+        let dir = dir.to_owned();
         let fresh = !dir.exists();
         std::fs::create_dir_all(&dir).map_err(io_error("creating the log directory"))?;
         let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).map_err(Error::internal)?;
@@ -377,6 +401,7 @@ impl History {
             log_bytes_since_snapshot: 0,
             last_snapshot_ms: now_ms(),
             broken: false,
+            following,
         };
         history.find_last_position(last_entry)?;
         // A new base an earlier recovery decided on but did not finish.
@@ -411,6 +436,7 @@ impl History {
                 }
                 remove_marker(&history.dir, REBASE_MARKER).map_err(io_error("removing the rebase marker"))?;
             }
+            None if following => history.follow_begin(conn, fresh)?,
             None => {
                 if fresh || history.snapshots.is_empty() {
                     // The history starts with the database as it is now.
@@ -591,6 +617,9 @@ impl History {
 
     /// Records the database as it is now as a new entry with its own snapshot.
     fn rebase(&mut self, conn: &rusqlite::Connection) -> Result<()> {
+        if self.following {
+            return self.follow_rebase(conn);
+        }
         self.checkpoint_fully(conn)?;
         let db_pages = self.db_pages(conn)?;
         let seq = self.last_seq + 1;
@@ -671,7 +700,7 @@ impl History {
     /// would release the locks SQLite holds on it.
     fn snapshot(&mut self, conn: &rusqlite::Connection, seq: u64, db_pages: u32) -> Result<()> {
         let mut writer = SnapshotWriter::create(&self.dir, seq).map_err(io_error("writing a snapshot"))?;
-        copy_pages(conn, &mut writer)?;
+        copy_pages(conn, &mut writer, self.page_size)?;
         writer
             .finish(seq, self.last_time_ms.max(now_ms()), self.page_size, db_pages)
             .map_err(io_error("writing a snapshot"))?;
@@ -936,16 +965,19 @@ fn wal_counts(conn: &rusqlite::Connection, mode: i32) -> Result<(i32, i32)> {
     Ok((log, done))
 }
 
-/// Streams every page of the database, in order, into a snapshot.
+/// Streams every page of the database, in order, into a snapshot; answers how many.
 #[cfg(kura_dbpage)]
-fn copy_pages(conn: &rusqlite::Connection, writer: &mut SnapshotWriter) -> Result<()> {
+fn copy_pages(conn: &rusqlite::Connection, writer: &mut SnapshotWriter, page_size: u32) -> Result<u32> {
+    let _ = page_size;
+    let mut count = 0;
     let mut pages = conn.prepare("SELECT data FROM sqlite_dbpage('main')").map_err(Error::internal)?;
     let mut rows = pages.query([]).map_err(Error::internal)?;
     while let Some(row) = rows.next().map_err(Error::internal)? {
+        count += 1;
         let data = row.get_ref(0).and_then(|v| Ok(v.as_blob()?)).map_err(Error::internal)?;
         writer.write(data).map_err(io_error("writing a snapshot"))?;
     }
-    Ok(())
+    Ok(count)
 }
 
 /// Streams every page of the database into a snapshot, reading the file itself: without
@@ -953,7 +985,7 @@ fn copy_pages(conn: &rusqlite::Connection, writer: &mut SnapshotWriter) -> Resul
 /// SQLite's POSIX locks on the file (the data directory's own lock still keeps other kura
 /// processes out).
 #[cfg(not(kura_dbpage))]
-fn copy_pages(conn: &rusqlite::Connection, writer: &mut SnapshotWriter) -> Result<()> {
+fn copy_pages(conn: &rusqlite::Connection, writer: &mut SnapshotWriter, page_size: u32) -> Result<u32> {
     let path = conn.path().map(PathBuf::from).ok_or_else(|| Error::internal("the database has no file"))?;
     let image = File::open(&path).map_err(io_error("opening the database file"))?;
     let len = image.metadata().map_err(io_error("reading the database file"))?.len();
@@ -965,5 +997,5 @@ fn copy_pages(conn: &rusqlite::Connection, writer: &mut SnapshotWriter) -> Resul
         writer.write(&buf[..n]).map_err(io_error("writing a snapshot"))?;
         at += n as u64;
     }
-    Ok(())
+    Ok((len / page_size.max(1) as u64) as u32)
 }

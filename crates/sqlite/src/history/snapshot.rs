@@ -96,6 +96,12 @@ impl SnapshotWriter {
         self.out.write_all(bytes)
     }
 
+    /// Gives the snapshot up: its partial image goes.
+    pub(crate) fn abandon(self) {
+        drop(self.out);
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+
     /// Checks the image is whole, writes the header, and makes the snapshot durable.
     pub(crate) fn finish(self, seq: u64, time_ms: i64, page_size: u32, db_pages: u32) -> io::Result<PathBuf> {
         if self.written != db_pages as u64 * page_size as u64 {

@@ -4,6 +4,7 @@
 mod atomicity;
 mod authorizer;
 mod common;
+mod follow;
 mod limits;
 mod meta;
 mod registry;

@@ -1,0 +1,173 @@
+//! Point-in-time recovery for objects another process runs (namespaces
+//! [`hosted elsewhere`](crate::Namespace::hosted_elsewhere): a deployed Worker's classes in
+//! workerd). Each announced object gets a [`Follower`] that captures its committed WAL frames
+//! into a history log of its own (`<namespace>/history/<object id>/`), as kura's own objects
+//! keep theirs. A thread of its own (`kura-do-follow`) captures every attached object each
+//! tick, lets go of objects whose writer has closed them, and looks again at the files of
+//! objects it let go, attaching once they change. Restores need the writer gone: the caller
+//! stops it first.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use kura_sqlite::{Bookmark, Follower, HistorySettings, Restored};
+
+use crate::error::{DoError, Result};
+
+/// How often attached objects are captured.
+const TICK: Duration = Duration::from_millis(100);
+/// How often the files of objects let go are looked at.
+const LOOK_AGAIN: Duration = Duration::from_secs(2);
+/// An object just announced stays attached this long even before its writer opens the file.
+const GRACE: Duration = Duration::from_secs(10);
+/// Most objects attached at once (each holds two connections to its file).
+const MAX_ATTACHED: usize = 256;
+
+struct Entry {
+    follower: Follower,
+    announced: Instant,
+    last_look: Instant,
+    /// The WAL's length and modification time when last let go.
+    seen: Option<(u64, SystemTime)>,
+}
+
+fn wal_stamp(db: &Path) -> Option<(u64, SystemTime)> {
+    let meta = std::fs::metadata(format!("{}-wal", db.display())).ok()?;
+    Some((meta.len(), meta.modified().ok()?))
+}
+
+/// The followers of one engine.
+pub(crate) struct Hosted {
+    root: PathBuf,
+    settings: HistorySettings,
+    entries: Mutex<HashMap<String, Arc<Mutex<Entry>>>>,
+    stop: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn from_sql(e: kura_sqlite::Error) -> DoError {
+    DoError::from_sql(e)
+}
+
+impl Hosted {
+    /// Starts the capture thread.
+    pub(crate) fn start(root: PathBuf, settings: HistorySettings) -> Arc<Hosted> {
+        let hosted =
+            Arc::new(Hosted { root, settings, entries: Mutex::new(HashMap::new()), stop: AtomicBool::new(false) });
+        let ticking = Arc::clone(&hosted);
+        let spawned = std::thread::Builder::new().name("kura-do-follow".into()).spawn(move || ticking.run());
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the thread that follows objects workerd runs");
+        }
+        hosted
+    }
+
+    fn entry(&self, namespace: &str, object: &str) -> Arc<Mutex<Entry>> {
+        let key = format!("{namespace}/{object}");
+        let mut entries = lock(&self.entries);
+        let entry = entries.entry(key.clone()).or_insert_with(|| {
+            let db = self.root.join(namespace).join("workerd").join(format!("{object}.sqlite"));
+            let log = self.root.join(namespace).join("history").join(object);
+            Arc::new(Mutex::new(Entry {
+                follower: Follower::new(&key, &db, &log, self.settings.clone()),
+                announced: Instant::now(),
+                last_look: Instant::now(),
+                seen: None,
+            }))
+        });
+        Arc::clone(entry)
+    }
+
+    /// An object is starting: follow it (from now, or from where its history left off).
+    pub(crate) fn announce(&self, namespace: &str, object: &str) -> Result<()> {
+        let entry = self.entry(namespace, object);
+        let mut entry = lock(&entry);
+        entry.announced = Instant::now();
+        entry.follower.attach().map(|_| ()).map_err(from_sql)
+    }
+
+    /// Runs `f` on an object's follower (created, not yet attached, if new).
+    pub(crate) fn with<T>(
+        &self,
+        namespace: &str,
+        object: &str,
+        f: impl FnOnce(&mut Follower) -> kura_sqlite::Result<T>,
+    ) -> Result<T> {
+        let entry = self.entry(namespace, object);
+        let mut entry = lock(&entry);
+        f(&mut entry.follower).map_err(from_sql)
+    }
+
+    /// The bookmark of an object's current state.
+    pub(crate) fn bookmark(&self, namespace: &str, object: &str) -> Result<Bookmark> {
+        self.with(namespace, object, |f| f.bookmark())
+    }
+
+    /// The bookmark of an object's last commit at or before `time_ms`.
+    pub(crate) fn bookmark_for_time(&self, namespace: &str, object: &str, time_ms: i64) -> Result<Bookmark> {
+        self.with(namespace, object, |f| f.bookmark_for_time(time_ms))
+    }
+
+    /// Restores an object whose writer has closed it.
+    pub(crate) fn restore(&self, namespace: &str, object: &str, bookmark: &Bookmark) -> Result<Restored> {
+        self.with(namespace, object, |f| f.restore(bookmark))
+    }
+
+    /// Captures every attached object and lets go of them all (at shutdown).
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let entries: Vec<_> = lock(&self.entries).values().cloned().collect();
+        for entry in entries {
+            if let Err(e) = lock(&entry).follower.detach() {
+                tracing::warn!(error = %e, "could not capture an object's last commits");
+            }
+        }
+    }
+
+    fn run(self: Arc<Self>) {
+        while !self.stop.load(Ordering::SeqCst) {
+            std::thread::sleep(TICK);
+            let entries: Vec<_> = lock(&self.entries).values().cloned().collect();
+            let mut attached = 0;
+            for entry in entries {
+                let mut entry = lock(&entry);
+                if let Err(e) = self.tick(&mut entry, attached >= MAX_ATTACHED) {
+                    tracing::warn!(error = %e, "capturing an object workerd runs failed; it is followed again next time");
+                }
+                attached += entry.follower.is_attached() as usize;
+            }
+        }
+    }
+
+    fn tick(&self, entry: &mut Entry, crowded: bool) -> kura_sqlite::Result<()> {
+        if entry.follower.is_attached() {
+            entry.follower.capture()?;
+            let idle = !entry.follower.writer_present() && entry.announced.elapsed() > GRACE;
+            if idle || (crowded && !entry.follower.writer_present()) {
+                entry.follower.detach()?;
+                entry.seen = wal_stamp(self.db_of(entry));
+                entry.last_look = Instant::now();
+            }
+            return Ok(());
+        }
+        if entry.last_look.elapsed() < LOOK_AGAIN {
+            return Ok(());
+        }
+        entry.last_look = Instant::now();
+        let changed = wal_stamp(self.db_of(entry)) != entry.seen;
+        if changed || entry.follower.writer_present() {
+            entry.follower.attach()?;
+        }
+        Ok(())
+    }
+
+    fn db_of<'a>(&self, entry: &'a Entry) -> &'a Path {
+        entry.follower.db_path()
+    }
+}
