@@ -290,7 +290,8 @@ fn seat_booking_on_d1_books_exactly_the_seats_there_are() {
     // Without a server, `kura workers` reads the data directory.
     drop(w);
     let (dir, data) = server.stop();
-    let local = |args: &[&str]| kura(dir.path(), &data, args, &[("KURA_ACCOUNT_ID", crate::common::ACCOUNT.to_owned())]);
+    let local =
+        |args: &[&str]| kura(dir.path(), &data, args, &[("KURA_ACCOUNT_ID", crate::common::ACCOUNT.to_owned())]);
     let listed = local(&["workers", "list", "--json"]).expect_ok("workers list").json();
     let names: Vec<&str> = listed.as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap()).collect();
     assert_eq!(names, ["gateway", "seats"]);

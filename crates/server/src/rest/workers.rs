@@ -193,6 +193,22 @@ fn upload_result(uploaded: &kura_workers::Uploaded) -> Json {
     result
 }
 
+/// Receives an upload of `name` and hands it to the Workers layer.
+async fn receive<'a>(
+    app: &'a AppState,
+    caller: &Caller,
+    (account_id, name): (&str, &str),
+    query: &HashMap<String, String>,
+    form: Multipart,
+    deploy: bool,
+) -> Result<(&'a Workers, kura_workers::Uploaded), ApiError> {
+    let workers = workers(app, caller, account_id)?;
+    let upload = read_upload(form).await?;
+    let strict_inherit = query.get("bindings_inherit").is_some_and(|v| v == "strict");
+    let options = UploadOptions { deploy, strict_inherit, source: "wrangler".into() };
+    Ok((workers, workers.upload(account_id, name, upload, options).await?))
+}
+
 /// `PUT /accounts/{a}/workers/scripts/{name}`: upload and deploy.
 pub async fn put_script(
     State(app): State<AppState>,
@@ -201,15 +217,8 @@ pub async fn put_script(
     V4Query(query): V4Query,
     form: Multipart,
 ) -> Result<Response, ApiError> {
-    let workers = workers(&app, &caller, &account_id)?;
-    let upload = read_upload(form).await?;
-    let options = UploadOptions { deploy: true, strict_inherit: strict(&query), source: "wrangler".into() };
-    let uploaded = workers.upload(&account_id, &name, upload, options).await?;
+    let (_, uploaded) = receive(&app, &caller, (&account_id, &name), &query, form, true).await?;
     Ok(ok(upload_result(&uploaded)))
-}
-
-fn strict(query: &HashMap<String, String>) -> bool {
-    query.get("bindings_inherit").is_some_and(|v| v == "strict")
 }
 
 /// `POST /accounts/{a}/workers/scripts/{name}/versions`: upload a version, deploy nothing.
@@ -220,10 +229,7 @@ pub async fn upload_version(
     V4Query(query): V4Query,
     form: Multipart,
 ) -> Result<Response, ApiError> {
-    let workers = workers(&app, &caller, &account_id)?;
-    let upload = read_upload(form).await?;
-    let options = UploadOptions { deploy: false, strict_inherit: strict(&query), source: "wrangler".into() };
-    let uploaded = workers.upload(&account_id, &name, upload, options).await?;
+    let (workers, uploaded) = receive(&app, &caller, (&account_id, &name), &query, form, false).await?;
     Ok(ok(version_json(workers, &uploaded.script, &uploaded.version)?))
 }
 

@@ -288,11 +288,7 @@ impl History {
             writer
                 .finish(seq, self.last_time_ms.max(now_ms()), self.page_size, db_pages)
                 .map_err(io_error("writing a snapshot"))?;
-            self.snapshots.push(seq);
-            self.snapshots.sort_unstable();
-            self.snapshots.dedup();
-            self.log_bytes_since_snapshot = 0;
-            self.last_snapshot_ms = now_ms();
+            self.snapshot_taken(seq);
             return Ok((before.0, before.1, db_pages));
         }
         unreachable!("the loop returns")

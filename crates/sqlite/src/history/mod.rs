@@ -704,12 +704,17 @@ impl History {
         writer
             .finish(seq, self.last_time_ms.max(now_ms()), self.page_size, db_pages)
             .map_err(io_error("writing a snapshot"))?;
+        self.snapshot_taken(seq);
+        Ok(())
+    }
+
+    /// Notes a snapshot now on disk at `seq`.
+    fn snapshot_taken(&mut self, seq: u64) {
         self.snapshots.push(seq);
         self.snapshots.sort_unstable();
         self.snapshots.dedup();
         self.log_bytes_since_snapshot = 0;
         self.last_snapshot_ms = now_ms();
-        Ok(())
     }
 
     /// Seals the open segment, then starts the next (so a crash leaves at most one open).
