@@ -17,8 +17,10 @@ use kura_sqlite::{Bookmark, Follower, HistorySettings, Restored};
 
 use crate::error::{DoError, Result};
 
-/// How often attached objects are captured.
-const TICK: Duration = Duration::from_millis(100);
+/// How often attached objects are captured. Each capture records every commit since the last
+/// one on its own, stamped with the capture's time: this is how precise a bookmark for a time
+/// is (a bookmark asked for by id captures first, and is exact).
+const TICK: Duration = Duration::from_secs(1);
 /// How often the files of objects let go are looked at.
 const LOOK_AGAIN: Duration = Duration::from_secs(2);
 /// An object just announced stays attached this long even before its writer opens the file.
@@ -30,7 +32,8 @@ struct Entry {
     follower: Follower,
     announced: Instant,
     last_look: Instant,
-    /// The WAL's length and modification time when last let go.
+    /// The WAL's length and modification time when last captured or let go: unchanged, there
+    /// is nothing to capture.
     seen: Option<(u64, SystemTime)>,
 }
 
@@ -147,12 +150,18 @@ impl Hosted {
 
     fn tick(&self, entry: &mut Entry, crowded: bool) -> kura_sqlite::Result<()> {
         if entry.follower.is_attached() {
-            entry.follower.capture()?;
-            let idle = !entry.follower.writer_present() && entry.announced.elapsed() > GRACE;
-            if idle || (crowded && !entry.follower.writer_present()) {
-                entry.follower.detach()?;
+            let stamp = wal_stamp(self.db_of(entry));
+            if stamp != entry.seen || stamp.is_none() {
+                entry.follower.capture()?;
                 entry.seen = wal_stamp(self.db_of(entry));
+            }
+            if entry.last_look.elapsed() >= LOOK_AGAIN || crowded {
                 entry.last_look = Instant::now();
+                let writer_gone = !entry.follower.writer_present();
+                if writer_gone && (entry.announced.elapsed() > GRACE || crowded) {
+                    entry.follower.detach()?;
+                    entry.seen = wal_stamp(self.db_of(entry));
+                }
             }
             return Ok(());
         }

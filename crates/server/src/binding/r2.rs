@@ -32,6 +32,9 @@ const ERROR_HEADER: &str = "cf-r2-error";
 /// Largest request JSON accepted (workerd's own bound on replies).
 const MAX_METADATA: usize = 1 << 20;
 
+/// Objects up to this size are read whole and sent in one piece with their metadata.
+const SMALL_OBJECT: u64 = 64 * 1024;
+
 /// A failure as the binding carries it.
 #[derive(Debug)]
 struct BindingError {
@@ -619,6 +622,19 @@ async fn get(
             let served = object.range.unwrap_or((0, object.info.size));
             let metadata = head_json(&object.info, Some(served), true, true);
             let length = object.length();
+            if length <= SMALL_OBJECT {
+                // One buffer, one write: the JSON and a small object's bytes together.
+                let mut all = BytesMut::from(metadata.to_string().as_bytes());
+                let json_len = all.len();
+                let mut body = object.body;
+                while let Some(chunk) = body.next().await {
+                    let chunk = chunk.map_err(|e| BindingError::from(R2Error::Storage(e.to_string())))?;
+                    all.extend_from_slice(&chunk);
+                }
+                let mut response = (StatusCode::OK, Body::from(all.freeze())).into_response();
+                response.headers_mut().insert(METADATA_SIZE_HEADER, HeaderValue::from(json_len));
+                return Ok(response);
+            }
             Ok(metadata_reply(StatusCode::OK, &metadata, Body::from_stream(object.body), length))
         }
         Err(e @ (R2Error::PreconditionFailed | R2Error::NotModified)) => {

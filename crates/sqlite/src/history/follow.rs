@@ -7,9 +7,10 @@
 //! SQLite restarts a WAL from its beginning only when no reader holds a snapshot of it, so no
 //! frame can be overwritten before kura has captured it. Each [`Follower::capture`] counts the
 //! committed frames (SQLite's own count, `SQLITE_CHECKPOINT_NOOP`), appends the new commits,
-//! syncs the log, checkpoints (PASSIVE, only frames already in the log, only past
-//! `checkpoint_frames`) so the WAL does not grow without end, then moves the pin forward: the
-//! free connection begins its read before the other ends its.
+//! syncs the log (every second, before a checkpoint, and before a bookmark is handed out),
+//! checkpoints (PASSIVE, only frames already in the log, only past `checkpoint_frames`) so the
+//! WAL does not grow without end, then moves the pin forward: the free connection begins its
+//! read before the other ends its.
 //!
 //! When kura cannot show that the WAL continues from its last capture (it was not attached
 //! while the writer wrote and checkpointed), history continues from a new snapshot of the
@@ -40,7 +41,12 @@ struct Attached {
     /// Two connections; `pins[pinned]` holds a read transaction, the other none.
     pins: [Connection; 2],
     pinned: usize,
+    /// When the log was last synced.
+    synced: std::time::Instant,
 }
+
+/// The log is synced at least this often (and before every checkpoint kura runs).
+const SYNC_EVERY: Duration = Duration::from_secs(1);
 
 /// The process that has the WAL database at `db` open, if another one has: every connection
 /// holds a shared lock on the WAL index's "DMS" byte (after the eight WAL locks at 120) for as
@@ -124,7 +130,7 @@ impl Follower {
             true,
         )?;
         begin_read(&pins[0])?;
-        let mut attached = Attached { history, pins, pinned: 0 };
+        let mut attached = Attached { history, pins, pinned: 0, synced: std::time::Instant::now() };
         // Between opening and pinning, new commits may have come: capture them too.
         attached.capture()?;
         self.attached = Some(attached);
@@ -155,6 +161,9 @@ impl Follower {
     pub fn detach(&mut self) -> Result<()> {
         if self.attached.is_some() {
             self.capture()?;
+            if let Some(attached) = self.attached.as_mut() {
+                attached.history.sync()?;
+            }
         }
         self.attached = None;
         Ok(())
@@ -170,13 +179,18 @@ impl Follower {
     /// The bookmark of the last captured state.
     pub fn bookmark(&mut self) -> Result<Bookmark> {
         self.capture()?;
-        Ok(self.history()?.current())
+        // A bookmark handed out is durable.
+        let history = self.history()?;
+        history.sync()?;
+        Ok(history.current())
     }
 
     /// The bookmark of the last commit at or before `time_ms`.
     pub fn bookmark_for_time(&mut self, time_ms: i64) -> Result<Bookmark> {
         self.capture()?;
-        self.history()?.bookmark_for_time(time_ms)
+        let history = self.history()?;
+        history.sync()?;
+        history.bookmark_for_time(time_ms)
     }
 
     /// Restores the database to `target`. The writer must be gone (its process stopped): the
@@ -204,9 +218,16 @@ impl Attached {
     fn capture(&mut self) -> Result<()> {
         let free = &self.pins[1 - self.pinned];
         self.history.follow_capture(free)?;
-        self.history.sync()?;
-        if self.history.wants_checkpoint(wal_counts(free, -1)?.0.max(0) as u32) {
-            // Frames up to the pinned reader's snapshot, all in the (synced) log already.
+        let checkpoint = self.history.wants_checkpoint(wal_counts(free, -1)?.0.max(0) as u32);
+        // The WAL holds every commit durably; the log is synced before kura lets frames be
+        // checkpointed, and every second, so a crash of kura costs at most that much of the
+        // history's detail (the next attach finds the WAL moved on and takes a new base).
+        if checkpoint || self.synced.elapsed() >= SYNC_EVERY {
+            self.history.sync()?;
+            self.synced = std::time::Instant::now();
+        }
+        if checkpoint {
+            // Frames up to the pinned reader's snapshot, all in the synced log already.
             wal_counts(free, rusqlite::ffi::SQLITE_CHECKPOINT_PASSIVE)?;
         }
         begin_read(free)?;
