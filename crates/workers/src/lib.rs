@@ -98,6 +98,13 @@ impl Workers {
         let runtime = match binary {
             Ok(binary) => {
                 tracing::info!(workerd = %binary.path.display(), "Workers run in workerd");
+                if binary.max_date.as_deref() != Some(runtime::WORKERD_DATE) {
+                    tracing::warn!(
+                        found = binary.max_date.as_deref().unwrap_or("an unknown version"),
+                        "kura is tested with workerd {WORKERD_VERSION} (workerd {}); this one may differ",
+                        runtime::WORKERD_DATE
+                    );
+                }
                 Ok(runtime::Runtime::start(binary, settings.runtime.clone(), layout.config_dir.clone()))
             }
             Err(e) => {

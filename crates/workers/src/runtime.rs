@@ -21,6 +21,9 @@ use crate::gate::Gate;
 /// The workerd build wrangler 4.85.0 runs (its Miniflare's), which kura is tested with.
 pub const WORKERD_VERSION: &str = "1.20260424.1";
 
+/// What that build's `workerd --version` says.
+pub const WORKERD_DATE: &str = "2026-04-24";
+
 /// The command that installs it next to where kura runs.
 pub fn install_command() -> String {
     format!("npm install workerd@{WORKERD_VERSION}")

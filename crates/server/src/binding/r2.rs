@@ -372,9 +372,10 @@ pub async fn write(State(app): State<AppState>, headers: HeaderMap, body: Body) 
                     digests,
                     size: payload_size,
                 };
-                match app.r2.put_object(&bucket, &object, payload, options).await {
+                let mut payload = payload;
+                match app.r2.put_object(&bucket, &object, payload.by_ref(), options).await {
                     Ok(info) => Ok(axum::Json(head_json(&info, None, true, true)).into_response()),
-                    Err(e) => Err(e.into()),
+                    Err(e) => Err(refused(payload, e).await),
                 }
             }
             BindingRequest::Delete { object, objects } => {
@@ -400,8 +401,11 @@ pub async fn write(State(app): State<AppState>, headers: HeaderMap, body: Body) 
             BindingRequest::UploadPart { object, upload_id, part_number, ssec } => {
                 refuse_ssec(&ssec)?;
                 let options = PartOptions { size: payload_size, digests: ExpectedDigests::default() };
-                let part = app.r2.upload_part(&bucket, &object, &upload_id, part_number, payload, options).await?;
-                Ok(axum::Json(json!({"etag": part.etag})).into_response())
+                let mut payload = payload;
+                match app.r2.upload_part(&bucket, &object, &upload_id, part_number, payload.by_ref(), options).await {
+                    Ok(part) => Ok(axum::Json(json!({"etag": part.etag})).into_response()),
+                    Err(e) => Err(refused(payload, e).await),
+                }
             }
             BindingRequest::CompleteMultipartUpload { object, upload_id, parts } => {
                 let parts = parts.into_iter().map(|p| (p.part, p.etag)).collect();
@@ -441,6 +445,25 @@ async fn split_body(body: Body, size: usize) -> Result<(Bytes, Payload), Binding
     let rest = head.split_off(size).freeze();
     let first = futures_util::stream::iter((!rest.is_empty()).then_some(Ok(rest)));
     Ok((head.freeze(), Box::pin(first.chain(stream))))
+}
+
+/// A write refused (perhaps before its payload was read): what is left of the payload is read
+/// first, so workerd's connection stays whole and the Worker sees R2's error rather than a
+/// lost connection.
+async fn refused(payload: Payload, e: R2Error) -> BindingError {
+    drain(payload).await;
+    e.into()
+}
+
+/// Reads what is left of a payload, up to a bound; past it the connection is closed instead.
+async fn drain(mut payload: Payload) {
+    let mut left: usize = 16 * 1024 * 1024;
+    while let Ok(Some(chunk)) = payload.try_next().await {
+        left = left.saturating_sub(chunk.len());
+        if left == 0 {
+            break;
+        }
+    }
 }
 
 fn refuse_ssec(ssec: &Option<Json>) -> Result<(), BindingError> {
