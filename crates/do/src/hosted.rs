@@ -48,6 +48,7 @@ pub(crate) struct Hosted {
     settings: HistorySettings,
     entries: Mutex<HashMap<String, Arc<Mutex<Entry>>>>,
     stop: AtomicBool,
+    ticker: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -61,12 +62,17 @@ fn from_sql(e: kura_sqlite::Error) -> DoError {
 impl Hosted {
     /// Starts the capture thread.
     pub(crate) fn start(root: PathBuf, settings: HistorySettings) -> Arc<Hosted> {
-        let hosted =
-            Arc::new(Hosted { root, settings, entries: Mutex::new(HashMap::new()), stop: AtomicBool::new(false) });
+        let hosted = Arc::new(Hosted {
+            root,
+            settings,
+            entries: Mutex::new(HashMap::new()),
+            stop: AtomicBool::new(false),
+            ticker: Mutex::new(None),
+        });
         let ticking = Arc::clone(&hosted);
-        let spawned = std::thread::Builder::new().name("kura-do-follow".into()).spawn(move || ticking.run());
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the thread that follows objects workerd runs");
+        match std::thread::Builder::new().name("kura-do-follow".into()).spawn(move || ticking.run()) {
+            Ok(handle) => *lock(&hosted.ticker) = Some(handle),
+            Err(e) => tracing::error!(error = %e, "cannot start the thread that follows objects workerd runs"),
         }
         hosted
     }
@@ -125,6 +131,10 @@ impl Hosted {
     /// Captures every attached object and lets go of them all (at shutdown).
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
+        // The ticking thread ends first, so nothing attaches again behind this.
+        if let Some(ticker) = lock(&self.ticker).take() {
+            let _ = ticker.join();
+        }
         let entries: Vec<_> = lock(&self.entries).values().cloned().collect();
         for entry in entries {
             if let Err(e) = lock(&entry).follower.detach() {
@@ -150,10 +160,13 @@ impl Hosted {
 
     fn tick(&self, entry: &mut Entry, crowded: bool) -> kura_sqlite::Result<()> {
         if entry.follower.is_attached() {
+            // Stamped before the capture, so a commit landing during it is seen next time; a
+            // capture is also due while the last checkpoint left frames behind, so the WAL of a
+            // quiet object gets to start over.
             let stamp = wal_stamp(self.db_of(entry));
-            if stamp != entry.seen || stamp.is_none() {
+            if stamp != entry.seen || stamp.is_none() || entry.follower.behind() {
                 entry.follower.capture()?;
-                entry.seen = wal_stamp(self.db_of(entry));
+                entry.seen = stamp;
             }
             if entry.last_look.elapsed() >= LOOK_AGAIN || crowded {
                 entry.last_look = Instant::now();

@@ -43,10 +43,18 @@ struct Attached {
     pinned: usize,
     /// When the log was last synced.
     synced: std::time::Instant,
+    /// The database file's inode when attached: another means the writer replaced the file.
+    inode: u64,
+    /// The last checkpoint left frames the WAL still holds: another pass can let it start over.
+    behind: bool,
 }
 
 /// The log is synced at least this often (and before every checkpoint kura runs).
 const SYNC_EVERY: Duration = Duration::from_secs(1);
+
+/// Names, in the log directory, the WAL position a follower let go at with every frame
+/// checkpointed: the WAL's next incarnation then begins right after it.
+const DETACHED_MARKER: &str = "detached";
 
 /// The process that has the WAL database at `db` open, if another one has: every connection
 /// holds a shared lock on the WAL index's "DMS" byte (after the eight WAL locks at 120) for as
@@ -86,6 +94,29 @@ fn end_read(conn: &Connection) -> Result<()> {
     conn.execute_batch("COMMIT").map_err(Error::internal)
 }
 
+fn inode(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+/// Whether the file is a WAL-mode database (bytes 18 and 19 of its header are 2): a follower
+/// pinning a database still in rollback mode would hold a lock its writer's switch to WAL
+/// waits for.
+fn is_wal_database(path: &Path) -> bool {
+    use std::io::Read;
+    let mut header = [0u8; 100];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut header)).is_ok() && header[18] == 2 && header[19] == 2
+}
+
+/// Two pins on the database, the first holding a read. Both have read once: a connection
+/// opens the WAL only then, and counts no frames before.
+fn pin(path: &Path) -> Result<[Connection; 2]> {
+    let pins = [open_pin(path)?, open_pin(path)?];
+    pins[1].query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(())).map_err(Error::internal)?;
+    begin_read(&pins[0])?;
+    Ok(pins)
+}
+
 impl Follower {
     /// The history of the database at `db_path`, kept in `log_dir`, bookmarks carrying
     /// `identity`. Nothing is opened until [`Follower::attach`].
@@ -109,17 +140,37 @@ impl Follower {
         self.attached.is_some()
     }
 
-    /// Starts following (captures what is new); false if the database has no file yet.
+    /// Whether the last checkpoint left WAL frames behind, so another capture, even with
+    /// nothing new, lets the WAL start over.
+    pub fn behind(&self) -> bool {
+        self.attached.as_ref().is_some_and(|a| a.behind)
+    }
+
+    /// Starts following (captures what is new); false if there is no WAL-mode database to
+    /// follow yet, or a restore of it must first be finished without its writer.
     pub fn attach(&mut self) -> Result<bool> {
         if self.attached.is_some() {
             return Ok(true);
         }
-        if !self.db_path.exists() {
+        if !cfg!(kura_dbpage) {
+            return Err(Error::sql(
+                rusqlite::ffi::SQLITE_ERROR,
+                "following a database another process writes needs SQLite built with SQLITE_ENABLE_DBPAGE_VTAB",
+            ));
+        }
+        if !is_wal_database(&self.db_path) {
             return Ok(false);
         }
         std::fs::create_dir_all(&self.log_dir).map_err(io_error("creating the log directory"))?;
+        if self.log_dir.join(super::RESTORE_MARKER).exists() && self.writer_present() {
+            // A restore a crash interrupted replaces the file: not while its writer has it.
+            tracing::warn!(db = %self.db_path.display(), "an interrupted restore waits for the database's writer to close it");
+            return Ok(false);
+        }
         let restore_interrupted = super::finish_interrupted_restore_in(&self.db_path, &self.log_dir)?;
-        let pins = [open_pin(&self.db_path)?, open_pin(&self.db_path)?];
+        let inode = inode(&self.db_path).unwrap_or(0);
+        // Pinned before the history looks at the WAL, so nothing it counts can go meanwhile.
+        let pins = pin(&self.db_path)?;
         let history = History::open_in(
             &self.identity,
             &self.db_path,
@@ -129,9 +180,8 @@ impl Follower {
             restore_interrupted,
             true,
         )?;
-        begin_read(&pins[0])?;
-        let mut attached = Attached { history, pins, pinned: 0, synced: std::time::Instant::now() };
-        // Between opening and pinning, new commits may have come: capture them too.
+        let mut attached =
+            Attached { history, pins, pinned: 0, synced: std::time::Instant::now(), inode, behind: false };
         attached.capture()?;
         self.attached = Some(attached);
         Ok(true)
@@ -139,6 +189,13 @@ impl Follower {
 
     /// Captures what was committed since the last capture (attaching first if needed).
     pub fn capture(&mut self) -> Result<()> {
+        if let Some(attached) = &self.attached
+            && inode(&self.db_path) != Some(attached.inode)
+        {
+            // The writer replaced the file (deleteAll): follow the new one, from a new base.
+            tracing::info!(db = %self.db_path.display(), "the database file was replaced; following the new one");
+            self.attached = None;
+        }
         if !self.attach()? {
             return Ok(());
         }
@@ -157,15 +214,26 @@ impl Follower {
         open_elsewhere(&self.db_path).is_some()
     }
 
-    /// Captures the rest and lets go of the WAL (the writer has closed the database).
+    /// Captures the rest and lets go of the WAL (the writer has closed the database). With
+    /// every frame checkpointed, the position is noted, so the WAL's next incarnation is known
+    /// to follow it.
     pub fn detach(&mut self) -> Result<()> {
         if self.attached.is_some() {
             self.capture()?;
-            if let Some(attached) = self.attached.as_mut() {
-                attached.history.sync()?;
+        }
+        if let Some(mut attached) = self.attached.take() {
+            attached.history.sync()?;
+            let free = &attached.pins[1 - attached.pinned];
+            let (log, done) = wal_counts(free, rusqlite::ffi::SQLITE_CHECKPOINT_PASSIVE).unwrap_or((-1, 0));
+            let history = &attached.history;
+            if log >= 0 && log == done && log as u32 == history.wal_frame && !self.writer_present() {
+                let text = format!("{:016x} {:08x}\n", history.wal_salt, history.wal_frame);
+                let marker = self.log_dir.join(DETACHED_MARKER);
+                std::fs::write(&marker, text)
+                    .and_then(|()| std::fs::File::open(&marker)?.sync_all())
+                    .map_err(io_error("writing the detach marker"))?;
             }
         }
-        self.attached = None;
         Ok(())
     }
 
@@ -194,7 +262,8 @@ impl Follower {
     }
 
     /// Restores the database to `target`. The writer must be gone (its process stopped): the
-    /// file is replaced under it otherwise.
+    /// file is replaced under it otherwise. The restored file is pinned again before this
+    /// returns, so whatever the writer commits next is captured.
     pub fn restore(&mut self, target: &Bookmark) -> Result<Restored> {
         if self.writer_present() {
             return Err(Error::sql(
@@ -210,7 +279,13 @@ impl Follower {
         // The connections close before the file is replaced.
         let Attached { mut history, pins, .. } = attached;
         drop(pins);
-        history.restore(target, &self.db_path)
+        let restored = history.restore(target, &self.db_path)?;
+        let _ = std::fs::remove_file(self.log_dir.join(DETACHED_MARKER));
+        let pins = pin(&self.db_path)?;
+        let inode = inode(&self.db_path).unwrap_or(0);
+        self.attached =
+            Some(Attached { history, pins, pinned: 0, synced: std::time::Instant::now(), inode, behind: false });
+        Ok(restored)
     }
 }
 
@@ -218,7 +293,8 @@ impl Attached {
     fn capture(&mut self) -> Result<()> {
         let free = &self.pins[1 - self.pinned];
         self.history.follow_capture(free)?;
-        let checkpoint = self.history.wants_checkpoint(wal_counts(free, -1)?.0.max(0) as u32);
+        let frames = wal_counts(free, -1)?.0.max(0) as u32;
+        let checkpoint = self.history.wants_checkpoint(frames) || (self.behind && frames > 0);
         // The WAL holds every commit durably; the log is synced before kura lets frames be
         // checkpointed, and every second, so a crash of kura costs at most that much of the
         // history's detail (the next attach finds the WAL moved on and takes a new base).
@@ -227,10 +303,18 @@ impl Attached {
             self.synced = std::time::Instant::now();
         }
         if checkpoint {
-            // Frames up to the pinned reader's snapshot, all in the synced log already.
-            wal_counts(free, rusqlite::ffi::SQLITE_CHECKPOINT_PASSIVE)?;
+            // Frames up to the pinned reader's snapshot, all in the synced log already. Busy
+            // (another checkpoint runs) is no failure: the next capture tries again.
+            self.behind = match wal_counts(free, rusqlite::ffi::SQLITE_CHECKPOINT_PASSIVE) {
+                Ok((log, done)) => done < log,
+                Err(_) => true,
+            };
         }
-        begin_read(free)?;
+        // The new pin before the old one goes; if it cannot be had, the old one stays.
+        if let Err(e) = begin_read(free) {
+            tracing::debug!(error = %e, "could not move the pin on a followed database; it stays where it was");
+            return Ok(());
+        }
         end_read(&self.pins[self.pinned])?;
         self.pinned = 1 - self.pinned;
         Ok(())
@@ -238,49 +322,70 @@ impl Attached {
 }
 
 impl History {
-    /// Follow mode's start: a first snapshot, or a check that the WAL continues from the last
+    /// Follow mode's start: a first base, or a check that the WAL continues from the last
     /// capture (else a new base), then what the WAL holds beyond it.
     pub(super) fn follow_begin(&mut self, conn: &Connection, fresh: bool) -> Result<()> {
-        if fresh || self.snapshots.is_empty() {
-            let (salt, frame, _) = self.consistent_snapshot(conn, self.last_seq)?;
-            self.wal_salt = salt;
-            self.wal_frame = frame;
-        } else if !self.wal_continues(conn)? {
+        let detached = std::fs::read_to_string(self.dir.join(DETACHED_MARKER)).ok().and_then(|text| {
+            let mut parts = text.split_whitespace();
+            Some((u64::from_str_radix(parts.next()?, 16).ok()?, u32::from_str_radix(parts.next()?, 16).ok()?))
+        });
+        let _ = std::fs::remove_file(self.dir.join(DETACHED_MARKER));
+        if fresh || self.snapshots.is_empty() || !self.wal_continues(conn, detached)? {
             self.follow_rebase(conn)?;
         }
         self.follow_capture(conn)
     }
 
-    /// Whether the WAL as it is now continues from the last capture: the same incarnation
-    /// (salt) at or past the frame captured, or any WAL after a restore or a first snapshot
-    /// of a database that had none.
-    fn wal_continues(&mut self, conn: &Connection) -> Result<bool> {
-        let salt = read_wal_salt(&self.wal_path)?;
-        let frames = wal_counts(conn, -1)?.0.max(0) as u32;
-        Ok(self.wal_salt == 0 || (salt == self.wal_salt && frames >= self.wal_frame))
+    /// The WAL's salt and committed frame count, read so that both belong to one state of it
+    /// (SQLite publishes a restart's count before it rewrites the header).
+    fn wal_position(&mut self, conn: &Connection) -> Result<(u64, u32)> {
+        loop {
+            let salt = read_wal_salt(&self.wal_path)?;
+            let frames = wal_counts(conn, -1)?.0.max(0) as u32;
+            if read_wal_salt(&self.wal_path)? == salt {
+                return Ok((salt, frames));
+            }
+        }
+    }
+
+    /// Whether the WAL as it is now continues from the last capture: the same incarnation at or
+    /// past the frame captured; no WAL yet, when none was captured; or the incarnation right
+    /// after (salt-1 one higher) one let go of with every frame captured and checkpointed.
+    fn wal_continues(&mut self, conn: &Connection, detached: Option<(u64, u32)>) -> Result<bool> {
+        let (salt, frames) = self.wal_position(conn)?;
+        let next_incarnation = (salt >> 32) as u32 == ((self.wal_salt >> 32) as u32).wrapping_add(1);
+        Ok(match (self.wal_salt, salt) {
+            (0, 0) => true,
+            (0, _) => false,
+            (ours, now) if ours == now => frames >= self.wal_frame,
+            _ => next_incarnation && detached == Some((self.wal_salt, self.wal_frame)),
+        })
     }
 
     /// Appends every transaction committed since the last capture (`conn` outside any
-    /// transaction).
+    /// transaction, the WAL pinned by another connection).
     pub(super) fn follow_capture(&mut self, conn: &Connection) -> Result<()> {
-        let frames = wal_counts(conn, -1)?.0.max(0) as u32;
-        // The other process may have restarted or replaced the WAL since: read it afresh.
+        // The other process may have restarted the WAL since: read it afresh.
         self.wal = None;
         self.wal_header = None;
         self.wal_may_restart = true;
-        let salt = read_wal_salt(&self.wal_path)?;
-        if salt == self.wal_salt && salt != 0 && frames < self.wal_frame {
-            return self.follow_rebase(conn);
+        let (salt, frames) = self.wal_position(conn)?;
+        if salt == self.wal_salt && frames < self.wal_frame {
+            // A restart caught half-published; while pinned it cannot be a break.
+            return Ok(());
         }
         self.writing(|h| h.capture_at(frames, None))
     }
 
-    /// Records the database as it is now as a new entry with its own snapshot.
+    /// Records the database as it is now as a new entry with its own snapshot and the WAL
+    /// position it was read at.
     pub(super) fn follow_rebase(&mut self, conn: &Connection) -> Result<()> {
-        tracing::warn!(log = %self.dir.display(), "the WAL does not continue from the last capture; history continues from a new snapshot");
+        if self.last_seq > 0 {
+            tracing::warn!(log = %self.dir.display(), "the WAL does not continue from the last capture; history continues from a new snapshot");
+        }
         let seq = self.last_seq + 1;
         let (salt, frame, db_pages) = self.consistent_snapshot(conn, seq)?;
-        self.append_restore_entry(seq, db_pages)?;
+        self.append_restore_entry_at(seq, db_pages, salt, frame)?;
         self.wal_salt = salt;
         self.wal_frame = frame;
         Ok(())
@@ -291,10 +396,10 @@ impl History {
     /// in between, and it is taken again).
     fn consistent_snapshot(&mut self, conn: &Connection, seq: u64) -> Result<(u64, u32, u32)> {
         for attempt in 0.. {
-            let before = (read_wal_salt(&self.wal_path)?, wal_counts(conn, -1)?.0.max(0) as u32);
+            let before = self.wal_position(conn)?;
             let mut writer = SnapshotWriter::create(&self.dir, seq).map_err(io_error("writing a snapshot"))?;
             let db_pages = copy_pages(conn, &mut writer, self.page_size)?;
-            let after = (read_wal_salt(&self.wal_path)?, wal_counts(conn, -1)?.0.max(0) as u32);
+            let after = self.wal_position(conn)?;
             if before != after {
                 writer.abandon();
                 if attempt == 1000 {

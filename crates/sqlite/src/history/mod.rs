@@ -471,10 +471,10 @@ impl History {
                 self.snapshots.retain(|&s| s <= e.seq);
                 self.last_seq = e.seq;
                 self.last_time_ms = e.time_ms;
-                if e.kind == Kind::Commit {
-                    self.wal_salt = e.wal_salt;
-                    self.wal_frame = e.wal_frame;
-                }
+                // A commit's WAL position, or a restore's: none after an owner's restore (the WAL
+                // is gone), a follower's new base where that snapshot was read.
+                self.wal_salt = e.wal_salt;
+                self.wal_frame = e.wal_frame;
             }
             None => {
                 if let Some(&seq) = self.snapshots.last() {
@@ -630,6 +630,11 @@ impl History {
 
     /// Appends (and syncs) the entry saying the state at `seq` is the snapshot at `seq`.
     fn append_restore_entry(&mut self, seq: u64, db_pages: u32) -> Result<()> {
+        self.append_restore_entry_at(seq, db_pages, 0, 0)
+    }
+
+    /// As [`History::append_restore_entry`], for a state that is the WAL read up to a position.
+    fn append_restore_entry_at(&mut self, seq: u64, db_pages: u32, wal_salt: u64, wal_frame: u32) -> Result<()> {
         let time_ms = now_ms().max(self.last_time_ms);
         let entry = Header {
             kind: Kind::Restore,
@@ -637,8 +642,8 @@ impl History {
             time_ms,
             page_size: self.page_size,
             db_pages,
-            wal_salt: 0,
-            wal_frame: 0,
+            wal_salt,
+            wal_frame,
             n_pages: 0,
         };
         self.open.append(&entry, |_| Ok(())).map_err(io_error("appending to the log"))?;

@@ -54,25 +54,88 @@ fn every_commit_is_captured_across_checkpoints_and_restores_after_the_writer_lea
     assert!(latest > marks[2].1);
 }
 
+/// Rows spread over many pages, so a state rebuilt on the wrong base shows.
+fn insert_many(w: &Connection, from: usize, n: usize) {
+    for i in from..from + n {
+        w.execute("INSERT INTO t (v) VALUES (?1)", [format!("{i}-{}", "y".repeat(900))]).unwrap();
+    }
+}
+
 #[test]
 fn a_wal_that_did_not_continue_gets_a_new_base_and_older_bookmarks_still_restore() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("object.sqlite");
     let w = writer(&db);
-    w.execute("INSERT INTO t (v) VALUES ('one')", []).unwrap();
+    insert_many(&w, 0, 50);
     let mut follower = Follower::new("ns/object", &db, &dir.path().join("history"), HistorySettings::default());
     let first = follower.bookmark().unwrap();
+    // Let go while the writer still has frames it may checkpoint: no marker, no continuity.
+    insert_many(&w, 50, 10);
+    follower.capture().unwrap();
+    let second = follower.bookmark().unwrap();
+    assert_eq!(second.seq, first.seq + 10, "one position per commit");
     follower.detach().unwrap();
-    // While nobody follows: commits, a full checkpoint and a restart of the WAL.
-    w.execute("INSERT INTO t (v) VALUES ('two')", []).unwrap();
+    // While nobody follows: commits, a full checkpoint and two restarts of the WAL.
+    insert_many(&w, 60, 20);
     w.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).unwrap();
-    w.execute("INSERT INTO t (v) VALUES ('three')", []).unwrap();
+    insert_many(&w, 80, 20);
+    w.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).unwrap();
+    insert_many(&w, 100, 5);
     let rebased = follower.bookmark().unwrap();
-    assert!(rebased > first);
+    assert_eq!(rebased.seq, second.seq + 1, "a new base, holding all that was committed meanwhile");
     drop(w);
     follower.detach().unwrap();
     follower.restore(&first).unwrap();
-    assert_eq!(count(&db), 1);
+    assert_eq!(count(&db), 50);
+    follower.restore(&second).unwrap();
+    assert_eq!(count(&db), 60);
     follower.restore(&rebased).unwrap();
-    assert_eq!(count(&db), 3, "the new base holds what was committed meanwhile");
+    assert_eq!(count(&db), 105, "the new base holds what was committed meanwhile");
+}
+
+#[test]
+fn letting_go_with_everything_checkpointed_continues_into_the_next_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("object.sqlite");
+    let w = writer(&db);
+    insert_many(&w, 0, 20);
+    let mut follower = Follower::new("ns/object", &db, &dir.path().join("history"), HistorySettings::default());
+    let before = follower.bookmark().unwrap();
+    // Nobody else reads, so the follower's checkpoint on letting go reaches the end: the
+    // writer's next commit starts the WAL over, right after what was captured.
+    follower.detach().unwrap();
+    insert_many(&w, 20, 7);
+    let after = follower.bookmark().unwrap();
+    assert_eq!(after.seq, before.seq + 7, "every commit of the new WAL captured, no new base");
+    drop(w);
+    follower.detach().unwrap();
+    follower.restore(&before).unwrap();
+    assert_eq!(count(&db), 20);
+    follower.restore(&after).unwrap();
+    assert_eq!(count(&db), 27);
+}
+
+#[test]
+fn a_restored_database_is_followed_from_its_first_new_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("object.sqlite");
+    let w = writer(&db);
+    insert_many(&w, 0, 10);
+    let mut follower = Follower::new("ns/object", &db, &dir.path().join("history"), HistorySettings::default());
+    let ten = follower.bookmark().unwrap();
+    insert_many(&w, 10, 10);
+    follower.capture().unwrap();
+    drop(w);
+    follower.detach().unwrap();
+    let restored = follower.restore(&ten).unwrap();
+    assert_eq!(count(&db), 10);
+    // The writer comes back to the restored file; the follower pinned it before.
+    let w = writer(&db);
+    insert_many(&w, 100, 3);
+    let now = follower.bookmark().unwrap();
+    assert_eq!(now.seq, restored.bookmark.seq + 3);
+    drop(w);
+    follower.detach().unwrap();
+    follower.restore(&restored.previous).unwrap();
+    assert_eq!(count(&db), 20, "the restore is undoable");
 }
