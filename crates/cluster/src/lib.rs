@@ -1,0 +1,34 @@
+//! kura's scale-out substrate: what several nodes share and how they agree on who owns what.
+//!
+//! - [`storage`] — the [`Storage`] trait every shared byte goes through, over a local directory
+//!   ([`LocalStorage`]) or an S3-compatible object store ([`RemoteStorage`], the `object_store`
+//!   crate: Garage, S3, R2, MinIO, Ceph).
+//! - [`probe`] — whether a store's conditional writes can be trusted ([`probe_conditional_writes`]).
+//! - [`coordinator`] — one fenced owner per resource: [`EtcdCoordinator`] or, for stores that
+//!   pass the probe, [`StoreCoordinator`].
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use kura_cluster::{Acquired, Coordinator, EtcdClient, EtcdCoordinator, Member};
+//!
+//! let etcd = EtcdCoordinator::new(EtcdClient::new(vec!["http://127.0.0.1:2379".into()]), "/kura/c1", Duration::from_secs(5));
+//! etcd.join(Member { node: "a".into(), incarnation: "1".into(), api: "http://a:8080".into(), s3: "http://a:9000".into() }).await?;
+//! if let Acquired::Owned(lease) = etcd.acquire("d1/0c2f").await? {
+//!     etcd.publish(&lease, "segment 1".into()).await?;
+//! }
+//! # Ok(()) }
+//! ```
+
+pub mod coordinator;
+pub mod probe;
+pub mod storage;
+
+pub use coordinator::{
+    Acquired, Coordinator, CoordinatorError, EtcdClient, EtcdCoordinator, Lease, Member, Owner, Published,
+    StoreCoordinator,
+};
+pub use probe::{ProbeOutcome, probe_conditional_writes};
+pub use storage::{
+    LocalStorage, ObjectInfo, PutMode, RemoteStorage, S3Config, SharedStorage, Storage, StorageError, Version,
+};

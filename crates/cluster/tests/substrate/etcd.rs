@@ -1,0 +1,84 @@
+//! The etcd coordinator against a real three-member etcd cluster.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use kura_cluster::{Acquired, Coordinator, CoordinatorError, EtcdClient, EtcdCoordinator};
+
+use crate::contract::{self, member, owned};
+use crate::support::Etcd;
+
+fn coordinator(etcd: &Etcd, first: usize, ttl: Duration) -> EtcdCoordinator {
+    let mut endpoints = etcd.endpoints.clone();
+    endpoints.rotate_left(first);
+    EtcdCoordinator::new(EtcdClient::new(endpoints), "/kura/test", ttl)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_gives_one_owner_at_a_time_and_fences_the_replaced() {
+    let etcd = Etcd::start();
+    let ttl = Duration::from_secs(5);
+    let (a, b) = (coordinator(&etcd, 0, ttl), coordinator(&etcd, 1, ttl));
+    contract::one_owner_at_a_time(&a, &b, "d1/contract").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_hands_a_stopped_nodes_resources_over_within_the_ttl() {
+    let etcd = Etcd::start();
+    let ttl = Duration::from_secs(2);
+    let took = contract::takeover_after_expiry(
+        Box::new(coordinator(&etcd, 0, ttl)),
+        &coordinator(&etcd, 2, ttl),
+        "d1/expiry",
+        ttl,
+    )
+    .await;
+    eprintln!("etcd takeover after the owner stopped renewing: {took:?} (TTL {ttl:?})");
+}
+
+/// A zombie: etcd ended the owner's session (as it does when the owner was paused past its
+/// TTL) while the owner's own clock still says it holds the lease. Its publish is refused by
+/// the transaction's comparison, and nothing it sent becomes visible.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_owner_cannot_publish_after_a_takeover() {
+    let etcd = Etcd::start();
+    let ttl = Duration::from_secs(10);
+    let (zombie, successor) = (coordinator(&etcd, 0, ttl), coordinator(&etcd, 1, ttl));
+    zombie.join(member("zombie")).await.unwrap();
+    successor.join(member("successor")).await.unwrap();
+    let old = owned(&zombie, "d1/zombie").await;
+    zombie.publish(&old, Bytes::from_static(b"acknowledged")).await.unwrap();
+
+    let session = zombie.session_lease().await.unwrap();
+    EtcdClient::new(etcd.endpoints.clone()).revoke(session).await.unwrap();
+    let new = owned(&successor, "d1/zombie").await;
+    assert!(old.is_valid(), "the zombie's own clock has not run out yet");
+    let refused = zombie.publish(&old, Bytes::from_static(b"late")).await;
+    assert!(matches!(refused, Err(CoordinatorError::Fenced { .. })), "{refused:?}");
+    assert!(!old.is_valid(), "a fenced owner steps down");
+    successor.publish(&new, Bytes::from_static(b"successor")).await.unwrap();
+    let seen: Vec<_> = zombie.manifest("d1/zombie", 0).await.unwrap().into_iter().map(|p| p.entry).collect();
+    assert_eq!(seen, [Bytes::from_static(b"acknowledged"), Bytes::from_static(b"successor")]);
+    // The zombie opens a new session for whatever it takes next, and finds the resource held.
+    assert!(matches!(zombie.acquire("d1/zombie").await.unwrap(), Acquired::Held(o) if o.node == "successor"));
+}
+
+/// With one of three members stopped (the one each client tries first), etcd keeps its quorum
+/// and ownership keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ownership_survives_one_etcd_member_stopped() {
+    let mut etcd = Etcd::start();
+    let ttl = Duration::from_secs(5);
+    let (a, b) = (coordinator(&etcd, 0, ttl), coordinator(&etcd, 0, ttl));
+    a.join(member("a")).await.unwrap();
+    b.join(member("b")).await.unwrap();
+    let lease = owned(&a, "d1/quorum").await;
+    a.publish(&lease, Bytes::from_static(b"before")).await.unwrap();
+    etcd.stop(0);
+    a.publish(&lease, Bytes::from_static(b"after")).await.unwrap();
+    assert!(matches!(b.acquire("d1/quorum").await.unwrap(), Acquired::Held(_)));
+    tokio::time::sleep(ttl).await;
+    assert!(lease.is_valid(), "renewals go to the members still up");
+    let seen: Vec<_> = b.manifest("d1/quorum", 0).await.unwrap().into_iter().map(|p| p.entry).collect();
+    assert_eq!(seen, [Bytes::from_static(b"before"), Bytes::from_static(b"after")]);
+}
