@@ -46,7 +46,7 @@ mod request;
 pub use actor::Executed;
 pub use database::{COMPACT_CACHE_KIB, Database, DatabaseOptions};
 pub use error::{Error, Result, TRANSACTION_MESSAGE, code_name};
-pub use history::{Bookmark, Follower, HistorySettings, MalformedBookmark, Restored, open_elsewhere};
+pub use history::{Bookmark, Follower, HistorySettings, MalformedBookmark, Restored, materialize, open_elsewhere};
 pub use policy::Limits;
 pub use registry::{Opener, Registry, RegistrySettings};
 pub use request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};

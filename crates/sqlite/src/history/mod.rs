@@ -823,60 +823,13 @@ impl History {
 
     /// The snapshot and records that rebuild the state at `target`.
     fn plan(&self, target: u64) -> Result<RestorePlan> {
-        let base = self
-            .snapshots
-            .iter()
-            .rev()
-            .find(|&&s| s <= target)
-            .copied()
-            .ok_or_else(|| damaged(format!("no snapshot at or before position {target}")))?;
-        let mut records = Vec::new();
-        let mut expected = base + 1;
-        for (path, e) in self.entries()? {
-            if e.seq <= base || e.seq > target {
-                continue;
-            }
-            if e.seq != expected || e.kind != Kind::Commit {
-                return Err(damaged(format!(
-                    "the log has no usable record for position {expected} (found {} at {})",
-                    e.seq,
-                    path.display()
-                )));
-            }
-            records.push((path, e.offset, e.seq));
-            expected += 1;
-        }
-        if expected != target + 1 {
-            return Err(damaged(format!("the log is missing positions {expected} to {target}")));
-        }
-        Ok(RestorePlan { snapshot: snapshot::path_for(&self.dir, base), records })
+        plan(&self.dir, &self.snapshots, self.entries()?, target)
     }
 
     /// Rebuilds the state at `target` into `out`, checking every byte read; returns its size in
     /// pages.
     fn build(&self, plan: &RestorePlan, out: &File) -> Result<u32> {
-        let header = snapshot::copy_image(&plan.snapshot, out)
-            .map_err(|e| read_error(e, &format!("reading {}", plan.snapshot.display())))?;
-        let mut db_pages = header.db_pages;
-        let mut segment: Option<(&Path, File, u64)> = None;
-        let mut buf = Vec::new();
-        for (path, offset, seq) in &plan.records {
-            if segment.as_ref().is_none_or(|(p, _, _)| p != path) {
-                let file = File::open(path).map_err(io_error("opening a log segment"))?;
-                let len = file.metadata().map_err(io_error("reading a log segment"))?.len();
-                segment = Some((path, file, len));
-            }
-            let (_, file, len) = segment.as_ref().expect("just opened");
-            let page_size = self.page_size as u64;
-            let record = record::apply_at(file, *offset, *len, &mut buf, |pgno, data| {
-                out.write_all_at(data, (pgno as u64 - 1) * page_size)
-            })
-            .map_err(|e| read_error(e, &format!("record {seq} in {}", path.display())))?;
-            db_pages = record.db_pages;
-        }
-        out.set_len(db_pages as u64 * self.page_size as u64).map_err(io_error("sizing the restored image"))?;
-        out.sync_all().map_err(io_error("syncing the restored image"))?;
-        Ok(db_pages)
+        build(plan, out, self.page_size)
     }
 
     /// Restores the state at `target`: rebuilds it, records it in history as a new entry, and
@@ -962,6 +915,124 @@ impl History {
             .map(|entries| entries.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum())
             .unwrap_or(0)
     }
+}
+
+/// The snapshot and records that rebuild the state at `target`, from the snapshots and the
+/// entries (in order) of a log in `dir`.
+fn plan(dir: &Path, snapshots: &[u64], entries: Vec<(PathBuf, Entry)>, target: u64) -> Result<RestorePlan> {
+    let base = snapshots
+        .iter()
+        .rev()
+        .find(|&&s| s <= target)
+        .copied()
+        .ok_or_else(|| damaged(format!("no snapshot at or before position {target}")))?;
+    let mut records = Vec::new();
+    let mut expected = base + 1;
+    for (path, e) in entries {
+        if e.seq <= base || e.seq > target {
+            continue;
+        }
+        if e.seq != expected || e.kind != Kind::Commit {
+            return Err(damaged(format!(
+                "the log has no usable record for position {expected} (found {} at {})",
+                e.seq,
+                path.display()
+            )));
+        }
+        records.push((path, e.offset, e.seq));
+        expected += 1;
+    }
+    if expected != target + 1 {
+        return Err(damaged(format!("the log is missing positions {expected} to {target}")));
+    }
+    Ok(RestorePlan { snapshot: snapshot::path_for(dir, base), records })
+}
+
+/// Rebuilds the state a plan names into `out`, checking every byte read; returns its size in
+/// pages.
+fn build(plan: &RestorePlan, out: &File, page_size: u32) -> Result<u32> {
+    let header = snapshot::copy_image(&plan.snapshot, out)
+        .map_err(|e| read_error(e, &format!("reading {}", plan.snapshot.display())))?;
+    let mut db_pages = header.db_pages;
+    let mut segment: Option<(&Path, File, u64)> = None;
+    let mut buf = Vec::new();
+    for (path, offset, seq) in &plan.records {
+        if segment.as_ref().is_none_or(|(p, _, _)| p != path) {
+            let file = File::open(path).map_err(io_error("opening a log segment"))?;
+            let len = file.metadata().map_err(io_error("reading a log segment"))?.len();
+            segment = Some((path, file, len));
+        }
+        let (_, file, len) = segment.as_ref().expect("just opened");
+        let page_size = page_size as u64;
+        let record = record::apply_at(file, *offset, *len, &mut buf, |pgno, data| {
+            out.write_all_at(data, (pgno as u64 - 1) * page_size)
+        })
+        .map_err(|e| read_error(e, &format!("record {seq} in {}", path.display())))?;
+        db_pages = record.db_pages;
+    }
+    out.set_len(db_pages as u64 * page_size as u64).map_err(io_error("sizing the restored image"))?;
+    out.sync_all().map_err(io_error("syncing the restored image"))?;
+    Ok(db_pages)
+}
+
+/// Builds the database file at `db_path`, which must not exist yet, from the history log
+/// beside it — snapshots and segments as another node left them, or as they were fetched
+/// from shared storage — at the log's newest position, which it returns (`None` when the log
+/// holds no snapshot to start from). Opening the database afterwards finds it as after a
+/// clean close: the same bookmarks restore, and new commits continue the positions.
+pub fn materialize(db_path: &Path) -> Result<Option<u64>> {
+    if db_path.exists() {
+        return Err(Error::Io {
+            context: format!("materializing {}", db_path.display()),
+            source: io::Error::from(io::ErrorKind::AlreadyExists),
+        });
+    }
+    let dir = log_dir(db_path);
+    let (mut segments, mut snapshots) = (Vec::new(), Vec::new());
+    let listing = match std::fs::read_dir(&dir) {
+        Ok(listing) => listing,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_error("reading the log directory")(e)),
+    };
+    for entry in listing {
+        let path = entry.map_err(io_error("reading the log directory"))?.path();
+        if let Some(sealed) = Sealed::from_path(&path) {
+            segments.push((sealed.first_seq, path));
+        } else if let Some(seq) = snapshot::seq_of(&path) {
+            snapshots.push(seq);
+        }
+    }
+    segments
+        .extend(open_segments(&dir).map_err(io_error("reading the log directory"))?.into_iter().map(|(p, f)| (f, p)));
+    segments.sort();
+    snapshots.sort_unstable();
+    let Some(&newest_snapshot) = snapshots.last() else { return Ok(None) };
+    let mut entries = Vec::new();
+    for (_, path) in &segments {
+        let found = segment::entries_of(path).map_err(|e| read_error(e, &format!("reading {}", path.display())))?;
+        entries.extend(found.into_iter().map(|e| (path.clone(), e)));
+    }
+    let target = entries.last().map_or(newest_snapshot, |(_, e)| e.seq.max(newest_snapshot));
+    let plan = plan(&dir, &snapshots, entries, target)?;
+    let page_size = snapshot::read_header(&plan.snapshot)
+        .map_err(|e| read_error(e, &format!("reading {}", plan.snapshot.display())))?
+        .page_size;
+    let tmp = restore_image_path(db_path);
+    let out = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(io_error("creating the database image"))?;
+    if let Err(e) = build(&plan, &out, page_size) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    drop(out);
+    std::fs::rename(&tmp, db_path).map_err(io_error("installing the database image"))?;
+    sync_dir(db_path.parent().unwrap_or(Path::new("."))).map_err(io_error("syncing the database directory"))?;
+    Ok(Some(target))
 }
 
 /// Runs a checkpoint in `mode` and returns (frames in the WAL, frames checkpointed).

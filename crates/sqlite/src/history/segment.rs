@@ -59,18 +59,24 @@ impl Sealed {
     /// Every record's place, read from the headers (the records themselves are checked when
     /// they are applied).
     pub(crate) fn entries(&self) -> Result<Vec<Entry>, ReadError> {
-        let file = File::open(&self.path)?;
-        check_magic(&file, &self.path)?;
-        let len = file.metadata()?.len();
-        let mut entries = Vec::new();
-        let mut offset = SEGMENT_HEADER_LEN;
-        while offset < len {
-            let header = record::header_at(&file, offset, len)?;
-            entries.push(entry(&header, offset));
-            offset += header.record_len();
-        }
-        Ok(entries)
+        entries_of(&self.path)
     }
+}
+
+/// Every record's place in the segment at `path` (sealed or open), which must hold whole
+/// records only.
+pub(crate) fn entries_of(path: &Path) -> Result<Vec<Entry>, ReadError> {
+    let file = File::open(path)?;
+    check_magic(&file, path)?;
+    let len = file.metadata()?.len();
+    let mut entries = Vec::new();
+    let mut offset = SEGMENT_HEADER_LEN;
+    while offset < len {
+        let header = record::header_at(&file, offset, len)?;
+        entries.push(entry(&header, offset));
+        offset += header.record_len();
+    }
+    Ok(entries)
 }
 
 fn entry(header: &Header, offset: u64) -> Entry {

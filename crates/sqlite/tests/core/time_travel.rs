@@ -376,3 +376,56 @@ async fn a_restore_interrupted_before_its_swap_is_finished_on_open() {
     cx.registry.close("db").await;
     assert_eq!(ids(&rows(&cx).await), [1, 4], "and writes after it are not undone by a later open");
 }
+
+/// Another node takes a database over from its log alone (snapshots and segments, as fetched
+/// from shared storage): the file it builds holds the last state, every earlier bookmark still
+/// restores, and new commits continue the positions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_is_materialized_from_its_log_alone() {
+    let first = Context::with_history(small());
+    first.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
+    let mut marks = Vec::new();
+    for i in 1..=40 {
+        first
+            .run_params("INSERT INTO t VALUES (?1, ?2)", vec![Value::Integer(i), Value::Text("x".repeat(300))])
+            .await
+            .unwrap();
+        if i % 10 == 0 {
+            marks.push((bookmark(&first).await, i));
+        }
+    }
+    restore(&first, marks[1].0.clone()).await.unwrap();
+    first.ok("INSERT INTO t VALUES (100, 'after the restore')").await;
+    let last = bookmark(&first).await;
+    let expected = rows(&first).await;
+    first.registry.close("db").await;
+    assert!(log_files(&first, ".seg").len() > 1, "the history spans several segments");
+
+    let second = Context::with_history(small());
+    let log = second.dir.path().join("db/log");
+    std::fs::create_dir_all(&log).unwrap();
+    for entry in std::fs::read_dir(first.dir.path().join("db/log")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, log.join(path.file_name().unwrap())).unwrap();
+    }
+    let db = second.dir.path().join("db/db.sqlite");
+    assert_eq!(kura_sqlite::materialize(&db).unwrap(), Some(last.seq));
+    assert!(kura_sqlite::materialize(&db).is_err(), "an existing file is never replaced");
+
+    assert_eq!(rows(&second).await, expected);
+    assert_eq!(bookmark(&second).await, last);
+    for (mark, count) in &marks {
+        restore(&second, mark.clone()).await.unwrap();
+        assert_eq!(ids(&rows(&second).await), (1..=*count).collect::<Vec<_>>());
+    }
+    second.ok("INSERT INTO t VALUES (200, 'on the new node')").await;
+    assert!(bookmark(&second).await.seq > last.seq + marks.len() as u64);
+    let continued = bookmark(&second).await;
+    second.registry.close("db").await;
+    assert_eq!(ids(&rows(&second).await).last(), Some(&200), "reopened as after a clean close");
+    assert_eq!(bookmark(&second).await, continued);
+    restore(&second, last.clone()).await.unwrap();
+    assert_eq!(rows(&second).await, expected, "the last state the first node served restores too");
+    let third = tempfile::tempdir().unwrap();
+    assert_eq!(kura_sqlite::materialize(&third.path().join("db.sqlite")).unwrap(), None, "no log, nothing to build");
+}
