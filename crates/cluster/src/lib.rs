@@ -4,6 +4,8 @@
 //!   ([`LocalStorage`]) or an S3-compatible object store ([`RemoteStorage`], the `object_store`
 //!   crate: Garage, S3, R2, MinIO, Ceph).
 //! - [`probe`] — whether a store's conditional writes can be trusted ([`probe_conditional_writes`]).
+//! - [`replica`] — a database whose history is shipped to the store before each commit is
+//!   acknowledged ([`HistoryShipper`]), and rebuilt from it by the node that takes it over ([`rebuild`]).
 //! - [`coordinator`] — one fenced owner per resource: [`EtcdCoordinator`] or, for stores that
 //!   pass the probe, [`StoreCoordinator`].
 //!
@@ -22,6 +24,7 @@
 
 pub mod coordinator;
 pub mod probe;
+pub mod replica;
 pub mod storage;
 
 pub use coordinator::{
@@ -29,6 +32,7 @@ pub use coordinator::{
     StoreCoordinator,
 };
 pub use probe::{ProbeOutcome, probe_conditional_writes};
+pub use replica::{HistoryShipper, ReplicaError, Shipped, rebuild};
 pub use storage::{
     LocalStorage, ObjectInfo, PutMode, RemoteStorage, S3Config, SharedStorage, Storage, StorageError, Version,
 };

@@ -46,7 +46,10 @@ mod request;
 pub use actor::Executed;
 pub use database::{COMPACT_CACHE_KIB, Database, DatabaseOptions};
 pub use error::{Error, Result, TRANSACTION_MESSAGE, code_name};
-pub use history::{Bookmark, Follower, HistorySettings, MalformedBookmark, Restored, materialize, open_elsewhere};
+pub use history::{
+    Bookmark, Follower, HistorySettings, LogShipper, LogView, MalformedBookmark, Restored, SegmentView, ShipError,
+    materialize, open_elsewhere, segment_file_name, snapshot_file_name,
+};
 pub use policy::Limits;
 pub use registry::{Opener, Registry, RegistrySettings};
 pub use request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};

@@ -3,5 +3,6 @@
 
 mod contract;
 mod etcd;
+mod replica;
 mod store;
 mod support;

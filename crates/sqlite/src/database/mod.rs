@@ -19,7 +19,7 @@ use rusqlite::OpenFlags;
 use rusqlite::config::DbConfig;
 
 use crate::error::{Error, Result, TRANSACTION_MESSAGE};
-use crate::history::{self, History, HistorySettings};
+use crate::history::{self, History, HistorySettings, LogShipper};
 use crate::policy::{Authorizer, Limits, StatementFacts};
 use crate::raw::{RawStatement, SqlText};
 use crate::request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};
@@ -47,6 +47,9 @@ pub struct DatabaseOptions {
     /// runs): no history, no exclusive locking, no changes to its journal; every statement
     /// read-only.
     pub read_only: bool,
+    /// Copies the history elsewhere after every commit, restore and checkpoint, before they are
+    /// acknowledged (scale-out's shared storage); needs a history.
+    pub shipper: Option<Arc<dyn LogShipper>>,
 }
 
 /// The page cache of a compact database, in KiB (SQLite's default is 2,000).
@@ -64,7 +67,14 @@ impl DatabaseOptions {
             identity: String::new(),
             compact: false,
             read_only: false,
+            shipper: None,
         }
+    }
+
+    /// Ships the history with `shipper` (see [`DatabaseOptions::shipper`]).
+    pub fn shipper(mut self, shipper: Arc<dyn LogShipper>) -> Self {
+        self.shipper = Some(shipper);
+        self
     }
 
     /// Opens the file read-only, beside the process that owns it (see

@@ -12,13 +12,16 @@ impl Database {
     /// grown. The commit is durable in the WAL already; if capturing or checkpointing fails,
     /// the connection is marked for reopening, and reopening recovers the log and captures
     /// from the WAL what it lacks.
-    pub(super) fn after_commit(&mut self) {
-        let Some(history) = self.history.as_mut() else { return };
+    ///
+    /// With a shipper, the log is then shipped; if that fails, the commit is not acknowledged
+    /// (the error is returned) and the connection is marked for reopening.
+    pub(super) fn after_commit(&mut self) -> Result<()> {
+        let Some(history) = self.history.as_mut() else { return Ok(()) };
         let frames = self.wal_frames.load(Ordering::Relaxed);
         if let Err(e) = history.capture(frames) {
             tracing::error!(path = %self.path.display(), error = %e, "capturing a commit into the history failed");
             self.poisoned = true;
-            return;
+            return self.ship_required();
         }
         if history.wants_checkpoint(frames) {
             let conn = &self.conn;
@@ -27,6 +30,35 @@ impl Database {
                 self.poisoned = true;
             }
         }
+        self.ship()
+    }
+
+    /// With a shipper, a commit the history could not take cannot be shipped: it fails.
+    fn ship_required(&self) -> Result<()> {
+        match &self.options.shipper {
+            Some(_) => Err(Error::Io {
+                context: "shipping the history".into(),
+                source: std::io::Error::other("the commit could not be captured into the history"),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Ships what the log holds that the shipper has not shipped; a failure marks the
+    /// connection for reopening.
+    fn ship(&mut self) -> Result<()> {
+        let (Some(shipper), Some(history)) = (&self.options.shipper, self.history.as_mut()) else { return Ok(()) };
+        let shipped = history.view().and_then(|view| {
+            shipper.ship(&view).map_err(|e| Error::Io {
+                context: "shipping the history".into(),
+                source: std::io::Error::other(e.to_string()),
+            })
+        });
+        if let Err(e) = &shipped {
+            tracing::error!(path = %self.path.display(), error = %e, "shipping the history failed");
+            self.poisoned = true;
+        }
+        shipped
     }
 
     /// Makes the history durable and checkpoints the WAL into the database file (taking a
@@ -47,7 +79,8 @@ impl Database {
         if outcome.is_err() {
             self.poisoned = true;
         }
-        outcome
+        outcome?;
+        self.ship()
     }
 
     /// Captures, syncs the history and checkpoints, for a clean close; failures are only
@@ -99,6 +132,8 @@ impl Database {
         }
         self.size = None;
         self.indexes.clear();
-        outcome
+        let restored = outcome?;
+        self.ship()?;
+        Ok(restored)
     }
 }

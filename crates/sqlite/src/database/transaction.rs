@@ -46,7 +46,7 @@ impl Database {
     pub fn commit(&mut self) -> Result<()> {
         let result = self.internal("COMMIT");
         match &result {
-            Ok(()) => self.after_commit(),
+            Ok(()) => return self.after_commit(),
             Err(e) => {
                 if matches!(e.sqlite_code(), Some(ffi::SQLITE_IOERR | ffi::SQLITE_CORRUPT | ffi::SQLITE_NOTADB)) {
                     self.poisoned = true;

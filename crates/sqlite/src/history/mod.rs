@@ -18,6 +18,7 @@ mod bookmark;
 mod follow;
 mod record;
 mod segment;
+mod ship;
 mod snapshot;
 mod wal;
 
@@ -31,6 +32,7 @@ pub use bookmark::{Bookmark, MalformedBookmark};
 pub use follow::{Follower, open_elsewhere};
 use record::{HEADER_LEN, Header, Kind, ReadError};
 use segment::{Entry, OpenSegment, Sealed, sync_dir};
+pub use ship::{LogShipper, LogView, SegmentView, ShipError, segment_file_name, snapshot_file_name};
 use snapshot::SnapshotWriter;
 
 use crate::error::{Error, Result};

@@ -126,6 +126,7 @@ pub(crate) fn last_valid_entry(path: &Path) -> Result<Option<Entry>, ReadError> 
 /// The segment being appended to.
 pub(crate) struct OpenSegment {
     pub path: PathBuf,
+    first_seq: u64,
     /// Records in this segment, in order.
     pub entries: Vec<Entry>,
     /// Bytes in the file, records included.
@@ -196,6 +197,7 @@ impl OpenSegment {
         sync_dir(dir)?;
         Ok(OpenSegment {
             path,
+            first_seq,
             entries: Vec::new(),
             len: SEGMENT_HEADER_LEN,
             opened: Instant::now(),
@@ -217,7 +219,10 @@ impl OpenSegment {
             file.write_all(MAGIC)?;
             file.write_all(&first_seq.to_le_bytes())?;
             file.sync_all()?;
-            return Ok(Recovered { segment: Self::from_parts(path, file, Vec::new(), SEGMENT_HEADER_LEN), tail: None });
+            return Ok(Recovered {
+                segment: Self::from_parts(path, first_seq, file, Vec::new(), SEGMENT_HEADER_LEN),
+                tail: None,
+            });
         }
         check_magic(&file, path)?;
         let mut entries = Vec::new();
@@ -244,7 +249,7 @@ impl OpenSegment {
                 why,
             });
         };
-        Ok(Recovered { segment: Self::from_parts(path, file, entries, offset), tail })
+        Ok(Recovered { segment: Self::from_parts(path, first_seq, file, entries, offset), tail })
     }
 
     /// Cuts the file back to its last valid record; with `keep`, the bytes cut are first copied
@@ -268,11 +273,20 @@ impl OpenSegment {
         file.sync_all()
     }
 
-    fn from_parts(path: &Path, file: File, entries: Vec<Entry>, len: u64) -> OpenSegment {
+    fn from_parts(path: &Path, first_seq: u64, file: File, entries: Vec<Entry>, len: u64) -> OpenSegment {
         let mut out = BufWriter::with_capacity(WRITE_BUFFER, file);
         // Appends go to the end: position the file there once.
         let _ = std::io::Seek::seek(out.get_mut(), std::io::SeekFrom::Start(len));
-        OpenSegment { path: path.to_owned(), entries, len, opened: Instant::now(), out, dirty: false, unsynced: 0 }
+        OpenSegment {
+            path: path.to_owned(),
+            first_seq,
+            entries,
+            len,
+            opened: Instant::now(),
+            out,
+            dirty: false,
+            unsynced: 0,
+        }
     }
 
     /// Appends a record: `write_pages` writes its pages through the writer it is given.
@@ -296,6 +310,16 @@ impl OpenSegment {
             self.unsynced = 0;
         }
         Ok(())
+    }
+
+    /// Writes buffered records to the file, without syncing it.
+    pub(crate) fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
+    /// The position its first record has (or will have): what its name says.
+    pub(crate) fn first_seq(&self) -> u64 {
+        self.first_seq
     }
 
     /// Makes every appended record durable.

@@ -394,7 +394,7 @@ async fn a_database_is_materialized_from_its_log_alone() {
             marks.push((bookmark(&first).await, i));
         }
     }
-    restore(&first, marks[1].0.clone()).await.unwrap();
+    restore(&first, marks[1].0).await.unwrap();
     first.ok("INSERT INTO t VALUES (100, 'after the restore')").await;
     let last = bookmark(&first).await;
     let expected = rows(&first).await;
@@ -415,7 +415,7 @@ async fn a_database_is_materialized_from_its_log_alone() {
     assert_eq!(rows(&second).await, expected);
     assert_eq!(bookmark(&second).await, last);
     for (mark, count) in &marks {
-        restore(&second, mark.clone()).await.unwrap();
+        restore(&second, *mark).await.unwrap();
         assert_eq!(ids(&rows(&second).await), (1..=*count).collect::<Vec<_>>());
     }
     second.ok("INSERT INTO t VALUES (200, 'on the new node')").await;
@@ -424,7 +424,7 @@ async fn a_database_is_materialized_from_its_log_alone() {
     second.registry.close("db").await;
     assert_eq!(ids(&rows(&second).await).last(), Some(&200), "reopened as after a clean close");
     assert_eq!(bookmark(&second).await, continued);
-    restore(&second, last.clone()).await.unwrap();
+    restore(&second, last).await.unwrap();
     assert_eq!(rows(&second).await, expected, "the last state the first node served restores too");
     let third = tempfile::tempdir().unwrap();
     assert_eq!(kura_sqlite::materialize(&third.path().join("db.sqlite")).unwrap(), None, "no log, nothing to build");

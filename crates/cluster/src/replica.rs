@@ -1,0 +1,275 @@
+//! A database whose history lives in shared storage: its log shipped as it grows — each
+//! commit acknowledged only once its records are objects in the store and an entry of the
+//! manifest under the owner's epoch (RPO 0) — and rebuilt from there on the node that takes it
+//! over.
+//!
+//! Objects are named `history/<resource>/<epoch>/<random>`: nothing of the user's, never
+//! written twice. A manifest entry lists the objects one shipment made (snapshots whole,
+//! segments as byte ranges), so a fenced owner's late uploads are objects no entry names.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use kura_sqlite::{LogShipper, LogView, ShipError};
+use serde::{Deserialize, Serialize};
+
+use crate::coordinator::{Coordinator, CoordinatorError, Lease};
+use crate::storage::{PutMode, SharedStorage, StorageError};
+
+/// What one shipment put in the store, as its manifest entry records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Item {
+    /// A whole snapshot file.
+    Snapshot { seq: u64, object: String, len: u64 },
+    /// Bytes `[offset, offset + len)` of the segment whose first record is `segment`.
+    Records { segment: u64, offset: u64, len: u64, object: String },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Shipment {
+    items: Vec<Item>,
+}
+
+/// How much of the log the store holds: snapshots by position, segments by length.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shipped {
+    snapshots: BTreeSet<u64>,
+    segments: BTreeMap<u64, u64>,
+}
+
+/// A replica failure.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplicaError {
+    /// The coordinator refused or failed (fenced: another node owns the resource now).
+    #[error(transparent)]
+    Coordinator(#[from] CoordinatorError),
+    /// The store failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The manifest names something that does not fit (a gap, a short object).
+    #[error("{resource}: {message}")]
+    Inconsistent {
+        /// The resource.
+        resource: String,
+        /// What does not fit.
+        message: String,
+    },
+    /// Writing the rebuilt files failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// Building the database from the rebuilt log failed.
+    #[error(transparent)]
+    Database(#[from] kura_sqlite::Error),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ReplicaError + '_ {
+    move |source| ReplicaError::Io { path: path.to_owned(), source }
+}
+
+/// Ships one database's log under its owner's lease. Called on the database's thread; the
+/// uploads and the manifest commit run on the runtime it was made on.
+#[derive(Debug)]
+pub struct HistoryShipper {
+    storage: SharedStorage,
+    coordinator: Arc<dyn Coordinator>,
+    lease: Lease,
+    runtime: tokio::runtime::Handle,
+    shipped: std::sync::Mutex<Shipped>,
+    puts: AtomicU64,
+    shipments: AtomicU64,
+}
+
+impl HistoryShipper {
+    /// A shipper for the resource `lease` owns, starting from what the store holds already.
+    /// Must be made inside a Tokio runtime.
+    pub fn new(storage: SharedStorage, coordinator: Arc<dyn Coordinator>, lease: Lease, shipped: Shipped) -> Self {
+        HistoryShipper {
+            storage,
+            coordinator,
+            lease,
+            runtime: tokio::runtime::Handle::current(),
+            shipped: std::sync::Mutex::new(shipped),
+            puts: AtomicU64::new(0),
+            shipments: AtomicU64::new(0),
+        }
+    }
+
+    /// Objects written and manifest entries published so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.puts.load(Ordering::Relaxed), self.shipments.load(Ordering::Relaxed))
+    }
+
+    fn object_name(&self) -> String {
+        let mut random = [0u8; 12];
+        getrandom::fill(&mut random).expect("the system has randomness");
+        format!("history/{}/{}/{}", self.lease.resource(), self.lease.epoch(), hex::encode(random))
+    }
+
+    /// What the view holds beyond what was shipped, with the bytes to upload.
+    fn pending(&self, log: &LogView, shipped: &Shipped) -> Result<Vec<(Item, Bytes)>, ShipError> {
+        let fail = |what: &str, path: &Path, e: std::io::Error| ShipError(format!("{what} {}: {e}", path.display()));
+        let mut pending = Vec::new();
+        for (seq, path) in &log.snapshots {
+            if shipped.snapshots.contains(seq) {
+                continue;
+            }
+            let bytes = std::fs::read(path).map_err(|e| fail("reading", path, e))?;
+            let item = Item::Snapshot { seq: *seq, object: self.object_name(), len: bytes.len() as u64 };
+            pending.push((item, Bytes::from(bytes)));
+        }
+        for segment in &log.segments {
+            let sent = shipped.segments.get(&segment.first_seq).copied().unwrap_or(0);
+            if segment.len < sent {
+                return Err(ShipError(format!(
+                    "segment {} shrank below what was shipped ({} < {sent} bytes)",
+                    segment.path.display(),
+                    segment.len
+                )));
+            }
+            if segment.len == sent {
+                continue;
+            }
+            let file = std::fs::File::open(&segment.path).map_err(|e| fail("opening", &segment.path, e))?;
+            let mut bytes = vec![0u8; (segment.len - sent) as usize];
+            file.read_exact_at(&mut bytes, sent).map_err(|e| fail("reading", &segment.path, e))?;
+            let item = Item::Records {
+                segment: segment.first_seq,
+                offset: sent,
+                len: bytes.len() as u64,
+                object: self.object_name(),
+            };
+            pending.push((item, Bytes::from(bytes)));
+        }
+        Ok(pending)
+    }
+
+    async fn upload_and_publish(&self, pending: Vec<(Item, Bytes)>) -> Result<(), ReplicaError> {
+        let uploads = pending.iter().map(|(item, bytes)| {
+            let object = match item {
+                Item::Snapshot { object, .. } | Item::Records { object, .. } => object,
+            };
+            self.storage.put(object, bytes.clone(), PutMode::New)
+        });
+        for uploaded in futures_util::future::join_all(uploads).await {
+            uploaded?;
+        }
+        self.puts.fetch_add(pending.len() as u64, Ordering::Relaxed);
+        let entry = Shipment { items: pending.into_iter().map(|(item, _)| item).collect() };
+        let entry = serde_json::to_vec(&entry).expect("a shipment serialises");
+        self.coordinator.publish(&self.lease, Bytes::from(entry)).await?;
+        self.shipments.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl LogShipper for HistoryShipper {
+    fn ship(&self, log: &LogView) -> Result<(), ShipError> {
+        let mut shipped = self.shipped.lock().unwrap_or_else(|e| e.into_inner());
+        let pending = self.pending(log, &shipped)?;
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let items: Vec<Item> = pending.iter().map(|(item, _)| item.clone()).collect();
+        self.runtime.block_on(self.upload_and_publish(pending)).map_err(|e| ShipError(e.to_string()))?;
+        for item in items {
+            match item {
+                Item::Snapshot { seq, .. } => {
+                    shipped.snapshots.insert(seq);
+                }
+                Item::Records { segment, offset, len, .. } => {
+                    shipped.segments.insert(segment, offset + len);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rebuilds the database at `db_path` (its file and the `log` directory beside it, whatever
+/// was there before is removed) from the resource's history in the store, at its newest
+/// position. Returns what the store holds, for the shipper that continues it; a resource with
+/// no history yet leaves an empty directory.
+pub async fn rebuild(
+    storage: &SharedStorage,
+    coordinator: &dyn Coordinator,
+    resource: &str,
+    db_path: &Path,
+) -> Result<Shipped, ReplicaError> {
+    let inconsistent = |message: String| ReplicaError::Inconsistent { resource: resource.to_owned(), message };
+    let manifest = coordinator.manifest(resource, 0).await?;
+    let dir = db_path.parent().unwrap_or(Path::new(".")).to_owned();
+    let log = dir.join("log");
+    let beside = |suffix: &str| {
+        let mut name = db_path.as_os_str().to_owned();
+        name.push(suffix);
+        PathBuf::from(name)
+    };
+    for stale in [db_path.to_owned(), beside("-wal"), beside("-shm")] {
+        match std::fs::remove_file(&stale) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&stale)(e)),
+            _ => {}
+        }
+    }
+    match std::fs::remove_dir_all(&log) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&log)(e)),
+        _ => {}
+    }
+    std::fs::create_dir_all(&log).map_err(io(&log))?;
+    let mut shipped = Shipped::default();
+    for published in manifest {
+        let shipment: Shipment = serde_json::from_slice(&published.entry)
+            .map_err(|e| inconsistent(format!("manifest entry {}: {e}", published.seq)))?;
+        for item in shipment.items {
+            match item {
+                Item::Snapshot { seq, object, len } => {
+                    let (bytes, _) = storage.get(&object).await?;
+                    if bytes.len() as u64 != len {
+                        return Err(inconsistent(format!("snapshot {seq} is {} bytes, not {len}", bytes.len())));
+                    }
+                    let path = log.join(kura_sqlite::snapshot_file_name(seq));
+                    std::fs::write(&path, &bytes).map_err(io(&path))?;
+                    shipped.snapshots.insert(seq);
+                }
+                Item::Records { segment, offset, len, object } => {
+                    let (bytes, _) = storage.get(&object).await?;
+                    if bytes.len() as u64 != len {
+                        return Err(inconsistent(format!(
+                            "records of segment {segment} are {} bytes, not {len}",
+                            bytes.len()
+                        )));
+                    }
+                    let have = shipped.segments.get(&segment).copied().unwrap_or(0);
+                    if offset > have {
+                        return Err(inconsistent(format!("segment {segment} has a gap at {have}..{offset}")));
+                    }
+                    let path = log.join(kura_sqlite::segment_file_name(segment));
+                    let file =
+                        OpenOptions::new().create(true).write(true).truncate(false).open(&path).map_err(io(&path))?;
+                    // A later shipment from an earlier offset replaces what followed it.
+                    file.set_len(offset).map_err(io(&path))?;
+                    file.write_all_at(&bytes, offset).map_err(io(&path))?;
+                    shipped.segments.insert(segment, offset + len);
+                }
+            }
+        }
+    }
+    for entry in std::fs::read_dir(&log).map_err(io(&log))? {
+        let path = entry.map_err(io(&log))?.path();
+        std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(io(&path))?;
+    }
+    std::fs::File::open(&log).and_then(|d| d.sync_all()).map_err(io(&log))?;
+    kura_sqlite::materialize(db_path)?;
+    Ok(shipped)
+}

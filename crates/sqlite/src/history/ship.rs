@@ -1,0 +1,77 @@
+//! Shipping the history log elsewhere as it grows (to shared storage, for scale-out): what a
+//! [`LogShipper`] is shown after every commit, restore and checkpoint, before any of them is
+//! acknowledged. The log's files only ever grow or appear (a segment grows, then is sealed
+//! under another name; a snapshot appears whole), so a shipper that remembers how much of
+//! each it has sent ships only the difference.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use super::segment::open_name;
+use super::{History, io_error};
+use crate::error::Result;
+
+/// The log as it stands, for a shipper: every snapshot and every segment with its length, all
+/// of it readable (appended records are flushed to the file first, though not synced: the WAL
+/// holds them durably already).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogView {
+    /// Snapshots by position, oldest first, with their files.
+    pub snapshots: Vec<(u64, PathBuf)>,
+    /// Segments, oldest first: sealed ones and the open one last.
+    pub segments: Vec<SegmentView>,
+}
+
+/// One segment of the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentView {
+    /// The position of its first record: what names it wherever it is shipped.
+    pub first_seq: u64,
+    /// Its file now (an open segment's file is renamed when it is sealed).
+    pub path: PathBuf,
+    /// Bytes in it, whole records only.
+    pub len: u64,
+}
+
+/// Why shipping failed; the commit it was for is not acknowledged.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ShipError(pub String);
+
+/// Something that copies the log elsewhere, called on the database's own thread. Returning
+/// `Ok` means what the view shows is safe elsewhere; an error fails the requests of the commit
+/// and closes the database.
+pub trait LogShipper: Send + Sync + fmt::Debug {
+    /// Ships what `log` shows that this shipper has not shipped yet.
+    fn ship(&self, log: &LogView) -> std::result::Result<(), ShipError>;
+}
+
+/// The file name of the snapshot at `seq` inside a log directory.
+pub fn snapshot_file_name(seq: u64) -> String {
+    format!("{seq:016x}.snap")
+}
+
+/// The file name under which a segment starting at `first_seq` is rebuilt in a log directory
+/// (as an open segment; opening the database seals all but the newest).
+pub fn segment_file_name(first_seq: u64) -> String {
+    open_name(first_seq)
+}
+
+impl History {
+    /// The log as it stands now, flushed so every record in it can be read.
+    pub(crate) fn view(&mut self) -> Result<LogView> {
+        self.open.flush().map_err(io_error("flushing the log"))?;
+        let snapshots = self.snapshots.iter().map(|&seq| (seq, self.dir.join(snapshot_file_name(seq)))).collect();
+        let mut segments = Vec::with_capacity(self.sealed.len() + 1);
+        for sealed in &self.sealed {
+            let len = std::fs::metadata(&sealed.path).map_err(io_error("reading a sealed segment"))?.len();
+            segments.push(SegmentView { first_seq: sealed.first_seq, path: sealed.path.clone(), len });
+        }
+        segments.push(SegmentView {
+            first_seq: self.open.first_seq(),
+            path: self.open.path.clone(),
+            len: self.open.len,
+        });
+        Ok(LogView { snapshots, segments })
+    }
+}
