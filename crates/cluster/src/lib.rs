@@ -32,7 +32,7 @@ pub use coordinator::{
     StoreCoordinator,
 };
 pub use probe::{ProbeOutcome, probe_conditional_writes};
-pub use replica::{HistoryShipper, ReplicaError, Shipped, rebuild};
+pub use replica::{HistoryShipper, ReplicaError, Shipped, rebuild, sweep};
 pub use storage::{
     LocalStorage, ObjectInfo, PutMode, RemoteStorage, S3Config, SharedStorage, Storage, StorageError, Version,
 };

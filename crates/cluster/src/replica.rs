@@ -273,3 +273,34 @@ pub async fn rebuild(
     kura_sqlite::materialize(db_path)?;
     Ok(shipped)
 }
+
+/// The objects a manifest names.
+fn referenced(manifest: &[crate::coordinator::Published]) -> BTreeSet<String> {
+    manifest
+        .iter()
+        .filter_map(|p| serde_json::from_slice::<Shipment>(&p.entry).ok())
+        .flat_map(|s| s.items)
+        .map(|item| match item {
+            Item::Snapshot { object, .. } | Item::Records { object, .. } => object,
+        })
+        .collect()
+}
+
+/// Removes the resource's objects no manifest entry names that were written under an epoch
+/// before `lease`'s: uploads of owners that were fenced (or whose publish failed) and can never
+/// be referenced now. The current owner's own objects are left alone, since one may be between
+/// its upload and its publish. Returns how many were removed.
+pub async fn sweep(storage: &SharedStorage, coordinator: &dyn Coordinator, lease: &Lease) -> Result<usize, ReplicaError> {
+    let folder = format!("history/{}/", lease.resource());
+    let listed = storage.list(&folder).await?;
+    let keep = referenced(&coordinator.manifest(lease.resource(), 0).await?);
+    let mut removed = 0;
+    for info in listed {
+        let epoch = info.name.strip_prefix(&folder).and_then(|rest| rest.split('/').next()).and_then(|e| e.parse::<u64>().ok());
+        if epoch.is_some_and(|e| e < lease.epoch()) && !keep.contains(&info.name) {
+            storage.delete(&info.name).await?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kura_cluster::{Coordinator, EtcdClient, EtcdCoordinator, HistoryShipper, SharedStorage, rebuild};
+use kura_cluster::{Coordinator, EtcdClient, EtcdCoordinator, HistoryShipper, Lease, SharedStorage, Storage, rebuild, sweep};
 use kura_sqlite::{Bookmark, DatabaseOptions, HistorySettings, Registry, RegistrySettings, Request, Statement, Value};
 
 use crate::contract::{member, owned};
@@ -17,6 +17,9 @@ const RESOURCE: &str = "d1/orders";
 struct Node {
     registry: Registry,
     shipper: Arc<HistoryShipper>,
+    lease: Lease,
+    storage: SharedStorage,
+    coordinator: Arc<EtcdCoordinator>,
     _dir: tempfile::TempDir,
 }
 
@@ -36,12 +39,12 @@ async fn take_over(coordinator: Arc<EtcdCoordinator>, storage: SharedStorage) ->
     let db: PathBuf = dir.path().join("orders/db.sqlite");
     std::fs::create_dir_all(db.parent().unwrap()).unwrap();
     let shipped = rebuild(&storage, &*coordinator, RESOURCE, &db).await.unwrap();
-    let shipper = Arc::new(HistoryShipper::new(storage, coordinator, lease, shipped));
+    let shipper = Arc::new(HistoryShipper::new(storage.clone(), coordinator.clone(), lease.clone(), shipped));
     let for_opener = shipper.clone();
     let registry = Registry::new(RegistrySettings::default(), move |_| {
         Some(DatabaseOptions::new(&db).create(true).history(settings(), RESOURCE).shipper(for_opener.clone()))
     });
-    Node { registry, shipper, _dir: dir }
+    Node { registry, shipper, lease, storage, coordinator, _dir: dir }
 }
 
 async fn run(node: &Node, sql: &str, params: Vec<Value>) -> Result<(), kura_sqlite::Error> {
@@ -114,6 +117,11 @@ async fn a_database_fails_over_with_every_acknowledged_commit_and_no_fenced_one(
     // a wakes up and writes: the commit is refused, and never visible.
     let late = run(&a, "INSERT INTO orders VALUES (999, 'from the replaced owner')", vec![]).await;
     assert!(late.is_err(), "a fenced owner acknowledges nothing");
+    let objects = b.storage.list("history/").await.unwrap().len();
+    let swept = sweep(&b.storage, &*b.coordinator, &b.lease).await.unwrap();
+    assert!(swept >= 1, "the replaced owner's late upload is an orphan the sweep removes");
+    assert_eq!(b.storage.list("history/").await.unwrap().len(), objects - swept);
+    assert_eq!(sweep(&b.storage, &*b.coordinator, &b.lease).await.unwrap(), 0);
 
     insert_concurrently(&b, 121..=130).await;
     restore(&b, middle).await;
