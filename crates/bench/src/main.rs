@@ -10,8 +10,10 @@
 //! cargo run --release -p kura-bench -- time-travel [--gib 1] [--transactions 100000]
 //! cargo run --release -p kura-bench -- do [--seconds 5] [--on-disk 100000] [--no-peer]
 //! cargo run --release -p kura-bench -- workers [--seconds 5] [--no-peer]
+//! cargo run --release -p kura-bench -- cluster [--seconds 5]
 //! ```
 
+mod cluster;
 mod d1;
 mod durable_objects;
 mod limit;
@@ -72,6 +74,10 @@ enum Suite {
     /// an R2 1 KiB GET and a Durable Object call, beside Miniflare serving the same Worker;
     /// memory with the Worker idle.
     Workers(Settings),
+    /// Scale-out: durable INSERTs with every commit shipped to a three-node Garage under etcd
+    /// (RPO 0) beside one node and beside a PUT per commit; PUTs per commit; a takeover of a
+    /// 100 MiB database.
+    Cluster(Settings),
     /// (Internal) the memory measurement's fresh process: touches the objects under DIR.
     #[command(hide = true)]
     DoFootprint { dir: PathBuf, objects: u64 },
@@ -110,6 +116,7 @@ fn main() -> anyhow::Result<()> {
         Suite::TimeTravel { settings, gib, transactions } => time_travel::run_suite(&settings, gib, transactions),
         Suite::Do { settings, on_disk } => durable_objects::run(&settings, on_disk),
         Suite::Workers(settings) => workers::run(&settings),
+        Suite::Cluster(settings) => cluster::run(&settings),
         Suite::DoFootprint { dir, objects } => durable_objects::footprint_child(dir, objects),
     }
 }

@@ -26,6 +26,8 @@ pub mod coordinator;
 pub mod probe;
 pub mod replica;
 pub mod storage;
+#[cfg(feature = "testbed")]
+pub mod testbed;
 
 pub use coordinator::{
     Acquired, Coordinator, CoordinatorError, EtcdClient, EtcdCoordinator, Lease, Member, Owner, Published,

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use kura_cluster::{Acquired, Coordinator, CoordinatorError, EtcdClient, EtcdCoordinator};
 
 use crate::contract::{self, member, owned};
-use crate::support::Etcd;
+use kura_cluster::testbed::Etcd;
 
 fn coordinator(etcd: &Etcd, first: usize, ttl: Duration) -> EtcdCoordinator {
     let mut endpoints = etcd.endpoints.clone();

@@ -5,4 +5,3 @@ mod contract;
 mod etcd;
 mod replica;
 mod store;
-mod support;

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kura_cluster::{Coordinator, EtcdClient, EtcdCoordinator, HistoryShipper, Lease, SharedStorage, Storage, rebuild, sweep};
+use kura_cluster::{Coordinator, EtcdClient, EtcdCoordinator, HistoryShipper, Lease, SharedStorage, rebuild, sweep};
 use kura_sqlite::{Bookmark, DatabaseOptions, HistorySettings, Registry, RegistrySettings, Request, Statement, Value};
 
 use crate::contract::{member, owned};
-use crate::support::{Etcd, Garage};
+use kura_cluster::testbed::{Etcd, Garage};
 
 const RESOURCE: &str = "d1/orders";
 

@@ -1,4 +1,5 @@
-//! Real etcd, Garage and moto processes on loopback for the tests: a three-member etcd, a
+//! Real etcd, Garage and moto processes on loopback for the tests and the benchmark (feature
+//! `testbed`): a three-member etcd, a
 //! three-node Garage with its layout applied and fsync on, and moto's S3 server. Each is
 //! stopped when dropped. The binaries come from `scripts/test` (etcd from Debian, Garage built
 //! once per machine into `~/.cache/kura`, moto from PyPI).
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kura_cluster::{RemoteStorage, S3Config};
+use crate::storage::{RemoteStorage, S3Config};
 
 /// A free loopback port (the listener is closed again; the race with other tests is small).
 pub fn free_port() -> u16 {

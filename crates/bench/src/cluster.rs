@@ -1,0 +1,263 @@
+//! The scale-out suite: durable D1-style INSERTs with every commit shipped to a three-node
+//! Garage (fsync on) under etcd ownership before it is acknowledged (RPO 0), beside the same
+//! engine on one node (no shipping) and beside the limit for RPO 0 — one PUT to Garage per
+//! commit — measured in the same run; PUTs per commit; and how long a takeover of a 100 MiB
+//! database takes. All of it through the engine in-process (no HTTP on either side), so the
+//! ratios isolate what shipping costs.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kura_cluster::testbed::{Etcd, Garage};
+use kura_cluster::{
+    Acquired, Coordinator, EtcdClient, EtcdCoordinator, HistoryShipper, Member, PutMode, SharedStorage, Shipped,
+    rebuild,
+};
+use kura_sqlite::{DatabaseOptions, HistorySettings, Registry, RegistrySettings, Request, Statement, Value};
+
+use crate::Settings;
+use crate::load::{self, Stats};
+
+fn member(node: &str) -> Member {
+    Member {
+        node: node.into(),
+        incarnation: format!("{node}-{}", std::process::id()),
+        api: String::new(),
+        s3: String::new(),
+    }
+}
+
+async fn acquire(coordinator: &dyn Coordinator, resource: &str) -> anyhow::Result<kura_cluster::Lease> {
+    loop {
+        match coordinator.acquire(resource).await? {
+            Acquired::Owned(lease) => return Ok(lease),
+            Acquired::Held(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+fn registry(db: &Path, identity: &str, shipper: Option<Arc<HistoryShipper>>) -> Registry {
+    let (db, identity) = (db.to_owned(), identity.to_owned());
+    Registry::new(RegistrySettings::default(), move |_| {
+        let options = DatabaseOptions::new(&db).create(true).history(HistorySettings::default(), &identity);
+        Some(match &shipper {
+            Some(shipper) => options.shipper(shipper.clone()),
+            None => options,
+        })
+    })
+}
+
+async fn insert(registry: &Registry, id: i64) {
+    let statement =
+        Statement::with_params("INSERT INTO t VALUES (?1, ?2)", vec![Value::Integer(id), Value::Text("x".repeat(100))]);
+    registry.execute("db", Request::new(vec![statement])).await.expect("insert");
+}
+
+async fn inserts(registry: &Registry, clients: usize, seconds: f64) -> Stats {
+    registry
+        .execute(
+            "db",
+            Request::new(vec![Statement::new("CREATE TABLE IF NOT EXISTS t (id INTEGER PRIMARY KEY, v TEXT)")]),
+        )
+        .await
+        .expect("create");
+    let registry = registry.clone();
+    let base = Instant::now().elapsed().as_nanos() as i64 + rand_base();
+    load::run(clients, Duration::from_secs_f64(seconds), move |client, n| {
+        let registry = registry.clone();
+        async move {
+            insert(&registry, base + (client as i64) * 100_000_000 + n as i64).await;
+            1
+        }
+    })
+    .await
+}
+
+fn rand_base() -> i64 {
+    let mut b = [0u8; 4];
+    getrandom::fill(&mut b).expect("randomness");
+    (u32::from_le_bytes(b) as i64) << 30
+}
+
+async fn puts(storage: &SharedStorage, clients: usize, seconds: f64) -> Stats {
+    let storage = storage.clone();
+    let body = Bytes::from(vec![7u8; 1024]);
+    load::run(clients, Duration::from_secs_f64(seconds), move |client, n| {
+        let (storage, body) = (storage.clone(), body.clone());
+        async move {
+            storage.put(&format!("limit/{client}/{n}"), body, PutMode::New).await.expect("put");
+            1
+        }
+    })
+    .await
+}
+
+struct Shipping {
+    registry: Registry,
+    shipper: Arc<HistoryShipper>,
+}
+
+async fn shipping(
+    storage: &SharedStorage,
+    coordinator: &Arc<EtcdCoordinator>,
+    resource: &str,
+    dir: &Path,
+) -> anyhow::Result<Shipping> {
+    let lease = acquire(&**coordinator, resource).await?;
+    let db = dir.join(resource.replace('/', "-")).join("db.sqlite");
+    std::fs::create_dir_all(db.parent().expect("a folder"))?;
+    let shipped = rebuild(storage, &**coordinator, resource, &db).await?;
+    let shipper = Arc::new(HistoryShipper::new(storage.clone(), coordinator.clone(), lease, shipped));
+    Ok(Shipping { registry: registry(&db, resource, Some(shipper.clone())), shipper })
+}
+
+fn line(what: &str, stats: &Stats, against: &[(&str, f64, Option<f64>)]) {
+    let mut text = format!(
+        "{what:<44} {:>8.0}/s  p50 {:>6.2} ms  p99 {:>6.2} ms",
+        stats.rate(),
+        stats.p50.as_secs_f64() * 1e3,
+        stats.p99.as_secs_f64() * 1e3
+    );
+    for (name, other, target) in against {
+        let ratio = stats.rate() / other;
+        let verdict = match target {
+            Some(t) if ratio >= *t => format!(" (target {t}× ✓)"),
+            Some(t) => format!(" (target {t}× ✗)"),
+            None => String::new(),
+        };
+        text.push_str(&format!("  {ratio:.2}× {name}{verdict}"));
+    }
+    println!("{text}");
+}
+
+pub fn run(settings: &Settings) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(run_async(settings))
+}
+
+async fn run_async(settings: &Settings) -> anyhow::Result<()> {
+    eprintln!("starting a three-member etcd and a three-node Garage (replication 3, fsync on)…");
+    let (etcd, garage) = (Etcd::start(), Garage::start());
+    let scratch = match &settings.scratch {
+        Some(dir) => tempfile::tempdir_in(dir)?,
+        None => tempfile::tempdir()?,
+    };
+    let storage: SharedStorage = Arc::new(garage.storage(0, "bench"));
+    let ttl = Duration::from_secs(5);
+    let coordinator = Arc::new(EtcdCoordinator::new(EtcdClient::new(etcd.endpoints.clone()), "/kura/bench", ttl));
+    coordinator.join(member("a")).await?;
+    let seconds = settings.seconds;
+
+    eprintln!("measuring…");
+    let mut rows = Vec::new();
+    for clients in [64usize, 16, 1] {
+        let single = registry(&scratch.path().join(format!("single-{clients}/db.sqlite")), "single", None);
+        std::fs::create_dir_all(scratch.path().join(format!("single-{clients}")))?;
+        let single_stats = inserts(&single, clients, seconds).await;
+        single.shutdown().await;
+        let limit = puts(&storage, clients, seconds).await;
+        let shipped = shipping(&storage, &coordinator, &format!("d1/bench-{clients}"), scratch.path()).await?;
+        let before = shipped.shipper.counts();
+        let rpo0 = inserts(&shipped.registry, clients, seconds).await;
+        let after = shipped.shipper.counts();
+        shipped.registry.shutdown().await;
+        let commits = rpo0.units.max(1) as f64;
+        rows.push((
+            clients,
+            single_stats,
+            limit,
+            rpo0,
+            (after.0 - before.0) as f64 / commits,
+            (after.1 - before.1) as f64 / commits,
+        ));
+    }
+
+    println!();
+    println!(
+        "Scale-out: durable INSERTs, RPO 0 (each commit's records a Garage object and an etcd manifest entry before the answer)"
+    );
+    println!(
+        "store: Garage 2.5.0 ×3 on loopback, replication 3, data_fsync and metadata_fsync on; coordinator: etcd 3.4 ×3"
+    );
+    println!(
+        "single node = the same engine with no shipping; PUT per commit = one 1 KiB PUT to Garage per operation, the RPO-0 limit without group commit"
+    );
+    for (clients, single, limit, rpo0, puts_per_commit, entries_per_commit) in &rows {
+        let target_single = (*clients == 16).then_some(0.5);
+        let target_limit = (*clients == 16).then_some(3.0);
+        // In a closed loop every commit waits for at least one PUT and one manifest commit, so
+        // `clients` clients can never exceed clients / (PUT latency + etcd commit latency).
+        line(&format!("single node, {clients} client(s)"), single, &[]);
+        line(&format!("PUT per commit to Garage, {clients} client(s)"), limit, &[]);
+        line(
+            &format!("RPO 0 through one node, {clients} client(s)"),
+            rpo0,
+            &[("single node", single.rate(), target_single), ("PUT per commit", limit.rate(), target_limit)],
+        );
+        println!("{:<44} {puts_per_commit:.3} PUTs and {entries_per_commit:.3} manifest entries per commit", "");
+    }
+
+    takeover(settings, &etcd, &garage, &storage, ttl, scratch.path()).await
+}
+
+/// A 100 MiB database shipped, its owner gone: the next node's lease wait (the TTL: etcd ends
+/// the old session) plus its rebuild from the store.
+async fn takeover(
+    settings: &Settings,
+    etcd: &Etcd,
+    garage: &Garage,
+    storage: &SharedStorage,
+    ttl: Duration,
+    scratch: &Path,
+) -> anyhow::Result<()> {
+    let _ = settings;
+    let resource = "d1/takeover";
+    let owner = Arc::new(EtcdCoordinator::new(EtcdClient::new(etcd.endpoints.clone()), "/kura/bench", ttl));
+    owner.join(member("owner")).await?;
+    let shipped = shipping(storage, &owner, resource, &scratch.join("owner")).await?;
+    let statement = Statement::new("CREATE TABLE big (id INTEGER PRIMARY KEY, data BLOB)");
+    shipped.registry.execute("db", Request::new(vec![statement])).await?;
+    let blob = vec![0x5au8; 256 * 1024];
+    for i in 0..400 {
+        let statement = Statement::with_params(
+            "INSERT INTO big VALUES (?1, ?2)",
+            vec![Value::Integer(i), Value::Blob(blob.clone())],
+        );
+        shipped.registry.execute("db", Request::new(vec![statement])).await?;
+    }
+    let size = shipped.registry.with_database("db", |db| db.size()).await??;
+    drop(shipped);
+    // The owner stops as a killed process does: it renews nothing more.
+    drop(owner);
+
+    let successor = Arc::new(EtcdCoordinator::new(EtcdClient::new(etcd.endpoints.clone()), "/kura/bench", ttl));
+    successor.join(member("successor")).await?;
+    let stopped = Instant::now();
+    let lease = acquire(&*successor, resource).await?;
+    let waited = stopped.elapsed();
+    let db = scratch.join("successor/db.sqlite");
+    std::fs::create_dir_all(db.parent().expect("a folder"))?;
+    let other: SharedStorage = Arc::new(garage.storage(1, "bench"));
+    let rebuilding = Instant::now();
+    let shipped_state: Shipped = rebuild(&other, &*successor, resource, &db).await?;
+    let rebuilt = rebuilding.elapsed();
+    let shipper = Arc::new(HistoryShipper::new(other, successor.clone(), lease, shipped_state));
+    let registry = registry(&db, resource, Some(shipper));
+    let count = registry.execute("db", Request::new(vec![Statement::new("SELECT count(*) FROM big")])).await?;
+    let serving = stopped.elapsed();
+    println!();
+    println!(
+        "takeover of a {:.0} MiB database after its owner stopped: lease {:.2} s (TTL {} s) + rebuild from Garage {:.2} s = serving after {:.2} s (target ≤ TTL + 1 s: {}); rows {:?}",
+        size as f64 / (1024.0 * 1024.0),
+        waited.as_secs_f64(),
+        ttl.as_secs(),
+        rebuilt.as_secs_f64(),
+        serving.as_secs_f64(),
+        if serving <= ttl + Duration::from_secs(1) { "✓" } else { "✗" },
+        count[0].rows[0][0],
+    );
+    registry.shutdown().await;
+    Ok(())
+}
