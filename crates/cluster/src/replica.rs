@@ -136,11 +136,15 @@ impl HistoryShipper {
         for segment in &log.segments {
             let sent = shipped.segments.get(&segment.first_seq).copied().unwrap_or(0);
             if segment.len < sent {
-                return Err(ShipError(format!(
-                    "segment {} shrank below what was shipped ({} < {sent} bytes)",
-                    segment.path.display(),
-                    segment.len
-                )));
+                // Recovery cut a damaged tail: the store's copy is cut at the same place.
+                let item = Item::Records {
+                    segment: segment.first_seq,
+                    offset: segment.len,
+                    len: 0,
+                    object: self.object_name(),
+                };
+                pending.push((item, Bytes::new()));
+                continue;
             }
             if segment.len == sent {
                 continue;
@@ -288,15 +292,19 @@ pub async fn rebuild(
 }
 
 /// The objects a manifest names.
-fn referenced(manifest: &[crate::coordinator::Published]) -> BTreeSet<String> {
-    manifest
-        .iter()
-        .filter_map(|p| serde_json::from_slice::<Shipment>(&p.entry).ok())
-        .flat_map(|s| s.items)
-        .map(|item| match item {
+fn referenced(resource: &str, manifest: &[crate::coordinator::Published]) -> Result<BTreeSet<String>, ReplicaError> {
+    let mut objects = BTreeSet::new();
+    for published in manifest {
+        // An entry that cannot be read might name anything: nothing is swept.
+        let shipment: Shipment = serde_json::from_slice(&published.entry).map_err(|e| ReplicaError::Inconsistent {
+            resource: resource.to_owned(),
+            message: format!("manifest entry {}: {e}", published.seq),
+        })?;
+        objects.extend(shipment.items.into_iter().map(|item| match item {
             Item::Snapshot { object, .. } | Item::Records { object, .. } => object,
-        })
-        .collect()
+        }));
+    }
+    Ok(objects)
 }
 
 /// Removes the resource's objects no manifest entry names that were written under an epoch
@@ -310,7 +318,7 @@ pub async fn sweep(
 ) -> Result<usize, ReplicaError> {
     let folder = format!("history/{}/", lease.resource());
     let listed = storage.list(&folder).await?;
-    let keep = referenced(&coordinator.manifest(lease.resource(), 0).await?);
+    let keep = referenced(lease.resource(), &coordinator.manifest(lease.resource(), 0).await?)?;
     let mut removed = 0;
     for info in listed {
         let epoch =

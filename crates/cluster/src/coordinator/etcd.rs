@@ -43,6 +43,8 @@ pub struct KeyValue {
     pub create_revision: i64,
     /// The revision of its last change.
     pub mod_revision: i64,
+    /// The lease it is attached to (0 for none).
+    pub lease: i64,
 }
 
 /// A client of etcd's JSON gateway over several members: a request that cannot reach one (or
@@ -63,6 +65,8 @@ struct RawKv {
     create_revision: Option<String>,
     #[serde(default)]
     mod_revision: Option<String>,
+    #[serde(default)]
+    lease: Option<String>,
 }
 
 fn number(value: &Value) -> i64 {
@@ -83,6 +87,7 @@ fn decode_kvs(value: Option<&Value>) -> Result<Vec<KeyValue>, CoordinatorError> 
                 value: B64.decode(&kv.value).map_err(|e| corrupt("value", e))?,
                 create_revision: kv.create_revision.and_then(|r| r.parse().ok()).unwrap_or(0),
                 mod_revision: kv.mod_revision.and_then(|r| r.parse().ok()).unwrap_or(0),
+                lease: kv.lease.and_then(|r| r.parse().ok()).unwrap_or(0),
             })
         })
         .collect()
@@ -455,7 +460,22 @@ impl Coordinator for EtcdCoordinator {
         };
         let owner = Self::owner_of(kv)?;
         if owner.node == member.node && owner.incarnation == member.incarnation {
-            // An earlier attempt of this very call landed (its answer was lost).
+            // An earlier attempt of this very call landed (its answer was lost), or the key
+            // hangs off a session that expired while this node was paused: it moves to the
+            // current session (a put keeps its create_revision, so the epoch stays), or the old
+            // session's expiry would end the ownership behind this lease's back.
+            if kv.lease != session {
+                let moved = self
+                    .client
+                    .txn(&[op::created_at(&key, owner.epoch as i64)], &[op::put(&key, &kv.value, session)], &[])
+                    .await?;
+                if !moved.succeeded {
+                    return Err(CoordinatorError::Unavailable {
+                        at: self.describe(),
+                        message: format!("{resource} changed hands; retry"),
+                    });
+                }
+            }
             let next = self.next_seq(resource).await?;
             return Ok(Acquired::Owned(Lease::new(resource, owner.epoch, next, clock)));
         }
@@ -473,30 +493,41 @@ impl Coordinator for EtcdCoordinator {
             return Err(lease.fenced());
         }
         let owner = self.key(&["owner", lease.resource()]);
-        let seq = lease.next_seq();
-        let slot = self.key(&["manifest", lease.resource(), &seq_name(seq)]);
         let value = encode_entry(lease.epoch(), &entry);
-        let outcome = self
-            .client
-            .txn(
-                &[op::created_at(&owner, lease.epoch() as i64), op::created_at(&slot, 0)],
-                &[op::put(&slot, &value, 0)],
-                &[op::get(&owner), op::get(&slot)],
-            )
-            .await?;
-        if outcome.succeeded {
+        // While this lease is the ownership, only its own publishes can take a position: one
+        // found taken is an earlier attempt of ours whose answer was lost, and is passed over
+        // (a repeated shipment only rewrites the same bytes).
+        for _ in 0..16 {
+            let seq = lease.next_seq();
+            let slot = self.key(&["manifest", lease.resource(), &seq_name(seq)]);
+            let outcome = self
+                .client
+                .txn(
+                    &[op::created_at(&owner, lease.epoch() as i64), op::created_at(&slot, 0)],
+                    &[op::put(&slot, &value, 0)],
+                    &[op::get(&owner), op::get(&slot)],
+                )
+                .await?;
+            let still_owner = outcome.succeeded
+                || outcome
+                    .ranges
+                    .first()
+                    .and_then(|r| r.first())
+                    .is_some_and(|kv| kv.create_revision as u64 == lease.epoch());
+            if !still_owner {
+                return Err(lease.fenced());
+            }
             lease.published(seq);
-            return Ok(seq);
+            let ours =
+                outcome.succeeded || outcome.ranges.get(1).and_then(|r| r.first()).is_some_and(|kv| kv.value == value);
+            if ours {
+                return Ok(seq);
+            }
         }
-        let still_owner =
-            outcome.ranges.first().and_then(|r| r.first()).is_some_and(|kv| kv.create_revision as u64 == lease.epoch());
-        let ours = outcome.ranges.get(1).and_then(|r| r.first()).is_some_and(|kv| kv.value == value);
-        if still_owner && ours {
-            // An earlier attempt of this publish landed and its answer was lost.
-            lease.published(seq);
-            return Ok(seq);
-        }
-        Err(lease.fenced())
+        Err(CoordinatorError::Unavailable {
+            at: self.describe(),
+            message: format!("{}: every manifest position tried was taken", lease.resource()),
+        })
     }
 
     async fn manifest(&self, resource: &str, after: u64) -> Result<Vec<Published>, CoordinatorError> {

@@ -131,6 +131,11 @@ impl StoreCoordinator {
                 (state.held.clone(), state.member.clone())
             };
             for (resource, (lease, version)) in held {
+                if lease.inner.ended.load(std::sync::atomic::Ordering::Acquire) {
+                    // Fenced: renewing it would keep the resource from its new owner's successors.
+                    state.lock().await.held.remove(&resource);
+                    continue;
+                }
                 let body = LeaseObject {
                     node: member.as_ref().map(|(m, _)| m.node.clone()).unwrap_or_default(),
                     incarnation: member.as_ref().map(|(m, _)| m.incarnation.clone()).unwrap_or_default(),
@@ -139,7 +144,17 @@ impl StoreCoordinator {
                     renewed_unix_ms: unix_ms(),
                 };
                 let sent = Instant::now();
-                match storage.put(&lease_name(&resource), Self::encode(&body), PutMode::Replace(version)).await {
+                let encoded = Self::encode(&body);
+                let renewed =
+                    match storage.put(&lease_name(&resource), encoded.clone(), PutMode::Replace(version)).await {
+                        // A retry of a renewal that landed finds its own write: still ours.
+                        Err(StorageError::Precondition { .. }) => match storage.get(&lease_name(&resource)).await {
+                            Ok((found, version)) if found == encoded => Ok(version),
+                            _ => Err(StorageError::Precondition { name: lease_name(&resource) }),
+                        },
+                        other => other,
+                    };
+                match renewed {
                     Ok(version) => {
                         lease.inner.clock.renewed(sent, ttl);
                         if let Some(entry) = state.lock().await.held.get_mut(&resource) {
@@ -269,7 +284,15 @@ impl Coordinator for StoreCoordinator {
         }
         let current = self.read_lease(resource).await?;
         let taken = match &current {
-            None => self.take(resource, 1, PutMode::Create, &member).await?,
+            None => {
+                // Epochs continue past any the manifest holds, even if the lease object was lost.
+                let mut highest = 0;
+                for info in self.storage.list(&manifest_folder(resource)).await? {
+                    let (bytes, _) = self.storage.get(&info.name).await?;
+                    highest = highest.max(decode_entry(&info.name, 0, &bytes)?.epoch);
+                }
+                self.take(resource, highest + 1, PutMode::Create, &member).await?
+            }
             Some((lease, version)) => {
                 let expired = {
                     let mut state = self.state.lock().await;
@@ -329,26 +352,38 @@ impl Coordinator for StoreCoordinator {
         if !lease.is_valid() {
             return Err(lease.fenced());
         }
-        let seq = lease.next_seq();
-        let name = format!("{}{}", manifest_folder(lease.resource()), seq_name(seq));
         let body = Bytes::from(encode_entry(lease.epoch(), &entry));
-        match self.storage.put(&name, body.clone(), PutMode::Create).await {
-            Ok(_) => {
-                lease.published(seq);
-                Ok(seq)
-            }
-            Err(StorageError::AlreadyExists { .. }) => {
-                let (found, _) = self.storage.get(&name).await?;
-                if found == body {
-                    // An earlier attempt of this publish landed and its answer was lost.
+        // A taken position holding a lower epoch is a replaced owner's late fence, one holding
+        // this epoch an earlier attempt of ours whose answer was lost: both are passed over
+        // (readers drop the first, and a repeated shipment only rewrites the same bytes). Only
+        // a higher epoch means this lease was replaced.
+        for _ in 0..FENCE_ATTEMPTS {
+            let seq = lease.next_seq();
+            let name = format!("{}{}", manifest_folder(lease.resource()), seq_name(seq));
+            match self.storage.put(&name, body.clone(), PutMode::Create).await {
+                Ok(_) => {
                     lease.published(seq);
-                    Ok(seq)
-                } else {
-                    Err(lease.fenced())
+                    return Ok(seq);
                 }
+                Err(StorageError::AlreadyExists { .. }) => {
+                    let (found, _) = self.storage.get(&name).await?;
+                    if found == body {
+                        lease.published(seq);
+                        return Ok(seq);
+                    }
+                    let taken = decode_entry(&name, seq, &found)?;
+                    if taken.epoch > lease.epoch() {
+                        return Err(lease.fenced());
+                    }
+                    lease.published(seq);
+                }
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => Err(e.into()),
         }
+        Err(CoordinatorError::Unavailable {
+            at: self.describe(),
+            message: format!("{}: every manifest position tried was taken", lease.resource()),
+        })
     }
 
     async fn manifest(&self, resource: &str, after: u64) -> Result<Vec<Published>, CoordinatorError> {
@@ -373,7 +408,11 @@ impl Coordinator for StoreCoordinator {
                 return Err(lease.fenced());
             }
             if info.name.strip_prefix(&folder).and_then(|s| s.parse::<u64>().ok()).is_some_and(|seq| seq < before) {
-                self.storage.delete(&info.name).await?;
+                // Fences stay: a replaced owner's next publish must keep finding its position taken.
+                let (bytes, _) = self.storage.get(&info.name).await?;
+                if bytes.len() > 8 {
+                    self.storage.delete(&info.name).await?;
+                }
             }
         }
         Ok(())
@@ -453,8 +492,36 @@ mod tests {
         b.publish(&new, Bytes::from_static(b"two")).await.unwrap();
         let entries: Vec<_> = b.manifest("d1/x", 0).await.unwrap().into_iter().map(|p| p.entry).collect();
         assert_eq!(entries, [Bytes::from_static(b"one"), Bytes::from_static(b"two")]);
+        // Compacting the manifest keeps the fence, so the zombie stays refused.
+        b.forget(&new, new.next_seq()).await.unwrap();
+        let zombie = Lease::new("d1/x", old.epoch(), old.next_seq(), LeaseClock::new());
+        zombie.inner.clock.renewed(Instant::now(), ttl);
+        assert!(matches!(a.publish(&zombie, Bytes::from_static(b"later")).await, Err(CoordinatorError::Fenced { .. })));
         // a's renewal finds the lease replaced and ends its own lease.
         tokio::time::sleep(ttl / 3 + Duration::from_secs(1)).await;
         assert!(!old.is_valid());
+    }
+
+    /// A position found taken by a lower epoch (a replaced acquirer's late fence) or by this
+    /// epoch (an earlier attempt whose answer was lost) is passed over; only a higher epoch
+    /// fences.
+    #[tokio::test]
+    async fn taken_positions_fence_only_when_a_later_epoch_holds_them() {
+        let storage: SharedStorage =
+            Arc::new(RemoteStorage::new(Arc::new(object_store::memory::InMemory::new()), "", "memory".into()));
+        let coordinator = StoreCoordinator::new(storage.clone(), Duration::from_secs(30));
+        coordinator.join(member("a")).await.unwrap();
+        let Acquired::Owned(lease) = coordinator.acquire("d1/y").await.unwrap() else { panic!("free") };
+        let slot = |seq: u64| format!("{}{}", manifest_folder("d1/y"), seq_name(seq));
+        let next = lease.next_seq();
+        let epoch = lease.epoch();
+        storage.put(&slot(next), Bytes::from(encode_entry(epoch - 1, &[])), PutMode::Create).await.unwrap();
+        storage.put(&slot(next + 1), Bytes::from(encode_entry(epoch, b"landed")), PutMode::Create).await.unwrap();
+        assert_eq!(coordinator.publish(&lease, Bytes::from_static(b"one")).await.unwrap(), next + 2);
+        storage.put(&slot(next + 3), Bytes::from(encode_entry(epoch + 1, &[])), PutMode::Create).await.unwrap();
+        let fenced = coordinator.publish(&lease, Bytes::from_static(b"two")).await;
+        assert!(matches!(fenced, Err(CoordinatorError::Fenced { .. })), "{fenced:?}");
+        let seen: Vec<_> = coordinator.manifest("d1/y", 0).await.unwrap().into_iter().map(|p| p.entry).collect();
+        assert_eq!(seen, [Bytes::from_static(b"landed"), Bytes::from_static(b"one")]);
     }
 }

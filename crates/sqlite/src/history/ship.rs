@@ -5,6 +5,7 @@
 //! each it has sent ships only the difference.
 
 use std::fmt;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use super::segment::open_name;
@@ -64,8 +65,13 @@ impl History {
         let snapshots = self.snapshots.iter().map(|&seq| (seq, self.dir.join(snapshot_file_name(seq)))).collect();
         let mut segments = Vec::with_capacity(self.sealed.len() + 1);
         for sealed in &self.sealed {
-            let len = std::fs::metadata(&sealed.path).map_err(io_error("reading a sealed segment"))?.len();
-            segments.push(SegmentView { first_seq: sealed.first_seq, path: sealed.path.clone(), len });
+            // Keyed as it was while open: by the position its header (and its open name) gives,
+            // which can precede its first record's (a segment that began with a new base).
+            let file = std::fs::File::open(&sealed.path).map_err(io_error("reading a sealed segment"))?;
+            let len = file.metadata().map_err(io_error("reading a sealed segment"))?.len();
+            let mut header = [0u8; 8];
+            file.read_exact_at(&mut header, 8).map_err(io_error("reading a sealed segment"))?;
+            segments.push(SegmentView { first_seq: u64::from_le_bytes(header), path: sealed.path.clone(), len });
         }
         segments.push(SegmentView {
             first_seq: self.open.first_seq(),
