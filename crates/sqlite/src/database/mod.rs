@@ -248,7 +248,7 @@ impl Database {
             })?),
             None => None,
         };
-        Ok(Database {
+        let mut database = Database {
             statements: HashMap::new(),
             page_one: None,
             conn,
@@ -266,7 +266,12 @@ impl Database {
             wal_frames,
             options: options.clone(),
             path: options.path.clone(),
-        })
+        };
+        // Whatever the log holds that was not shipped (a commit whose shipment failed before a
+        // reopen, what recovery captured from the WAL) ships before anything is served, so no
+        // read shows state the store does not hold.
+        database.ship()?;
+        Ok(database)
     }
 
     /// Sets the longest statement accepted, in bytes, and returns the previous limit. Imports

@@ -46,7 +46,7 @@ impl Database {
 
     /// Ships what the log holds that the shipper has not shipped; a failure marks the
     /// connection for reopening.
-    fn ship(&mut self) -> Result<()> {
+    pub(super) fn ship(&mut self) -> Result<()> {
         let (Some(shipper), Some(history)) = (&self.options.shipper, self.history.as_mut()) else { return Ok(()) };
         let shipped = history.view().and_then(|view| {
             shipper.ship(&view).map_err(|e| Error::Io {

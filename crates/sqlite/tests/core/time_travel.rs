@@ -429,3 +429,49 @@ async fn a_database_is_materialized_from_its_log_alone() {
     let third = tempfile::tempdir().unwrap();
     assert_eq!(kura_sqlite::materialize(&third.path().join("db.sqlite")).unwrap(), None, "no log, nothing to build");
 }
+
+/// A shipper that can be told to refuse, recording how much of the log it was shown.
+#[derive(Debug, Default)]
+struct Refusing {
+    refuse: std::sync::atomic::AtomicBool,
+    shipped: std::sync::Mutex<u64>,
+}
+
+impl kura_sqlite::LogShipper for Refusing {
+    fn ship(&self, log: &kura_sqlite::LogView) -> Result<(), kura_sqlite::ShipError> {
+        if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(kura_sqlite::ShipError("the store is away".into()));
+        }
+        *self.shipped.lock().unwrap() = log.segments.iter().map(|s| s.len).sum();
+        Ok(())
+    }
+}
+
+/// With a shipper, a commit is answered only once shipped; after a failed shipment nothing is
+/// served until what the log holds has shipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_unshipped_is_served() {
+    let shipper = Arc::new(Refusing::default());
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db/db.sqlite");
+    std::fs::create_dir_all(db.parent().unwrap()).unwrap();
+    let for_opener = shipper.clone();
+    let registry = Registry::new(RegistrySettings::default(), move |_| {
+        Some(DatabaseOptions::new(&db).create(true).history(small(), "db").shipper(for_opener.clone()))
+    });
+    let run = |sql: &'static str| registry.execute("db", Request::new(vec![Statement::new(sql)]));
+    run("CREATE TABLE t (id INTEGER PRIMARY KEY)").await.unwrap();
+    run("INSERT INTO t VALUES (1)").await.unwrap();
+    let before = *shipper.shipped.lock().unwrap();
+
+    shipper.refuse.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(run("INSERT INTO t VALUES (2)").await.is_err(), "an unshipped commit is not acknowledged");
+    assert!(run("SELECT count(*) FROM t").await.is_err(), "nor is anything served while it cannot ship");
+    assert_eq!(*shipper.shipped.lock().unwrap(), before);
+
+    shipper.refuse.store(false, std::sync::atomic::Ordering::SeqCst);
+    let count = run("SELECT count(*) FROM t").await.unwrap();
+    assert!(*shipper.shipped.lock().unwrap() > before, "the log was shipped before the read was served");
+    // The refused commit was in the WAL: it is shipped now, and so it shows.
+    assert_eq!(count[0].rows[0][0], Value::Integer(2));
+}
