@@ -41,6 +41,19 @@ struct LeaseObject {
     renewed_unix_ms: u64,
 }
 
+impl LeaseObject {
+    /// The lease as `member` holds (or releases) it now.
+    fn by(member: Option<&Member>, epoch: u64, released: bool) -> Self {
+        LeaseObject {
+            node: member.map(|m| m.node.clone()).unwrap_or_default(),
+            incarnation: member.map(|m| m.incarnation.clone()).unwrap_or_default(),
+            epoch,
+            released,
+            renewed_unix_ms: unix_ms(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct MemberObject {
     #[serde(flatten)]
@@ -136,13 +149,7 @@ impl StoreCoordinator {
                     state.lock().await.held.remove(&resource);
                     continue;
                 }
-                let body = LeaseObject {
-                    node: member.as_ref().map(|(m, _)| m.node.clone()).unwrap_or_default(),
-                    incarnation: member.as_ref().map(|(m, _)| m.incarnation.clone()).unwrap_or_default(),
-                    epoch: lease.epoch(),
-                    released: false,
-                    renewed_unix_ms: unix_ms(),
-                };
+                let body = LeaseObject::by(member.as_ref().map(|(m, _)| m), lease.epoch(), false);
                 let sent = Instant::now();
                 let encoded = Self::encode(&body);
                 let renewed =
@@ -200,13 +207,7 @@ impl StoreCoordinator {
         mode: PutMode,
         member: &Member,
     ) -> Result<Option<Lease>, CoordinatorError> {
-        let body = LeaseObject {
-            node: member.node.clone(),
-            incarnation: member.incarnation.clone(),
-            epoch,
-            released: false,
-            renewed_unix_ms: unix_ms(),
-        };
+        let body = LeaseObject::by(Some(member), epoch, false);
         let sent = Instant::now();
         let version = match self.storage.put(&lease_name(resource), Self::encode(&body), mode).await {
             Ok(version) => version,
@@ -423,13 +424,7 @@ impl Coordinator for StoreCoordinator {
         let held = self.state.lock().await.held.remove(lease.resource());
         let Some((_, version)) = held else { return Ok(()) };
         let member = self.state.lock().await.member.clone().map(|(m, _)| m);
-        let body = LeaseObject {
-            node: member.as_ref().map(|m| m.node.clone()).unwrap_or_default(),
-            incarnation: member.map(|m| m.incarnation).unwrap_or_default(),
-            epoch: lease.epoch(),
-            released: true,
-            renewed_unix_ms: unix_ms(),
-        };
+        let body = LeaseObject::by(member.as_ref(), lease.epoch(), true);
         match self.storage.put(&lease_name(lease.resource()), Self::encode(&body), PutMode::Replace(version)).await {
             Ok(_) | Err(StorageError::Precondition { .. }) => Ok(()),
             Err(e) => Err(e.into()),

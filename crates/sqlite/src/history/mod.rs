@@ -220,6 +220,15 @@ fn finish_interrupted_restore_in(db_path: &Path, dir: &Path) -> Result<bool> {
 
 /// Replaces the database file with a snapshot's image and drops the WAL.
 fn install_image(db_path: &Path, snapshot_path: &Path) -> Result<()> {
+    let (tmp, out) = create_image(db_path)?;
+    let header = snapshot::copy_image(snapshot_path, &out).map_err(|e| read_error(e, "reading the snapshot"))?;
+    out.set_len(header.db_pages as u64 * header.page_size as u64).map_err(io_error("sizing the restored image"))?;
+    out.sync_all().map_err(io_error("syncing the restored image"))?;
+    swap_in(db_path, &tmp)
+}
+
+/// A new, empty file beside the database, where an image of it is built before it is swapped in.
+fn create_image(db_path: &Path) -> Result<(PathBuf, File)> {
     let tmp = restore_image_path(db_path);
     let out = OpenOptions::new()
         .read(true)
@@ -227,11 +236,21 @@ fn install_image(db_path: &Path, snapshot_path: &Path) -> Result<()> {
         .create(true)
         .truncate(true)
         .open(&tmp)
-        .map_err(io_error("creating the restored image"))?;
-    let header = snapshot::copy_image(snapshot_path, &out).map_err(|e| read_error(e, "reading the snapshot"))?;
-    out.set_len(header.db_pages as u64 * header.page_size as u64).map_err(io_error("sizing the restored image"))?;
-    out.sync_all().map_err(io_error("syncing the restored image"))?;
-    swap_in(db_path, &tmp)
+        .map_err(io_error("creating the database image"))?;
+    Ok((tmp, out))
+}
+
+/// Builds the state a plan names beside the database (see [`build`]); the file is removed if
+/// that fails. Returns it with its size in pages.
+fn build_image(db_path: &Path, plan: &RestorePlan, page_size: u32) -> Result<(PathBuf, File, u32)> {
+    let (tmp, out) = create_image(db_path)?;
+    match build(plan, &out, page_size) {
+        Ok(db_pages) => Ok((tmp, out, db_pages)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e)
+        }
+    }
 }
 
 /// Renames `tmp` over the database file and removes its WAL, durably.
@@ -828,12 +847,6 @@ impl History {
         plan(&self.dir, &self.snapshots, self.entries()?, target)
     }
 
-    /// Rebuilds the state at `target` into `out`, checking every byte read; returns its size in
-    /// pages.
-    fn build(&self, plan: &RestorePlan, out: &File) -> Result<u32> {
-        build(plan, out, self.page_size)
-    }
-
     /// Restores the state at `target`: rebuilds it, records it in history as a new entry, and
     /// swaps it in for the database file at `db_path`, which the caller has closed. Returns the
     /// new bookmark and the one before (the undo point).
@@ -843,21 +856,7 @@ impl History {
         let previous = self.current();
         let plan = self.plan(target.seq)?;
         self.sync()?;
-        let tmp = restore_image_path(db_path);
-        let out = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(io_error("creating the restored image"))?;
-        let db_pages = match self.build(&plan, &out) {
-            Ok(n) => n,
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
-        };
+        let (tmp, out, db_pages) = build_image(db_path, &plan, self.page_size)?;
         self.writing(|h| h.install_restored(db_path, &tmp, out, db_pages))?;
         Ok(Restored { bookmark: self.current(), previous })
     }
@@ -1019,21 +1018,9 @@ pub fn materialize(db_path: &Path) -> Result<Option<u64>> {
     let page_size = snapshot::read_header(&plan.snapshot)
         .map_err(|e| read_error(e, &format!("reading {}", plan.snapshot.display())))?
         .page_size;
-    let tmp = restore_image_path(db_path);
-    let out = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .map_err(io_error("creating the database image"))?;
-    if let Err(e) = build(&plan, &out, page_size) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
+    let (tmp, out, _) = build_image(db_path, &plan, page_size)?;
     drop(out);
-    std::fs::rename(&tmp, db_path).map_err(io_error("installing the database image"))?;
-    sync_dir(db_path.parent().unwrap_or(Path::new("."))).map_err(io_error("syncing the database directory"))?;
+    swap_in(db_path, &tmp)?;
     Ok(Some(target))
 }
 
