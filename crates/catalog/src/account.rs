@@ -58,7 +58,7 @@ impl Catalog {
 
     /// The account with this id.
     pub fn account(&self, id: &str) -> Result<Option<Account>> {
-        self.read(|c| {
+        self.read_found(|c| {
             c.prepare_cached("SELECT id, name, created_at FROM accounts WHERE id = ?1")?
                 .query_row([id], account_from_row)
                 .optional()

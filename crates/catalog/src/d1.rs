@@ -164,7 +164,7 @@ impl Catalog {
 
     /// The account's database with this id, or else with this name.
     pub fn d1_database(&self, account_id: &str, id_or_name: &str) -> Result<Option<D1Database>> {
-        self.read(|c| {
+        self.read_found(|c| {
             c.prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM d1_databases WHERE account_id = ?1 AND (uuid = lower(?2) OR name = ?2) \
                  ORDER BY uuid = lower(?2) DESC LIMIT 1"
@@ -176,7 +176,7 @@ impl Catalog {
 
     /// The database with this id, whatever its account.
     pub fn d1_database_by_uuid(&self, uuid: &str) -> Result<Option<D1Database>> {
-        self.read(|c| {
+        self.read_found(|c| {
             c.prepare_cached(&format!("SELECT {COLUMNS} FROM d1_databases WHERE uuid = ?1"))?
                 .query_row([uuid], database_from_row)
                 .optional()

@@ -29,6 +29,7 @@ mod account;
 mod d1;
 mod durable_objects;
 mod r2;
+mod replication;
 mod token;
 mod workers;
 
@@ -40,6 +41,7 @@ pub use account::{Account, is_valid_account_id};
 pub use d1::{D1Database, D1DatabaseList, NewD1Database, Usage, UsageDelta, is_valid_database_name};
 pub use durable_objects::{DoNamespace, NewDoNamespace, is_valid_namespace_name};
 pub use r2::{R2Bucket, S3Credential, is_valid_bucket_name};
+pub use replication::Replication;
 pub use token::{Scope, Token};
 pub use workers::{
     HOST_KURA, HOST_WORKERD, NamespaceChange, NewWorkerVersion, RecordedVersion, WorkerDeployment, WorkerScript,
@@ -70,6 +72,11 @@ pub enum Error {
     /// An id or token secret already belongs to another account.
     #[error("{0}")]
     Conflict(String),
+    /// The catalog is shared by several nodes and the write could not be made theirs (the
+    /// coordinator or the store failed, or another node holds the catalog too long): nothing
+    /// changed.
+    #[error("the shared catalog is unavailable: {0}")]
+    Replication(String),
     /// The catalog file failed.
     #[error("catalog {path}: {source}")]
     Storage {
@@ -88,6 +95,10 @@ pub struct Catalog {
     reader: Mutex<rusqlite::Connection>,
     writer: Mutex<rusqlite::Connection>,
     path: PathBuf,
+    replication: Option<std::sync::Arc<dyn Replication>>,
+    /// Bumped each time a copy from the cluster replaces the file, so caches over the catalog
+    /// know to let go.
+    installs: std::sync::atomic::AtomicU64,
 }
 
 /// The catalog's schema, one entry per version; applied in order, never edited once shipped.
@@ -206,10 +217,56 @@ impl Catalog {
     /// Opens the catalog at `path`, creating it and bringing its schema up to date.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_owned();
-        let reader = connect(&path)?;
-        let catalog = Catalog { reader: Mutex::new(reader), writer: Mutex::new(connect(&path)?), path };
-        catalog.migrate()?;
+        Self::open_with(path.as_ref(), None)
+    }
+
+    /// Opens the catalog at `path` as this node's copy of a catalog that several nodes share:
+    /// `replication` makes every write exclusive to one node at a time and publishes it before it
+    /// is acknowledged, and brings newer copies in (see [`Replication`]).
+    pub fn open_replicated(path: impl AsRef<Path>, replication: std::sync::Arc<dyn Replication>) -> Result<Self> {
+        let catalog = Self::open_with(path.as_ref(), Some(replication))?;
+        catalog.refresh()?;
         Ok(catalog)
+    }
+
+    fn open_with(path: &Path, replication: Option<std::sync::Arc<dyn Replication>>) -> Result<Self> {
+        let path = path.to_owned();
+        let reader = connect(&path)?;
+        let catalog = Catalog {
+            reader: Mutex::new(reader),
+            writer: Mutex::new(connect(&path)?),
+            path,
+            replication: None,
+            installs: Default::default(),
+        };
+        catalog.migrate()?;
+        Ok(Catalog { replication, ..catalog })
+    }
+
+    /// How many times a newer copy has replaced this node's file; changes whenever anything
+    /// read before may have changed without this process writing it.
+    pub fn installs(&self) -> u64 {
+        self.installs.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Brings in the newest published copy of a shared catalog if this node's is behind;
+    /// true if it replaced the file. A catalog of one data directory has nothing to bring in.
+    pub fn refresh(&self) -> Result<bool> {
+        let Some(replication) = &self.replication else { return Ok(false) };
+        let mut writer = self.lock_writer();
+        match replication.newer().map_err(Error::Replication)? {
+            Some(copy) => self.install(&mut writer, &copy).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Reads with `f`; when it finds nothing and the catalog is shared, brings in a newer copy
+    /// (another node may have just written it) and reads once more.
+    fn read_found<T>(&self, f: impl Fn(&rusqlite::Connection) -> rusqlite::Result<Option<T>>) -> Result<Option<T>> {
+        match self.read(&f)? {
+            None if self.replication.is_some() && self.refresh()? => self.read(&f),
+            found => Ok(found),
+        }
     }
 
     /// The catalog file.
@@ -247,22 +304,82 @@ impl Catalog {
 
     /// Runs `f` in an immediate transaction (so two processes never deadlock upgrading locks).
     fn write<T>(&self, f: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>) -> Result<T> {
-        let mut conn = self.lock_writer();
-        let tx =
-            conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(|e| self.storage(e))?;
-        let out = f(&tx).map_err(|e| self.storage(e))?;
-        tx.commit().map_err(|e| self.storage(e))?;
-        Ok(out)
+        self.write_checked(|tx| f(tx).map_err(|e| self.storage(e)))
     }
 
-    /// Like [`Catalog::write`], for closures that return catalog errors of their own.
+    /// Like [`Catalog::write`], for closures that return catalog errors of their own. In a
+    /// shared catalog the write runs while this node is the only writer, on the newest copy,
+    /// and is answered once the copy with it is published; if publishing fails, the published
+    /// copy is brought back, so nothing unpublished is ever read.
     fn write_checked<T>(&self, f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
         let mut conn = self.lock_writer();
+        let Some(replication) = &self.replication else { return self.transact(&mut conn, f) };
+        if let Some(copy) = replication.begin_write().map_err(Error::Replication)?
+            && let Err(e) = self.install(&mut conn, &copy)
+        {
+            replication.end_write();
+            return Err(e);
+        }
+        let outcome = self.transact(&mut conn, f).and_then(|out| {
+            let copy = self.path.with_extension("sqlite.publish");
+            let _ = std::fs::remove_file(&copy);
+            conn.execute("VACUUM INTO ?1", [copy.to_string_lossy()]).map_err(|e| self.storage(e))?;
+            let published = replication.publish(&copy).map_err(Error::Replication);
+            let _ = std::fs::remove_file(&copy);
+            if let Err(e) = published {
+                // What committed here is not the cluster's: go back to what the store holds.
+                let restored = replication.published().map_err(Error::Replication);
+                if let Ok(Some(copy)) = restored
+                    && let Err(again) = self.install(&mut conn, &copy)
+                {
+                    return Err(Error::Replication(format!(
+                        "{e}; and restoring the published catalog failed: {again}"
+                    )));
+                }
+                return Err(e);
+            }
+            Ok(out)
+        });
+        replication.end_write();
+        outcome
+    }
+
+    fn transact<T>(
+        &self,
+        conn: &mut rusqlite::Connection,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
         let tx =
             conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(|e| self.storage(e))?;
         let out = f(&tx)?;
         tx.commit().map_err(|e| self.storage(e))?;
         Ok(out)
+    }
+
+    /// Replaces the catalog file with `copy` (the writer already locked): both connections
+    /// close, the file and its WAL go, the copy takes its name durably, and both reopen.
+    fn install(&self, writer: &mut rusqlite::Connection, copy: &Path) -> Result<()> {
+        let mut reader = self.lock_reader();
+        let io = |source: std::io::Error| Error::Replication(format!("installing {}: {source}", copy.display()));
+        let placeholder = || rusqlite::Connection::open_in_memory().map_err(|e| self.storage(e));
+        *reader = placeholder()?;
+        *writer = placeholder()?;
+        for suffix in ["-wal", "-shm"] {
+            let mut side = self.path.as_os_str().to_owned();
+            side.push(suffix);
+            match std::fs::remove_file(PathBuf::from(side)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+                _ => {}
+            }
+        }
+        std::fs::rename(copy, &self.path).map_err(io)?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+        }
+        *reader = connect(&self.path)?;
+        *writer = connect(&self.path)?;
+        self.installs.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
     }
 }
 

@@ -230,7 +230,7 @@ impl Catalog {
     }
 
     fn token_by_secret(&self, secret: &str) -> Result<Option<Token>> {
-        self.read(|c| {
+        self.read_found(|c| {
             c.prepare_cached(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE secret_hash = ?1"))?
                 .query_row([hash(secret)], token_from_row)
                 .optional()

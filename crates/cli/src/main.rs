@@ -5,6 +5,7 @@
 
 mod admin;
 mod api;
+mod cluster;
 mod config;
 mod d1;
 mod durable_objects;
@@ -33,7 +34,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the server: Cloudflare's v4 API (D1, R2, Durable Objects, Workers), the S3 listener and deployed Workers, on a data directory.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Manage D1 databases, locally or remotely.
     #[command(subcommand)]
     D1(d1::D1Command),
@@ -100,7 +101,7 @@ fn main() -> ExitCode {
     };
     let outcome = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(args) => serve::run(*args).await,
             Command::D1(command) => d1::run(command).await,
             Command::R2(command) => r2::run(command).await,
             Command::Do(command) => durable_objects::run(command).await,

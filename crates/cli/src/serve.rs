@@ -2,6 +2,8 @@
 //! binds the listeners and serves until interrupted.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -9,6 +11,7 @@ use kura_server::{CredentialsConfig, Node, NodeSettings};
 use tokio::net::TcpListener;
 
 use crate::DataArgs;
+use crate::cluster::{ClusterArgs, Joined};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -49,6 +52,8 @@ pub struct ServeArgs {
     /// Days of history Time Travel keeps restorable.
     #[arg(long, env = "KURA_TIME_TRAVEL_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3650))]
     time_travel_days: u64,
+    #[command(flatten)]
+    cluster: ClusterArgs,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -56,17 +61,40 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(history) = settings.d1.history.as_mut() {
         history.retention = std::time::Duration::from_secs(args.time_travel_days * 24 * 3600);
     }
+    let api = TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
+    let s3 = TcpListener::bind(args.s3_listen).await.with_context(|| format!("cannot listen on {}", args.s3_listen))?;
+    let joined = match args.cluster.enabled() {
+        true => Some(args.cluster.join(&api.local_addr()?, &s3.local_addr()?).await?),
+        false => None,
+    };
+    let mut placement = None;
+    if let Some(Joined { storage, coordinator, member }) = &joined {
+        let d1 = Arc::new(kura_cluster::placement::D1Placement::new(
+            storage.clone(),
+            Arc::clone(coordinator),
+            member.clone(),
+        ));
+        settings.d1.placement = Some(d1.clone());
+        placement = Some(d1);
+        let catalog_path = args.data.data.join("catalog.sqlite");
+        settings.catalog_replication = Some(Arc::new(kura_cluster::catalog::SharedCatalog::new(
+            storage.clone(),
+            Arc::clone(coordinator),
+            &catalog_path,
+        )));
+        settings.forwarding = Some(kura_server::cluster::Forwarding::new(&member.node));
+    }
     let node = Node::open(&args.data.data, settings)?;
     let credentials = CredentialsConfig {
         account_id: args.account_id.clone(),
         api_token: args.api_token.clone(),
         s3_key: args.s3_access_key_id.clone().zip(args.s3_secret_access_key.clone()),
     };
-    let boot = node.bootstrap(&credentials)?;
-    let api = TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
-    let s3 = TcpListener::bind(args.s3_listen).await.with_context(|| format!("cannot listen on {}", args.s3_listen))?;
-    // Without its port, the rest of kura still serves (wrangler dev may hold 8787).
+    let boot = bootstrap(&node, &credentials, joined.is_some())?;
+    // Without its port, the rest of kura still serves (wrangler dev may hold 8787). A cluster
+    // node runs no Workers yet.
     let workers = match TcpListener::bind(args.workers_listen).await {
+        _ if joined.is_some() => None,
         Ok(listener) => Some(listener),
         Err(e) => {
             tracing::warn!(
@@ -78,6 +106,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let workers_url = match &workers {
         Some(listener) => format!("http://{} (as <name>.localhost)", listener.local_addr()?),
+        None if joined.is_some() => "not served by a cluster node".to_owned(),
         None => "not served (see the warning above)".to_owned(),
     };
     let api_url = format!("http://{}/client/v4", api.local_addr()?);
@@ -88,6 +117,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     println!("  S3:                  {s3_url}");
     println!("  Workers:             {workers_url}");
     println!("  account:             {}", boot.account.id);
+    if let Some(joined) = &joined {
+        println!(
+            "  cluster:             node {} through {}, data in {}",
+            joined.member.node,
+            joined.coordinator.describe(),
+            args.cluster.store_description()
+        );
+    }
     if let Some(secret) = &boot.new_token {
         println!();
         println!("Created an admin API token; it is shown only this once:");
@@ -115,9 +152,53 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         offline: false,
     };
     let listeners = kura_server::Listeners { api, s3, workers };
-    kura_server::serve_all(node, listeners, workers_settings, shutdown_signal()).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let follower = joined.as_ref().map(|_| {
+        tokio::spawn(kura_cluster::catalog::follow(
+            Arc::clone(node.catalog()),
+            Duration::from_millis(250),
+            stopped(stop_rx.clone()),
+        ))
+    });
+    let signal = async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    };
+    kura_server::serve_all(node, listeners, workers_settings, signal).await?;
+    if let Some(follower) = follower {
+        let _ = follower.await;
+    }
+    if let (Some(joined), Some(placement)) = (&joined, &placement) {
+        // Handing the databases over now spares the other nodes a lease's wait.
+        placement.release_all().await;
+        if let Err(e) = joined.coordinator.leave().await {
+            tracing::warn!(error = %e, "could not leave the cluster; its leases end with their TTL");
+        }
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Bootstraps the credentials; in a cluster, nodes starting together may race to create the
+/// same account or token, and the loser finds the winner's on a second look.
+fn bootstrap(node: &Node, credentials: &CredentialsConfig, clustered: bool) -> anyhow::Result<kura_server::Bootstrap> {
+    let attempts = if clustered { 5 } else { 1 };
+    let mut attempt = 1;
+    loop {
+        match node.bootstrap(credentials) {
+            Ok(boot) => return Ok(boot),
+            Err(e) if attempt < attempts => {
+                tracing::info!(error = %e, "bootstrapping the cluster's credentials again");
+                std::thread::sleep(Duration::from_millis(100 * attempt));
+                node.catalog().refresh()?;
+                attempt += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 async fn shutdown_signal() {

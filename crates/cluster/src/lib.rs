@@ -22,7 +22,9 @@
 //! # Ok(()) }
 //! ```
 
+pub mod catalog;
 pub mod coordinator;
+pub mod placement;
 pub mod probe;
 pub mod replica;
 pub mod storage;
@@ -38,3 +40,12 @@ pub use replica::{HistoryShipper, ReplicaError, Shipped, rebuild, sweep};
 pub use storage::{
     LocalStorage, ObjectInfo, PutMode, RemoteStorage, S3Config, SharedStorage, Storage, StorageError, Version,
 };
+
+/// Runs `future` to completion from synchronous code: on a runtime worker, in place (the
+/// runtime must have several workers); on any other thread, directly.
+pub(crate) fn wait<F: std::future::Future>(runtime: &tokio::runtime::Handle, future: F) -> F::Output {
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => tokio::task::block_in_place(|| runtime.block_on(future)),
+        Err(_) => runtime.block_on(future),
+    }
+}

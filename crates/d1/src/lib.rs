@@ -70,6 +70,10 @@ pub enum Error {
     /// An import failed; nothing of it was applied.
     #[error(transparent)]
     Import(#[from] import::ImportError),
+    /// In a cluster: another node owns the database (requests for it go there), or ownership
+    /// could not be settled.
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
     /// The file system failed.
     #[error("{context}: {source}")]
     Io {
@@ -94,6 +98,40 @@ impl From<kura_catalog::Error> for Error {
 /// Results of D1 calls.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Why a database cannot be served on this node of a cluster.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlacementError {
+    /// Another node owns it: forward the request to `url` (its API).
+    #[error("the database is served by node {node}")]
+    Elsewhere {
+        /// The owner.
+        node: String,
+        /// Its API's URL.
+        url: String,
+    },
+    /// No node can serve it right now (the coordinator or the store failed, or the last
+    /// owner's lease has not ended yet); worth retrying shortly.
+    #[error("the database is unavailable for now: {0}")]
+    Unavailable(String),
+}
+
+/// Where a database is served when several nodes share the data (kura-cluster implements it):
+/// one node owns each database, with its files rebuilt from the store, and its commits ship to
+/// the store before they are acknowledged.
+#[async_trait::async_trait]
+pub trait Placement: Send + Sync + std::fmt::Debug {
+    /// Whether this node owns the database now, with its files current.
+    fn is_current(&self, uuid: &str) -> bool;
+    /// Makes this node the database's owner, its file at `db_path` rebuilt from the store (a
+    /// new database: nothing to rebuild), or says which node owns it.
+    async fn claim(&self, uuid: &str, db_path: &Path) -> std::result::Result<(), PlacementError>;
+    /// What this node's commits to the database must pass: the shipper of its ownership.
+    fn shipper(&self, uuid: &str) -> Option<Arc<dyn kura_sqlite::LogShipper>>;
+    /// Gives the database up for good (it was deleted): its history in the store goes too.
+    async fn release(&self, uuid: &str);
+}
+
 /// How the engine runs.
 #[derive(Debug, Clone)]
 pub struct D1Settings {
@@ -110,6 +148,8 @@ pub struct D1Settings {
     pub max_restores: usize,
     /// The window `max_restores` counts over.
     pub restore_window: Duration,
+    /// In a cluster, which node serves each database; `None` serves every database here.
+    pub placement: Option<Arc<dyn Placement>>,
 }
 
 impl Default for D1Settings {
@@ -121,6 +161,7 @@ impl Default for D1Settings {
             history: Some(HistorySettings::default()),
             max_restores: 10,
             restore_window: Duration::from_secs(600),
+            placement: None,
         }
     }
 }
@@ -177,6 +218,9 @@ const RECORD_CACHE_SIZE: usize = 100_000;
 #[derive(Default)]
 struct RecordCache {
     generation: u64,
+    /// The catalog's install count the records were read under (a shared catalog's copy can be
+    /// replaced by a newer one another node wrote).
+    installs: u64,
     records: HashMap<(String, String), D1Database>,
 }
 
@@ -214,8 +258,14 @@ impl D1 {
         let opener_root = root.clone();
         let limits = settings.limits.clone();
         let history = settings.history.clone();
+        let placement = settings.placement.clone();
         let registry = Registry::new(settings.registry.clone(), move |uuid: &str| {
-            is_uuid(uuid).then(|| database_options(&opener_root, uuid, &limits, &history))
+            let options = is_uuid(uuid).then(|| database_options(&opener_root, uuid, &limits, &history))?;
+            match &placement {
+                // A database this node does not own (any more) is not opened here.
+                Some(placement) => placement.shipper(uuid).map(|shipper| options.shipper(shipper)),
+                None => Some(options),
+            }
         });
         Ok(D1 {
             catalog,
@@ -249,11 +299,19 @@ impl D1 {
         let path = database_file(&self.root, &uuid);
         let (root, id) = (self.root.clone(), uuid.clone());
         let (limits, history) = (self.settings.limits.clone(), self.settings.history.clone());
+        let mut opening = database_options(&root, &id, &limits, &history).create(true);
+        if let Some(placement) = &self.settings.placement {
+            // Owned before its first byte exists, so even its empty state is in the store.
+            placement.claim(&uuid, &path).await?;
+            opening = opening.shipper(placement.shipper(&uuid).ok_or_else(|| {
+                PlacementError::Unavailable("this node's ownership ended as the database was created".into())
+            })?);
+        }
         let created = tokio::task::spawn_blocking(move || -> Result<()> {
             let dir = path.parent().expect("database files live in a directory");
             std::fs::create_dir_all(dir)
                 .map_err(|source| Error::Io { context: format!("creating {}", dir.display()), source })?;
-            kura_sqlite::Database::open(&database_options(&root, &id, &limits, &history).create(true))?;
+            kura_sqlite::Database::open(&opening)?;
             // The record that points at the file is written next: make the file's name durable.
             sync_directory(dir)?;
             sync_directory(dir.parent().expect("the d1 directory"))?;
@@ -278,6 +336,9 @@ impl D1 {
             }
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
+                if let Some(placement) = &self.settings.placement {
+                    placement.release(&uuid).await;
+                }
                 Err(e)
             }
         }
@@ -286,9 +347,12 @@ impl D1 {
     /// The account's database with this id or name.
     pub fn get(&self, account_id: &str, id_or_name: &str) -> Result<D1Database> {
         let key = (account_id.to_owned(), id_or_name.to_owned());
+        let installs = self.catalog.installs();
         let generation = {
             let cache = self.records.read().unwrap_or_else(|p| p.into_inner());
-            if let Some(found) = cache.records.get(&key) {
+            if cache.installs == installs
+                && let Some(found) = cache.records.get(&key)
+            {
                 return Ok(found.clone());
             }
             cache.generation
@@ -299,6 +363,10 @@ impl D1 {
         let found =
             self.catalog.d1_database(account_id, id_or_name)?.ok_or_else(|| Error::NotFound(id_or_name.to_owned()))?;
         let mut cache = self.records.write().unwrap_or_else(|p| p.into_inner());
+        if cache.installs != installs {
+            cache.records.clear();
+            cache.installs = installs;
+        }
         if cache.generation == generation {
             if cache.records.len() >= RECORD_CACHE_SIZE {
                 cache.records.clear();
@@ -306,6 +374,21 @@ impl D1 {
             cache.records.insert(key, found.clone());
         }
         Ok(found)
+    }
+
+    /// In a cluster, makes sure this node may serve the database `uuid` — it owns it, and its
+    /// file holds everything the store does — or says where it is served. Alone, a no-op.
+    pub async fn claim(&self, uuid: &str) -> Result<()> {
+        let Some(placement) = &self.settings.placement else { return Ok(()) };
+        if !is_uuid(uuid) {
+            return Err(Error::InvalidId(uuid.to_owned()));
+        }
+        if placement.is_current(uuid) {
+            return Ok(());
+        }
+        // Whatever an earlier ownership left open goes before its files are rebuilt.
+        self.registry.close(uuid).await;
+        Ok(placement.claim(uuid, &database_file(&self.root, uuid)).await?)
     }
 
     /// Forgets cached records after a change.
@@ -355,6 +438,9 @@ impl D1 {
         }
         self.registry.retire(&database.uuid).await;
         self.usage.forget(&database.uuid);
+        if let Some(placement) = &self.settings.placement {
+            placement.release(&database.uuid).await;
+        }
         let dir = self.root.join(&database.uuid);
         tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir))
             .await

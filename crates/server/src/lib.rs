@@ -21,6 +21,7 @@ mod alarms;
 pub mod auth;
 mod binding;
 pub mod buckets;
+pub mod cluster;
 mod node;
 pub mod rest;
 mod s3;
@@ -59,6 +60,8 @@ pub struct AppState {
     pub durable_objects: kura_do::DurableObjects,
     /// The Workers layer, when this server runs Workers.
     pub workers: Option<kura_workers::Workers>,
+    /// In a cluster, how requests reach the node that owns what they touch.
+    pub forwarding: Option<cluster::Forwarding>,
 }
 
 /// The listeners a server serves on.
@@ -78,6 +81,7 @@ pub fn app(state: AppState) -> Router {
         .route("/d1-transfers/{token}", get(transfer::download).put(transfer::upload))
         .nest("/client/v4", rest::routes())
         .merge(binding::routes())
+        .layer(axum::middleware::from_fn_with_state(state.clone(), cluster::place))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
@@ -122,6 +126,7 @@ pub async fn serve_all(
         r2: Arc::clone(node.r2()),
         durable_objects: node.durable_objects().clone(),
         workers: workers.clone(),
+        forwarding: node.forwarding().cloned(),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -138,7 +143,10 @@ pub async fn serve_all(
     ));
     let alarms =
         tokio::spawn(alarms::run(Arc::clone(&state.catalog), state.durable_objects.clone(), stopped(stop_rx.clone())));
-    let s3_routes = s3::routes(Arc::clone(&state.catalog), Arc::clone(&state.r2), &node.s3_domains());
+    let s3_routes = match state.forwarding {
+        Some(_) => cluster::s3_not_clustered(),
+        None => s3::routes(Arc::clone(&state.catalog), Arc::clone(&state.r2), &node.s3_domains()),
+    };
     let s3_server = axum::serve(s3, s3_routes).with_graceful_shutdown(stopped(stop_rx.clone()));
     let mut workers_servers = Vec::new();
     if let (Some(workers), Some(listener)) = (&workers, listeners.workers) {

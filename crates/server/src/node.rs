@@ -79,6 +79,11 @@ pub struct NodeSettings {
     pub durable_objects: kura_do::DoSettings,
     /// Domains under which the S3 listener serves virtual-hosted buckets (`<bucket>.<domain>`).
     pub s3_domains: Vec<String>,
+    /// In a cluster: how this node's catalog stays the cluster's (D1's placement is in
+    /// `d1.placement`). `None` for a node alone.
+    pub catalog_replication: Option<Arc<dyn kura_catalog::Replication>>,
+    /// In a cluster: how requests reach other nodes.
+    pub forwarding: Option<crate::cluster::Forwarding>,
 }
 
 /// An opened data directory. Dropping it releases the directory.
@@ -89,6 +94,7 @@ pub struct Node {
     r2: Arc<R2>,
     durable_objects: kura_do::DurableObjects,
     s3_domains: Vec<String>,
+    forwarding: Option<crate::cluster::Forwarding>,
     _lock: File,
 }
 
@@ -99,11 +105,24 @@ impl Node {
         let io = |context: String| move |source| NodeError::Io { context, source };
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let lock = lock_directory(dir)?;
-        let catalog = Arc::new(Catalog::open(dir.join("catalog.sqlite"))?);
+        let catalog_path = dir.join("catalog.sqlite");
+        let catalog = Arc::new(match settings.catalog_replication {
+            Some(replication) => Catalog::open_replicated(catalog_path, replication)?,
+            None => Catalog::open(catalog_path)?,
+        });
         let d1 = Arc::new(D1::open(dir, Arc::clone(&catalog), settings.d1)?);
         let r2 = Arc::new(R2::open(dir.join("r2"), settings.r2)?);
         let durable_objects = kura_do::DurableObjects::open(dir.join("do"), settings.durable_objects)?;
-        Ok(Node { dir: dir.to_owned(), catalog, d1, r2, durable_objects, s3_domains: settings.s3_domains, _lock: lock })
+        Ok(Node {
+            dir: dir.to_owned(),
+            catalog,
+            d1,
+            r2,
+            durable_objects,
+            s3_domains: settings.s3_domains,
+            forwarding: settings.forwarding,
+            _lock: lock,
+        })
     }
 
     /// The data directory.
@@ -129,6 +148,11 @@ impl Node {
     /// The Durable Objects engine.
     pub fn durable_objects(&self) -> &kura_do::DurableObjects {
         &self.durable_objects
+    }
+
+    /// In a cluster, how requests reach other nodes; `None` alone.
+    pub fn forwarding(&self) -> Option<&crate::cluster::Forwarding> {
+        self.forwarding.as_ref()
     }
 
     /// The domains of virtual-hosted bucket addressing.

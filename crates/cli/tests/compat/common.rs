@@ -34,8 +34,17 @@ impl KuraProcess {
     }
 
     pub fn start_on(dir: tempfile::TempDir, data: PathBuf) -> KuraProcess {
+        Self::start_with(dir, data, &[], &[])
+    }
+
+    /// Starts `kura serve` with more arguments and environment (a cluster node's).
+    pub fn start_with(dir: tempfile::TempDir, data: PathBuf, args: &[String], env: &[(&str, String)]) -> KuraProcess {
+        let listen_args =
+            ["serve", "--listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0", "--workers-listen", "127.0.0.1:0"];
         let mut child = Command::new(kura_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0", "--workers-listen", "127.0.0.1:0"])
+            .args(listen_args)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .arg("--data")
             .arg(&data)
             .env("KURA_WORKERD", installed("node_modules/workerd/bin/workerd"))

@@ -19,6 +19,8 @@ use crate::AppState;
 use crate::rest::ApiError;
 use kura_workers::config::headers;
 
+pub(crate) use d1::DATABASE_HEADER;
+
 /// The binding routes, on the API listener.
 pub fn routes() -> Router<AppState> {
     Router::new()

@@ -235,6 +235,12 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, 7500, format!("internal error; reference = {reference}"))
     }
 
+    /// A cluster that cannot serve this right now (an owner being replaced, the coordinator or
+    /// the store out of reach): worth retrying in a moment.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, 7500, message)
+    }
+
     /// The status this error is answered with.
     pub fn status(&self) -> StatusCode {
         self.status
@@ -281,6 +287,8 @@ impl From<kura_d1::Error> for ApiError {
                 format!("System limit reached: databases per account ({n})"),
             ),
             E::Invalid(m) => ApiError::bad_request(m),
+            E::Placement(e) => ApiError::unavailable(e.to_string()),
+            E::Catalog(kura_catalog::Error::Replication(m)) => ApiError::unavailable(m),
             E::Import(e) => ApiError::new(StatusCode::BAD_REQUEST, 7500, e.to_string()),
             E::Export(e) => ApiError::new(StatusCode::BAD_REQUEST, 7500, e.to_string()),
             E::Sql(sql) => match sql {
@@ -317,6 +325,7 @@ impl From<kura_catalog::Error> for ApiError {
     fn from(e: kura_catalog::Error) -> Self {
         match e {
             kura_catalog::Error::Invalid(m) => ApiError::bad_request(m),
+            kura_catalog::Error::Replication(m) => ApiError::unavailable(m),
             other => ApiError::internal(&other),
         }
     }

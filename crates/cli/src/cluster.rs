@@ -1,0 +1,155 @@
+//! `kura serve`'s cluster flags: the object store every node shares, the coordinator that
+//! decides who owns what (etcd, or the store's own conditional writes if it passes the probe),
+//! and this node's name and addresses; joined before the data directory opens.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use kura_cluster::{
+    Coordinator, EtcdClient, EtcdCoordinator, Member, RemoteStorage, S3Config, SharedStorage, StoreCoordinator,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CoordinatorKind {
+    /// etcd 3.4+ (`--etcd`): leases and revision-compare transactions.
+    Etcd,
+    /// The store's own conditional writes; refused for stores that ignore them (Garage).
+    Store,
+}
+
+#[derive(Args, Clone)]
+pub struct ClusterArgs {
+    /// Run as a node of a cluster whose data lives in this S3-compatible store:
+    /// `s3://<bucket>[/<prefix>]` (Garage, AWS S3, R2, MinIO, Ceph). Off: everything stays in
+    /// the data directory.
+    #[arg(long, env = "KURA_CLUSTER_STORE", help_heading = "Cluster")]
+    cluster_store: Option<String>,
+    /// The store's endpoint (`http://127.0.0.1:3900`); AWS itself when absent.
+    #[arg(long, env = "KURA_CLUSTER_STORE_ENDPOINT", help_heading = "Cluster")]
+    cluster_store_endpoint: Option<String>,
+    /// The region the store's requests are signed for (`garage` for Garage, `auto` for R2).
+    #[arg(long, env = "KURA_CLUSTER_STORE_REGION", default_value = "us-east-1", help_heading = "Cluster")]
+    cluster_store_region: String,
+    /// The store's access key id.
+    #[arg(long, env = "KURA_CLUSTER_STORE_ACCESS_KEY_ID", hide_env_values = true, help_heading = "Cluster")]
+    cluster_store_access_key_id: Option<String>,
+    /// The store's secret access key.
+    #[arg(long, env = "KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", hide_env_values = true, help_heading = "Cluster")]
+    cluster_store_secret_access_key: Option<String>,
+    /// Who decides ownership: etcd when --etcd is given, else the store.
+    #[arg(long, env = "KURA_COORDINATOR", value_enum, help_heading = "Cluster")]
+    coordinator: Option<CoordinatorKind>,
+    /// etcd's client URLs (repeat, or comma-separate in the environment).
+    #[arg(long = "etcd", env = "KURA_ETCD", value_delimiter = ',', help_heading = "Cluster")]
+    etcd: Vec<String>,
+    /// The cluster's name: its keys in etcd live under `/kura/<name>/`.
+    #[arg(long, env = "KURA_CLUSTER_NAME", default_value = "kura", help_heading = "Cluster")]
+    cluster_name: String,
+    /// This node's name in the cluster, stable across restarts.
+    #[arg(long, env = "KURA_NODE_ID", help_heading = "Cluster")]
+    node_id: Option<String>,
+    /// The URL other nodes reach this node's API at (default: http://<--listen>).
+    #[arg(long, env = "KURA_ADVERTISE", help_heading = "Cluster")]
+    advertise: Option<String>,
+    /// Seconds an owner's lease lasts without renewal: how long a dead node's databases wait
+    /// before another node takes them over.
+    #[arg(long, env = "KURA_LEASE_TTL", default_value_t = 5, value_parser = clap::value_parser!(u64).range(2..=300), help_heading = "Cluster")]
+    lease_ttl: u64,
+}
+
+/// A node joined to its cluster.
+pub struct Joined {
+    pub storage: SharedStorage,
+    pub coordinator: Arc<dyn Coordinator>,
+    pub member: Member,
+}
+
+impl ClusterArgs {
+    pub fn enabled(&self) -> bool {
+        self.cluster_store.is_some()
+    }
+
+    /// The store, for messages.
+    pub fn store_description(&self) -> String {
+        let store = self.cluster_store.as_deref().unwrap_or_default();
+        match &self.cluster_store_endpoint {
+            Some(endpoint) => format!("{store} at {endpoint}"),
+            None => store.to_owned(),
+        }
+    }
+
+    /// Connects to the store and the coordinator and joins as this node.
+    pub async fn join(&self, api: &std::net::SocketAddr, s3: &std::net::SocketAddr) -> anyhow::Result<Joined> {
+        let store = self.cluster_store.as_deref().expect("cluster mode is on");
+        let location = store
+            .strip_prefix("s3://")
+            .with_context(|| format!("--cluster-store {store}: expected s3://<bucket>[/<prefix>]"))?;
+        let (bucket, prefix) = location.split_once('/').unwrap_or((location, ""));
+        if bucket.is_empty() {
+            bail!("--cluster-store {store}: no bucket named");
+        }
+        let (Some(access_key_id), Some(secret_access_key)) =
+            (&self.cluster_store_access_key_id, &self.cluster_store_secret_access_key)
+        else {
+            bail!(
+                "a cluster store needs credentials: set KURA_CLUSTER_STORE_ACCESS_KEY_ID and KURA_CLUSTER_STORE_SECRET_ACCESS_KEY"
+            );
+        };
+        let Some(node) = self.node_id.clone() else {
+            bail!("a cluster node needs a name: set --node-id (or KURA_NODE_ID)");
+        };
+        if node.is_empty() || !node.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+            bail!("--node-id {node}: use letters, digits, '-', '_' or '.'");
+        }
+        let storage: SharedStorage = Arc::new(
+            RemoteStorage::s3(&S3Config {
+                endpoint: self.cluster_store_endpoint.clone(),
+                bucket: bucket.to_owned(),
+                prefix: prefix.trim_matches('/').to_owned(),
+                region: self.cluster_store_region.clone(),
+                access_key_id: access_key_id.clone(),
+                secret_access_key: secret_access_key.clone(),
+            })
+            .context("configuring the cluster store")?,
+        );
+        let ttl = Duration::from_secs(self.lease_ttl);
+        let kind = self.coordinator.unwrap_or(if self.etcd.is_empty() {
+            CoordinatorKind::Store
+        } else {
+            CoordinatorKind::Etcd
+        });
+        let coordinator: Arc<dyn Coordinator> = match kind {
+            CoordinatorKind::Etcd => {
+                if self.etcd.is_empty() {
+                    bail!("the etcd coordinator needs its URLs: set --etcd (or KURA_ETCD)");
+                }
+                let prefix = format!("/kura/{}", self.cluster_name);
+                Arc::new(EtcdCoordinator::new(EtcdClient::new(self.etcd.clone()), &prefix, ttl))
+            }
+            CoordinatorKind::Store => {
+                let outcome = kura_cluster::probe_conditional_writes(&*storage)
+                    .await
+                    .context("probing the cluster store's conditional writes")?;
+                if let Some(refusal) = outcome.refusal(&*storage) {
+                    bail!("{refusal}");
+                }
+                Arc::new(StoreCoordinator::new(storage.clone(), ttl))
+            }
+        };
+        let mut incarnation = [0u8; 8];
+        getrandom::fill(&mut incarnation).expect("the system has randomness");
+        let member = Member {
+            node,
+            incarnation: hex::encode(incarnation),
+            api: self.advertise.clone().unwrap_or_else(|| format!("http://{api}")).trim_end_matches('/').to_owned(),
+            s3: format!("http://{s3}"),
+        };
+        coordinator
+            .join(member.clone())
+            .await
+            .with_context(|| format!("joining the cluster through {}", coordinator.describe()))?;
+        Ok(Joined { storage, coordinator, member })
+    }
+}

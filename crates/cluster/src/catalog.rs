@@ -1,0 +1,216 @@
+//! The catalog several nodes share: each node keeps a copy, a write takes the `catalog`
+//! ownership for as long as it runs (so writes from different nodes are serialised by the
+//! coordinator, each on the newest copy), and the copy with the write is an object in the store,
+//! published under that ownership's epoch, before the write is acknowledged. Other nodes bring
+//! the newest copy in when they look for something they do not find, and every few hundred
+//! milliseconds.
+//!
+//! The catalog is small and written rarely (databases, buckets and tokens created or removed),
+//! so each write publishes the whole file rather than a log of changes.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kura_catalog::{Catalog, Replication};
+use serde::{Deserialize, Serialize};
+
+use crate::coordinator::{Acquired, Coordinator, Lease};
+use crate::storage::{PutMode, SharedStorage, StorageError};
+use crate::wait;
+
+/// The coordinator's resource for the catalog.
+pub const CATALOG_RESOURCE: &str = "catalog";
+
+/// How long a write waits for other nodes' writes before it gives up.
+const WRITE_WAIT: Duration = Duration::from_secs(15);
+
+/// A published copy, as its manifest entry names it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CatalogEntry {
+    object: String,
+    len: u64,
+}
+
+/// One node's side of the shared catalog (see the module's documentation).
+pub struct SharedCatalog {
+    storage: SharedStorage,
+    coordinator: Arc<dyn Coordinator>,
+    runtime: tokio::runtime::Handle,
+    /// Where copies from the store land, beside the catalog file (the install renames it).
+    incoming: PathBuf,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The manifest position this node's copy reflects.
+    applied: u64,
+    /// The ownership a write in progress holds.
+    writing: Option<Lease>,
+}
+
+impl std::fmt::Debug for SharedCatalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedCatalog").field("coordinator", &self.coordinator.describe()).finish_non_exhaustive()
+    }
+}
+
+impl SharedCatalog {
+    /// The shared side of the catalog file at `catalog_path`. Must be made inside a Tokio
+    /// runtime with several worker threads (its calls block in place).
+    pub fn new(storage: SharedStorage, coordinator: Arc<dyn Coordinator>, catalog_path: &Path) -> Self {
+        SharedCatalog {
+            storage,
+            coordinator,
+            runtime: tokio::runtime::Handle::current(),
+            incoming: catalog_path.with_extension("sqlite.incoming"),
+            state: Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The newest published copy after `after`, downloaded to the incoming file, with its
+    /// position; `None` if nothing newer was published.
+    async fn fetch_after(&self, after: u64) -> Result<Option<(u64, PathBuf)>, String> {
+        // A copy can be removed between reading the manifest and fetching it (two writes
+        // later): read the manifest again.
+        for _ in 0..5 {
+            let entries = self.coordinator.manifest(CATALOG_RESOURCE, after).await.map_err(|e| e.to_string())?;
+            // Fences (a new owner's empty entry) carry no copy.
+            let Some(newest) = entries.iter().rev().find(|e| !e.entry.is_empty()) else {
+                if let Some(last) = entries.last() {
+                    self.state().applied = self.state().applied.max(last.seq);
+                }
+                return Ok(None);
+            };
+            let entry: CatalogEntry = serde_json::from_slice(&newest.entry)
+                .map_err(|e| format!("catalog manifest entry {}: {e}", newest.seq))?;
+            let bytes = match self.storage.get(&entry.object).await {
+                Ok((bytes, _)) => bytes,
+                Err(StorageError::NotFound { .. }) => continue,
+                Err(e) => return Err(e.to_string()),
+            };
+            if bytes.len() as u64 != entry.len {
+                return Err(format!("catalog copy {} is {} bytes, not {}", entry.object, bytes.len(), entry.len));
+            }
+            write_synced(&self.incoming, &bytes).map_err(|e| format!("{}: {e}", self.incoming.display()))?;
+            return Ok(Some((newest.seq, self.incoming.clone())));
+        }
+        Err("the catalog changed too fast to fetch".into())
+    }
+
+    fn fetch(&self, after: u64) -> Result<Option<PathBuf>, String> {
+        let fetched = wait(&self.runtime, self.fetch_after(after))?;
+        Ok(fetched.map(|(seq, path)| {
+            self.state().applied = seq;
+            path
+        }))
+    }
+
+    async fn take_ownership(&self) -> Result<Lease, String> {
+        let deadline = Instant::now() + WRITE_WAIT;
+        loop {
+            match self.coordinator.acquire(CATALOG_RESOURCE).await.map_err(|e| e.to_string())? {
+                Acquired::Owned(lease) => return Ok(lease),
+                Acquired::Held(owner) if Instant::now() >= deadline => {
+                    return Err(format!("node {} has held the catalog for {WRITE_WAIT:?}", owner.node));
+                }
+                Acquired::Held(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    async fn publish_copy(&self, lease: &Lease, copy: &Path) -> Result<u64, String> {
+        let bytes = std::fs::read(copy).map_err(|e| format!("{}: {e}", copy.display()))?;
+        let mut random = [0u8; 12];
+        getrandom::fill(&mut random).expect("the system has randomness");
+        let object = format!("{CATALOG_RESOURCE}/{}/{}", lease.epoch(), hex::encode(random));
+        let entry = CatalogEntry { object: object.clone(), len: bytes.len() as u64 };
+        self.storage.put(&object, Bytes::from(bytes), PutMode::New).await.map_err(|e| e.to_string())?;
+        let entry = serde_json::to_vec(&entry).expect("an entry serialises");
+        let seq = self.coordinator.publish(lease, Bytes::from(entry)).await.map_err(|e| e.to_string())?;
+        // Only the newest copy matters; the one before it stays a while for nodes fetching it.
+        if let Err(e) = self.tidy(lease, seq, &object).await {
+            tracing::warn!(error = %e, "could not remove older catalog copies");
+        }
+        Ok(seq)
+    }
+
+    async fn tidy(&self, lease: &Lease, seq: u64, newest: &str) -> Result<(), String> {
+        let kept =
+            self.coordinator.manifest(CATALOG_RESOURCE, seq.saturating_sub(2)).await.map_err(|e| e.to_string())?;
+        let mut keep: Vec<String> = vec![newest.to_owned()];
+        for published in &kept {
+            if let Ok(entry) = serde_json::from_slice::<CatalogEntry>(&published.entry) {
+                keep.push(entry.object);
+            }
+        }
+        self.coordinator.forget(lease, seq.saturating_sub(1)).await.map_err(|e| e.to_string())?;
+        for info in self.storage.list(&format!("{CATALOG_RESOURCE}/")).await.map_err(|e| e.to_string())? {
+            if !keep.contains(&info.name) {
+                self.storage.delete(&info.name).await.map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Replication for SharedCatalog {
+    fn begin_write(&self) -> Result<Option<PathBuf>, String> {
+        let lease = wait(&self.runtime, self.take_ownership())?;
+        self.state().writing = Some(lease);
+        let applied = self.state().applied;
+        self.fetch(applied)
+    }
+
+    fn publish(&self, copy: &Path) -> Result<(), String> {
+        let lease = self.state().writing.clone().ok_or("no catalog write in progress")?;
+        let seq = wait(&self.runtime, self.publish_copy(&lease, copy))?;
+        self.state().applied = seq;
+        Ok(())
+    }
+
+    fn end_write(&self) {
+        let Some(lease) = self.state().writing.take() else { return };
+        if let Err(e) = wait(&self.runtime, self.coordinator.release(&lease)) {
+            tracing::warn!(error = %e, "could not give the catalog up; other nodes wait for its lease to end");
+        }
+    }
+
+    fn newer(&self) -> Result<Option<PathBuf>, String> {
+        let applied = self.state().applied;
+        self.fetch(applied)
+    }
+
+    fn published(&self) -> Result<Option<PathBuf>, String> {
+        self.fetch(0)
+    }
+}
+
+/// Brings newer copies of a shared catalog in every `every` until `stop` resolves.
+pub async fn follow(catalog: Arc<Catalog>, every: Duration, stop: impl std::future::Future<Output = ()>) {
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(every) => {
+                let catalog = Arc::clone(&catalog);
+                if let Ok(Err(e)) = tokio::task::spawn_blocking(move || catalog.refresh()).await {
+                    tracing::warn!(error = %e, "could not bring in the cluster's catalog");
+                }
+            }
+        }
+    }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
+}

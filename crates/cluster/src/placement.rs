@@ -1,0 +1,183 @@
+//! Which node serves each D1 database: the one holding its `d1/<uuid>` ownership, which
+//! rebuilt the database from the store when it took it and ships every commit before it is
+//! acknowledged. Requests reaching any other node are sent to that one.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use kura_d1::{Placement, PlacementError};
+use kura_sqlite::LogShipper;
+
+use crate::coordinator::{Acquired, Coordinator, Lease, Member};
+use crate::replica::{HistoryShipper, rebuild};
+use crate::storage::SharedStorage;
+
+/// The coordinator's resource for a D1 database.
+pub fn d1_resource(uuid: &str) -> String {
+    format!("d1/{uuid}")
+}
+
+struct Claim {
+    lease: Lease,
+    shipper: Arc<HistoryShipper>,
+}
+
+/// This node's D1 ownerships.
+pub struct D1Placement {
+    storage: SharedStorage,
+    coordinator: Arc<dyn Coordinator>,
+    member: Member,
+    claims: Mutex<HashMap<String, Claim>>,
+    /// One claim at a time per database, so two requests never rebuild it at once.
+    claiming: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for D1Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("D1Placement").field("node", &self.member.node).finish_non_exhaustive()
+    }
+}
+
+/// What one owned database has shipped, for `kura node status` and the metrics.
+#[derive(Debug, Clone)]
+pub struct OwnedDatabase {
+    /// The database's id.
+    pub uuid: String,
+    /// The ownership's epoch.
+    pub epoch: u64,
+    /// How long the lease has left.
+    pub lease_remaining: std::time::Duration,
+    /// Objects written to the store under this ownership.
+    pub puts: u64,
+    /// Manifest entries published (one per shipped group commit).
+    pub shipments: u64,
+}
+
+impl D1Placement {
+    /// The ownerships of the node `member`, which has joined `coordinator`.
+    pub fn new(storage: SharedStorage, coordinator: Arc<dyn Coordinator>, member: Member) -> Self {
+        D1Placement { storage, coordinator, member, claims: Mutex::default(), claiming: tokio::sync::Mutex::default() }
+    }
+
+    fn claims(&self) -> std::sync::MutexGuard<'_, HashMap<String, Claim>> {
+        self.claims.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The databases this node owns now.
+    pub fn owned(&self) -> Vec<OwnedDatabase> {
+        let mut owned: Vec<OwnedDatabase> = self
+            .claims()
+            .iter()
+            .filter(|(_, c)| c.lease.is_valid())
+            .map(|(uuid, c)| {
+                let (puts, shipments) = c.shipper.counts();
+                OwnedDatabase {
+                    uuid: uuid.clone(),
+                    epoch: c.lease.epoch(),
+                    lease_remaining: c.lease.remaining(),
+                    puts,
+                    shipments,
+                }
+            })
+            .collect();
+        owned.sort_by(|a, b| a.uuid.cmp(&b.uuid));
+        owned
+    }
+
+    /// Gives every database up (a drain, or a clean stop), so other nodes take them at once.
+    pub async fn release_all(&self) {
+        let claims: Vec<Claim> = self.claims().drain().map(|(_, c)| c).collect();
+        for claim in claims {
+            if let Err(e) = self.coordinator.release(&claim.lease).await {
+                tracing::warn!(resource = claim.lease.resource(), error = %e, "could not give a database up");
+            }
+        }
+    }
+
+    async fn claim_lock(&self, uuid: &str) -> Arc<tokio::sync::Mutex<()>> {
+        Arc::clone(self.claiming.lock().await.entry(uuid.to_owned()).or_default())
+    }
+
+    async fn owner_url(&self, owner: &crate::coordinator::Owner) -> Result<String, PlacementError> {
+        let unavailable = |m: String| PlacementError::Unavailable(m);
+        if owner.node == self.member.node {
+            return Err(unavailable(format!(
+                "this node's earlier run (incarnation {}) holds it until its lease ends",
+                owner.incarnation
+            )));
+        }
+        let members = self.coordinator.members().await.map_err(|e| unavailable(e.to_string()))?;
+        members
+            .into_iter()
+            .find(|m| m.node == owner.node && m.incarnation == owner.incarnation)
+            .map(|m| m.api)
+            .ok_or_else(|| {
+                unavailable(format!("its owner, node {}, is not a live member; its lease is ending", owner.node))
+            })
+    }
+}
+
+#[async_trait::async_trait]
+impl Placement for D1Placement {
+    fn is_current(&self, uuid: &str) -> bool {
+        self.claims().get(uuid).is_some_and(|c| c.lease.is_valid())
+    }
+
+    async fn claim(&self, uuid: &str, db_path: &Path) -> Result<(), PlacementError> {
+        let lock = self.claim_lock(uuid).await;
+        let _claiming = lock.lock().await;
+        if self.is_current(uuid) {
+            return Ok(());
+        }
+        self.claims().remove(uuid);
+        let resource = d1_resource(uuid);
+        let unavailable = |m: String| PlacementError::Unavailable(m);
+        match self.coordinator.acquire(&resource).await.map_err(|e| unavailable(e.to_string()))? {
+            Acquired::Owned(lease) => {
+                let shipped = match rebuild(&self.storage, &*self.coordinator, &resource, db_path).await {
+                    Ok(shipped) => shipped,
+                    Err(e) => {
+                        let _ = self.coordinator.release(&lease).await;
+                        return Err(unavailable(format!("rebuilding it from the store failed: {e}")));
+                    }
+                };
+                tracing::info!(%resource, epoch = lease.epoch(), "took a D1 database over");
+                let shipper = Arc::new(HistoryShipper::new(
+                    self.storage.clone(),
+                    Arc::clone(&self.coordinator),
+                    lease.clone(),
+                    shipped,
+                ));
+                self.claims().insert(uuid.to_owned(), Claim { lease, shipper });
+                Ok(())
+            }
+            Acquired::Held(owner) => {
+                let url = self.owner_url(&owner).await?;
+                Err(PlacementError::Elsewhere { node: owner.node, url })
+            }
+        }
+    }
+
+    fn shipper(&self, uuid: &str) -> Option<Arc<dyn LogShipper>> {
+        let claims = self.claims();
+        let claim = claims.get(uuid).filter(|c| c.lease.is_valid())?;
+        Some(Arc::clone(&claim.shipper) as Arc<dyn LogShipper>)
+    }
+
+    async fn release(&self, uuid: &str) {
+        let Some(claim) = self.claims().remove(uuid) else { return };
+        let folder = format!("history/{}/", claim.lease.resource());
+        let forgotten = self.coordinator.forget(&claim.lease, u64::MAX).await;
+        if let Err(e) = forgotten {
+            tracing::warn!(%uuid, error = %e, "could not drop a deleted database's manifest");
+        } else if let Ok(listed) = self.storage.list(&folder).await {
+            for info in listed {
+                let _ = self.storage.delete(&info.name).await;
+            }
+        }
+        if let Err(e) = self.coordinator.release(&claim.lease).await {
+            tracing::warn!(%uuid, error = %e, "could not give a deleted database up");
+        }
+    }
+}
