@@ -2,8 +2,9 @@
 //! Garage (fsync on) under etcd ownership before it is acknowledged (RPO 0), beside the same
 //! engine on one node (no shipping) and beside the limit for RPO 0 — one PUT to Garage per
 //! commit — measured in the same run; PUTs per commit; and how long a takeover of a 100 MiB
-//! database takes. All of it through the engine in-process (no HTTP on either side), so the
-//! ratios isolate what shipping costs.
+//! database takes — all of it through the engine in-process (no HTTP on either side), so the
+//! ratios isolate what shipping costs; then D1 over HTTP through two `kura serve` cluster
+//! nodes (the owner, and another that forwards to it) beside one single-node server.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -199,7 +200,8 @@ async fn run_async(settings: &Settings) -> anyhow::Result<()> {
         println!("{:<44} {puts_per_commit:.3} PUTs and {entries_per_commit:.3} manifest entries per commit", "");
     }
 
-    takeover(settings, &etcd, &garage, &storage, ttl, scratch.path()).await
+    takeover(settings, &etcd, &garage, &storage, ttl, scratch.path()).await?;
+    through_nodes(settings, &etcd, &garage).await
 }
 
 /// A 100 MiB database shipped, its owner gone: the next node's lease wait (the TTL: etcd ends
@@ -259,5 +261,154 @@ async fn takeover(
         count[0].rows[0][0],
     );
     registry.shutdown().await;
+    Ok(())
+}
+
+/// A `kura serve` process joined to the benchmark's cluster.
+struct Node {
+    child: std::process::Child,
+    api: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `kura` binary built beside this benchmark (`cargo build --release -p kura-cli`).
+fn kura_binary() -> anyhow::Result<std::path::PathBuf> {
+    let beside = std::env::current_exe()?.with_file_name("kura");
+    anyhow::ensure!(
+        beside.exists(),
+        "{} is missing: build it first with `cargo build --release -p kura-cli`",
+        beside.display()
+    );
+    Ok(beside)
+}
+
+fn start_node(etcd: &Etcd, garage: &Garage, i: usize) -> anyhow::Result<Node> {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir()?;
+    let mut child = std::process::Command::new(kura_binary()?)
+        .args(["serve", "--listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0"])
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .args(["--cluster-store", "s3://kura/bench-nodes", "--cluster-store-region", "garage"])
+        .args(["--cluster-store-endpoint", &garage.s3_endpoints[i]])
+        .args(["--etcd", &etcd.endpoints.join(","), "--node-id", &format!("bench{i}")])
+        .env("KURA_CLUSTER_STORE_ACCESS_KEY_ID", kura_cluster::testbed::GARAGE_KEY_ID)
+        .env("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", kura_cluster::testbed::GARAGE_SECRET)
+        .env("KURA_ACCOUNT_ID", crate::server::ACCOUNT)
+        .env("KURA_API_TOKEN", crate::server::TOKEN)
+        .env("KURA_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()?;
+    let stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut api = None;
+    for line in stdout.lines() {
+        let line = line?;
+        if let Some(url) = line.trim().strip_prefix("API (Cloudflare v4):") {
+            api = Some(url.trim().to_owned());
+        }
+        if line == "ready" {
+            break;
+        }
+    }
+    let api = api.ok_or_else(|| anyhow::anyhow!("kura serve (cluster node {i}) did not start"))?;
+    Ok(Node { child, api, _dir: dir })
+}
+
+/// D1 over HTTP through cluster nodes: durable INSERTs through the owner and through another
+/// node (which forwards), point SELECTs likewise, beside one single-node server in-process.
+async fn through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage) -> anyhow::Result<()> {
+    let duration = Duration::from_secs_f64(settings.seconds);
+    let nodes = [start_node(etcd, garage, 0)?, start_node(etcd, garage, 1)?];
+    let single_dir = tempfile::tempdir()?;
+    // The in-process server has a runtime of its own, started and stopped off this one.
+    let single_path = single_dir.path().to_owned();
+    let single = tokio::task::spawn_blocking(move || crate::server::Kura::start(&single_path, true)).await??;
+    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
+    // `url`: an account's D1 databases.
+    let create = |url: String| {
+        let http = http.clone();
+        async move {
+            let created: serde_json::Value = http
+                .post(&url)
+                .bearer_auth(crate::server::TOKEN)
+                .json(&serde_json::json!({ "name": "bench" }))
+                .send()
+                .await?
+                .json()
+                .await?;
+            let uuid = created["result"]["uuid"].as_str().ok_or_else(|| anyhow::anyhow!("create: {created}"))?;
+            anyhow::Ok(format!("{url}/{uuid}/query"))
+        }
+    };
+    // Created through node 0, which then owns it; node 1 forwards to it.
+    let databases = |api: &str| format!("{api}/accounts/{}/d1/database", crate::server::ACCOUNT);
+    let owner_query = create(databases(&nodes[0].api)).await?;
+    let forwarded_query = owner_query.replacen(&nodes[0].api, &nodes[1].api, 1);
+    let single_query = create(single.base.clone()).await?;
+    for url in [&owner_query, &single_query] {
+        let table = serde_json::json!({ "sql": "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT)" }).to_string();
+        crate::server::post_ok(&http, url, table).await;
+    }
+    let insert = |url: String, clients: usize| {
+        let http = http.clone();
+        let base = rand_base();
+        load::run(clients, duration, move |client, n| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let id = base + (client as i64) * 10_000_000 + n as i64;
+                let body = serde_json::json!({ "sql": "INSERT INTO kv VALUES (?1, 'v')", "params": [id] });
+                crate::server::post_ok(&http, &url, body.to_string()).await;
+                1
+            }
+        })
+    };
+    let select = |url: String, clients: usize| {
+        let http = http.clone();
+        load::run(clients, duration, move |_, _| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let body = serde_json::json!({ "sql": "SELECT v FROM kv WHERE id = ?1", "params": [1] });
+                crate::server::post_ok(&http, &url, body.to_string()).await;
+                1
+            }
+        })
+    };
+    println!();
+    println!("D1 over HTTP through kura cluster nodes (RPO 0, etcd, Garage ×3) beside one single-node server");
+    for clients in [16usize, 1] {
+        let single_stats = insert(single_query.clone(), clients).await;
+        let owner = insert(owner_query.clone(), clients).await;
+        let forwarded = insert(forwarded_query.clone(), clients).await;
+        line(&format!("INSERT, single node, {clients} client(s)"), &single_stats, &[]);
+        let target = (clients == 16).then_some(0.5);
+        line(
+            &format!("INSERT via the owner, {clients} client(s)"),
+            &owner,
+            &[("single node", single_stats.rate(), target)],
+        );
+        line(
+            &format!("INSERT via another node, {clients} client(s)"),
+            &forwarded,
+            &[("via the owner", owner.rate(), None)],
+        );
+    }
+    let owner = select(owner_query.clone(), 16).await;
+    let forwarded = select(forwarded_query.clone(), 16).await;
+    line("SELECT via the owner, 16 clients", &owner, &[]);
+    line("SELECT via another node, 16 clients", &forwarded, &[("via the owner", owner.rate(), None)]);
+    println!(
+        "{:<44} forwarding adds {:.2} ms at p50",
+        "",
+        (forwarded.p50.as_secs_f64() - owner.p50.as_secs_f64()) * 1e3
+    );
+    tokio::task::spawn_blocking(move || single.shutdown()).await?;
     Ok(())
 }

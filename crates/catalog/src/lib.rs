@@ -99,6 +99,9 @@ pub struct Catalog {
     /// Bumped each time a copy from the cluster replaces the file, so caches over the catalog
     /// know to let go.
     installs: std::sync::atomic::AtomicU64,
+    /// When the last look for a newer copy began: lookups that missed before it need not look
+    /// again (one look serves every miss waiting behind it).
+    looked: Mutex<Option<std::time::Instant>>,
 }
 
 /// The catalog's schema, one entry per version; applied in order, never edited once shipped.
@@ -238,6 +241,7 @@ impl Catalog {
             path,
             replication: None,
             installs: Default::default(),
+            looked: Mutex::new(None),
         };
         catalog.migrate()?;
         Ok(Catalog { replication, ..catalog })
@@ -252,8 +256,23 @@ impl Catalog {
     /// Brings in the newest published copy of a shared catalog if this node's is behind;
     /// true if it replaced the file. A catalog of one data directory has nothing to bring in.
     pub fn refresh(&self) -> Result<bool> {
+        self.refresh_since(None)
+    }
+
+    /// [`Catalog::refresh`], skipped (answering true: read again) when a look began after
+    /// `missed_at`, since it saw everything the caller's read could have missed.
+    fn refresh_since(&self, missed_at: Option<std::time::Instant>) -> Result<bool> {
         let Some(replication) = &self.replication else { return Ok(false) };
-        let mut writer = self.lock_writer();
+        let mut writer = self.lock_writer_shared(replication.as_ref());
+        {
+            let mut looked = self.looked.lock().unwrap_or_else(|p| p.into_inner());
+            if let (Some(missed_at), Some(looked)) = (missed_at, *looked)
+                && looked >= missed_at
+            {
+                return Ok(true);
+            }
+            *looked = Some(std::time::Instant::now());
+        }
         match replication.newer().map_err(Error::Replication)? {
             Some(copy) => self.install(&mut writer, &copy).map(|()| true),
             None => Ok(false),
@@ -263,10 +282,19 @@ impl Catalog {
     /// Reads with `f`; when it finds nothing and the catalog is shared, brings in a newer copy
     /// (another node may have just written it) and reads once more.
     fn read_found<T>(&self, f: impl Fn(&rusqlite::Connection) -> rusqlite::Result<Option<T>>) -> Result<Option<T>> {
+        let asked = std::time::Instant::now();
         match self.read(&f)? {
-            None if self.replication.is_some() && self.refresh()? => self.read(&f),
+            None if self.replication.is_some() && self.refresh_since(Some(asked))? => self.read(&f),
             found => Ok(found),
         }
+    }
+
+    /// The writer of a shared catalog, waited for without holding up the caller's async
+    /// runtime (its holder may be waiting on the network).
+    fn lock_writer_shared(&self, replication: &dyn Replication) -> MutexGuard<'_, rusqlite::Connection> {
+        let mut guard = None;
+        replication.wait(&mut || guard = Some(self.lock_writer()));
+        guard.expect("wait runs its closure")
     }
 
     /// The catalog file.
@@ -309,39 +337,79 @@ impl Catalog {
 
     /// Like [`Catalog::write`], for closures that return catalog errors of their own. In a
     /// shared catalog the write runs while this node is the only writer, on the newest copy,
-    /// and is answered once the copy with it is published; if publishing fails, the published
-    /// copy is brought back, so nothing unpublished is ever read.
+    /// and commits only once a copy with it is published: a write that fails changes nothing,
+    /// and no reader sees a write before it is published.
     fn write_checked<T>(&self, f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
-        let mut conn = self.lock_writer();
-        let Some(replication) = &self.replication else { return self.transact(&mut conn, f) };
+        let Some(replication) = &self.replication else { return self.transact(&mut self.lock_writer(), f) };
+        let mut conn = self.lock_writer_shared(replication.as_ref());
         if let Some(copy) = replication.begin_write().map_err(Error::Replication)?
             && let Err(e) = self.install(&mut conn, &copy)
         {
             replication.end_write();
             return Err(e);
         }
-        let outcome = self.transact(&mut conn, f).and_then(|out| {
-            let copy = self.path.with_extension("sqlite.publish");
-            let _ = std::fs::remove_file(&copy);
-            conn.execute("VACUUM INTO ?1", [copy.to_string_lossy()]).map_err(|e| self.storage(e))?;
-            let published = replication.publish(&copy).map_err(Error::Replication);
-            let _ = std::fs::remove_file(&copy);
-            if let Err(e) = published {
-                // What committed here is not the cluster's: go back to what the store holds.
-                let restored = replication.published().map_err(Error::Replication);
-                if let Ok(Some(copy)) = restored
-                    && let Err(again) = self.install(&mut conn, &copy)
-                {
-                    return Err(Error::Replication(format!(
-                        "{e}; and restoring the published catalog failed: {again}"
-                    )));
-                }
-                return Err(e);
-            }
-            Ok(out)
-        });
+        let outcome = self.write_published(&mut conn, replication.as_ref(), f);
         replication.end_write();
         outcome
+    }
+
+    fn write_published<T>(
+        &self,
+        conn: &mut rusqlite::Connection,
+        replication: &dyn Replication,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let storage = |e| self.storage(e);
+        let rollback = |conn: &rusqlite::Connection| {
+            if let Err(e) = conn.execute_batch("ROLLBACK") {
+                tracing::warn!(path = %self.path.display(), error = %e, "rolling a catalog write back failed");
+            }
+        };
+        let mut tx =
+            rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate).map_err(storage)?;
+        // The transaction stays open past this wrapper: it is serialised, then committed or
+        // rolled back below.
+        tx.set_drop_behavior(rusqlite::DropBehavior::Ignore);
+        let done = f(&tx);
+        drop(tx);
+        let out = match done {
+            Ok(out) => out,
+            Err(e) => {
+                rollback(conn);
+                return Err(e);
+            }
+        };
+        // The file as it will be once committed: a connection's serialisation reads its own
+        // transaction's pages.
+        let copy = self.path.with_extension("sqlite.publish");
+        let written = conn.serialize(rusqlite::MAIN_DB).map_err(storage).and_then(|data| {
+            write_synced(&copy, &data).map_err(|e| Error::Replication(format!("{}: {e}", copy.display())))
+        });
+        if let Err(e) = written {
+            rollback(conn);
+            return Err(e);
+        }
+        if let Err(e) = replication.publish(&copy) {
+            rollback(conn);
+            let _ = std::fs::remove_file(&copy);
+            return Err(Error::Replication(e));
+        }
+        match conn.execute_batch("COMMIT") {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&copy);
+                Ok(out)
+            }
+            // Published but not committed here: the published copy is the catalog now.
+            Err(e) => {
+                rollback(conn);
+                self.install(conn, &copy).map_err(|again| {
+                    Error::Replication(format!(
+                        "committing failed ({e}) and installing the published copy failed: {again}"
+                    ))
+                })?;
+                Ok(out)
+            }
+        }
     }
 
     fn transact<T>(
@@ -357,30 +425,42 @@ impl Catalog {
     }
 
     /// Replaces the catalog file with `copy` (the writer already locked): both connections
-    /// close, the file and its WAL go, the copy takes its name durably, and both reopen.
+    /// close, the file and its WAL go, the copy takes its name durably, and both reopen (on the
+    /// old file, if the copy could not take its place).
     fn install(&self, writer: &mut rusqlite::Connection, copy: &Path) -> Result<()> {
         let mut reader = self.lock_reader();
         let io = |source: std::io::Error| Error::Replication(format!("installing {}: {source}", copy.display()));
         let placeholder = || rusqlite::Connection::open_in_memory().map_err(|e| self.storage(e));
         *reader = placeholder()?;
         *writer = placeholder()?;
-        for suffix in ["-wal", "-shm"] {
-            let mut side = self.path.as_os_str().to_owned();
-            side.push(suffix);
-            match std::fs::remove_file(PathBuf::from(side)) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
-                _ => {}
+        let swapped = (|| {
+            for suffix in ["-wal", "-shm"] {
+                let mut side = self.path.as_os_str().to_owned();
+                side.push(suffix);
+                match std::fs::remove_file(PathBuf::from(side)) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+                    _ => {}
+                }
             }
-        }
-        std::fs::rename(copy, &self.path).map_err(io)?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
-        }
+            std::fs::rename(copy, &self.path).map_err(io)?;
+            if let Some(dir) = self.path.parent() {
+                std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+            }
+            Ok(())
+        })();
         *reader = connect(&self.path)?;
         *writer = connect(&self.path)?;
+        swapped?;
         self.installs.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(())
     }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path)?;
+    file.write_all(bytes)?;
+    file.sync_all()
 }
 
 /// One connection to the catalog file, configured.

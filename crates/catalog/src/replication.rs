@@ -20,7 +20,95 @@ pub trait Replication: Send + Sync + std::fmt::Debug {
     fn end_write(&self);
     /// The newest published copy if this node's file is behind it.
     fn newer(&self) -> Result<Option<PathBuf>, String>;
-    /// The newest published copy whatever this node holds (after a publish failed), or `None`
-    /// if nothing was ever published.
-    fn published(&self) -> Result<Option<PathBuf>, String>;
+    /// Runs `f`, which may wait for the catalog's lock while another thread holds it across
+    /// the network, without holding up the caller's async runtime.
+    fn wait(&self, f: &mut dyn FnMut()) {
+        f()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::Replication;
+    use crate::{Catalog, Error};
+
+    /// Published copies in a directory: the newest is what other nodes would bring in.
+    #[derive(Debug)]
+    struct Shelf {
+        dir: PathBuf,
+        published: Mutex<Vec<PathBuf>>,
+        applied: Mutex<usize>,
+        refuse: AtomicBool,
+    }
+
+    impl Shelf {
+        fn copy_of_newest(&self, after: usize) -> Option<PathBuf> {
+            let published = self.published.lock().unwrap();
+            if published.len() <= after {
+                return None;
+            }
+            let incoming = self.dir.join("incoming");
+            std::fs::copy(published.last().unwrap(), &incoming).unwrap();
+            *self.applied.lock().unwrap() = published.len();
+            Some(incoming)
+        }
+    }
+
+    impl Replication for std::sync::Arc<Shelf> {
+        fn begin_write(&self) -> Result<Option<PathBuf>, String> {
+            let applied = *self.applied.lock().unwrap();
+            Ok(self.copy_of_newest(applied))
+        }
+        fn publish(&self, copy: &Path) -> Result<(), String> {
+            if self.refuse.load(Ordering::SeqCst) {
+                return Err("the store is away".into());
+            }
+            let mut published = self.published.lock().unwrap();
+            let kept = self.dir.join(format!("copy-{}", published.len()));
+            std::fs::copy(copy, &kept).unwrap();
+            published.push(kept);
+            *self.applied.lock().unwrap() = published.len();
+            Ok(())
+        }
+        fn end_write(&self) {}
+        fn newer(&self) -> Result<Option<PathBuf>, String> {
+            let applied = *self.applied.lock().unwrap();
+            Ok(self.copy_of_newest(applied))
+        }
+    }
+
+    #[test]
+    fn a_write_is_read_only_once_published_and_a_refused_one_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let shelf = std::sync::Arc::new(Shelf {
+            dir: dir.path().to_owned(),
+            published: Mutex::default(),
+            applied: Mutex::new(0),
+            refuse: AtomicBool::new(false),
+        });
+        let a = Catalog::open_replicated(dir.path().join("a.sqlite"), std::sync::Arc::new(shelf.clone())).unwrap();
+        let account = a.create_account(Some("acct"), "one").unwrap();
+        assert_eq!(shelf.published.lock().unwrap().len(), 1);
+
+        shelf.refuse.store(true, Ordering::SeqCst);
+        let refused = a.create_token(&account.id, "t", crate::Scope::Admin, Some("secret-0123456789abcdef"));
+        assert!(matches!(refused, Err(Error::Replication(_))), "{refused:?}");
+        assert!(a.authenticate("secret-0123456789abcdef").unwrap().is_none(), "a refused write left nothing");
+        shelf.refuse.store(false, Ordering::SeqCst);
+
+        // A second node, on its own file, brings the first node's write in on a miss.
+        let b_shelf = std::sync::Arc::new(Shelf {
+            dir: dir.path().to_owned(),
+            published: Mutex::new(shelf.published.lock().unwrap().clone()),
+            applied: Mutex::new(0),
+            refuse: AtomicBool::new(false),
+        });
+        let b = Catalog::open_replicated(dir.path().join("b.sqlite"), std::sync::Arc::new(b_shelf)).unwrap();
+        assert_eq!(b.account("acct").unwrap().map(|a| a.name), Some("one".to_owned()));
+        assert!(b.installs() >= 1);
+    }
 }

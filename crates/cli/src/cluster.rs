@@ -138,6 +138,12 @@ impl ClusterArgs {
                 Arc::new(StoreCoordinator::new(storage.clone(), ttl))
             }
         };
+        if self.advertise.is_none() && api.ip().is_unspecified() {
+            bail!(
+                "--listen {api} does not say where other nodes reach this one: set --advertise http://<host>:{}",
+                api.port()
+            );
+        }
         let mut incarnation = [0u8; 8];
         getrandom::fill(&mut incarnation).expect("the system has randomness");
         let member = Member {
@@ -152,4 +158,85 @@ impl ClusterArgs {
             .with_context(|| format!("joining the cluster through {}", coordinator.describe()))?;
         Ok(Joined { storage, coordinator, member })
     }
+}
+
+/// `kura serve`'s answer to `kura node status`: the members the coordinator knows and what this
+/// node owns.
+pub struct NodeStatus {
+    pub joined: Arc<Joined>,
+    pub placement: Arc<kura_cluster::placement::D1Placement>,
+}
+
+#[async_trait::async_trait]
+impl kura_server::cluster::ClusterStatus for NodeStatus {
+    async fn status(&self) -> serde_json::Value {
+        let members = match self.joined.coordinator.members().await {
+            Ok(members) => serde_json::json!(
+                members
+                    .iter()
+                    .map(|m| serde_json::json!({ "node": m.node, "api": m.api, "incarnation": m.incarnation }))
+                    .collect::<Vec<_>>()
+            ),
+            Err(e) => serde_json::json!({ "error": e.to_string() }),
+        };
+        let databases: Vec<serde_json::Value> = self
+            .placement
+            .owned()
+            .into_iter()
+            .map(|d| {
+                serde_json::json!({
+                    "uuid": d.uuid,
+                    "epoch": d.epoch,
+                    "lease_remaining_ms": d.lease_remaining.as_millis() as u64,
+                    "puts": d.puts,
+                    "shipments": d.shipments,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "node": self.joined.member.node,
+            "incarnation": self.joined.member.incarnation,
+            "coordinator": self.joined.coordinator.describe(),
+            "members": members,
+            "databases": databases,
+        })
+    }
+}
+
+#[derive(clap::Subcommand)]
+pub enum NodeCommand {
+    /// The node's members, the D1 databases it owns, their lease ages and what each has shipped.
+    Status {
+        /// Print the JSON the node answers.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub async fn run_node(command: NodeCommand) -> anyhow::Result<()> {
+    let NodeCommand::Status { json } = command;
+    let api = crate::api::ApiClient::from_env().await?;
+    let status = api.call(reqwest::Method::GET, &api.account_path("/kura/cluster"), None).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+        return Ok(());
+    }
+    println!("node {} ({})", status["node"].as_str().unwrap_or("?"), status["coordinator"].as_str().unwrap_or("?"));
+    println!("members:");
+    for member in status["members"].as_array().into_iter().flatten() {
+        println!("  {:<16} {}", member["node"].as_str().unwrap_or("?"), member["api"].as_str().unwrap_or("?"));
+    }
+    let databases = status["databases"].as_array().cloned().unwrap_or_default();
+    println!("owned D1 databases: {}", databases.len());
+    for d in databases {
+        println!(
+            "  {}  epoch {:<8} lease {:>5} ms left  {} objects in {} shipments",
+            d["uuid"].as_str().unwrap_or("?"),
+            d["epoch"],
+            d["lease_remaining_ms"],
+            d["puts"],
+            d["shipments"]
+        );
+    }
+    Ok(())
 }

@@ -56,6 +56,9 @@ enum Command {
     /// Manage API tokens in the data directory.
     #[command(subcommand)]
     Tokens(admin::TokensCommand),
+    /// Look at a cluster node (the one CLOUDFLARE_API_BASE_URL names).
+    #[command(subcommand)]
+    Node(cluster::NodeCommand),
 }
 
 #[derive(Subcommand)]
@@ -117,6 +120,7 @@ fn main() -> ExitCode {
             }
             Command::Accounts(command) => admin::run_accounts(command),
             Command::Tokens(command) => admin::run_tokens(command),
+            Command::Node(command) => cluster::run_node(command).await,
         }
     });
     match outcome {

@@ -82,7 +82,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             Arc::clone(coordinator),
             &catalog_path,
         )));
-        settings.forwarding = Some(kura_server::cluster::Forwarding::new(&member.node));
+    }
+    let joined = joined.map(Arc::new);
+    if let (Some(joined), Some(placement)) = (&joined, &placement) {
+        let status = crate::cluster::NodeStatus { joined: Arc::clone(joined), placement: Arc::clone(placement) };
+        settings.forwarding = Some(kura_server::cluster::Forwarding::new(&joined.member.node, Arc::new(status)));
     }
     let node = Node::open(&args.data.data, settings)?;
     let credentials = CredentialsConfig {

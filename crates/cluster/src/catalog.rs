@@ -84,7 +84,8 @@ impl SharedCatalog {
             // Fences (a new owner's empty entry) carry no copy.
             let Some(newest) = entries.iter().rev().find(|e| !e.entry.is_empty()) else {
                 if let Some(last) = entries.last() {
-                    self.state().applied = self.state().applied.max(last.seq);
+                    let mut state = self.state();
+                    state.applied = state.applied.max(last.seq);
                 }
                 return Ok(None);
             };
@@ -133,7 +134,14 @@ impl SharedCatalog {
         let entry = CatalogEntry { object: object.clone(), len: bytes.len() as u64 };
         self.storage.put(&object, Bytes::from(bytes), PutMode::New).await.map_err(|e| e.to_string())?;
         let entry = serde_json::to_vec(&entry).expect("an entry serialises");
-        let seq = self.coordinator.publish(lease, Bytes::from(entry)).await.map_err(|e| e.to_string())?;
+        let seq = match self.coordinator.publish(lease, Bytes::from(entry)).await {
+            Ok(seq) => seq,
+            // The answer may be lost while the entry landed: the manifest says which.
+            Err(e) => match self.newest_entry().await {
+                Ok(Some((seq, newest))) if newest.object == object => seq,
+                _ => return Err(e.to_string()),
+            },
+        };
         // Only the newest copy matters; the one before it stays a while for nodes fetching it.
         if let Err(e) = self.tidy(lease, seq, &object).await {
             tracing::warn!(error = %e, "could not remove older catalog copies");
@@ -141,6 +149,17 @@ impl SharedCatalog {
         Ok(seq)
     }
 
+    async fn newest_entry(&self) -> Result<Option<(u64, CatalogEntry)>, String> {
+        let entries = self.coordinator.manifest(CATALOG_RESOURCE, 0).await.map_err(|e| e.to_string())?;
+        let Some(newest) = entries.iter().rev().find(|e| !e.entry.is_empty()) else { return Ok(None) };
+        let entry =
+            serde_json::from_slice(&newest.entry).map_err(|e| format!("catalog manifest entry {}: {e}", newest.seq))?;
+        Ok(Some((newest.seq, entry)))
+    }
+
+    /// Forgets manifest entries before the newest two and removes copies of earlier epochs
+    /// that neither names; a later owner's copies (higher epochs) are never touched, even if
+    /// this node's ownership ended meanwhile.
     async fn tidy(&self, lease: &Lease, seq: u64, newest: &str) -> Result<(), String> {
         let kept =
             self.coordinator.manifest(CATALOG_RESOURCE, seq.saturating_sub(2)).await.map_err(|e| e.to_string())?;
@@ -151,8 +170,11 @@ impl SharedCatalog {
             }
         }
         self.coordinator.forget(lease, seq.saturating_sub(1)).await.map_err(|e| e.to_string())?;
-        for info in self.storage.list(&format!("{CATALOG_RESOURCE}/")).await.map_err(|e| e.to_string())? {
-            if !keep.contains(&info.name) {
+        let folder = format!("{CATALOG_RESOURCE}/");
+        for info in self.storage.list(&folder).await.map_err(|e| e.to_string())? {
+            let epoch =
+                info.name.strip_prefix(&folder).and_then(|r| r.split('/').next()).and_then(|e| e.parse::<u64>().ok());
+            if epoch.is_some_and(|e| e < lease.epoch()) && !keep.contains(&info.name) {
                 self.storage.delete(&info.name).await.map_err(|e| e.to_string())?;
             }
         }
@@ -165,7 +187,11 @@ impl Replication for SharedCatalog {
         let lease = wait(&self.runtime, self.take_ownership())?;
         self.state().writing = Some(lease);
         let applied = self.state().applied;
-        self.fetch(applied)
+        let fetched = self.fetch(applied);
+        if fetched.is_err() {
+            self.end_write();
+        }
+        fetched
     }
 
     fn publish(&self, copy: &Path) -> Result<(), String> {
@@ -178,7 +204,19 @@ impl Replication for SharedCatalog {
     fn end_write(&self) {
         let Some(lease) = self.state().writing.take() else { return };
         if let Err(e) = wait(&self.runtime, self.coordinator.release(&lease)) {
-            tracing::warn!(error = %e, "could not give the catalog up; other nodes wait for its lease to end");
+            tracing::warn!(error = %e, "could not give the catalog up; retrying in the background");
+            let coordinator = Arc::clone(&self.coordinator);
+            self.runtime.spawn(async move {
+                for _ in 0..20 {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    if !lease.is_valid() || coordinator.release(&lease).await.is_ok() {
+                        return;
+                    }
+                }
+                tracing::error!(
+                    "could not give the catalog up; other nodes' catalog writes wait for this node's lease to end"
+                );
+            });
         }
     }
 
@@ -187,8 +225,11 @@ impl Replication for SharedCatalog {
         self.fetch(applied)
     }
 
-    fn published(&self) -> Result<Option<PathBuf>, String> {
-        self.fetch(0)
+    fn wait(&self, f: &mut dyn FnMut()) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => tokio::task::block_in_place(f),
+            Err(_) => f(),
+        }
     }
 }
 

@@ -18,6 +18,11 @@ pub fn d1_resource(uuid: &str) -> String {
     format!("d1/{uuid}")
 }
 
+/// How long an owner found for a forwarded request is trusted without asking again: a node
+/// that took over is found at the latest this long after the old owner's lease ended (sooner
+/// when the old owner refuses or cannot be reached, which forgets it at once).
+const OWNER_CACHE: std::time::Duration = std::time::Duration::from_secs(1);
+
 struct Claim {
     lease: Lease,
     shipper: Arc<HistoryShipper>,
@@ -29,6 +34,9 @@ pub struct D1Placement {
     coordinator: Arc<dyn Coordinator>,
     member: Member,
     claims: Mutex<HashMap<String, Claim>>,
+    /// Owners found lately for databases another node serves: asking the coordinator on every
+    /// forwarded request would cost an etcd transaction each.
+    elsewhere: Mutex<HashMap<String, (PlacementError, std::time::Instant)>>,
     /// One claim at a time per database, so two requests never rebuild it at once.
     claiming: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -57,7 +65,14 @@ pub struct OwnedDatabase {
 impl D1Placement {
     /// The ownerships of the node `member`, which has joined `coordinator`.
     pub fn new(storage: SharedStorage, coordinator: Arc<dyn Coordinator>, member: Member) -> Self {
-        D1Placement { storage, coordinator, member, claims: Mutex::default(), claiming: tokio::sync::Mutex::default() }
+        D1Placement {
+            storage,
+            coordinator,
+            member,
+            claims: Mutex::default(),
+            elsewhere: Mutex::default(),
+            claiming: tokio::sync::Mutex::default(),
+        }
     }
 
     fn claims(&self) -> std::sync::MutexGuard<'_, HashMap<String, Claim>> {
@@ -95,6 +110,10 @@ impl D1Placement {
         }
     }
 
+    fn elsewhere(&self) -> std::sync::MutexGuard<'_, HashMap<String, (PlacementError, std::time::Instant)>> {
+        self.elsewhere.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     async fn claim_lock(&self, uuid: &str) -> Arc<tokio::sync::Mutex<()>> {
         Arc::clone(self.claiming.lock().await.entry(uuid.to_owned()).or_default())
     }
@@ -124,17 +143,35 @@ impl Placement for D1Placement {
         self.claims().get(uuid).is_some_and(|c| c.lease.is_valid())
     }
 
-    async fn claim(&self, uuid: &str, db_path: &Path) -> Result<(), PlacementError> {
+    async fn claim(
+        &self,
+        uuid: &str,
+        db_path: &Path,
+        release_file: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>,
+    ) -> Result<(), PlacementError> {
+        if let Some((owner, found)) = self.elsewhere().get(uuid)
+            && found.elapsed() < OWNER_CACHE
+        {
+            return Err(owner.clone());
+        }
         let lock = self.claim_lock(uuid).await;
         let _claiming = lock.lock().await;
         if self.is_current(uuid) {
             return Ok(());
         }
-        self.claims().remove(uuid);
+        // From here nothing opens the file (the opener finds no claim) until this one settles.
+        let previous = self.claims().remove(uuid);
         let resource = d1_resource(uuid);
         let unavailable = |m: String| PlacementError::Unavailable(m);
         match self.coordinator.acquire(&resource).await.map_err(|e| unavailable(e.to_string()))? {
+            // Even the same epoch renewed late is rebuilt: a commit its shipper was refused
+            // may sit in the local file, and must never ship.
             Acquired::Owned(lease) => {
+                if let Some(previous) = previous {
+                    // Its shipper must never publish again, whatever its clock says.
+                    previous.lease.end();
+                }
+                release_file.await;
                 let shipped = match rebuild(&self.storage, &*self.coordinator, &resource, db_path).await {
                     Ok(shipped) => shipped,
                     Err(e) => {
@@ -149,14 +186,24 @@ impl Placement for D1Placement {
                     lease.clone(),
                     shipped,
                 ));
+                self.elsewhere().remove(uuid);
                 self.claims().insert(uuid.to_owned(), Claim { lease, shipper });
                 Ok(())
             }
             Acquired::Held(owner) => {
+                if let Some(previous) = previous {
+                    previous.lease.end();
+                }
                 let url = self.owner_url(&owner).await?;
-                Err(PlacementError::Elsewhere { node: owner.node, url })
+                let elsewhere = PlacementError::Elsewhere { node: owner.node, url };
+                self.elsewhere().insert(uuid.to_owned(), (elsewhere.clone(), std::time::Instant::now()));
+                Err(elsewhere)
             }
         }
+    }
+
+    fn forget_owner(&self, uuid: &str) {
+        self.elsewhere().remove(uuid);
     }
 
     fn shipper(&self, uuid: &str) -> Option<Arc<dyn LogShipper>> {

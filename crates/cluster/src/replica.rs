@@ -123,7 +123,8 @@ impl HistoryShipper {
 
     /// What the view holds beyond what was shipped, with the bytes to upload.
     fn pending(&self, log: &LogView, shipped: &Shipped) -> Result<Vec<(Item, Bytes)>, ShipError> {
-        let fail = |what: &str, path: &Path, e: std::io::Error| ShipError(format!("{what} {}: {e}", path.display()));
+        let fail =
+            |what: &str, path: &Path, e: std::io::Error| ShipError::new(format!("{what} {}: {e}", path.display()));
         let mut pending = Vec::new();
         for (seq, path) in &log.snapshots {
             if shipped.snapshots.contains(seq) {
@@ -190,7 +191,10 @@ impl LogShipper for HistoryShipper {
             return Ok(());
         }
         let items: Vec<Item> = pending.iter().map(|(item, _)| item.clone()).collect();
-        self.runtime.block_on(self.upload_and_publish(pending)).map_err(|e| ShipError(e.to_string()))?;
+        self.runtime.block_on(self.upload_and_publish(pending)).map_err(|e| match e {
+            ReplicaError::Coordinator(CoordinatorError::Fenced { .. }) => ShipError::superseded(e.to_string()),
+            other => ShipError::new(other.to_string()),
+        })?;
         for item in items {
             match item {
                 Item::Snapshot { seq, .. } => {

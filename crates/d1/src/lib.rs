@@ -124,12 +124,21 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     /// Whether this node owns the database now, with its files current.
     fn is_current(&self, uuid: &str) -> bool;
     /// Makes this node the database's owner, its file at `db_path` rebuilt from the store (a
-    /// new database: nothing to rebuild), or says which node owns it.
-    async fn claim(&self, uuid: &str, db_path: &Path) -> std::result::Result<(), PlacementError>;
+    /// new database: nothing to rebuild), or says which node owns it. `release_file` closes
+    /// whatever holds the file open; it is awaited before any rebuild, once nothing can open
+    /// the file again until the claim is settled.
+    async fn claim(
+        &self,
+        uuid: &str,
+        db_path: &Path,
+        release_file: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>,
+    ) -> std::result::Result<(), PlacementError>;
     /// What this node's commits to the database must pass: the shipper of its ownership.
     fn shipper(&self, uuid: &str) -> Option<Arc<dyn kura_sqlite::LogShipper>>;
     /// Gives the database up for good (it was deleted): its history in the store goes too.
     async fn release(&self, uuid: &str);
+    /// Forgets where the database was last found served (its owner did not answer as one).
+    fn forget_owner(&self, _uuid: &str) {}
 }
 
 /// How the engine runs.
@@ -302,7 +311,7 @@ impl D1 {
         let mut opening = database_options(&root, &id, &limits, &history).create(true);
         if let Some(placement) = &self.settings.placement {
             // Owned before its first byte exists, so even its empty state is in the store.
-            placement.claim(&uuid, &path).await?;
+            placement.claim(&uuid, &path, Box::pin(async {})).await?;
             opening = opening.shipper(placement.shipper(&uuid).ok_or_else(|| {
                 PlacementError::Unavailable("this node's ownership ended as the database was created".into())
             })?);
@@ -387,8 +396,17 @@ impl D1 {
             return Ok(());
         }
         // Whatever an earlier ownership left open goes before its files are rebuilt.
-        self.registry.close(uuid).await;
-        Ok(placement.claim(uuid, &database_file(&self.root, uuid)).await?)
+        let (registry, key) = (self.registry.clone(), uuid.to_owned());
+        let release_file = Box::pin(async move { registry.close(&key).await });
+        Ok(placement.claim(uuid, &database_file(&self.root, uuid), release_file).await?)
+    }
+
+    /// In a cluster: the node last named as the database's owner did not serve it; look again
+    /// next time.
+    pub fn forget_owner(&self, uuid: &str) {
+        if let Some(placement) = &self.settings.placement {
+            placement.forget_owner(uuid);
+        }
     }
 
     /// Forgets cached records after a change.

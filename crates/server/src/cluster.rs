@@ -18,29 +18,50 @@ use crate::rest::ApiError;
 /// on again (ownership moving while it travelled).
 const FORWARDED_BY: &str = "x-kura-forwarded-by";
 
+/// How long a forwarded request may go without a byte from the owner: past a D1 query's own
+/// limit (30 s) and a lease's TTL, so only a node that stopped answering reaches it.
+const FORWARD_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Names the node that served a database's request, for operators (and the cluster tests).
 pub const SERVED_BY: &str = "x-kura-node";
 
+/// What `kura node status` shows of a node: its view of the cluster (implemented over the
+/// coordinator and the placement by the binary that joins the cluster).
+#[async_trait::async_trait]
+pub trait ClusterStatus: Send + Sync {
+    /// The members, and what this node owns with its shipping counts, as JSON.
+    async fn status(&self) -> serde_json::Value;
+}
+
 /// How this node reaches the others.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Forwarding {
     node: String,
     client: reqwest::Client,
+    status: std::sync::Arc<dyn ClusterStatus>,
+}
+
+impl std::fmt::Debug for Forwarding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forwarding").field("node", &self.node).finish_non_exhaustive()
+    }
 }
 
 impl Forwarding {
-    /// Forwarding for the node named `node`.
-    pub fn new(node: impl Into<String>) -> Self {
+    /// Forwarding for the node named `node`, which reports itself through `status`.
+    pub fn new(node: impl Into<String>, status: std::sync::Arc<dyn ClusterStatus>) -> Self {
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(2))
+            // A paused owner accepts connections into its backlog and never answers.
+            .read_timeout(FORWARD_READ_TIMEOUT)
             .tcp_nodelay(true)
             .build()
             .expect("an HTTP client builds");
-        Forwarding { node: node.into(), client }
+        Forwarding { node: node.into(), client, status }
     }
 
     /// Sends `request` to the node whose API is at `url` and streams its answer back.
-    async fn forward(&self, request: Request, owner: &str, url: &str) -> Response {
+    async fn forward(&self, request: Request, owner: &str, url: &str, binding: bool) -> Response {
         let (parts, body) = request.into_parts();
         let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let mut headers = without_hop_headers(&parts.headers);
@@ -59,27 +80,61 @@ impl Forwarding {
             }
             Err(e) if e.is_connect() => {
                 tracing::warn!(owner, url, error = %e, "could not reach a database's owner");
-                ApiError::unavailable(format!("the database's owner, node {owner}, cannot be reached; retry shortly"))
-                    .into_response()
+                refuse(
+                    ApiError::unavailable(format!(
+                        "the database's owner, node {owner}, cannot be reached; retry shortly"
+                    )),
+                    binding,
+                )
             }
             // The request reached the owner: whether it took effect is unknown, as when a
             // client's own connection breaks.
             Err(e) => {
                 tracing::warn!(owner, url, error = %e, "a database's owner failed while answering");
-                ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    7500,
-                    format!("the database's owner, node {owner}, failed while answering; the request may or may not have taken effect"),
+                refuse(
+                    ApiError::new(
+                        StatusCode::BAD_GATEWAY,
+                        7500,
+                        format!(
+                            "the database's owner, node {owner}, failed while answering; the request may or may not have taken effect"
+                        ),
+                    ),
+                    binding,
                 )
-                .into_response()
             }
         }
     }
 }
 
+/// `GET /accounts/{account_id}/kura/cluster`: this node's view of the cluster, for an admin
+/// token of the account (`kura node status`).
+pub async fn status(
+    State(app): State<AppState>,
+    caller: crate::auth::Caller,
+    crate::rest::extract::V4Path(account_id): crate::rest::extract::V4Path<String>,
+) -> Result<Response, ApiError> {
+    if caller.token.account_id != account_id || caller.scope() != kura_catalog::Scope::Admin {
+        return Err(ApiError::forbidden());
+    }
+    let Some(forwarding) = &app.forwarding else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, 7404, "this kura node runs alone, not in a cluster"));
+    };
+    Ok(crate::rest::ok(forwarding.status.status().await))
+}
+
 /// Headers that belong to one connection, not to the request.
 fn without_hop_headers(headers: &HeaderMap) -> HeaderMap {
     let mut kept = headers.clone();
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        kept.remove(name);
+    }
     for name in [
         header::CONNECTION,
         header::TRANSFER_ENCODING,
@@ -138,19 +193,10 @@ pub async fn place(State(app): State<AppState>, request: Request, next: Next) ->
             )
             .into_response();
         }
-        Target::Database { account, id, binding } => {
-            let resolved = match (account, is_uuid(id)) {
-                (_, true) => Ok(id.to_owned()),
-                (Some(account), false) => app.d1.get(account, id).map(|db| db.uuid).map_err(ApiError::from),
-                // A name without an account: the handler resolves it (and fails cleanly if
-                // this node does not own it).
-                (None, false) => return next.run(request).await,
-            };
-            match resolved {
-                Ok(uuid) => (uuid, binding),
-                Err(e) => return refuse(e, binding),
-            }
-        }
+        Target::Database { account, id, binding } => match resolve(&app, &request, account, id) {
+            Ok(uuid) => (uuid, binding),
+            Err(e) => return refuse(e, binding),
+        },
     };
     match app.d1.claim(&uuid).await {
         Ok(()) => {
@@ -169,10 +215,33 @@ pub async fn place(State(app): State<AppState>, request: Request, next: Next) ->
                 );
                 return refuse(ApiError::unavailable("the database's ownership is moving; retry shortly"), binding);
             }
-            forwarding.forward(request, &node, &url).await
+            let response = forwarding.forward(request, &node, &url, binding).await;
+            if matches!(response.status(), StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY) {
+                // The owner is gone or no longer owns it: look again next time.
+                app.d1.forget_owner(&uuid);
+            }
+            response
         }
         Err(e) => refuse(ApiError::from(e), binding),
     }
+}
+
+/// The id of the database a request names (by id, or by name within the path's account or
+/// the token's), once the catalog knows it: nothing is claimed for a database that does not
+/// exist.
+fn resolve(app: &AppState, request: &Request, account: Option<&str>, id: &str) -> Result<String, ApiError> {
+    let account = match account {
+        Some(account) => account.to_owned(),
+        None if is_uuid(id) => String::new(),
+        None => crate::auth::Caller::from_headers(request.headers(), app)?.token.account_id,
+    };
+    let found = match is_uuid(id) {
+        true => app.d1.catalog().d1_database_by_uuid(&id.to_ascii_lowercase())?,
+        false => app.d1.catalog().d1_database(&account, id)?,
+    };
+    found
+        .map(|db| db.uuid)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, 7404, format!("The database {id} could not be found")))
 }
 
 /// An error in the shape the caller reads: the binding's `{success, error}` or the v4 envelope.

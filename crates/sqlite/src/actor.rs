@@ -195,6 +195,11 @@ fn copy_error(error: &Error) -> Error {
     match error {
         Error::Open { path, message } => Error::Open { path: path.clone(), message: message.clone() },
         Error::Sql { message, code } => Error::Sql { message: message.clone(), code: *code },
+        // A failed commit's requests learn whether it may still take effect.
+        Error::Superseded { message } => Error::Superseded { message: message.clone() },
+        Error::Io { context, source } => {
+            Error::Io { context: context.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
+        }
         _ => Error::Closed,
     }
 }

@@ -65,6 +65,13 @@ pub enum Error {
         /// What is damaged, and where.
         message: String,
     },
+    /// Another node took the database over: this node's commit was not shipped and never will
+    /// be, so it did not take effect.
+    #[error("another node took this database over; the request did not take effect: {message}")]
+    Superseded {
+        /// What the shipper was told.
+        message: String,
+    },
     /// The database keeps no history.
     #[error("this database keeps no history")]
     NoHistory,

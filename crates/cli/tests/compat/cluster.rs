@@ -101,9 +101,13 @@ async fn ids(client: &reqwest::Client, api: &str, uuid: &str) -> BTreeSet<u64> {
 struct Outcomes {
     acknowledged: BTreeSet<u64>,
     refused: BTreeSet<u64>,
+    /// Why each refused write was refused.
+    reasons: std::collections::BTreeMap<u64, String>,
     ambiguous: BTreeSet<u64>,
     /// When each acknowledgement arrived, to measure the takeover.
     acked_at: Vec<Instant>,
+    /// Refusals because the answering node's commit was fenced by a newer owner.
+    superseded: usize,
 }
 
 /// Writers inserting unique ids through the given nodes until `stop` is set.
@@ -134,9 +138,15 @@ fn start_writers(
                                 seen.acknowledged.insert(id);
                                 seen.acked_at.push(Instant::now());
                             }
-                            // A forwarder that lost the owner mid-request cannot know either.
-                            Err(e) if e.starts_with("answered") && !e.starts_with("answered 502") => {
+                            // A 4xx or a 503 promises nothing happened; a 500 (a shipment that
+                            // failed, which may still land) or a 502 (a forwarder that lost the
+                            // owner mid-request) cannot know.
+                            Err(e) if e.starts_with("answered 4") || e.starts_with("answered 503") => {
+                                if e.contains("another node took this database over") {
+                                    seen.superseded += 1;
+                                }
                                 seen.refused.insert(id);
+                                seen.reasons.insert(id, format!("{api}: {e}"));
                             }
                             Err(_) => {
                                 seen.ambiguous.insert(id);
@@ -165,7 +175,7 @@ async fn run_writers_for(apis: Vec<String>, uuid: &str, first_id: u64, during: i
 fn assert_consistent(outcomes: &Outcomes, present: &BTreeSet<u64>, what: &str) {
     let lost: Vec<_> = outcomes.acknowledged.difference(present).collect();
     assert!(lost.is_empty(), "{what}: acknowledged writes lost: {lost:?}");
-    let leaked: Vec<_> = outcomes.refused.intersection(present).collect();
+    let leaked: Vec<_> = outcomes.refused.intersection(present).map(|id| (id, &outcomes.reasons[id])).collect();
     assert!(leaked.is_empty(), "{what}: writes answered with an error are visible: {leaked:?}");
 }
 
@@ -250,12 +260,39 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
         async || {
             tokio::time::sleep(Duration::from_millis(800)).await;
             cluster.signal(zombie, "-STOP");
-            tokio::time::sleep(Duration::from_secs(TTL_SECONDS + 3)).await;
+            tokio::time::sleep(Duration::from_secs(TTL_SECONDS + 1)).await;
+            // The writers may all be waiting on the paused node: one write through the other
+            // node makes it take over.
+            let client = reqwest::Client::new();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let sql = "INSERT INTO orders (id, item) VALUES (20000000, 'takeover')";
+                match query(&client, &apis[other], &uuid, sql, json!([])).await {
+                    Ok(_) => break,
+                    Err(e) if Instant::now() < deadline => {
+                        eprintln!("waiting for the takeover: {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => panic!("no node took over from the paused owner: {e}"),
+                }
+            }
             cluster.signal(zombie, "-CONT");
             tokio::time::sleep(Duration::from_secs(3)).await;
         },
     ));
+    eprintln!(
+        "the paused owner: {} acknowledged, {} refused ({} of them its own fenced commits), {} unanswered",
+        outcomes_zombie.acknowledged.len(),
+        outcomes_zombie.refused.len(),
+        outcomes_zombie.superseded,
+        outcomes_zombie.ambiguous.len()
+    );
+    assert!(
+        outcomes_zombie.superseded > 0,
+        "the paused owner had commits in flight that a newer owner fenced (else the pause tested nothing)"
+    );
     let present = runtime.block_on(ids(&client, &apis[other], &uuid));
+    assert!(present.contains(&20_000_000), "the write that made the other node take over");
     assert_consistent(&outcomes, &present, "after the pause (first writers)");
     assert_consistent(&outcomes_zombie, &present, "after the pause");
     let (_, served_by) = runtime.block_on(query(&client, &apis[zombie], &uuid, "SELECT 1", json!([]))).unwrap();
@@ -288,6 +325,31 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
     for i in [zombie, other] {
         assert_eq!(runtime.block_on(ids(&client, &apis[i], &uuid)), at_bookmark, "node {i} after the restore");
     }
-    let listed = Wrangler::new(cluster.node(zombie)).ok(cwd.path(), &["d1", "list", "--json"]).json();
-    assert_eq!(listed[0]["name"], "shop");
+    // The restored state is in the store, not only in the owner's file: the owner killed,
+    // the last node rebuilds it.
+    let (_, owner) = runtime.block_on(query(&client, &apis[zombie], &uuid, "SELECT 1", json!([]))).unwrap();
+    let last_owner: usize = owner.strip_prefix("node").unwrap().parse().unwrap();
+    let survivor = if last_owner == zombie { other } else { zombie };
+    cluster.signal(last_owner, "-KILL");
+    cluster.nodes[last_owner] = None;
+    let deadline = Instant::now() + Duration::from_secs(TTL_SECONDS + 15);
+    let rebuilt = loop {
+        match runtime.block_on(query(&client, &apis[survivor], &uuid, "SELECT id FROM orders", json!([]))) {
+            Ok((rows, _)) => {
+                break rows.as_array().unwrap().iter().map(|r| r["id"].as_u64().unwrap()).collect::<BTreeSet<u64>>();
+            }
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("waiting for the takeover: {e}");
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Err(e) => panic!("the last node never took the database over: {e}"),
+        }
+    };
+    assert_eq!(rebuilt, at_bookmark, "the restore, rebuilt from the store by the last node");
+
+    // A database deleted on the last node is gone from the catalog and the store.
+    let w = Wrangler::new(cluster.node(survivor));
+    w.ok(cwd.path(), &["d1", "delete", "shop", "-y"]);
+    let listed = w.ok(cwd.path(), &["d1", "list", "--json"]).json();
+    assert_eq!(listed.as_array().map(Vec::len), Some(0), "{listed}");
 }

@@ -508,21 +508,24 @@ impl Coordinator for EtcdCoordinator {
                     &[op::get(&owner), op::get(&slot)],
                 )
                 .await?;
-            let still_owner = outcome.succeeded
-                || outcome
-                    .ranges
-                    .first()
-                    .and_then(|r| r.first())
-                    .is_some_and(|kv| kv.create_revision as u64 == lease.epoch());
+            // Ours first: an attempt whose answer was lost (the client retried on another
+            // member) may have landed while this lease was the ownership, and then it is in the
+            // manifest — published — even if the ownership has moved on since.
+            let ours =
+                outcome.succeeded || outcome.ranges.get(1).and_then(|r| r.first()).is_some_and(|kv| kv.value == value);
+            if ours {
+                lease.published(seq);
+                return Ok(seq);
+            }
+            let still_owner = outcome
+                .ranges
+                .first()
+                .and_then(|r| r.first())
+                .is_some_and(|kv| kv.create_revision as u64 == lease.epoch());
             if !still_owner {
                 return Err(lease.fenced());
             }
             lease.published(seq);
-            let ours =
-                outcome.succeeded || outcome.ranges.get(1).and_then(|r| r.first()).is_some_and(|kv| kv.value == value);
-            if ours {
-                return Ok(seq);
-            }
         }
         Err(CoordinatorError::Unavailable {
             at: self.describe(),

@@ -164,7 +164,7 @@ impl Lease {
         if self.inner.ended.load(Ordering::Acquire) { Duration::ZERO } else { self.inner.clock.remaining() }
     }
 
-    fn end(&self) {
+    pub(crate) fn end(&self) {
         self.inner.ended.store(true, Ordering::Release);
     }
 

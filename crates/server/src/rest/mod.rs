@@ -135,6 +135,7 @@ pub fn routes() -> Router<AppState> {
         .route("/accounts/{account_id}/storage/kv/namespaces", get(workers::kv_namespaces).post(workers::no_kv))
         .route("/accounts/{account_id}/workers/scripts/{name}/tails", post(workers::no_tail))
         .route("/graphql", post(graphql::query))
+        .route("/accounts/{account_id}/kura/cluster", get(crate::cluster::status))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, 7003, "No route for that URI") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, 7001, "Method not allowed for this URI")
@@ -306,6 +307,7 @@ impl From<kura_d1::Error> for ApiError {
                         "Authentication error: this token may only read (D1 Read), and this statement writes: {sql}"
                     ),
                 ),
+                S::Superseded { .. } => ApiError::unavailable(sql.to_string()),
                 S::Overloaded => {
                     ApiError::new(StatusCode::TOO_MANY_REQUESTS, 7500, "D1 DB is overloaded. Too many requests queued.")
                 }

@@ -49,9 +49,11 @@ impl Database {
     pub(super) fn ship(&mut self) -> Result<()> {
         let (Some(shipper), Some(history)) = (&self.options.shipper, self.history.as_mut()) else { return Ok(()) };
         let shipped = history.view().and_then(|view| {
-            shipper.ship(&view).map_err(|e| Error::Io {
-                context: "shipping the history".into(),
-                source: std::io::Error::other(e.to_string()),
+            shipper.ship(&view).map_err(|e| match e.is_superseded() {
+                true => Error::Superseded { message: e.to_string() },
+                false => {
+                    Error::Io { context: "shipping the history".into(), source: std::io::Error::other(e.to_string()) }
+                }
             })
         });
         if let Err(e) = &shipped {

@@ -36,8 +36,30 @@ pub struct SegmentView {
 
 /// Why shipping failed; the commit it was for is not acknowledged.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ShipError(pub String);
+#[error("{message}")]
+pub struct ShipError {
+    message: String,
+    superseded: bool,
+}
+
+impl ShipError {
+    /// Shipping failed; the commit may still reach the store later (a timeout whose write
+    /// landed, a retry when the database reopens).
+    pub fn new(message: impl Into<String>) -> Self {
+        ShipError { message: message.into(), superseded: false }
+    }
+
+    /// This shipper's ownership was replaced: nothing it ships from now on is ever accepted,
+    /// so the commit definitely did not take effect.
+    pub fn superseded(message: impl Into<String>) -> Self {
+        ShipError { message: message.into(), superseded: true }
+    }
+
+    /// Whether the ownership was replaced (see [`ShipError::superseded`]).
+    pub fn is_superseded(&self) -> bool {
+        self.superseded
+    }
+}
 
 /// Something that copies the log elsewhere, called on the database's own thread. Returning
 /// `Ok` means what the view shows is safe elsewhere; an error fails the requests of the commit

@@ -440,7 +440,7 @@ struct Refusing {
 impl kura_sqlite::LogShipper for Refusing {
     fn ship(&self, log: &kura_sqlite::LogView) -> Result<(), kura_sqlite::ShipError> {
         if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(kura_sqlite::ShipError("the store is away".into()));
+            return Err(kura_sqlite::ShipError::new("the store is away"));
         }
         *self.shipped.lock().unwrap() = log.segments.iter().map(|s| s.len).sum();
         Ok(())
