@@ -10,7 +10,7 @@
 //! cargo run --release -p kura-bench -- time-travel [--gib 1] [--transactions 100000]
 //! cargo run --release -p kura-bench -- do [--seconds 5] [--on-disk 100000] [--no-peer]
 //! cargo run --release -p kura-bench -- workers [--seconds 5] [--no-peer]
-//! cargo run --release -p kura-bench -- cluster [--seconds 5]
+//! cargo build --release -p kura-cli && cargo run --release -p kura-bench -- cluster [--seconds 5]
 //! ```
 
 mod cluster;
