@@ -169,6 +169,12 @@ pub struct NodeStatus {
 
 #[async_trait::async_trait]
 impl kura_server::cluster::ClusterStatus for NodeStatus {
+    async fn drain(&self) -> serde_json::Value {
+        tracing::info!("draining: giving every database up");
+        self.placement.drain().await;
+        self.status().await
+    }
+
     async fn status(&self) -> serde_json::Value {
         let members = match self.joined.coordinator.members().await {
             Ok(members) => serde_json::json!(
@@ -194,6 +200,7 @@ impl kura_server::cluster::ClusterStatus for NodeStatus {
             })
             .collect();
         serde_json::json!({
+            "draining": self.placement.is_draining(),
             "node": self.joined.member.node,
             "incarnation": self.joined.member.incarnation,
             "coordinator": self.joined.coordinator.describe(),
@@ -211,17 +218,35 @@ pub enum NodeCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Give every database the node owns up to the other nodes, and take none from now on
+    /// (before stopping it for maintenance).
+    Drain {
+        /// Print the JSON the node answers.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 pub async fn run_node(command: NodeCommand) -> anyhow::Result<()> {
-    let NodeCommand::Status { json } = command;
     let api = crate::api::ApiClient::from_env().await?;
-    let status = api.call(reqwest::Method::GET, &api.account_path("/kura/cluster"), None).await?;
+    let (status, json) = match command {
+        NodeCommand::Status { json } => {
+            (api.call(reqwest::Method::GET, &api.account_path("/kura/cluster"), None).await?, json)
+        }
+        NodeCommand::Drain { json } => {
+            (api.call(reqwest::Method::POST, &api.account_path("/kura/cluster/drain"), None).await?, json)
+        }
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());
     }
-    println!("node {} ({})", status["node"].as_str().unwrap_or("?"), status["coordinator"].as_str().unwrap_or("?"));
+    let draining = if status["draining"] == true { ", draining" } else { "" };
+    println!(
+        "node {} ({}{draining})",
+        status["node"].as_str().unwrap_or("?"),
+        status["coordinator"].as_str().unwrap_or("?")
+    );
     println!("members:");
     for member in status["members"].as_array().into_iter().flatten() {
         println!("  {:<16} {}", member["node"].as_str().unwrap_or("?"), member["api"].as_str().unwrap_or("?"));

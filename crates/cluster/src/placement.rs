@@ -37,6 +37,8 @@ pub struct D1Placement {
     /// Owners found lately for databases another node serves: asking the coordinator on every
     /// forwarded request would cost an etcd transaction each.
     elsewhere: Mutex<HashMap<String, (PlacementError, std::time::Instant)>>,
+    /// Set by a drain: this node gives its databases up and takes none.
+    draining: std::sync::atomic::AtomicBool,
     /// One claim at a time per database, so two requests never rebuild it at once.
     claiming: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -71,6 +73,7 @@ impl D1Placement {
             member,
             claims: Mutex::default(),
             elsewhere: Mutex::default(),
+            draining: Default::default(),
             claiming: tokio::sync::Mutex::default(),
         }
     }
@@ -98,6 +101,39 @@ impl D1Placement {
             .collect();
         owned.sort_by(|a, b| a.uuid.cmp(&b.uuid));
         owned
+    }
+
+    /// Drains the node: it gives every database up and takes none from now on; requests for
+    /// them are sent to their owner, or to another node that will take them.
+    pub async fn drain(&self) {
+        self.draining.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.release_all().await;
+    }
+
+    /// Whether the node is draining.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Where a draining node sends a database's request: its owner, or another live node,
+    /// which takes it over.
+    async fn handed_over(&self, resource: &str) -> Result<(), PlacementError> {
+        let unavailable = |m: String| PlacementError::Unavailable(m);
+        if let Some(owner) = self.coordinator.owner(resource).await.map_err(|e| unavailable(e.to_string()))?
+            && owner.node != self.member.node
+        {
+            let url = self.owner_url(&owner).await?;
+            return Err(PlacementError::Elsewhere { node: owner.node, url });
+        }
+        let members = self.coordinator.members().await.map_err(|e| unavailable(e.to_string()))?;
+        let mut others: Vec<Member> = members.into_iter().filter(|m| m.node != self.member.node).collect();
+        if others.is_empty() {
+            return Err(unavailable("this node is draining and no other node is a member".into()));
+        }
+        // Spread the databases over the other nodes by their id.
+        let pick = resource.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % others.len();
+        let target = others.swap_remove(pick);
+        Err(PlacementError::Elsewhere { node: target.node, url: target.api })
     }
 
     /// Gives every database up (a drain, or a clean stop), so other nodes take them at once.
@@ -162,6 +198,12 @@ impl Placement for D1Placement {
         // From here nothing opens the file (the opener finds no claim) until this one settles.
         let previous = self.claims().remove(uuid);
         let resource = d1_resource(uuid);
+        if self.is_draining() {
+            if let Some(previous) = previous {
+                previous.lease.end();
+            }
+            return self.handed_over(&resource).await;
+        }
         let unavailable = |m: String| PlacementError::Unavailable(m);
         match self.coordinator.acquire(&resource).await.map_err(|e| unavailable(e.to_string()))? {
             // Even the same epoch renewed late is rebuilt: a commit its shipper was refused

@@ -31,6 +31,8 @@ pub const SERVED_BY: &str = "x-kura-node";
 pub trait ClusterStatus: Send + Sync {
     /// The members, and what this node owns with its shipping counts, as JSON.
     async fn status(&self) -> serde_json::Value;
+    /// Gives everything up and takes nothing more; answers the status after.
+    async fn drain(&self) -> serde_json::Value;
 }
 
 /// How this node reaches the others.
@@ -116,10 +118,26 @@ pub async fn status(
     if caller.token.account_id != account_id || caller.scope() != kura_catalog::Scope::Admin {
         return Err(ApiError::forbidden());
     }
-    let Some(forwarding) = &app.forwarding else {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, 7404, "this kura node runs alone, not in a cluster"));
-    };
-    Ok(crate::rest::ok(forwarding.status.status().await))
+    Ok(crate::rest::ok(cluster_of(&app)?.status.status().await))
+}
+
+/// `POST /accounts/{account_id}/kura/cluster/drain`: this node gives every database up and
+/// takes none from now on (`kura node drain`), for an admin token of the account.
+pub async fn drain(
+    State(app): State<AppState>,
+    caller: crate::auth::Caller,
+    crate::rest::extract::V4Path(account_id): crate::rest::extract::V4Path<String>,
+) -> Result<Response, ApiError> {
+    if caller.token.account_id != account_id || caller.scope() != kura_catalog::Scope::Admin {
+        return Err(ApiError::forbidden());
+    }
+    Ok(crate::rest::ok(cluster_of(&app)?.status.drain().await))
+}
+
+fn cluster_of(app: &AppState) -> Result<&Forwarding, ApiError> {
+    app.forwarding
+        .as_ref()
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, 7404, "this kura node runs alone, not in a cluster"))
 }
 
 /// Headers that belong to one connection, not to the request.
@@ -198,7 +216,16 @@ pub async fn place(State(app): State<AppState>, request: Request, next: Next) ->
             Err(e) => return refuse(e, binding),
         },
     };
-    match app.d1.claim(&uuid).await {
+    let mut claimed = app.d1.claim(&uuid).await;
+    if matches!(claimed, Err(kura_d1::Error::Placement(PlacementError::Elsewhere { .. })))
+        && request.headers().contains_key(FORWARDED_BY)
+    {
+        // Sent here to be served: the owner this node remembers may be the sender (a draining
+        // node, or one that stepped down); ask the coordinator again.
+        app.d1.forget_owner(&uuid);
+        claimed = app.d1.claim(&uuid).await;
+    }
+    match claimed {
         Ok(()) => {
             let mut response = next.run(request).await;
             if let Ok(node) = forwarding.node.parse() {

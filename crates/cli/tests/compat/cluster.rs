@@ -28,20 +28,21 @@ impl Cluster {
         let etcd = Etcd::start();
         let mut cluster = Cluster { garage, etcd, nodes: Vec::new() };
         for i in 0..3 {
-            let node = cluster.start_node(i);
+            let node = cluster.start_node(i, i);
             cluster.nodes.push(Some(node));
         }
         cluster
     }
 
-    fn start_node(&self, i: usize) -> KuraProcess {
+    /// Starts kura node `i`, speaking to Garage node `garage`.
+    fn start_node(&self, i: usize, garage: usize) -> KuraProcess {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let args = [
             "--cluster-store".to_owned(),
             format!("s3://{GARAGE_BUCKET}/cluster-test"),
             "--cluster-store-endpoint".to_owned(),
-            self.garage.s3_endpoints[i].clone(),
+            self.garage.s3_endpoints[garage].clone(),
             "--cluster-store-region".to_owned(),
             "garage".to_owned(),
             "--etcd".to_owned(),
@@ -303,6 +304,40 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
         "the resumed node reads the new owner's state"
     );
 
+    // `kura node status` on the owner lists the database; drained, the owner gives it up and
+    // a request through it is served by the other node.
+    let status = |i: usize| {
+        let env = cluster.node(i).remote_env();
+        crate::common::run(
+            std::path::Path::new(crate::common::kura_bin()),
+            &["node", "status", "--json"],
+            cwd.path(),
+            &env,
+        )
+        .expect_ok("kura node status")
+        .json()
+    };
+    let seen = status(other);
+    assert_eq!(seen["node"], format!("node{other}"));
+    assert_eq!(seen["members"].as_array().map(Vec::len), Some(2), "{seen}");
+    assert_eq!(seen["databases"][0]["uuid"], uuid.as_str(), "{seen}");
+    let env = cluster.node(other).remote_env();
+    let drained = crate::common::run(
+        std::path::Path::new(crate::common::kura_bin()),
+        &["node", "drain", "--json"],
+        cwd.path(),
+        &env,
+    )
+    .expect_ok("kura node drain")
+    .json();
+    assert_eq!(drained["draining"], true);
+    assert_eq!(drained["databases"].as_array().map(Vec::len), Some(0), "{drained}");
+    let (_, served_by) = runtime
+        .block_on(query(&client, &apis[other], &uuid, "SELECT count(*) FROM orders", json!([])))
+        .expect("a request through the drained node");
+    assert_eq!(served_by, format!("node{zombie}"), "the drained node handed the database over");
+    assert_eq!(runtime.block_on(ids(&client, &apis[other], &uuid)), present, "nothing lost in the handover");
+
     // One Garage node and one etcd member stopped: still serving, and a restore to the
     // bookmark taken before the crash is exact. (Each kura node speaks to one Garage node, as
     // it would to a gateway on its own machine: the one stopped is the dead kura node's.)
@@ -325,13 +360,17 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
     for i in [zombie, other] {
         assert_eq!(runtime.block_on(ids(&client, &apis[i], &uuid)), at_bookmark, "node {i} after the restore");
     }
-    // The restored state is in the store, not only in the owner's file: the owner killed,
-    // the last node rebuilds it.
+    // The restored state is in the store, not only in the owner's file: the owner killed, a
+    // node joining now (on a Garage node still up) rebuilds it.
     let (_, owner) = runtime.block_on(query(&client, &apis[zombie], &uuid, "SELECT 1", json!([]))).unwrap();
-    let last_owner: usize = owner.strip_prefix("node").unwrap().parse().unwrap();
-    let survivor = if last_owner == zombie { other } else { zombie };
-    cluster.signal(last_owner, "-KILL");
-    cluster.nodes[last_owner] = None;
+    assert_eq!(owner, format!("node{zombie}"), "the drained node took nothing back");
+    cluster.signal(zombie, "-KILL");
+    cluster.nodes[zombie] = None;
+    let joined = cluster.start_node(3, other);
+    cluster.nodes.push(Some(joined));
+    let survivor = 3;
+    let apis: Vec<String> =
+        cluster.nodes.iter().map(|n| n.as_ref().map(|n| n.api.clone()).unwrap_or_default()).collect();
     let deadline = Instant::now() + Duration::from_secs(TTL_SECONDS + 15);
     let rebuilt = loop {
         match runtime.block_on(query(&client, &apis[survivor], &uuid, "SELECT id FROM orders", json!([]))) {

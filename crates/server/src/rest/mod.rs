@@ -136,6 +136,7 @@ pub fn routes() -> Router<AppState> {
         .route("/accounts/{account_id}/workers/scripts/{name}/tails", post(workers::no_tail))
         .route("/graphql", post(graphql::query))
         .route("/accounts/{account_id}/kura/cluster", get(crate::cluster::status))
+        .route("/accounts/{account_id}/kura/cluster/drain", post(crate::cluster::drain))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, 7003, "No route for that URI") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(StatusCode::METHOD_NOT_ALLOWED, 7001, "Method not allowed for this URI")
