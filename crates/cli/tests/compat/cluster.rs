@@ -392,3 +392,93 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
     let listed = w.ok(cwd.path(), &["d1", "list", "--json"]).json();
     assert_eq!(listed.as_array().map(Vec::len), Some(0), "{listed}");
 }
+
+/// Two nodes with the store's own conditional writes as the coordinator (moto's S3 server
+/// honours them): a database created through one is served through the other, and survives its
+/// owner's SIGKILL. Garage, which ignores conditional writes, is refused for that role.
+#[test]
+fn the_store_coordinates_when_it_honours_conditional_writes_and_garage_is_refused() {
+    let moto = kura_cluster::testbed::Moto::start();
+    let node = |i: usize| {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let args = [
+            "--cluster-store",
+            "s3://kura/store-coordinated",
+            "--cluster-store-endpoint",
+            &moto.endpoint,
+            "--node-id",
+            &format!("store{i}"),
+            "--lease-ttl",
+            &TTL_SECONDS.to_string(),
+        ]
+        .map(str::to_owned);
+        let env = [
+            ("KURA_CLUSTER_STORE_ACCESS_KEY_ID", "testing".to_owned()),
+            ("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", "testing".to_owned()),
+        ];
+        KuraProcess::start_with(dir, data, &args, &env)
+    };
+    let (a, b) = (node(0), node(1));
+    let cwd = tempfile::tempdir().unwrap();
+    Wrangler::new(&a).ok(cwd.path(), &["d1", "create", "kv"]);
+    let uuid =
+        Wrangler::new(&b).ok(cwd.path(), &["d1", "list", "--json"]).json()[0]["uuid"].as_str().unwrap().to_owned();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let client = reqwest::Client::new();
+    let (_, served_by) = runtime
+        .block_on(query(&client, &b.api, &uuid, "CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)", json!([])))
+        .unwrap();
+    assert_eq!(served_by, "store0", "the creating node owns the database");
+    for id in 0..20u64 {
+        runtime.block_on(query(&client, &b.api, &uuid, "INSERT INTO orders VALUES (?1, 'x')", json!([id]))).unwrap();
+    }
+    drop(a); // SIGKILL
+    let deadline = Instant::now() + Duration::from_secs(TTL_SECONDS * 3 + 10);
+    let present = loop {
+        match runtime.block_on(query(&client, &b.api, &uuid, "SELECT id FROM orders", json!([]))) {
+            Ok((rows, served_by)) => {
+                assert_eq!(served_by, "store1");
+                break rows.as_array().unwrap().len();
+            }
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("waiting for the takeover: {e}");
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Err(e) => panic!("the second node never took over: {e}"),
+        }
+    };
+    assert_eq!(present, 20, "every acknowledged insert survived the owner");
+
+    // Garage ignores If-None-Match and If-Match: kura refuses it as a coordinator at start-up.
+    let garage = Garage::start();
+    let refused = crate::common::run(
+        std::path::Path::new(crate::common::kura_bin()),
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--s3-listen",
+            "127.0.0.1:0",
+            "--data",
+            &cwd.path().join("refused").display().to_string(),
+            "--cluster-store",
+            "s3://kura/refused",
+            "--cluster-store-endpoint",
+            &garage.s3_endpoints[0],
+            "--cluster-store-region",
+            "garage",
+            "--coordinator",
+            "store",
+            "--node-id",
+            "refused",
+        ],
+        cwd.path(),
+        &[
+            ("KURA_CLUSTER_STORE_ACCESS_KEY_ID", GARAGE_KEY_ID.to_owned()),
+            ("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", GARAGE_SECRET.to_owned()),
+        ],
+    );
+    assert!(!refused.ok, "kura serve refused Garage as a coordinator: {}", refused.all());
+    assert!(refused.all().contains("etcd"), "the refusal names etcd: {}", refused.all());
+}
