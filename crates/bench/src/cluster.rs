@@ -289,7 +289,7 @@ fn kura_binary() -> anyhow::Result<std::path::PathBuf> {
     Ok(beside)
 }
 
-fn start_node(etcd: &Etcd, garage: &Garage, i: usize) -> anyhow::Result<Node> {
+fn start_node(etcd: &Etcd, garage: &Garage, i: usize, extra: &[&str]) -> anyhow::Result<Node> {
     use std::io::BufRead;
     let dir = tempfile::tempdir()?;
     let mut child = std::process::Command::new(kura_binary()?)
@@ -299,6 +299,7 @@ fn start_node(etcd: &Etcd, garage: &Garage, i: usize) -> anyhow::Result<Node> {
         .args(["--cluster-store", "s3://kura/bench-nodes", "--cluster-store-region", "garage"])
         .args(["--cluster-store-endpoint", &garage.s3_endpoints[i]])
         .args(["--etcd", &etcd.endpoints.join(","), "--node-id", &format!("bench{i}")])
+        .args(extra)
         .env("KURA_CLUSTER_STORE_ACCESS_KEY_ID", kura_cluster::testbed::GARAGE_KEY_ID)
         .env("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", kura_cluster::testbed::GARAGE_SECRET)
         .env("KURA_ACCOUNT_ID", crate::server::ACCOUNT)
@@ -326,20 +327,20 @@ fn start_node(etcd: &Etcd, garage: &Garage, i: usize) -> anyhow::Result<Node> {
 /// node (which forwards), point SELECTs likewise, beside one single-node server in-process.
 async fn through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage) -> anyhow::Result<()> {
     let duration = Duration::from_secs_f64(settings.seconds);
-    let nodes = [start_node(etcd, garage, 0)?, start_node(etcd, garage, 1)?];
+    let nodes = [start_node(etcd, garage, 0, &[])?, start_node(etcd, garage, 1, &[])?];
     let single_dir = tempfile::tempdir()?;
     // The in-process server has a runtime of its own, started and stopped off this one.
     let single_path = single_dir.path().to_owned();
     let single = tokio::task::spawn_blocking(move || crate::server::Kura::start(&single_path, true)).await??;
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
     // `url`: an account's D1 databases.
-    let create = |url: String| {
+    let create = |url: String, name: &'static str| {
         let http = http.clone();
         async move {
             let created: serde_json::Value = http
                 .post(&url)
                 .bearer_auth(crate::server::TOKEN)
-                .json(&serde_json::json!({ "name": "bench" }))
+                .json(&serde_json::json!({ "name": name }))
                 .send()
                 .await?
                 .json()
@@ -350,9 +351,9 @@ async fn through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage) -> any
     };
     // Created through node 0, which then owns it; node 1 forwards to it.
     let databases = |api: &str| format!("{api}/accounts/{}/d1/database", crate::server::ACCOUNT);
-    let owner_query = create(databases(&nodes[0].api)).await?;
+    let owner_query = create(databases(&nodes[0].api), "bench").await?;
     let forwarded_query = owner_query.replacen(&nodes[0].api, &nodes[1].api, 1);
-    let single_query = create(single.base.clone()).await?;
+    let single_query = create(single.base.clone(), "bench").await?;
     for url in [&owner_query, &single_query] {
         let table = serde_json::json!({ "sql": "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT)" }).to_string();
         crate::server::post_ok(&http, url, table).await;
@@ -409,6 +410,22 @@ async fn through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage) -> any
         "",
         (forwarded.p50.as_secs_f64() - owner.p50.as_secs_f64()) * 1e3
     );
+    // --durability async: acknowledged after the local fsync, shipped every second.
+    drop(nodes);
+    let async_node = start_node(etcd, garage, 2, &["--durability", "async"])?;
+    let async_query = create(databases(&async_node.api), "bench-async").await?;
+    let table = serde_json::json!({ "sql": "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT)" }).to_string();
+    crate::server::post_ok(&http, &async_query, table).await;
+    for clients in [16usize, 1] {
+        let single_stats = insert(single_query.clone(), clients).await;
+        let shipped_async = insert(async_query.clone(), clients).await;
+        line(
+            &format!("INSERT, async durability, {clients} client(s)"),
+            &shipped_async,
+            &[("single node", single_stats.rate(), None)],
+        );
+    }
+    drop(async_node);
     tokio::task::spawn_blocking(move || single.shutdown()).await?;
     Ok(())
 }

@@ -57,6 +57,21 @@ pub struct ClusterArgs {
     /// before another node takes them over.
     #[arg(long, env = "KURA_LEASE_TTL", default_value_t = 5, value_parser = clap::value_parser!(u64).range(2..=300), help_heading = "Cluster")]
     lease_ttl: u64,
+    /// When a D1 commit is acknowledged: `rpo0` once the store holds it, `async` once it is
+    /// fsynced here (then shipped every --ship-interval-ms: a failover loses up to that).
+    #[arg(long, env = "KURA_DURABILITY", value_enum, default_value = "rpo0", help_heading = "Cluster")]
+    durability: DurabilityMode,
+    /// In `--durability async`, how often the log ships: the RPO.
+    #[arg(long, env = "KURA_SHIP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=600_000), help_heading = "Cluster")]
+    ship_interval_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityMode {
+    /// Acknowledged once the store holds the commit (RPO 0).
+    Rpo0,
+    /// Acknowledged after the local fsync; shipped in the background.
+    Async,
 }
 
 /// A node joined to its cluster.
@@ -67,6 +82,15 @@ pub struct Joined {
 }
 
 impl ClusterArgs {
+    pub fn durability(&self) -> kura_cluster::placement::Durability {
+        match self.durability {
+            DurabilityMode::Rpo0 => kura_cluster::placement::Durability::Shipped,
+            DurabilityMode::Async => {
+                kura_cluster::placement::Durability::Local(Duration::from_millis(self.ship_interval_ms))
+            }
+        }
+    }
+
     pub fn enabled(&self) -> bool {
         self.cluster_store.is_some()
     }
@@ -196,6 +220,7 @@ impl kura_server::cluster::ClusterStatus for NodeStatus {
                     "lease_remaining_ms": d.lease_remaining.as_millis() as u64,
                     "puts": d.puts,
                     "shipments": d.shipments,
+                    "shipping_lag_ms": d.shipping_lag.as_millis() as u64,
                 })
             })
             .collect();

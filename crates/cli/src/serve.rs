@@ -73,6 +73,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             storage.clone(),
             Arc::clone(coordinator),
             member.clone(),
+            args.cluster.durability(),
         ));
         settings.d1.placement = Some(d1.clone());
         placement = Some(d1);

@@ -10,7 +10,7 @@ use kura_d1::{Placement, PlacementError};
 use kura_sqlite::LogShipper;
 
 use crate::coordinator::{Acquired, Coordinator, Lease, Member};
-use crate::replica::{HistoryShipper, rebuild};
+use crate::replica::{AsyncShipper, HistoryShipper, rebuild};
 use crate::storage::SharedStorage;
 
 /// The coordinator's resource for a D1 database.
@@ -26,6 +26,17 @@ const OWNER_CACHE: std::time::Duration = std::time::Duration::from_secs(1);
 struct Claim {
     lease: Lease,
     shipper: Arc<HistoryShipper>,
+    /// In `--durability async`, what commits pass instead (it ships in the background).
+    background: Option<Arc<AsyncShipper>>,
+}
+
+/// When a commit is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Once the store holds it (RPO 0): the default.
+    Shipped,
+    /// Once it is fsynced locally; shipped within about this interval (the RPO).
+    Local(std::time::Duration),
 }
 
 /// This node's D1 ownerships.
@@ -37,6 +48,7 @@ pub struct D1Placement {
     /// Owners found lately for databases another node serves: asking the coordinator on every
     /// forwarded request would cost an etcd transaction each.
     elsewhere: Mutex<HashMap<String, (PlacementError, std::time::Instant)>>,
+    durability: Durability,
     /// Set by a drain: this node gives its databases up and takes none.
     draining: std::sync::atomic::AtomicBool,
     /// One claim at a time per database, so two requests never rebuild it at once.
@@ -62,17 +74,25 @@ pub struct OwnedDatabase {
     pub puts: u64,
     /// Manifest entries published (one per shipped group commit).
     pub shipments: u64,
+    /// In `--durability async`: how long the oldest commit not yet in the store has waited.
+    pub shipping_lag: std::time::Duration,
 }
 
 impl D1Placement {
     /// The ownerships of the node `member`, which has joined `coordinator`.
-    pub fn new(storage: SharedStorage, coordinator: Arc<dyn Coordinator>, member: Member) -> Self {
+    pub fn new(
+        storage: SharedStorage,
+        coordinator: Arc<dyn Coordinator>,
+        member: Member,
+        durability: Durability,
+    ) -> Self {
         D1Placement {
             storage,
             coordinator,
             member,
             claims: Mutex::default(),
             elsewhere: Mutex::default(),
+            durability,
             draining: Default::default(),
             claiming: tokio::sync::Mutex::default(),
         }
@@ -96,6 +116,7 @@ impl D1Placement {
                     lease_remaining: c.lease.remaining(),
                     puts,
                     shipments,
+                    shipping_lag: c.background.as_ref().map(|b| b.lag()).unwrap_or_default(),
                 }
             })
             .collect();
@@ -229,7 +250,11 @@ impl Placement for D1Placement {
                     shipped,
                 ));
                 self.elsewhere().remove(uuid);
-                self.claims().insert(uuid.to_owned(), Claim { lease, shipper });
+                let background = match self.durability {
+                    Durability::Shipped => None,
+                    Durability::Local(interval) => Some(Arc::new(AsyncShipper::new(Arc::clone(&shipper), interval))),
+                };
+                self.claims().insert(uuid.to_owned(), Claim { lease, shipper, background });
                 Ok(())
             }
             Acquired::Held(owner) => {
@@ -251,7 +276,10 @@ impl Placement for D1Placement {
     fn shipper(&self, uuid: &str) -> Option<Arc<dyn LogShipper>> {
         let claims = self.claims();
         let claim = claims.get(uuid).filter(|c| c.lease.is_valid())?;
-        Some(Arc::clone(&claim.shipper) as Arc<dyn LogShipper>)
+        Some(match &claim.background {
+            Some(background) => Arc::clone(background) as Arc<dyn LogShipper>,
+            None => Arc::clone(&claim.shipper) as Arc<dyn LogShipper>,
+        })
     }
 
     async fn release(&self, uuid: &str) {

@@ -334,3 +334,106 @@ pub async fn sweep(
     }
     Ok(removed)
 }
+
+/// Ships a database's log in the background instead of before each answer: commits are
+/// acknowledged after the local fsync, and what they wrote reaches the store within about one
+/// `interval` (the RPO of `--durability async`; a failover loses at most that). The newest view
+/// of the log is kept and shipped whole each round, so a burst of commits costs one shipment.
+#[derive(Debug)]
+pub struct AsyncShipper {
+    inner: Arc<HistoryShipper>,
+    pending: Arc<std::sync::Mutex<Pending>>,
+    wake: Arc<std::sync::Condvar>,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    view: Option<LogView>,
+    /// When the oldest commit not yet in the store was handed over.
+    since: Option<std::time::Instant>,
+    stopped: bool,
+}
+
+impl AsyncShipper {
+    /// Ships through `inner` every `interval` on a thread of its own, until the ownership ends
+    /// or the shipper is dropped.
+    pub fn new(inner: Arc<HistoryShipper>, interval: std::time::Duration) -> Self {
+        let pending: Arc<std::sync::Mutex<Pending>> = Arc::default();
+        let wake = Arc::new(std::sync::Condvar::new());
+        let (shipper, queue, signal) = (Arc::clone(&inner), Arc::clone(&pending), Arc::clone(&wake));
+        std::thread::Builder::new()
+            .name(format!("kura-ship-{}", &inner.lease.resource().chars().rev().take(8).collect::<String>()))
+            .spawn(move || ship_in_background(shipper, queue, signal, interval))
+            .expect("a shipping thread starts");
+        AsyncShipper { inner, pending, wake }
+    }
+
+    /// How long the oldest commit not yet in the store has waited; zero when all are there.
+    pub fn lag(&self) -> std::time::Duration {
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.since.map(|s| s.elapsed()).unwrap_or_default()
+    }
+
+    /// The shipper underneath, for its counts.
+    pub fn inner(&self) -> &Arc<HistoryShipper> {
+        &self.inner
+    }
+}
+
+impl Drop for AsyncShipper {
+    fn drop(&mut self) {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).stopped = true;
+        self.wake.notify_all();
+    }
+}
+
+impl LogShipper for AsyncShipper {
+    fn ship(&self, log: &LogView) -> Result<(), ShipError> {
+        if !self.inner.lease.is_valid() {
+            // Acknowledging a commit no one will ever ship would be a lie even in this mode.
+            return Err(ShipError::superseded(format!(
+                "{}: this node's ownership has ended",
+                self.inner.lease.resource()
+            )));
+        }
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.view = Some(log.clone());
+        pending.since.get_or_insert_with(std::time::Instant::now);
+        Ok(())
+    }
+}
+
+fn ship_in_background(
+    shipper: Arc<HistoryShipper>,
+    pending: Arc<std::sync::Mutex<Pending>>,
+    wake: Arc<std::sync::Condvar>,
+    interval: std::time::Duration,
+) {
+    loop {
+        let (view, since) = {
+            let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
+            guard = wake.wait_timeout(guard, interval).unwrap_or_else(|p| p.into_inner()).0;
+            if guard.stopped && guard.view.is_none() {
+                return;
+            }
+            match guard.view.take() {
+                Some(view) => (view, guard.since.take()),
+                None => continue,
+            }
+        };
+        match shipper.ship(&view) {
+            Ok(()) => {}
+            Err(e) if e.is_superseded() => {
+                tracing::error!(resource = shipper.lease.resource(), error = %e, "the ownership ended with commits not yet shipped; they are lost to the cluster");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(resource = shipper.lease.resource(), error = %e, "background shipping failed; retrying");
+                let mut guard = pending.lock().unwrap_or_else(|p| p.into_inner());
+                // A newer view supersedes this one; the lag still counts from the older commit.
+                guard.view.get_or_insert(view);
+                guard.since = since.or(guard.since);
+            }
+        }
+    }
+}

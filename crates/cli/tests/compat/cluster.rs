@@ -482,3 +482,71 @@ fn the_store_coordinates_when_it_honours_conditional_writes_and_garage_is_refuse
     assert!(!refused.ok, "kura serve refused Garage as a coordinator: {}", refused.all());
     assert!(refused.all().contains("etcd"), "the refusal names etcd: {}", refused.all());
 }
+
+/// `--durability async`: commits are answered after the local fsync and reach the store within
+/// the shipping interval; once it has passed, the owner's SIGKILL loses none of them.
+#[test]
+fn asynchronous_durability_ships_within_its_interval() {
+    let moto = kura_cluster::testbed::Moto::start();
+    let node = |i: usize| {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let args = [
+            "--cluster-store",
+            "s3://kura/async",
+            "--cluster-store-endpoint",
+            &moto.endpoint,
+            "--node-id",
+            &format!("async{i}"),
+            "--lease-ttl",
+            &TTL_SECONDS.to_string(),
+            "--durability",
+            "async",
+            "--ship-interval-ms",
+            "200",
+        ]
+        .map(str::to_owned);
+        let env = [
+            ("KURA_CLUSTER_STORE_ACCESS_KEY_ID", "testing".to_owned()),
+            ("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", "testing".to_owned()),
+        ];
+        KuraProcess::start_with(dir, data, &args, &env)
+    };
+    let (a, b) = (node(0), node(1));
+    let cwd = tempfile::tempdir().unwrap();
+    Wrangler::new(&a).ok(cwd.path(), &["d1", "create", "fast"]);
+    let uuid =
+        Wrangler::new(&a).ok(cwd.path(), &["d1", "list", "--json"]).json()[0]["uuid"].as_str().unwrap().to_owned();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let client = reqwest::Client::new();
+    runtime.block_on(query(&client, &a.api, &uuid, "CREATE TABLE t (id INTEGER PRIMARY KEY)", json!([]))).unwrap();
+    let began = Instant::now();
+    for id in 0..50u64 {
+        runtime.block_on(query(&client, &a.api, &uuid, "INSERT INTO t VALUES (?1)", json!([id]))).unwrap();
+    }
+    let per_insert = began.elapsed() / 50;
+    eprintln!("async durability: {per_insert:?} per acknowledged INSERT (one client, over HTTP)");
+    std::thread::sleep(Duration::from_millis(1000));
+    let status = crate::common::run(
+        std::path::Path::new(crate::common::kura_bin()),
+        &["node", "status", "--json"],
+        cwd.path(),
+        &a.remote_env(),
+    )
+    .expect_ok("kura node status")
+    .json();
+    assert_eq!(status["databases"][0]["shipping_lag_ms"], 0, "everything shipped after the interval: {status}");
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(TTL_SECONDS * 3 + 10);
+    let rows = loop {
+        match runtime.block_on(query(&client, &b.api, &uuid, "SELECT count(*) AS n FROM t", json!([]))) {
+            Ok((rows, _)) => break rows[0]["n"].as_u64().unwrap(),
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("waiting for the takeover: {e}");
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            Err(e) => panic!("the second node never took over: {e}"),
+        }
+    };
+    assert_eq!(rows, 50, "every commit older than the shipping interval survived the owner");
+}
