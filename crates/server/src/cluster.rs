@@ -115,10 +115,7 @@ pub async fn status(
     caller: crate::auth::Caller,
     crate::rest::extract::V4Path(account_id): crate::rest::extract::V4Path<String>,
 ) -> Result<Response, ApiError> {
-    if caller.token.account_id != account_id || caller.scope() != kura_catalog::Scope::Admin {
-        return Err(ApiError::forbidden());
-    }
-    Ok(crate::rest::ok(cluster_of(&app)?.status.status().await))
+    Ok(crate::rest::ok(cluster_for(&app, &caller, &account_id)?.status.status().await))
 }
 
 /// `POST /accounts/{account_id}/kura/cluster/drain`: this node gives every database up and
@@ -128,13 +125,18 @@ pub async fn drain(
     caller: crate::auth::Caller,
     crate::rest::extract::V4Path(account_id): crate::rest::extract::V4Path<String>,
 ) -> Result<Response, ApiError> {
+    Ok(crate::rest::ok(cluster_for(&app, &caller, &account_id)?.status.drain().await))
+}
+
+/// The node's cluster side, for an admin token of `account_id`.
+fn cluster_for<'a>(
+    app: &'a AppState,
+    caller: &crate::auth::Caller,
+    account_id: &str,
+) -> Result<&'a Forwarding, ApiError> {
     if caller.token.account_id != account_id || caller.scope() != kura_catalog::Scope::Admin {
         return Err(ApiError::forbidden());
     }
-    Ok(crate::rest::ok(cluster_of(&app)?.status.drain().await))
-}
-
-fn cluster_of(app: &AppState) -> Result<&Forwarding, ApiError> {
     app.forwarding
         .as_ref()
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, 7404, "this kura node runs alone, not in a cluster"))

@@ -393,32 +393,37 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
     assert_eq!(listed.as_array().map(Vec::len), Some(0), "{listed}");
 }
 
+/// A kura node of a cluster whose store is moto's S3 server (the store coordinates).
+fn moto_node(moto: &kura_cluster::testbed::Moto, prefix: &str, node: &str, extra: &[&str]) -> KuraProcess {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut args: Vec<String> = [
+        "--cluster-store",
+        &format!("s3://kura/{prefix}"),
+        "--cluster-store-endpoint",
+        &moto.endpoint,
+        "--node-id",
+        node,
+        "--lease-ttl",
+        &TTL_SECONDS.to_string(),
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let env = [
+        ("KURA_CLUSTER_STORE_ACCESS_KEY_ID", "testing".to_owned()),
+        ("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", "testing".to_owned()),
+    ];
+    KuraProcess::start_with(dir, data, &args, &env)
+}
+
 /// Two nodes with the store's own conditional writes as the coordinator (moto's S3 server
 /// honours them): a database created through one is served through the other, and survives its
 /// owner's SIGKILL. Garage, which ignores conditional writes, is refused for that role.
 #[test]
 fn the_store_coordinates_when_it_honours_conditional_writes_and_garage_is_refused() {
     let moto = kura_cluster::testbed::Moto::start();
-    let node = |i: usize| {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let args = [
-            "--cluster-store",
-            "s3://kura/store-coordinated",
-            "--cluster-store-endpoint",
-            &moto.endpoint,
-            "--node-id",
-            &format!("store{i}"),
-            "--lease-ttl",
-            &TTL_SECONDS.to_string(),
-        ]
-        .map(str::to_owned);
-        let env = [
-            ("KURA_CLUSTER_STORE_ACCESS_KEY_ID", "testing".to_owned()),
-            ("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", "testing".to_owned()),
-        ];
-        KuraProcess::start_with(dir, data, &args, &env)
-    };
+    let node = |i: usize| moto_node(&moto, "store-coordinated", &format!("store{i}"), &[]);
     let (a, b) = (node(0), node(1));
     let cwd = tempfile::tempdir().unwrap();
     Wrangler::new(&a).ok(cwd.path(), &["d1", "create", "kv"]);
@@ -489,28 +494,7 @@ fn the_store_coordinates_when_it_honours_conditional_writes_and_garage_is_refuse
 fn asynchronous_durability_ships_within_its_interval() {
     let moto = kura_cluster::testbed::Moto::start();
     let node = |i: usize| {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let args = [
-            "--cluster-store",
-            "s3://kura/async",
-            "--cluster-store-endpoint",
-            &moto.endpoint,
-            "--node-id",
-            &format!("async{i}"),
-            "--lease-ttl",
-            &TTL_SECONDS.to_string(),
-            "--durability",
-            "async",
-            "--ship-interval-ms",
-            "200",
-        ]
-        .map(str::to_owned);
-        let env = [
-            ("KURA_CLUSTER_STORE_ACCESS_KEY_ID", "testing".to_owned()),
-            ("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", "testing".to_owned()),
-        ];
-        KuraProcess::start_with(dir, data, &args, &env)
+        moto_node(&moto, "async", &format!("async{i}"), &["--durability", "async", "--ship-interval-ms", "200"])
     };
     let (a, b) = (node(0), node(1));
     let cwd = tempfile::tempdir().unwrap();
