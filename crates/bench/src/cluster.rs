@@ -4,7 +4,8 @@
 //! commit — measured in the same run; PUTs per commit; and how long a takeover of a 100 MiB
 //! database takes — all of it through the engine in-process (no HTTP on either side), so the
 //! ratios isolate what shipping costs; then D1 over HTTP through two `kura serve` cluster
-//! nodes (the owner, and another that forwards to it) beside one single-node server.
+//! nodes (the owner, and another that forwards to it) beside one single-node server; and R2's
+//! 1 MiB PUT and GET through those nodes beside the same requests sent to Garage itself.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -201,7 +202,90 @@ async fn run_async(settings: &Settings) -> anyhow::Result<()> {
     }
 
     takeover(settings, &etcd, &garage, &storage, ttl, scratch.path()).await?;
-    through_nodes(settings, &etcd, &garage).await
+    through_nodes(settings, &etcd, &garage).await?;
+    r2_through_nodes(settings, &etcd, &garage, &storage).await
+}
+
+/// R2 over S3 through two cluster nodes (the bucket's owner, and another that forwards to it),
+/// 1 MiB PUTs and GETs at 16 clients, beside the same sizes PUT to and read from Garage directly
+/// (`object_store`, as kura itself speaks to it): the blob goes to Garage and the metadata row
+/// ships (RPO 0) before each PUT is answered.
+async fn r2_through_nodes(
+    settings: &Settings,
+    etcd: &Etcd,
+    garage: &Garage,
+    storage: &SharedStorage,
+) -> anyhow::Result<()> {
+    const MIB: usize = 1024 * 1024;
+    let duration = Duration::from_secs_f64(settings.seconds);
+    let clients = 16;
+    let nodes = [start_node(etcd, garage, 0, &[])?, start_node(etcd, garage, 1, &[])?];
+    let (owner, forwarder) = (crate::r2::S3::new(&nodes[0].s3), crate::r2::S3::new(&nodes[1].s3));
+    let created = owner.signed(reqwest::Method::PUT, &format!("/{}", crate::r2::BUCKET)).send().await?;
+    anyhow::ensure!(created.status().is_success(), "creating the bucket: {}", created.status());
+    let body = Bytes::from(vec![9u8; MIB]);
+    let direct_put = {
+        let (storage, body) = (storage.clone(), body.clone());
+        load::run(clients, duration, move |c, n| {
+            let (storage, body) = (storage.clone(), body.clone());
+            async move {
+                storage.put(&format!("direct/{c}/{}", n % 8), body, PutMode::New).await.expect("put");
+                1
+            }
+        })
+        .await
+    };
+    let direct_get = {
+        let storage = storage.clone();
+        load::run(clients, duration, move |c, n| {
+            let storage = storage.clone();
+            async move {
+                storage.get(&format!("direct/{c}/{}", n % 8)).await.expect("get");
+                1
+            }
+        })
+        .await
+    };
+    let kura_put = |s3: crate::r2::S3, prefix: &'static str| {
+        let body = body.clone();
+        load::run(clients, duration, move |c, n| {
+            let (s3, body) = (s3.clone(), body.clone());
+            async move {
+                s3.put(&format!("{prefix}/{c}/{}", n % 8), body).await;
+                1
+            }
+        })
+    };
+    let kura_get = |s3: crate::r2::S3, prefix: &'static str| {
+        load::run(clients, duration, move |c, n| {
+            let s3 = s3.clone();
+            async move {
+                s3.get(&format!("{prefix}/{c}/{}", n % 8)).await;
+                1
+            }
+        })
+    };
+    let owner_put = kura_put(owner.clone(), "owner").await;
+    let owner_get = kura_get(owner.clone(), "owner").await;
+    let forwarded_put = kura_put(forwarder.clone(), "forwarded").await;
+    let forwarded_get = kura_get(forwarder.clone(), "forwarded").await;
+    println!();
+    println!("R2 over S3 through kura cluster nodes (RPO 0, etcd, Garage ×3), 1 MiB objects, {clients} clients");
+    line("PUT to Garage directly", &direct_put, &[]);
+    line("PUT via the bucket's owner", &owner_put, &[("Garage directly", direct_put.rate(), Some(0.8))]);
+    line(
+        "PUT via another node",
+        &forwarded_put,
+        &[("Garage directly", direct_put.rate(), None), ("via the owner", owner_put.rate(), None)],
+    );
+    line("GET from Garage directly", &direct_get, &[]);
+    line("GET via the bucket's owner", &owner_get, &[("Garage directly", direct_get.rate(), Some(0.8))]);
+    line(
+        "GET via another node",
+        &forwarded_get,
+        &[("Garage directly", direct_get.rate(), None), ("via the owner", owner_get.rate(), None)],
+    );
+    Ok(())
 }
 
 /// A 100 MiB database shipped, its owner gone: the next node's lease wait (the TTL: etcd ends
@@ -268,6 +352,7 @@ async fn takeover(
 struct Node {
     child: std::process::Child,
     api: String,
+    s3: String,
     _dir: tempfile::TempDir,
 }
 
@@ -304,23 +389,28 @@ fn start_node(etcd: &Etcd, garage: &Garage, i: usize, extra: &[&str]) -> anyhow:
         .env("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", kura_cluster::testbed::GARAGE_SECRET)
         .env("KURA_ACCOUNT_ID", crate::server::ACCOUNT)
         .env("KURA_API_TOKEN", crate::server::TOKEN)
+        .env("KURA_S3_ACCESS_KEY_ID", crate::server::S3_KEY)
+        .env("KURA_S3_SECRET_ACCESS_KEY", crate::server::S3_SECRET)
         .env("KURA_LOG", "error")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
         .spawn()?;
     let stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
-    let mut api = None;
+    let (mut api, mut s3) = (None, None);
     for line in stdout.lines() {
         let line = line?;
         if let Some(url) = line.trim().strip_prefix("API (Cloudflare v4):") {
             api = Some(url.trim().to_owned());
         }
+        if let Some(url) = line.trim().strip_prefix("S3:") {
+            s3 = Some(url.trim().to_owned());
+        }
         if line == "ready" {
             break;
         }
     }
-    let api = api.ok_or_else(|| anyhow::anyhow!("kura serve (cluster node {i}) did not start"))?;
-    Ok(Node { child, api, _dir: dir })
+    let (api, s3) = api.zip(s3).ok_or_else(|| anyhow::anyhow!("kura serve (cluster node {i}) did not start"))?;
+    Ok(Node { child, api, s3, _dir: dir })
 }
 
 /// D1 over HTTP through cluster nodes: durable INSERTs through the owner and through another

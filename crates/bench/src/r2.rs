@@ -21,23 +21,23 @@ use crate::{Settings, peer};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * 1024;
-const BUCKET: &str = "bench";
+pub(crate) const BUCKET: &str = "bench";
 
 /// An S3 client that signs every request (SigV4 in headers, unsigned payload).
 #[derive(Clone)]
-struct S3 {
+pub(crate) struct S3 {
     http: reqwest::Client,
     endpoint: Arc<str>,
     host: Arc<str>,
 }
 
 impl S3 {
-    fn new(endpoint: &str) -> S3 {
+    pub(crate) fn new(endpoint: &str) -> S3 {
         let host = endpoint.trim_start_matches("http://").to_owned();
         S3 { http: reqwest::Client::new(), endpoint: endpoint.into(), host: host.into() }
     }
 
-    fn signed(&self, method: reqwest::Method, path_and_query: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn signed(&self, method: reqwest::Method, path_and_query: &str) -> reqwest::RequestBuilder {
         let url = format!("{}{path_and_query}", self.endpoint);
         let identity = aws_credential_types::Credentials::new(S3_KEY, S3_SECRET, None, None, "bench").into();
         let mut settings = SigningSettings::default();
@@ -65,7 +65,7 @@ impl S3 {
         builder
     }
 
-    async fn put(&self, key: &str, body: bytes::Bytes) -> String {
+    pub(crate) async fn put(&self, key: &str, body: bytes::Bytes) -> String {
         let response =
             self.signed(reqwest::Method::PUT, &format!("/{BUCKET}/{key}")).body(body).send().await.expect("PUT");
         let status = response.status();
@@ -76,7 +76,7 @@ impl S3 {
     }
 
     /// GETs an object and counts its bytes without keeping them.
-    async fn get(&self, key: &str) -> u64 {
+    pub(crate) async fn get(&self, key: &str) -> u64 {
         let mut response = self.signed(reqwest::Method::GET, &format!("/{BUCKET}/{key}")).send().await.expect("GET");
         assert!(response.status().is_success(), "GET {key}: {}", response.status());
         let mut total = 0;

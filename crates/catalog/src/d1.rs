@@ -194,7 +194,7 @@ impl Catalog {
     ) -> Result<D1DatabaseList> {
         let filter = name.unwrap_or("");
         let offset = page.saturating_sub(1).saturating_mul(per_page);
-        self.read(|c| {
+        self.read_current(|c| {
             let total: u64 = c
                 .prepare_cached(
                     "SELECT count(*) FROM d1_databases WHERE account_id = ?1 AND instr(lower(name), lower(?2)) > 0",

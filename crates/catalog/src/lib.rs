@@ -279,6 +279,16 @@ impl Catalog {
         }
     }
 
+    /// Reads with `f` what a shared catalog holds now: a newer copy, if another node published
+    /// one, is brought in first, so a listing shows what was written through any node a moment
+    /// ago (one look at the coordinator, shared by the reads that wait for it).
+    fn read_current<T>(&self, f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>) -> Result<T> {
+        if self.replication.is_some() {
+            self.refresh_since(Some(std::time::Instant::now()))?;
+        }
+        self.read(f)
+    }
+
     /// Reads with `f`; when it finds nothing and the catalog is shared, brings in a newer copy
     /// (another node may have just written it) and reads once more.
     fn read_found<T>(&self, f: impl Fn(&rusqlite::Connection) -> rusqlite::Result<Option<T>>) -> Result<Option<T>> {

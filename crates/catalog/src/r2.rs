@@ -141,7 +141,7 @@ impl Catalog {
 
     /// The account's bucket with this name.
     pub fn r2_bucket(&self, account_id: &str, name: &str) -> Result<Option<R2Bucket>> {
-        self.read(|c| {
+        self.read_found(|c| {
             c.prepare_cached(&format!("SELECT {BUCKET_COLUMNS} FROM r2_buckets WHERE account_id = ?1 AND name = ?2"))?
                 .query_row([account_id, name], bucket_from_row)
                 .optional()
@@ -150,7 +150,7 @@ impl Catalog {
 
     /// The account's buckets in name order.
     pub fn list_r2_buckets(&self, account_id: &str) -> Result<Vec<R2Bucket>> {
-        self.read(|c| {
+        self.read_current(|c| {
             c.prepare_cached(&format!("SELECT {BUCKET_COLUMNS} FROM r2_buckets WHERE account_id = ?1 ORDER BY name"))?
                 .query_map([account_id], bucket_from_row)?
                 .collect()
@@ -218,7 +218,7 @@ impl Catalog {
     /// The S3 key with this id, if it is live and may reach R2 at all: a pinned key, or else the
     /// key derived from an API token.
     pub fn s3_credential(&self, access_key_id: &str) -> Result<Option<S3Credential>> {
-        let found = self.read(|c| {
+        let found = self.read_found(|c| {
             let pinned = c
                 .prepare_cached("SELECT account_id, secret, scope, buckets FROM s3_keys WHERE access_key_id = ?1")?
                 .query_row([access_key_id], |r| {

@@ -53,6 +53,10 @@ pub struct ClusterArgs {
     /// The URL other nodes reach this node's API at (default: http://<--listen>).
     #[arg(long, env = "KURA_ADVERTISE", help_heading = "Cluster")]
     advertise: Option<String>,
+    /// The URL other nodes reach this node's S3 listener at (default: http://<--s3-listen>):
+    /// where they send the requests of buckets this node owns.
+    #[arg(long, env = "KURA_ADVERTISE_S3", help_heading = "Cluster")]
+    advertise_s3: Option<String>,
     /// Seconds an owner's lease lasts without renewal: how long a dead node's databases wait
     /// before another node takes them over.
     #[arg(long, env = "KURA_LEASE_TTL", default_value_t = 5, value_parser = clap::value_parser!(u64).range(2..=300), help_heading = "Cluster")]
@@ -168,13 +172,19 @@ impl ClusterArgs {
                 api.port()
             );
         }
+        if self.advertise_s3.is_none() && s3.ip().is_unspecified() {
+            bail!(
+                "--s3-listen {s3} does not say where other nodes reach this one: set --advertise-s3 http://<host>:{}",
+                s3.port()
+            );
+        }
         let mut incarnation = [0u8; 8];
         getrandom::fill(&mut incarnation).expect("the system has randomness");
         let member = Member {
             node,
             incarnation: hex::encode(incarnation),
             api: self.advertise.clone().unwrap_or_else(|| format!("http://{api}")).trim_end_matches('/').to_owned(),
-            s3: format!("http://{s3}"),
+            s3: self.advertise_s3.clone().unwrap_or_else(|| format!("http://{s3}")).trim_end_matches('/').to_owned(),
         };
         coordinator
             .join(member.clone())
@@ -188,14 +198,17 @@ impl ClusterArgs {
 /// node owns.
 pub struct NodeStatus {
     pub joined: Arc<Joined>,
-    pub placement: Arc<kura_cluster::placement::D1Placement>,
+    /// One per kind of file (D1 databases, R2 buckets).
+    pub placements: Vec<Arc<kura_cluster::ClusterPlacement>>,
 }
 
 #[async_trait::async_trait]
 impl kura_server::cluster::ClusterStatus for NodeStatus {
     async fn drain(&self) -> serde_json::Value {
-        tracing::info!("draining: giving every database up");
-        self.placement.drain().await;
+        tracing::info!("draining: giving every database and bucket up");
+        for placement in &self.placements {
+            placement.drain().await;
+        }
         self.status().await
     }
 
@@ -209,28 +222,35 @@ impl kura_server::cluster::ClusterStatus for NodeStatus {
             ),
             Err(e) => serde_json::json!({ "error": e.to_string() }),
         };
-        let databases: Vec<serde_json::Value> = self
-            .placement
-            .owned()
-            .into_iter()
-            .map(|d| {
-                serde_json::json!({
-                    "uuid": d.uuid,
-                    "epoch": d.epoch,
-                    "lease_remaining_ms": d.lease_remaining.as_millis() as u64,
-                    "puts": d.puts,
-                    "shipments": d.shipments,
-                    "shipping_lag_ms": d.shipping_lag.as_millis() as u64,
+        let owned = |kind| {
+            let placement = self.placements.iter().find(|p| p.kind() == kind);
+            placement.map(|p| p.owned()).unwrap_or_default()
+        };
+        let describe = |owned: Vec<kura_cluster::placement::Owned>| -> Vec<serde_json::Value> {
+            owned
+                .into_iter()
+                .map(|d| {
+                    let id = d.resource.split_once('/').map_or(d.resource.as_str(), |(_, id)| id).to_owned();
+                    serde_json::json!({
+                        "id": id,
+                        "resource": d.resource,
+                        "epoch": d.epoch,
+                        "lease_remaining_ms": d.lease_remaining.as_millis() as u64,
+                        "puts": d.puts,
+                        "shipments": d.shipments,
+                        "shipping_lag_ms": d.shipping_lag.as_millis() as u64,
+                    })
                 })
-            })
-            .collect();
+                .collect()
+        };
         serde_json::json!({
-            "draining": self.placement.is_draining(),
+            "draining": self.placements.iter().any(|p| p.is_draining()),
             "node": self.joined.member.node,
             "incarnation": self.joined.member.incarnation,
             "coordinator": self.joined.coordinator.describe(),
             "members": members,
-            "databases": databases,
+            "databases": describe(owned(kura_cluster::Kind::D1)),
+            "buckets": describe(owned(kura_cluster::Kind::R2)),
         })
     }
 }
@@ -276,17 +296,19 @@ pub async fn run_node(command: NodeCommand) -> anyhow::Result<()> {
     for member in status["members"].as_array().into_iter().flatten() {
         println!("  {:<16} {}", member["node"].as_str().unwrap_or("?"), member["api"].as_str().unwrap_or("?"));
     }
-    let databases = status["databases"].as_array().cloned().unwrap_or_default();
-    println!("owned D1 databases: {}", databases.len());
-    for d in databases {
-        println!(
-            "  {}  epoch {:<8} lease {:>5} ms left  {} objects in {} shipments",
-            d["uuid"].as_str().unwrap_or("?"),
-            d["epoch"],
-            d["lease_remaining_ms"],
-            d["puts"],
-            d["shipments"]
-        );
+    for (field, title) in [("databases", "owned D1 databases"), ("buckets", "owned R2 buckets (metadata)")] {
+        let owned = status[field].as_array().cloned().unwrap_or_default();
+        println!("{title}: {}", owned.len());
+        for d in owned {
+            println!(
+                "  {}  epoch {:<8} lease {:>5} ms left  {} objects in {} shipments",
+                d["id"].as_str().unwrap_or("?"),
+                d["epoch"],
+                d["lease_remaining_ms"],
+                d["puts"],
+                d["shipments"]
+            );
+        }
     }
     Ok(())
 }

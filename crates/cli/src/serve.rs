@@ -67,16 +67,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         true => Some(args.cluster.join(&api.local_addr()?, &s3.local_addr()?).await?),
         false => None,
     };
-    let mut placement = None;
+    let mut placements = Vec::new();
     if let Some(Joined { storage, coordinator, member }) = &joined {
-        let d1 = Arc::new(kura_cluster::placement::D1Placement::new(
-            storage.clone(),
-            Arc::clone(coordinator),
-            member.clone(),
-            args.cluster.durability(),
-        ));
+        let placement = |kind| {
+            Arc::new(kura_cluster::ClusterPlacement::new(
+                kind,
+                storage.clone(),
+                Arc::clone(coordinator),
+                member.clone(),
+                args.cluster.durability(),
+            ))
+        };
+        let (d1, r2) = (placement(kura_cluster::Kind::D1), placement(kura_cluster::Kind::R2));
         settings.d1.placement = Some(d1.clone());
-        placement = Some(d1);
+        settings.r2.shared =
+            Some(kura_r2::Shared { placement: r2.clone(), blobs: kura_cluster::StoreBlobs::new(storage.clone()) });
+        placements = vec![d1, r2];
         let catalog_path = args.data.data.join("catalog.sqlite");
         settings.catalog_replication = Some(Arc::new(kura_cluster::catalog::SharedCatalog::new(
             storage.clone(),
@@ -85,8 +91,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         )));
     }
     let joined = joined.map(Arc::new);
-    if let (Some(joined), Some(placement)) = (&joined, &placement) {
-        let status = crate::cluster::NodeStatus { joined: Arc::clone(joined), placement: Arc::clone(placement) };
+    if let Some(joined) = &joined {
+        let status = crate::cluster::NodeStatus { joined: Arc::clone(joined), placements: placements.clone() };
         settings.forwarding = Some(kura_server::cluster::Forwarding::new(&joined.member.node, Arc::new(status)));
     }
     let node = Node::open(&args.data.data, settings)?;
@@ -176,9 +182,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(follower) = follower {
         let _ = follower.await;
     }
-    if let (Some(joined), Some(placement)) = (&joined, &placement) {
-        // Handing the databases over now spares the other nodes a lease's wait.
-        placement.release_all().await;
+    if let Some(joined) = &joined {
+        // Handing the files over now spares the other nodes a lease's wait.
+        for placement in &placements {
+            placement.release_all().await;
+        }
         if let Err(e) = joined.coordinator.leave().await {
             tracing::warn!(error = %e, "could not leave the cluster; its leases end with their TTL");
         }

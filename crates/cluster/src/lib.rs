@@ -4,6 +4,8 @@
 //!   ([`LocalStorage`]) or an S3-compatible object store ([`RemoteStorage`], the `object_store`
 //!   crate: Garage, S3, R2, MinIO, Ceph).
 //! - [`probe`] — whether a store's conditional writes can be trusted ([`probe_conditional_writes`]).
+//! - [`blobs`] — R2's bodies in the store ([`StoreBlobs`]).
+//! - [`placement`] — which node serves each D1 database and R2 bucket ([`ClusterPlacement`]).
 //! - [`replica`] — a database whose history is shipped to the store before each commit is
 //!   acknowledged ([`HistoryShipper`]), and rebuilt from it by the node that takes it over ([`rebuild`]).
 //! - [`coordinator`] — one fenced owner per resource: [`EtcdCoordinator`] or, for stores that
@@ -22,6 +24,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod blobs;
 pub mod catalog;
 pub mod coordinator;
 pub mod placement;
@@ -31,14 +34,17 @@ pub mod storage;
 #[cfg(feature = "testbed")]
 pub mod testbed;
 
+pub use blobs::StoreBlobs;
 pub use coordinator::{
     Acquired, Coordinator, CoordinatorError, EtcdClient, EtcdCoordinator, Lease, Member, Owner, Published,
     StoreCoordinator,
 };
+pub use placement::{ClusterPlacement, Durability, Kind};
 pub use probe::{ProbeOutcome, probe_conditional_writes};
 pub use replica::{HistoryShipper, ReplicaError, Shipped, rebuild, sweep};
 pub use storage::{
-    LocalStorage, ObjectInfo, PutMode, RemoteStorage, S3Config, SharedStorage, Storage, StorageError, Version,
+    ByteStream, LocalStorage, ObjectInfo, ObjectWriter, PutMode, RemoteStorage, S3Config, SharedStorage, Storage,
+    StorageError, Version,
 };
 
 /// Runs `future` to completion from synchronous code: on a runtime worker, in place (the

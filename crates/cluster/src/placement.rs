@@ -1,21 +1,40 @@
-//! Which node serves each D1 database: the one holding its `d1/<uuid>` ownership, which
-//! rebuilt the database from the store when it took it and ships every commit before it is
-//! acknowledged. Requests reaching any other node are sent to that one.
+//! Which node serves each shared SQLite file — a D1 database, an R2 bucket's metadata: the one
+//! holding its `<kind>/<key>` ownership (`d1/<uuid>`, `r2/<bucket id>`), which rebuilt the
+//! file from the store when it took it and ships every commit before it is acknowledged.
+//! Requests reaching any other node are sent to that one.
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use kura_d1::{Placement, PlacementError};
-use kura_sqlite::LogShipper;
+use kura_sqlite::{LogShipper, Placement, PlacementError, ReleaseFile};
 
 use crate::coordinator::{Acquired, Coordinator, Lease, Member};
 use crate::replica::{AsyncShipper, HistoryShipper, rebuild};
 use crate::storage::SharedStorage;
 
-/// The coordinator's resource for a D1 database.
-pub fn d1_resource(uuid: &str) -> String {
-    format!("d1/{uuid}")
+/// What kind of file a placement places: the first part of its resources' names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// D1 databases, by UUID.
+    D1,
+    /// R2 buckets' metadata, by storage id.
+    R2,
+}
+
+impl Kind {
+    /// The prefix of this kind's resources.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::D1 => "d1",
+            Kind::R2 => "r2",
+        }
+    }
+
+    /// The coordinator's resource for the file `key` of this kind.
+    pub fn resource(self, key: &str) -> String {
+        format!("{}/{key}", self.name())
+    }
 }
 
 /// How long an owner found for a forwarded request is trusted without asking again: a node
@@ -39,33 +58,37 @@ pub enum Durability {
     Local(std::time::Duration),
 }
 
-/// This node's D1 ownerships.
-pub struct D1Placement {
+/// This node's ownerships of one kind of file.
+pub struct ClusterPlacement {
+    kind: Kind,
     storage: SharedStorage,
     coordinator: Arc<dyn Coordinator>,
     member: Member,
     claims: Mutex<HashMap<String, Claim>>,
-    /// Owners found lately for databases another node serves: asking the coordinator on every
+    /// Owners found lately for files another node serves: asking the coordinator on every
     /// forwarded request would cost an etcd transaction each.
     elsewhere: Mutex<HashMap<String, (PlacementError, std::time::Instant)>>,
     durability: Durability,
-    /// Set by a drain: this node gives its databases up and takes none.
+    /// Set by a drain: this node gives its files up and takes none.
     draining: std::sync::atomic::AtomicBool,
-    /// One claim at a time per database, so two requests never rebuild it at once.
+    /// One claim at a time per file, so two requests never rebuild it at once.
     claiming: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-impl std::fmt::Debug for D1Placement {
+impl std::fmt::Debug for ClusterPlacement {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("D1Placement").field("node", &self.member.node).finish_non_exhaustive()
+        f.debug_struct("ClusterPlacement")
+            .field("kind", &self.kind)
+            .field("node", &self.member.node)
+            .finish_non_exhaustive()
     }
 }
 
-/// What one owned database has shipped, for `kura node status` and the metrics.
+/// What one owned file has shipped, for `kura node status` and the metrics.
 #[derive(Debug, Clone)]
-pub struct OwnedDatabase {
-    /// The database's id.
-    pub uuid: String,
+pub struct Owned {
+    /// Its resource (`d1/<uuid>`, `r2/<bucket id>`).
+    pub resource: String,
     /// The ownership's epoch.
     pub epoch: u64,
     /// How long the lease has left.
@@ -78,15 +101,17 @@ pub struct OwnedDatabase {
     pub shipping_lag: std::time::Duration,
 }
 
-impl D1Placement {
-    /// The ownerships of the node `member`, which has joined `coordinator`.
+impl ClusterPlacement {
+    /// The ownerships of `kind` of the node `member`, which has joined `coordinator`.
     pub fn new(
+        kind: Kind,
         storage: SharedStorage,
         coordinator: Arc<dyn Coordinator>,
         member: Member,
         durability: Durability,
     ) -> Self {
-        D1Placement {
+        ClusterPlacement {
+            kind,
             storage,
             coordinator,
             member,
@@ -102,16 +127,21 @@ impl D1Placement {
         self.claims.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The databases this node owns now.
-    pub fn owned(&self) -> Vec<OwnedDatabase> {
-        let mut owned: Vec<OwnedDatabase> = self
+    /// The kind of file placed.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The files this node owns now.
+    pub fn owned(&self) -> Vec<Owned> {
+        let mut owned: Vec<Owned> = self
             .claims()
             .iter()
             .filter(|(_, c)| c.lease.is_valid())
-            .map(|(uuid, c)| {
+            .map(|(_, c)| {
                 let (puts, shipments) = c.shipper.counts();
-                OwnedDatabase {
-                    uuid: uuid.clone(),
+                Owned {
+                    resource: c.lease.resource().to_owned(),
                     epoch: c.lease.epoch(),
                     lease_remaining: c.lease.remaining(),
                     puts,
@@ -120,12 +150,12 @@ impl D1Placement {
                 }
             })
             .collect();
-        owned.sort_by(|a, b| a.uuid.cmp(&b.uuid));
+        owned.sort_by(|a, b| a.resource.cmp(&b.resource));
         owned
     }
 
-    /// Drains the node: it gives every database up and takes none from now on; requests for
-    /// them are sent to their owner, or to another node that will take them.
+    /// Drains the node: it gives every file up and takes none from now on; requests for them
+    /// are sent to their owner, or to another node that will take them.
     pub async fn drain(&self) {
         self.draining.store(true, std::sync::atomic::Ordering::SeqCst);
         self.release_all().await;
@@ -136,33 +166,32 @@ impl D1Placement {
         self.draining.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Where a draining node sends a database's request: its owner, or another live node,
+    /// Where a draining node sends a file's request: its owner, or another live node,
     /// which takes it over.
     async fn handed_over(&self, resource: &str) -> Result<(), PlacementError> {
         let unavailable = |m: String| PlacementError::Unavailable(m);
         if let Some(owner) = self.coordinator.owner(resource).await.map_err(|e| unavailable(e.to_string()))?
             && owner.node != self.member.node
         {
-            let url = self.owner_url(&owner).await?;
-            return Err(PlacementError::Elsewhere { node: owner.node, url });
+            return Err(self.elsewhere_of(&owner).await?);
         }
         let members = self.coordinator.members().await.map_err(|e| unavailable(e.to_string()))?;
         let mut others: Vec<Member> = members.into_iter().filter(|m| m.node != self.member.node).collect();
         if others.is_empty() {
             return Err(unavailable("this node is draining and no other node is a member".into()));
         }
-        // Spread the databases over the other nodes by their id.
+        // Spread the files over the other nodes by their id.
         let pick = resource.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % others.len();
         let target = others.swap_remove(pick);
-        Err(PlacementError::Elsewhere { node: target.node, url: target.api })
+        Err(PlacementError::Elsewhere { node: target.node, url: target.api, s3: target.s3 })
     }
 
-    /// Gives every database up (a drain, or a clean stop), so other nodes take them at once.
+    /// Gives every file up (a drain, or a clean stop), so other nodes take them at once.
     pub async fn release_all(&self) {
         let claims: Vec<Claim> = self.claims().drain().map(|(_, c)| c).collect();
         for claim in claims {
             if let Err(e) = self.coordinator.release(&claim.lease).await {
-                tracing::warn!(resource = claim.lease.resource(), error = %e, "could not give a database up");
+                tracing::warn!(resource = claim.lease.resource(), error = %e, "could not give a file up");
             }
         }
     }
@@ -171,11 +200,12 @@ impl D1Placement {
         self.elsewhere.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn claim_lock(&self, uuid: &str) -> Arc<tokio::sync::Mutex<()>> {
-        Arc::clone(self.claiming.lock().await.entry(uuid.to_owned()).or_default())
+    async fn claim_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        Arc::clone(self.claiming.lock().await.entry(key.to_owned()).or_default())
     }
 
-    async fn owner_url(&self, owner: &crate::coordinator::Owner) -> Result<String, PlacementError> {
+    /// Where requests for a file `owner` holds go: its live member's addresses.
+    async fn elsewhere_of(&self, owner: &crate::coordinator::Owner) -> Result<PlacementError, PlacementError> {
         let unavailable = |m: String| PlacementError::Unavailable(m);
         if owner.node == self.member.node {
             return Err(unavailable(format!(
@@ -187,7 +217,7 @@ impl D1Placement {
         members
             .into_iter()
             .find(|m| m.node == owner.node && m.incarnation == owner.incarnation)
-            .map(|m| m.api)
+            .map(|m| PlacementError::Elsewhere { node: m.node, url: m.api, s3: m.s3 })
             .ok_or_else(|| {
                 unavailable(format!("its owner, node {}, is not a live member; its lease is ending", owner.node))
             })
@@ -195,30 +225,25 @@ impl D1Placement {
 }
 
 #[async_trait::async_trait]
-impl Placement for D1Placement {
-    fn is_current(&self, uuid: &str) -> bool {
-        self.claims().get(uuid).is_some_and(|c| c.lease.is_valid())
+impl Placement for ClusterPlacement {
+    fn is_current(&self, key: &str) -> bool {
+        self.claims().get(key).is_some_and(|c| c.lease.is_valid())
     }
 
-    async fn claim(
-        &self,
-        uuid: &str,
-        db_path: &Path,
-        release_file: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>,
-    ) -> Result<(), PlacementError> {
-        if let Some((owner, found)) = self.elsewhere().get(uuid)
+    async fn claim(&self, key: &str, path: &Path, release_file: ReleaseFile) -> Result<(), PlacementError> {
+        if let Some((owner, found)) = self.elsewhere().get(key)
             && found.elapsed() < OWNER_CACHE
         {
             return Err(owner.clone());
         }
-        let lock = self.claim_lock(uuid).await;
+        let lock = self.claim_lock(key).await;
         let _claiming = lock.lock().await;
-        if self.is_current(uuid) {
+        if self.is_current(key) {
             return Ok(());
         }
         // From here nothing opens the file (the opener finds no claim) until this one settles.
-        let previous = self.claims().remove(uuid);
-        let resource = d1_resource(uuid);
+        let previous = self.claims().remove(key);
+        let resource = self.kind.resource(key);
         if self.is_draining() {
             if let Some(previous) = previous {
                 previous.lease.end();
@@ -235,66 +260,65 @@ impl Placement for D1Placement {
                     previous.lease.end();
                 }
                 release_file.await;
-                let shipped = match rebuild(&self.storage, &*self.coordinator, &resource, db_path).await {
+                let shipped = match rebuild(&self.storage, &*self.coordinator, &resource, path).await {
                     Ok(shipped) => shipped,
                     Err(e) => {
                         let _ = self.coordinator.release(&lease).await;
                         return Err(unavailable(format!("rebuilding it from the store failed: {e}")));
                     }
                 };
-                tracing::info!(%resource, epoch = lease.epoch(), "took a D1 database over");
+                tracing::info!(%resource, epoch = lease.epoch(), "took over");
                 let shipper = Arc::new(HistoryShipper::new(
                     self.storage.clone(),
                     Arc::clone(&self.coordinator),
                     lease.clone(),
                     shipped,
                 ));
-                self.elsewhere().remove(uuid);
+                self.elsewhere().remove(key);
                 let background = match self.durability {
                     Durability::Shipped => None,
                     Durability::Local(interval) => Some(Arc::new(AsyncShipper::new(Arc::clone(&shipper), interval))),
                 };
-                self.claims().insert(uuid.to_owned(), Claim { lease, shipper, background });
+                self.claims().insert(key.to_owned(), Claim { lease, shipper, background });
                 Ok(())
             }
             Acquired::Held(owner) => {
                 if let Some(previous) = previous {
                     previous.lease.end();
                 }
-                let url = self.owner_url(&owner).await?;
-                let elsewhere = PlacementError::Elsewhere { node: owner.node, url };
-                self.elsewhere().insert(uuid.to_owned(), (elsewhere.clone(), std::time::Instant::now()));
+                let elsewhere = self.elsewhere_of(&owner).await?;
+                self.elsewhere().insert(key.to_owned(), (elsewhere.clone(), std::time::Instant::now()));
                 Err(elsewhere)
             }
         }
     }
 
-    fn forget_owner(&self, uuid: &str) {
-        self.elsewhere().remove(uuid);
+    fn forget_owner(&self, key: &str) {
+        self.elsewhere().remove(key);
     }
 
-    fn shipper(&self, uuid: &str) -> Option<Arc<dyn LogShipper>> {
+    fn shipper(&self, key: &str) -> Option<Arc<dyn LogShipper>> {
         let claims = self.claims();
-        let claim = claims.get(uuid).filter(|c| c.lease.is_valid())?;
+        let claim = claims.get(key).filter(|c| c.lease.is_valid())?;
         Some(match &claim.background {
             Some(background) => Arc::clone(background) as Arc<dyn LogShipper>,
             None => Arc::clone(&claim.shipper) as Arc<dyn LogShipper>,
         })
     }
 
-    async fn release(&self, uuid: &str) {
-        let Some(claim) = self.claims().remove(uuid) else { return };
+    async fn release(&self, key: &str) {
+        let Some(claim) = self.claims().remove(key) else { return };
         let folder = format!("history/{}/", claim.lease.resource());
         let forgotten = self.coordinator.forget(&claim.lease, u64::MAX).await;
         if let Err(e) = forgotten {
-            tracing::warn!(%uuid, error = %e, "could not drop a deleted database's manifest");
+            tracing::warn!(resource = claim.lease.resource(), error = %e, "could not drop a deleted file's manifest");
         } else if let Ok(listed) = self.storage.list(&folder).await {
             for info in listed {
                 let _ = self.storage.delete(&info.name).await;
             }
         }
         if let Err(e) = self.coordinator.release(&claim.lease).await {
-            tracing::warn!(%uuid, error = %e, "could not give a deleted database up");
+            tracing::warn!(resource = claim.lease.resource(), error = %e, "could not give a deleted file up");
         }
     }
 }

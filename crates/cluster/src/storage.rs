@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures_util::TryStreamExt;
+use futures_util::stream::BoxStream;
+use futures_util::{StreamExt, TryStreamExt};
 use object_store::ObjectStore;
 use object_store::path::Path as StorePath;
 
@@ -91,7 +92,23 @@ pub enum StorageError {
     Store(#[source] object_store::Error),
 }
 
-/// Bytes shared between nodes. Every call is one request to the store (or one file operation).
+/// A new object being written piece by piece ([`Storage::writer`]), without holding it whole
+/// in memory.
+#[async_trait]
+pub trait ObjectWriter: Send {
+    /// Appends bytes.
+    async fn write(&mut self, bytes: Bytes) -> Result<(), StorageError>;
+    /// Makes the object whole and durable under its name.
+    async fn finish(self: Box<Self>) -> Result<(), StorageError>;
+    /// Gives the object up: nothing appears under its name.
+    async fn abort(self: Box<Self>);
+}
+
+/// An object's bytes as they arrive.
+pub type ByteStream = BoxStream<'static, Result<Bytes, StorageError>>;
+
+/// Bytes shared between nodes. Every call is one request to the store (or one file operation),
+/// but for [`Storage::writer`] and [`Storage::read`], which stream.
 #[async_trait]
 pub trait Storage: Send + Sync + fmt::Debug + 'static {
     /// Where the bytes live, for messages (`s3://bucket/prefix at http://…`, a directory).
@@ -108,6 +125,11 @@ pub trait Storage: Send + Sync + fmt::Debug + 'static {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StorageError>;
     /// Removes an object; removing a missing one is not an error.
     async fn delete(&self, name: &str) -> Result<(), StorageError>;
+    /// Starts writing a new, uniquely named object ([`PutMode::New`]) from pieces; a large one
+    /// goes as a multipart upload. Nothing is under the name until the writer finishes.
+    async fn writer(&self, name: &str) -> Result<Box<dyn ObjectWriter>, StorageError>;
+    /// Streams `range` of an object, which must lie within it.
+    async fn read(&self, name: &str, range: Range<u64>) -> Result<ByteStream, StorageError>;
 }
 
 /// A shared handle to some storage.
@@ -305,6 +327,60 @@ impl Storage for LocalStorage {
         })
         .await
     }
+    async fn writer(&self, name: &str) -> Result<Box<dyn ObjectWriter>, StorageError> {
+        let path = self.path(name)?;
+        let dir = path.parent().unwrap_or(&self.root).to_owned();
+        tokio::fs::create_dir_all(&dir).await.map_err(io(&dir))?;
+        let mut random = [0u8; 8];
+        getrandom::fill(&mut random).map_err(|e| StorageError::Io { path: dir.clone(), source: e.into() })?;
+        let temp = dir.join(format!(".tmp-{}", hex::encode(random)));
+        let file = tokio::fs::File::create_new(&temp).await.map_err(io(&temp))?;
+        Ok(Box::new(LocalWriter { file, temp, path, dir }))
+    }
+
+    async fn read(&self, name: &str, range: Range<u64>) -> Result<ByteStream, StorageError> {
+        use tokio::io::{AsyncReadExt, AsyncSeekExt};
+        let path = self.path(name)?;
+        let mut file = tokio::fs::File::open(&path).await.map_err(not_found(name))?;
+        file.seek(std::io::SeekFrom::Start(range.start)).await.map_err(io(&path))?;
+        let reader = file.take(range.end.saturating_sub(range.start));
+        let stream = tokio_util::io::ReaderStream::with_capacity(reader, 256 * 1024);
+        Ok(stream.map_err(move |source| StorageError::Io { path: path.clone(), source }).boxed())
+    }
+}
+
+/// A local object being written: a temporary file beside its name, linked into place once
+/// synced (a link never replaces, as [`PutMode::New`] promises).
+struct LocalWriter {
+    file: tokio::fs::File,
+    temp: PathBuf,
+    path: PathBuf,
+    dir: PathBuf,
+}
+
+#[async_trait]
+impl ObjectWriter for LocalWriter {
+    async fn write(&mut self, bytes: Bytes) -> Result<(), StorageError> {
+        use tokio::io::AsyncWriteExt;
+        self.file.write_all(&bytes).await.map_err(io(&self.temp))
+    }
+
+    async fn finish(self: Box<Self>) -> Result<(), StorageError> {
+        let LocalWriter { file, temp, path, dir } = *self;
+        file.sync_all().await.map_err(io(&temp))?;
+        drop(file);
+        blocking(move || {
+            let linked = std::fs::hard_link(&temp, &path).map_err(io(&path));
+            let _ = std::fs::remove_file(&temp);
+            linked?;
+            sync_dir(&dir)
+        })
+        .await
+    }
+
+    async fn abort(self: Box<Self>) {
+        let _ = tokio::fs::remove_file(&self.temp).await;
+    }
 }
 
 async fn blocking<T: Send + 'static>(
@@ -480,6 +556,55 @@ impl Storage for RemoteStorage {
             Err(e) => Err(StorageError::Store(e)),
         }
     }
+    async fn writer(&self, name: &str) -> Result<Box<dyn ObjectWriter>, StorageError> {
+        let path = self.path(name)?;
+        let writer = object_store::buffered::BufWriter::with_capacity(Arc::clone(&self.store), path, MULTIPART_PART);
+        Ok(Box::new(RemoteWriter { writer, name: name.to_owned() }))
+    }
+
+    async fn read(&self, name: &str, range: Range<u64>) -> Result<ByteStream, StorageError> {
+        if range.is_empty() {
+            return Ok(futures_util::stream::empty().boxed());
+        }
+        let path = self.path(name)?;
+        let options =
+            object_store::GetOptions { range: Some(object_store::GetRange::Bounded(range)), ..Default::default() };
+        let result = self.store.get_opts(&path, options).await.map_err(|e| Self::error(name, e))?;
+        let name = name.to_owned();
+        Ok(result.into_stream().map_err(move |e| Self::error(&name, e)).boxed())
+    }
+}
+
+/// Bytes buffered before a remote object becomes a multipart upload, and the size of each of
+/// its parts (S3 wants at least 5 MiB for every part but the last).
+const MULTIPART_PART: usize = 8 * 1024 * 1024;
+
+/// A remote object being written: one PUT when it stays under [`MULTIPART_PART`], else a
+/// multipart upload (`object_store`'s `BufWriter`).
+struct RemoteWriter {
+    writer: object_store::buffered::BufWriter,
+    name: String,
+}
+
+#[async_trait]
+impl ObjectWriter for RemoteWriter {
+    async fn write(&mut self, bytes: Bytes) -> Result<(), StorageError> {
+        self.writer.put(bytes).await.map_err(|e| RemoteStorage::error(&self.name, e))
+    }
+
+    async fn finish(mut self: Box<Self>) -> Result<(), StorageError> {
+        use tokio::io::AsyncWriteExt;
+        self.writer
+            .shutdown()
+            .await
+            .map_err(|e| StorageError::Store(object_store::Error::Generic { store: "S3", source: Box::new(e) }))
+    }
+
+    async fn abort(mut self: Box<Self>) {
+        if let Err(e) = self.writer.abort().await {
+            tracing::warn!(object = self.name, error = %e, "could not abort an upload to the store");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -504,6 +629,24 @@ mod tests {
         storage.delete("a/c").await.unwrap();
         assert!(matches!(storage.get("a/c").await, Err(StorageError::NotFound { .. })));
         assert!(matches!(storage.head("../x").await, Err(StorageError::InvalidName(_))));
+
+        let mut writer = storage.writer("big/one").await.unwrap();
+        let piece = Bytes::from(vec![7u8; 3 << 20]);
+        for _ in 0..4 {
+            writer.write(piece.clone()).await.unwrap();
+        }
+        assert!(storage.head("big/one").await.is_err(), "nothing is there before the writer finishes");
+        writer.finish().await.unwrap();
+        assert_eq!(storage.head("big/one").await.unwrap().size, 12 << 20);
+        let read: Vec<Bytes> =
+            storage.read("big/one", (5 << 20)..(5 << 20) + 10).await.unwrap().try_collect().await.unwrap();
+        assert_eq!(read.concat(), vec![7u8; 10]);
+        let mut abandoned = storage.writer("big/two").await.unwrap();
+        abandoned.write(piece).await.unwrap();
+        abandoned.abort().await;
+        assert!(matches!(storage.head("big/two").await, Err(StorageError::NotFound { .. })));
+        let names: Vec<_> = storage.list("big/").await.unwrap().into_iter().map(|i| i.name).collect();
+        assert_eq!(names, ["big/one"], "an aborted writer leaves nothing behind");
     }
 
     #[tokio::test]

@@ -26,8 +26,8 @@ use kura_catalog::{Catalog, D1Database, D1DatabaseList, NewD1Database};
 use kura_sqlite::{DatabaseOptions, HistorySettings, Limits, Registry, RegistrySettings};
 
 pub use kura_sqlite::{
-    Access, Bookmark, Error as SqlError, Executed, Meta, Request, Restored, ResultMode, Statement, StatementResult,
-    Value,
+    Access, Bookmark, Error as SqlError, Executed, Meta, Placement, PlacementError, Request, Restored, ResultMode,
+    Statement, StatementResult, Value,
 };
 pub use usage::UsageTotals;
 
@@ -97,49 +97,6 @@ impl From<kura_catalog::Error> for Error {
 
 /// Results of D1 calls.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Why a database cannot be served on this node of a cluster.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum PlacementError {
-    /// Another node owns it: forward the request to `url` (its API).
-    #[error("the database is served by node {node}")]
-    Elsewhere {
-        /// The owner.
-        node: String,
-        /// Its API's URL.
-        url: String,
-    },
-    /// No node can serve it right now (the coordinator or the store failed, or the last
-    /// owner's lease has not ended yet); worth retrying shortly.
-    #[error("the database is unavailable for now: {0}")]
-    Unavailable(String),
-}
-
-/// Where a database is served when several nodes share the data (kura-cluster implements it):
-/// one node owns each database, with its files rebuilt from the store, and its commits ship to
-/// the store before they are acknowledged.
-#[async_trait::async_trait]
-pub trait Placement: Send + Sync + std::fmt::Debug {
-    /// Whether this node owns the database now, with its files current.
-    fn is_current(&self, uuid: &str) -> bool;
-    /// Makes this node the database's owner, its file at `db_path` rebuilt from the store (a
-    /// new database: nothing to rebuild), or says which node owns it. `release_file` closes
-    /// whatever holds the file open; it is awaited before any rebuild, once nothing can open
-    /// the file again until the claim is settled.
-    async fn claim(
-        &self,
-        uuid: &str,
-        db_path: &Path,
-        release_file: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>,
-    ) -> std::result::Result<(), PlacementError>;
-    /// What this node's commits to the database must pass: the shipper of its ownership.
-    fn shipper(&self, uuid: &str) -> Option<Arc<dyn kura_sqlite::LogShipper>>;
-    /// Gives the database up for good (it was deleted): its history in the store goes too.
-    async fn release(&self, uuid: &str);
-    /// Forgets where the database was last found served (its owner did not answer as one).
-    fn forget_owner(&self, _uuid: &str) {}
-}
 
 /// How the engine runs.
 #[derive(Debug, Clone)]

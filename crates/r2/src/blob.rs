@@ -1,6 +1,7 @@
-//! The blob store: immutable files named by random ids, written and synced before any row
+//! The blob store: immutable blobs named by random ids, written and synced before any row
 //! points at them, removed only after the row that pointed at them is gone, and never while a
-//! read holds them.
+//! read holds them. Alone, a blob is a file under the bucket's directory; in a cluster, an
+//! object in the shared store ([`BlobStore`]).
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -13,6 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::error::{R2Error, Result};
 use crate::object::{Digester, ExpectedDigests};
+use crate::shared::{BlobStore, BlobWriter, SyncStream};
 
 /// Bytes gathered before each write to the file.
 const WRITE_CHUNK: usize = 1 << 20;
@@ -38,9 +40,11 @@ struct Leases {
     doomed: HashSet<String>,
 }
 
-/// The blobs of every bucket under one root (`<data>/r2`).
+/// The blobs of every bucket under one root (`<data>/r2`), or in a shared store.
 pub(crate) struct Blobs {
     root: PathBuf,
+    /// In a cluster, where the blobs are (the root then holds only metadata files).
+    shared: Option<Arc<dyn BlobStore>>,
     /// Blobs being written whose row has not committed yet: the sweep leaves them alone.
     pending: Mutex<HashSet<String>>,
     leases: Mutex<Leases>,
@@ -92,7 +96,7 @@ impl PendingBlob {
 impl Drop for PendingBlob {
     fn drop(&mut self) {
         if !self.committed {
-            let _ = std::fs::remove_file(self.blobs.path(&self.bucket, &self.id));
+            self.blobs.unlink(&self.bucket, &self.id);
         }
         self.blobs.lock_pending().remove(&self.id);
     }
@@ -118,13 +122,13 @@ impl Drop for Lease {
                 if count == Some(0) {
                     leases.readers.remove(id);
                     if leases.doomed.remove(id) {
-                        unlink.push(self.blobs.path(&self.bucket, id));
+                        unlink.push(id.clone());
                     }
                 }
             }
         }
-        for path in unlink {
-            let _ = std::fs::remove_file(path);
+        for id in unlink {
+            self.blobs.unlink(&self.bucket, &id);
         }
     }
 }
@@ -138,9 +142,59 @@ pub(crate) struct Piece {
     pub inline: Option<Bytes>,
 }
 
+/// Where a blob being received goes.
+enum Sink {
+    File(tokio::fs::File),
+    Shared(Box<dyn BlobWriter>),
+}
+
+impl Sink {
+    async fn write(&mut self, bytes: Bytes) -> io::Result<()> {
+        match self {
+            Sink::File(file) => file.write_all(&bytes).await,
+            Sink::Shared(writer) => writer.write(bytes).await,
+        }
+    }
+
+    async fn abort(self) {
+        if let Sink::Shared(writer) = self {
+            writer.abort().await;
+        }
+    }
+}
+
 impl Blobs {
-    pub(crate) fn new(root: PathBuf) -> Self {
-        Blobs { root, pending: Mutex::default(), leases: Mutex::default() }
+    pub(crate) fn new(root: PathBuf, shared: Option<Arc<dyn BlobStore>>) -> Self {
+        Blobs { root, shared, pending: Mutex::default(), leases: Mutex::default() }
+    }
+
+    /// The shared store's name of a blob.
+    fn shared_name(bucket: &str, id: &str) -> String {
+        format!("blobs/{bucket}/{id}")
+    }
+
+    /// Removes one blob whose row is gone; a failure is left to the sweep. In a shared store
+    /// the removal runs in the background (callers hold locks or run on an actor).
+    fn unlink(&self, bucket: &str, id: &str) {
+        let Some(store) = &self.shared else {
+            if let Err(e) = std::fs::remove_file(self.path(bucket, id))
+                && e.kind() != io::ErrorKind::NotFound
+            {
+                tracing::warn!(bucket, blob = id, %e, "could not remove a blob; the sweep will retry");
+            }
+            return;
+        };
+        let (store, name) = (Arc::clone(store), Self::shared_name(bucket, id));
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    if let Err(e) = store.delete(&name).await {
+                        tracing::warn!(blob = name, %e, "could not remove a blob; the sweep will retry");
+                    }
+                });
+            }
+            Err(_) => tracing::debug!(blob = name, "no runtime to remove a blob on; the sweep will"),
+        }
     }
 
     fn lock_pending(&self) -> MutexGuard<'_, HashSet<String>> {
@@ -183,15 +237,41 @@ impl Blobs {
         if expected_size.is_some_and(|n| n > max_size) {
             return Err(R2Error::EntityTooLarge);
         }
+        let mut sink = None;
+        let received = self.receive_into(bucket, body, expected_size, max_size, inline_max, digests, &mut sink).await;
+        if received.is_err()
+            && let Some((_, sink)) = sink.take()
+        {
+            sink.abort().await;
+        }
+        received
+    }
+
+    /// [`Blobs::receive`]'s work; `sink` holds the blob being written, for the caller to abort
+    /// if this fails.
+    #[allow(clippy::too_many_arguments)]
+    async fn receive_into<S, E>(
+        self: &Arc<Self>,
+        bucket: &str,
+        body: S,
+        expected_size: Option<u64>,
+        max_size: u64,
+        inline_max: Option<usize>,
+        digests: &ExpectedDigests,
+        sink: &mut Option<(PendingBlob, Sink)>,
+    ) -> Result<Received>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: std::fmt::Display,
+    {
         let io_err = |e: io::Error| R2Error::storage("writing a blob", e);
         let mut digester = Digester::new(digests);
         let mut size = 0u64;
         let mut buffer = BytesMut::new();
-        let mut file = None;
         let inline_max = match inline_max {
             Some(max) if expected_size.is_none_or(|n| n <= max as u64) => max,
             _ => {
-                file = Some(self.create(bucket).await?);
+                *sink = Some(self.create(bucket).await?);
                 0
             }
         };
@@ -204,14 +284,13 @@ impl Blobs {
             }
             digester.update(&chunk);
             buffer.extend_from_slice(&chunk);
-            if file.is_none() && buffer.len() > inline_max {
-                file = Some(self.create(bucket).await?);
+            if sink.is_none() && buffer.len() > inline_max {
+                *sink = Some(self.create(bucket).await?);
             }
-            if let Some((_, out)) = &mut file
+            if let Some((_, out)) = sink
                 && buffer.len() >= WRITE_CHUNK
             {
-                out.write_all(&buffer).await.map_err(io_err)?;
-                buffer.clear();
+                out.write(buffer.split().freeze()).await.map_err(io_err)?;
             }
         }
         if let Some(expected) = expected_size
@@ -219,28 +298,43 @@ impl Blobs {
         {
             return Err(R2Error::IncompleteBody(format!("expected {expected} bytes, received {size}")));
         }
-        let Some((pending, mut out)) = file else {
+        let Some((_, out)) = sink else {
             let (md5, checksums) = digester.finish(digests)?;
             return Ok(Received { stored: Stored::Inline(buffer.freeze()), size, md5, checksums });
         };
-        out.write_all(&buffer).await.map_err(io_err)?;
+        if !buffer.is_empty() {
+            out.write(buffer.freeze()).await.map_err(io_err)?;
+        }
         let (md5, checksums) = digester.finish(digests)?;
-        out.sync_all().await.map_err(io_err)?;
-        drop(out);
-        let dir = self.blob_dir(bucket, &pending.id);
-        tokio::task::spawn_blocking(move || std::fs::File::open(dir)?.sync_all())
-            .await
-            .map_err(|e| R2Error::storage("syncing a blob directory", e))?
-            .map_err(io_err)?;
+        let (pending, out) = sink.take().expect("a blob is being written");
+        match out {
+            Sink::File(file) => {
+                file.sync_all().await.map_err(io_err)?;
+                drop(file);
+                let dir = self.blob_dir(bucket, &pending.id);
+                tokio::task::spawn_blocking(move || std::fs::File::open(dir)?.sync_all())
+                    .await
+                    .map_err(|e| R2Error::storage("syncing a blob directory", e))?
+                    .map_err(io_err)?;
+            }
+            Sink::Shared(writer) => writer.finish().await.map_err(|e| R2Error::storage("storing a blob", e))?,
+        }
         Ok(Received { stored: Stored::Blob(pending), size, md5, checksums })
     }
 
-    /// A new, empty blob file of `bucket`, kept out of the sweep until its row commits.
-    async fn create(self: &Arc<Self>, bucket: &str) -> Result<(PendingBlob, tokio::fs::File)> {
+    /// A new, empty blob of `bucket`, kept out of the sweep until its row commits.
+    async fn create(self: &Arc<Self>, bucket: &str) -> Result<(PendingBlob, Sink)> {
         let io_err = |e: io::Error| R2Error::storage("writing a blob", e);
         let id = new_id();
         self.lock_pending().insert(id.clone());
         let pending = PendingBlob { blobs: self.clone(), bucket: bucket.to_owned(), id: id.clone(), committed: false };
+        if let Some(store) = &self.shared {
+            let writer = store
+                .create(&Self::shared_name(bucket, &id))
+                .await
+                .map_err(|e| R2Error::storage("storing a blob", e))?;
+            return Ok((pending, Sink::Shared(writer)));
+        }
         let dir = self.blob_dir(bucket, &id);
         if !tokio::fs::try_exists(&dir).await.map_err(io_err)? {
             // Buckets are created with every shard; one missing is made here, never the
@@ -260,7 +354,7 @@ impl Blobs {
         }
         let file =
             tokio::fs::OpenOptions::new().write(true).create_new(true).open(dir.join(&id)).await.map_err(io_err)?;
-        Ok((pending, file))
+        Ok((pending, Sink::File(file)))
     }
 
     /// Leases `ids` for reading. Called on the bucket's actor, in the same step that read the
@@ -291,12 +385,46 @@ impl Blobs {
             }
         }
         for id in unlink {
-            if let Err(e) = std::fs::remove_file(self.path(bucket, &id))
-                && e.kind() != io::ErrorKind::NotFound
-            {
-                tracing::warn!(bucket, blob = id, %e, "could not remove a blob; the sweep will retry");
-            }
+            self.unlink(bucket, &id);
         }
+    }
+
+    /// Whether the blobs are in a shared store.
+    pub(crate) fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// The ids of the blobs of `bucket` in the shared store (for its sweep: listed before the
+    /// rows are read, so a blob written after the listing is never taken for an orphan).
+    pub(crate) async fn list_shared(&self, bucket: &str) -> io::Result<Vec<String>> {
+        let Some(store) = &self.shared else { return Ok(Vec::new()) };
+        let folder = format!("blobs/{bucket}/");
+        let names = store.list(&folder).await?;
+        Ok(names.into_iter().filter_map(|n| n.strip_prefix(&folder).map(str::to_owned)).collect())
+    }
+
+    /// Of `listed`, the blobs that `referenced` does not name and that are neither being written
+    /// nor read: they can never be named again (a row only ever names a new blob). Runs on the
+    /// bucket's actor, so no commit interleaves.
+    pub(crate) fn orphans(&self, listed: Vec<String>, referenced: &HashSet<String>) -> Vec<String> {
+        listed
+            .into_iter()
+            .filter(|id| {
+                is_blob_id(id)
+                    && !referenced.contains(id)
+                    && !self.lock_pending().contains(id)
+                    && !self.lock_leases().readers.contains_key(id)
+            })
+            .collect()
+    }
+
+    /// Removes orphans of `bucket` from the shared store.
+    pub(crate) async fn remove_shared(&self, bucket: &str, ids: &[String]) -> io::Result<()> {
+        let Some(store) = &self.shared else { return Ok(()) };
+        for id in ids {
+            store.delete(&Self::shared_name(bucket, id)).await?;
+        }
+        Ok(())
     }
 
     /// Removes every blob file of `bucket` that `referenced` does not name, is not being written
@@ -344,13 +472,19 @@ impl Blobs {
         pieces: Vec<Piece>,
         lease: Lease,
     ) -> impl Stream<Item = io::Result<Bytes>> + Send + Sync + 'static {
+        /// The piece being read, with the bytes it still owes.
+        enum Reading {
+            File(tokio::fs::File, u64),
+            Shared(futures_util::stream::BoxStream<'static, io::Result<Bytes>>, u64),
+        }
         struct State {
             blobs: Arc<Blobs>,
             bucket: String,
             pieces: std::collections::VecDeque<Piece>,
-            current: Option<(tokio::fs::File, u64)>,
+            current: Option<Reading>,
             _lease: Lease,
         }
+        let short = || io::Error::new(io::ErrorKind::UnexpectedEof, "a blob is shorter than its row says");
         let state = State {
             blobs: self.clone(),
             bucket: bucket.to_owned(),
@@ -358,46 +492,68 @@ impl Blobs {
             current: None,
             _lease: lease,
         };
-        futures_util::stream::try_unfold(state, |mut state| async move {
+        // The stream is polled by its one reader: `SyncStream` makes it `Sync` for the body
+        // types without asking the store's futures to be.
+        SyncStream::new(Box::pin(futures_util::stream::try_unfold(state, move |mut state| async move {
             loop {
-                if let Some((file, remaining)) = &mut state.current {
-                    if *remaining == 0 {
-                        state.current = None;
-                        continue;
-                    }
-                    let want = (*remaining).min(READ_CHUNK as u64) as usize;
-                    let mut buffer = BytesMut::zeroed(want);
-                    let mut filled = 0;
-                    while filled < want {
-                        let n = file.read(&mut buffer[filled..]).await?;
-                        if n == 0 {
-                            return Err(io::Error::new(
-                                io::ErrorKind::UnexpectedEof,
-                                "a blob is shorter than its row says",
-                            ));
+                match &mut state.current {
+                    Some(Reading::File(_, 0) | Reading::Shared(_, 0)) => state.current = None,
+                    Some(Reading::File(file, remaining)) => {
+                        let want = (*remaining).min(READ_CHUNK as u64) as usize;
+                        let mut buffer = BytesMut::zeroed(want);
+                        let mut filled = 0;
+                        while filled < want {
+                            let n = file.read(&mut buffer[filled..]).await?;
+                            if n == 0 {
+                                return Err(short());
+                            }
+                            filled += n;
                         }
-                        filled += n;
+                        *remaining -= want as u64;
+                        return Ok(Some((buffer.freeze(), state)));
                     }
-                    *remaining -= want as u64;
-                    return Ok(Some((buffer.freeze(), state)));
+                    Some(Reading::Shared(stream, remaining)) => {
+                        let Some(chunk) = stream.next().await.transpose()? else { return Err(short()) };
+                        let chunk = chunk.slice(..(chunk.len() as u64).min(*remaining) as usize);
+                        *remaining -= chunk.len() as u64;
+                        return Ok(Some((chunk, state)));
+                    }
+                    None => {
+                        let Some(piece) = state.pieces.pop_front() else { return Ok(None) };
+                        if let Some(bytes) = &piece.inline {
+                            let end = (piece.offset + piece.length) as usize;
+                            return Ok(Some((bytes.slice(piece.offset as usize..end), state)));
+                        }
+                        state.current = Some(match &state.blobs.shared {
+                            Some(store) => {
+                                let name = Self::shared_name(&state.bucket, &piece.blob);
+                                let stream = store.read(&name, piece.offset, piece.length).await?;
+                                Reading::Shared(stream, piece.length)
+                            }
+                            None => {
+                                let mut file =
+                                    tokio::fs::File::open(state.blobs.path(&state.bucket, &piece.blob)).await?;
+                                if piece.offset > 0 {
+                                    file.seek(io::SeekFrom::Start(piece.offset)).await?;
+                                }
+                                Reading::File(file, piece.length)
+                            }
+                        });
+                    }
                 }
-                let Some(piece) = state.pieces.pop_front() else { return Ok(None) };
-                if let Some(bytes) = &piece.inline {
-                    let end = (piece.offset + piece.length) as usize;
-                    return Ok(Some((bytes.slice(piece.offset as usize..end), state)));
-                }
-                let mut file = tokio::fs::File::open(state.blobs.path(&state.bucket, &piece.blob)).await?;
-                if piece.offset > 0 {
-                    file.seek(io::SeekFrom::Start(piece.offset)).await?;
-                }
-                state.current = Some((file, piece.length));
             }
-        })
+        })))
     }
 
-    /// Creates a bucket's directory tree, durably.
+    /// Creates a bucket's directory tree (with a shared store, only the directory of its
+    /// metadata file), durably.
     pub(crate) fn create_bucket(&self, bucket: &str) -> io::Result<()> {
         let dir = self.bucket_dir(bucket);
+        if self.shared.is_some() {
+            std::fs::create_dir_all(&dir)?;
+            sync_dir(&dir)?;
+            return sync_dir(&self.root);
+        }
         let blobs = dir.join("blobs");
         std::fs::create_dir_all(&blobs)?;
         for shard in 0..=255u8 {
@@ -422,6 +578,12 @@ impl Blobs {
             }
         }
         Ok(out)
+    }
+
+    /// Removes every blob of a deleted bucket from the shared store.
+    pub(crate) async fn remove_shared_bucket(&self, bucket: &str) -> io::Result<()> {
+        let ids = self.list_shared(bucket).await?;
+        self.remove_shared(bucket, &ids).await
     }
 
     /// Removes a bucket's whole directory.

@@ -63,6 +63,10 @@ pub enum R2Error {
     /// The bucket's queue is full; retry later.
     #[error("Reduce your request rate.")]
     Busy,
+    /// In a cluster: the bucket cannot be served for now (its ownership is moving, or the
+    /// store or the coordinator failed); nothing was changed, retry shortly.
+    #[error("Service unavailable: {0}")]
+    Unavailable(String),
     /// The disk or the metadata file failed; nothing was changed.
     #[error("We encountered an internal error. Please try again.")]
     Storage(String),
@@ -88,6 +92,7 @@ impl R2Error {
             R2Error::InvalidArgument(_) => "InvalidArgument",
             R2Error::IncompleteBody(_) => "IncompleteBody",
             R2Error::Busy => "SlowDown",
+            R2Error::Unavailable(_) => "ServiceUnavailable",
             R2Error::Storage(_) => "InternalError",
         }
     }
@@ -100,7 +105,7 @@ impl R2Error {
             R2Error::NotModified => 304,
             R2Error::InvalidRange => 416,
             R2Error::BucketNotEmpty => 409,
-            R2Error::Busy => 503,
+            R2Error::Busy | R2Error::Unavailable(_) => 503,
             R2Error::Storage(_) => 500,
             _ => 400,
         }
@@ -125,6 +130,7 @@ impl R2Error {
             R2Error::InvalidArgument(_) => 10029,
             R2Error::IncompleteBody(_) => 10013,
             R2Error::Busy => 10058,
+            R2Error::Unavailable(_) => 10043,
             R2Error::Storage(_) => 10001,
         }
     }
@@ -137,7 +143,8 @@ impl R2Error {
         }
     }
 
-    pub(crate) fn storage(context: &str, e: impl std::fmt::Display) -> Self {
+    /// A storage failure while `context`, logged as it is made.
+    pub fn storage(context: &str, e: impl std::fmt::Display) -> Self {
         tracing::error!(%e, "{context}");
         R2Error::Storage(format!("{context}: {e}"))
     }
@@ -147,6 +154,10 @@ impl From<kura_sqlite::Error> for R2Error {
     fn from(e: kura_sqlite::Error) -> Self {
         match e {
             kura_sqlite::Error::Overloaded => R2Error::Busy,
+            // A commit a newer owner fenced: it did not take effect.
+            kura_sqlite::Error::Superseded { .. } => {
+                R2Error::Unavailable("another node took this bucket over; the request did not take effect".into())
+            }
             // A retired actor: the bucket was deleted under the request.
             kura_sqlite::Error::Closed => R2Error::NoSuchBucket,
             other => R2Error::storage("bucket metadata", other),

@@ -28,6 +28,7 @@ mod error;
 mod list;
 mod meta;
 pub mod object;
+mod shared;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io;
@@ -38,7 +39,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::Stream;
-use kura_sqlite::{DatabaseOptions, Registry, RegistrySettings};
+use kura_sqlite::{DatabaseOptions, HistorySettings, PlacementError, Registry, RegistrySettings};
 use rusqlite::Connection;
 
 use crate::blob::{Blobs, PendingBlob, Piece, Stored};
@@ -50,6 +51,7 @@ pub use crate::object::{
     TrailingChecksum,
 };
 use crate::object::{MAX_PARTS, MAX_UPLOAD_BYTES, check_custom_metadata, check_key, multipart_etag};
+pub use crate::shared::{BlobStore, BlobWriter, Shared, byte_stream};
 
 /// How the engine behaves.
 #[derive(Debug, Clone)]
@@ -63,6 +65,9 @@ pub struct R2Settings {
     pub upload_expiry: Duration,
     /// How bucket actors run.
     pub registry: RegistrySettings,
+    /// In a cluster: the shared store bodies live in and the placement of buckets' metadata.
+    /// `None` keeps everything in the data directory.
+    pub shared: Option<Shared>,
 }
 
 impl Default for R2Settings {
@@ -72,6 +77,7 @@ impl Default for R2Settings {
             min_part_size: 5 * 1024 * 1024,
             upload_expiry: Duration::from_secs(7 * 24 * 3600),
             registry: RegistrySettings { max_open: 128, ..RegistrySettings::default() },
+            shared: None,
         }
     }
 }
@@ -210,6 +216,7 @@ pub struct SweepReport {
 pub struct R2 {
     blobs: Arc<Blobs>,
     registry: Registry,
+    root: PathBuf,
     settings: R2Settings,
 }
 
@@ -221,22 +228,81 @@ fn valid_bucket_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// In a cluster, a bucket's metadata keeps a history only to ship it: a day of it locally.
+fn shipped_history() -> HistorySettings {
+    HistorySettings { retention: Duration::from_secs(24 * 3600), ..HistorySettings::default() }
+}
+
+impl From<PlacementError> for R2Error {
+    fn from(e: PlacementError) -> Self {
+        R2Error::Unavailable(format!("the bucket is {e}"))
+    }
+}
+
 impl R2 {
     /// Opens the engine over `root` (created if missing).
     pub fn open(root: PathBuf, settings: R2Settings) -> Result<Self> {
         std::fs::create_dir_all(&root).map_err(|e| R2Error::storage("creating the R2 directory", e))?;
         let opener_root = root.clone();
+        let placement = settings.shared.as_ref().map(|s| Arc::clone(&s.placement));
         let registry = Registry::new(settings.registry.clone(), move |bucket: &str| {
             let dir = opener_root.join(bucket);
-            (valid_bucket_id(bucket) && dir.is_dir()).then(|| {
-                let mut options = DatabaseOptions::new(dir.join("meta.sqlite")).create(true);
-                // D1 caps a database at 10 GB; a bucket's metadata (with its inline bodies) may
-                // grow past that.
-                options.limits.max_database_bytes = 1 << 44;
-                options
-            })
+            if !valid_bucket_id(bucket) || !dir.is_dir() {
+                return None;
+            }
+            let mut options = DatabaseOptions::new(dir.join("meta.sqlite")).create(true);
+            // D1 caps a database at 10 GB; a bucket's metadata (with its inline bodies) may
+            // grow past that.
+            options.limits.max_database_bytes = 1 << 44;
+            match &placement {
+                // A bucket this node does not own (any more) is not opened here.
+                Some(placement) => {
+                    placement.shipper(bucket).map(|shipper| options.history(shipped_history(), bucket).shipper(shipper))
+                }
+                None => Some(options),
+            }
         });
-        Ok(R2 { blobs: Arc::new(Blobs::new(root)), registry, settings })
+        let blobs = Blobs::new(root.clone(), settings.shared.as_ref().map(|s| Arc::clone(&s.blobs)));
+        Ok(R2 { blobs: Arc::new(blobs), registry, root, settings })
+    }
+
+    fn meta_path(&self, bucket: &str) -> PathBuf {
+        self.root.join(bucket).join("meta.sqlite")
+    }
+
+    /// In a cluster, makes sure this node may serve the bucket — it owns its metadata, rebuilt
+    /// from the store — or says which node does. Alone, a no-op.
+    pub async fn claim(&self, bucket: &str) -> Result<(), PlacementError> {
+        let Some(shared) = &self.settings.shared else { return Ok(()) };
+        if !valid_bucket_id(bucket) || shared.placement.is_current(bucket) {
+            return Ok(());
+        }
+        // Whatever an earlier ownership left open goes before the file is rebuilt.
+        let (registry, key) = (self.registry.clone(), bucket.to_owned());
+        let release_file = Box::pin(async move { registry.close(&key).await });
+        shared.placement.claim(bucket, &self.meta_path(bucket), release_file).await
+    }
+
+    /// In a cluster: the node last named as the bucket's owner did not serve it; look again
+    /// next time.
+    pub fn forget_owner(&self, bucket: &str) {
+        if let Some(shared) = &self.settings.shared {
+            shared.placement.forget_owner(bucket);
+        }
+    }
+
+    /// Whether this node serves the bucket now (always, alone).
+    pub fn owns(&self, bucket: &str) -> bool {
+        self.settings.shared.as_ref().is_none_or(|s| s.placement.is_current(bucket))
+    }
+
+    /// In a cluster, refuses work on a bucket this node does not own (its lease ended since the
+    /// request was placed).
+    fn check_owned(&self, bucket: &str) -> Result<()> {
+        match self.owns(bucket) {
+            true => Ok(()),
+            false => Err(R2Error::Unavailable("this node's ownership of the bucket ended; retry".into())),
+        }
     }
 
     async fn on_bucket<T, F>(&self, bucket: &str, f: F) -> Result<T>
@@ -247,6 +313,7 @@ impl R2 {
         if !valid_bucket_id(bucket) {
             return Err(R2Error::NoSuchBucket);
         }
+        self.check_owned(bucket)?;
         self.registry.with_database(bucket, move |db| db.with_internal(f)).await?
     }
 
@@ -264,6 +331,7 @@ impl R2 {
         if !valid_bucket_id(bucket) {
             return Err(R2Error::NoSuchBucket);
         }
+        self.check_owned(bucket)?;
         let (registry, blobs, bucket) = (self.registry.clone(), Arc::clone(&self.blobs), bucket.to_owned());
         let task = tokio::spawn(async move {
             match registry.write_grouped(&bucket, f).await {
@@ -287,13 +355,15 @@ impl R2 {
         task.await.map_err(|e| R2Error::storage("committing", e))?
     }
 
-    /// Creates the storage of a bucket (its directory and metadata file).
+    /// Creates the storage of a bucket (its directory and metadata file). In a cluster this
+    /// node becomes its owner first, so even its empty state is in the store.
     pub async fn create_bucket(&self, bucket: &str) -> Result<()> {
         if !valid_bucket_id(bucket) {
             return Err(R2Error::InvalidArgument(format!("invalid bucket storage id '{bucket}'")));
         }
+        self.claim(bucket).await?;
         self.blobs.create_bucket(bucket).map_err(|e| R2Error::storage("creating a bucket", e))?;
-        self.on_bucket(bucket, meta::ensure_schema).await
+        self.commit(bucket, None, |tx| Ok((meta::ensure_schema(tx)?, Vec::new()))).await
     }
 
     /// Whether the bucket holds no object.
@@ -327,9 +397,13 @@ impl R2 {
     }
 
     /// Removes a bucket's storage whatever it holds (for a bucket the catalog has already
-    /// forgotten).
+    /// forgotten); in a cluster, its blobs and history in the store too.
     pub async fn delete_bucket_contents(&self, bucket: &str) -> Result<()> {
         self.registry.retire(bucket).await;
+        if let Some(shared) = &self.settings.shared {
+            self.blobs.remove_shared_bucket(bucket).await.map_err(|e| R2Error::storage("removing a bucket", e))?;
+            shared.placement.release(bucket).await;
+        }
         self.blobs.remove_bucket(bucket).map_err(|e| R2Error::storage("removing a bucket", e))
     }
 
@@ -469,22 +543,38 @@ impl R2 {
         bucket: &str,
         key: &str,
         directive: MetadataDirective,
-        mut destination: PutOptions,
+        destination: PutOptions,
     ) -> Result<ObjectInfo> {
         let source = self
             .get_object(source.bucket, source.key, GetOptions { conditional: source.conditional, ..Default::default() })
             .await?;
-        if let MetadataDirective::Copy = directive {
-            destination.http = source.info.http.clone();
-            destination.custom = source.info.custom.clone();
-        } else if let MetadataDirective::Replace { http, custom } = directive {
-            destination.http = http;
-            destination.custom = custom;
+        self.copy_from(source, bucket, key, directive, destination).await
+    }
+
+    /// Stores a whole object read elsewhere (this engine, or in a cluster another node) as a
+    /// copy: its metadata with `directive`, its storage class unless `destination` names one.
+    pub async fn copy_from(
+        &self,
+        source: ObjectBody,
+        bucket: &str,
+        key: &str,
+        directive: MetadataDirective,
+        mut destination: PutOptions,
+    ) -> Result<ObjectInfo> {
+        match directive {
+            MetadataDirective::Copy => {
+                destination.http = source.info.http.clone();
+                destination.custom = source.info.custom.clone();
+            }
+            MetadataDirective::Replace { http, custom } => {
+                destination.http = http;
+                destination.custom = custom;
+            }
         }
         if destination.storage_class.is_none() {
             destination.storage_class = Some(source.info.storage_class.clone());
         }
-        destination.size = Some(source.info.size);
+        destination.size = Some(source.length());
         self.put_object(bucket, key, source.body, destination).await
     }
 
@@ -509,9 +599,9 @@ impl R2 {
         };
         let upload_id = format!("{}{}", blob::new_id(), blob::new_id());
         let id = upload_id.clone();
-        self.on_bucket(bucket, move |conn| {
-            meta::check_live(conn)?;
-            meta::insert_upload(conn, &id, &upload)
+        self.commit(bucket, None, move |tx| {
+            meta::check_live(tx)?;
+            Ok((meta::insert_upload(tx, &id, &upload)?, Vec::new()))
         })
         .await?;
         Ok(upload_id)
@@ -581,81 +671,72 @@ impl R2 {
         requested: Vec<(u32, String)>,
     ) -> Result<ObjectInfo> {
         let this = self.clone();
-        let (id, k, bucket_id) = (upload_id.to_owned(), key.to_owned(), bucket.to_owned());
+        let (id, k) = (upload_id.to_owned(), key.to_owned());
         let min_part = self.settings.min_part_size;
-        self.on_bucket(bucket, move |conn| {
-            let (info, removed) = meta::transaction(conn, |tx| {
-                let upload = this.live_upload(tx, &id, &k)?;
-                if requested.is_empty() {
-                    return Err(R2Error::InvalidArgument("a multipart upload needs at least one part".into()));
+        self.commit(bucket, None, move |tx| {
+            let upload = this.live_upload(tx, &id, &k)?;
+            if requested.is_empty() {
+                return Err(R2Error::InvalidArgument("a multipart upload needs at least one part".into()));
+            }
+            let mut seen = HashSet::new();
+            if !requested.iter().all(|(n, _)| seen.insert(*n)) {
+                return Err(R2Error::BadUpload);
+            }
+            let stored = meta::parts(tx, &id)?;
+            let mut chosen = Vec::with_capacity(requested.len());
+            for (number, etag) in &requested {
+                let etag = etag.trim().trim_matches('"').to_ascii_lowercase();
+                match stored.iter().find(|p| p.number == *number) {
+                    Some(p) if p.md5 == etag => chosen.push(p.clone()),
+                    _ => return Err(R2Error::InvalidPart),
                 }
-                let mut seen = HashSet::new();
-                if !requested.iter().all(|(n, _)| seen.insert(*n)) {
-                    return Err(R2Error::BadUpload);
-                }
-                let stored = meta::parts(tx, &id)?;
-                let mut chosen = Vec::with_capacity(requested.len());
-                for (number, etag) in &requested {
-                    let etag = etag.trim().trim_matches('"').to_ascii_lowercase();
-                    match stored.iter().find(|p| p.number == *number) {
-                        Some(p) if p.md5 == etag => chosen.push(p.clone()),
-                        _ => return Err(R2Error::InvalidPart),
-                    }
-                }
-                if chosen[..chosen.len() - 1].iter().any(|p| p.size < min_part) {
-                    return Err(R2Error::EntityTooSmall);
-                }
-                chosen.sort_by_key(|p| p.number);
-                let (last, rest) = chosen.split_last().expect("at least one part");
-                if let Some(first) = rest.first()
-                    && (rest.iter().any(|p| p.size != first.size) || last.size > first.size)
-                {
-                    return Err(R2Error::BadUpload);
-                }
-                let chosen_numbers: HashSet<u32> = chosen.iter().map(|p| p.number).collect();
-                let mut removed = meta::remove_object(tx, &k)?;
-                for part in stored.iter().filter(|p| !chosen_numbers.contains(&p.number)) {
-                    meta::delete_part(tx, &id, part.number)?;
-                    removed.push(part.blob.clone());
-                }
-                let md5s: Vec<&str> = chosen.iter().map(|p| p.md5.as_str()).collect();
-                let info = ObjectInfo {
-                    key: k.clone(),
-                    version: blob::new_id(),
-                    size: chosen.iter().map(|p| p.size).sum(),
-                    etag: multipart_etag(&md5s),
-                    uploaded_ms: now_ms(),
-                    http: upload.http,
-                    custom: upload.custom,
-                    checksums: BTreeMap::new(),
-                    storage_class: upload.storage_class,
-                    parts: Some(chosen.len() as u32),
-                };
-                meta::insert_object(tx, &info, Data::Parts(&id))?;
-                meta::set_upload_state(tx, &id, meta::COMPLETED)?;
-                Ok((info, removed))
-            })?;
-            this.blobs.remove(&bucket_id, removed);
-            Ok(info)
+            }
+            if chosen[..chosen.len() - 1].iter().any(|p| p.size < min_part) {
+                return Err(R2Error::EntityTooSmall);
+            }
+            chosen.sort_by_key(|p| p.number);
+            let (last, rest) = chosen.split_last().expect("at least one part");
+            if let Some(first) = rest.first()
+                && (rest.iter().any(|p| p.size != first.size) || last.size > first.size)
+            {
+                return Err(R2Error::BadUpload);
+            }
+            let chosen_numbers: HashSet<u32> = chosen.iter().map(|p| p.number).collect();
+            let mut removed = meta::remove_object(tx, &k)?;
+            for part in stored.iter().filter(|p| !chosen_numbers.contains(&p.number)) {
+                meta::delete_part(tx, &id, part.number)?;
+                removed.push(part.blob.clone());
+            }
+            let md5s: Vec<&str> = chosen.iter().map(|p| p.md5.as_str()).collect();
+            let info = ObjectInfo {
+                key: k.clone(),
+                version: blob::new_id(),
+                size: chosen.iter().map(|p| p.size).sum(),
+                etag: multipart_etag(&md5s),
+                uploaded_ms: now_ms(),
+                http: upload.http,
+                custom: upload.custom,
+                checksums: BTreeMap::new(),
+                storage_class: upload.storage_class,
+                parts: Some(chosen.len() as u32),
+            };
+            meta::insert_object(tx, &info, Data::Parts(&id))?;
+            meta::set_upload_state(tx, &id, meta::COMPLETED)?;
+            Ok((info, removed))
         })
         .await
     }
 
     /// Aborts an upload and removes its parts; aborting a finished upload is a no-op.
     pub async fn abort_multipart_upload(&self, bucket: &str, key: &str, upload_id: &str) -> Result<()> {
-        let blobs = self.blobs.clone();
-        let (id, k, bucket_id) = (upload_id.to_owned(), key.to_owned(), bucket.to_owned());
-        self.on_bucket(bucket, move |conn| {
-            let removed = meta::transaction(conn, |tx| match meta::get_upload(tx, &id)? {
-                Some(u) if u.key == k && u.state == meta::IN_PROGRESS => {
-                    meta::set_upload_state(tx, &id, meta::ABORTED)?;
-                    meta::remove_parts(tx, &id)
-                }
-                Some(u) if u.key == k => Ok(Vec::new()),
-                _ => Err(R2Error::NoSuchUpload),
-            })?;
-            blobs.remove(&bucket_id, removed);
-            Ok(())
+        let (id, k) = (upload_id.to_owned(), key.to_owned());
+        self.commit(bucket, None, move |tx| match meta::get_upload(tx, &id)? {
+            Some(u) if u.key == k && u.state == meta::IN_PROGRESS => {
+                meta::set_upload_state(tx, &id, meta::ABORTED)?;
+                Ok(((), meta::remove_parts(tx, &id)?))
+            }
+            Some(u) if u.key == k => Ok(((), Vec::new())),
+            _ => Err(R2Error::NoSuchUpload),
         })
         .await
     }
@@ -747,16 +828,16 @@ impl R2 {
     /// Aborts expired uploads and removes blobs no row points at (left by a crash between a
     /// blob's sync and its row's commit, or by a failed removal).
     pub async fn sweep(&self, bucket: &str) -> Result<SweepReport> {
-        let blobs = self.blobs.clone();
-        let bucket_id = bucket.to_owned();
         let expiry = self.settings.upload_expiry.as_millis() as i64;
-        self.on_bucket(bucket, move |conn| {
-            meta::ensure_schema(conn)?;
-            let expired: Vec<String> = conn
-                .prepare("SELECT upload_id FROM uploads WHERE state = 0 AND created <= ?1")?
-                .query_map([now_ms() - expiry], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
-            let removed = meta::transaction(conn, |tx| {
+        // A shared store's blobs are listed before the rows are read (see `Blobs::orphans`).
+        let listed = self.blobs.list_shared(bucket).await.map_err(|e| R2Error::storage("listing blobs", e))?;
+        let expired_uploads = self
+            .commit(bucket, None, move |tx| {
+                meta::ensure_schema(tx)?;
+                let expired: Vec<String> = tx
+                    .prepare_cached("SELECT upload_id FROM uploads WHERE state = 0 AND created <= ?1")?
+                    .query_map([now_ms() - expiry], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?;
                 let mut removed = Vec::new();
                 for id in &expired {
                     meta::set_upload_state(tx, id, meta::ABORTED)?;
@@ -764,27 +845,50 @@ impl R2 {
                 }
                 // Finished uploads are remembered a while for their error messages, then forgotten.
                 tx.execute("DELETE FROM uploads WHERE state != 0 AND created <= ?1", [now_ms() - 2 * expiry])?;
-                Ok(removed)
-            })?;
-            blobs.remove(&bucket_id, removed);
-            let referenced = meta::referenced_blobs(conn)?;
-            let orphans = blobs.sweep(&bucket_id, &referenced).map_err(|e| R2Error::storage("sweeping blobs", e))?;
-            if orphans > 0 {
-                tracing::info!(bucket = bucket_id, orphans, "removed orphan blobs");
+                Ok((expired.len(), removed))
+            })
+            .await?;
+        let (blobs, bucket_id) = (self.blobs.clone(), bucket.to_owned());
+        let swept = self
+            .on_bucket(bucket, move |conn| {
+                let referenced = meta::referenced_blobs(conn)?;
+                match blobs.is_shared() {
+                    true => Ok(Err(blobs.orphans(listed, &referenced))),
+                    false => Ok(Ok(blobs
+                        .sweep(&bucket_id, &referenced)
+                        .map_err(|e| R2Error::storage("sweeping blobs", e))?)),
+                }
+            })
+            .await?;
+        let orphans = match swept {
+            Ok(removed) => removed,
+            Err(orphans) => {
+                self.blobs.remove_shared(bucket, &orphans).await.map_err(|e| R2Error::storage("sweeping blobs", e))?;
+                orphans.len()
             }
-            Ok(SweepReport { orphans, expired_uploads: expired.len() })
-        })
-        .await
+        };
+        if orphans > 0 {
+            tracing::info!(bucket, orphans, "removed orphan blobs");
+        }
+        Ok(SweepReport { orphans, expired_uploads })
     }
 
     /// Removes the storage of buckets `known` does not name (left when a deletion was cut short).
     /// List the directories before reading the catalog, so that a bucket created meanwhile is
     /// not among them: call with the directories from [`R2::bucket_dirs`], then the catalog's ids.
+    /// In a cluster, only this node's copy goes: the bucket was deleted by its owner, who
+    /// removed what the store held.
     pub async fn remove_unknown_buckets(&self, dirs: Vec<String>, known: &HashSet<String>) -> Result<usize> {
         let mut removed = 0;
         for dir in dirs.into_iter().filter(|d| valid_bucket_id(d) && !known.contains(d)) {
             tracing::info!(bucket = dir, "removing the storage of a deleted bucket");
-            self.delete_bucket_contents(&dir).await?;
+            match self.settings.shared {
+                Some(_) => {
+                    self.registry.retire(&dir).await;
+                    self.blobs.remove_bucket(&dir).map_err(|e| R2Error::storage("removing a bucket", e))?;
+                }
+                None => self.delete_bucket_contents(&dir).await?,
+            }
             removed += 1;
         }
         Ok(removed)

@@ -324,11 +324,3 @@ pub(crate) fn set_deleted(conn: &Connection, deleted: bool) -> Result<()> {
 pub(crate) fn has_objects(conn: &Connection) -> Result<bool> {
     Ok(conn.query_row("SELECT EXISTS (SELECT 1 FROM objects)", [], |r| r.get(0))?)
 }
-
-/// Runs `f` in a transaction that commits only if it succeeds.
-pub(crate) fn transaction<T>(conn: &Connection, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-    let tx = conn.unchecked_transaction()?;
-    let out = f(&tx)?;
-    tx.commit().map_err(R2Error::from)?;
-    Ok(out)
-}

@@ -143,10 +143,12 @@ pub async fn serve_all(
     ));
     let alarms =
         tokio::spawn(alarms::run(Arc::clone(&state.catalog), state.durable_objects.clone(), stopped(stop_rx.clone())));
-    let s3_routes = match state.forwarding {
-        Some(_) => cluster::s3_not_clustered(),
-        None => s3::routes(Arc::clone(&state.catalog), Arc::clone(&state.r2), &node.s3_domains()),
-    };
+    let domains = node.s3_domains();
+    let mut s3_routes = s3::routes(Arc::clone(&state.catalog), Arc::clone(&state.r2), &domains);
+    if state.forwarding.is_some() {
+        let domains = Arc::new(domains.iter().map(|d| d.to_ascii_lowercase()).collect::<Vec<_>>());
+        s3_routes = s3_routes.layer(axum::middleware::from_fn_with_state((state.clone(), domains), cluster::place_s3));
+    }
     let s3_server = axum::serve(s3, s3_routes).with_graceful_shutdown(stopped(stop_rx.clone()));
     let mut workers_servers = Vec::new();
     if let (Some(workers), Some(listener)) = (&workers, listeners.workers) {
@@ -214,7 +216,8 @@ async fn sweep_r2_periodically(catalog: Arc<Catalog>, r2: Arc<kura_r2::R2>, stop
                         tracing::warn!(error = %e, "could not remove the storage of deleted buckets");
                     }
                 }
-                for bucket in buckets {
+                // In a cluster, each bucket is swept by its owner.
+                for bucket in buckets.into_iter().filter(|b| r2.owns(&b.id)) {
                     if let Err(e) = r2.sweep(&bucket.id).await {
                         tracing::warn!(bucket = bucket.name, error = %e, "could not sweep a bucket");
                     }

@@ -38,6 +38,7 @@ mod database;
 pub mod dump;
 mod error;
 mod history;
+pub mod placement;
 mod policy;
 mod raw;
 mod registry;
@@ -50,6 +51,7 @@ pub use history::{
     Bookmark, Follower, HistorySettings, LogShipper, LogView, MalformedBookmark, Restored, SegmentView, ShipError,
     materialize, open_elsewhere, segment_file_name, snapshot_file_name,
 };
+pub use placement::{Placement, PlacementError, ReleaseFile};
 pub use policy::Limits;
 pub use registry::{Opener, Registry, RegistrySettings};
 pub use request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};

@@ -14,16 +14,16 @@ use serde_json::{Value, json};
 
 use crate::common::{ACCOUNT, KuraProcess, TOKEN, Wrangler};
 
-const TTL_SECONDS: u64 = 3;
+pub(crate) const TTL_SECONDS: u64 = 3;
 
-struct Cluster {
-    garage: Garage,
-    etcd: Etcd,
-    nodes: Vec<Option<KuraProcess>>,
+pub(crate) struct Cluster {
+    pub garage: Garage,
+    pub etcd: Etcd,
+    pub nodes: Vec<Option<KuraProcess>>,
 }
 
 impl Cluster {
-    fn start() -> Cluster {
+    pub fn start() -> Cluster {
         let garage = Garage::start();
         let etcd = Etcd::start();
         let mut cluster = Cluster { garage, etcd, nodes: Vec::new() };
@@ -35,7 +35,7 @@ impl Cluster {
     }
 
     /// Starts kura node `i`, speaking to Garage node `garage`.
-    fn start_node(&self, i: usize, garage: usize) -> KuraProcess {
+    pub fn start_node(&self, i: usize, garage: usize) -> KuraProcess {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let args = [
@@ -59,11 +59,11 @@ impl Cluster {
         KuraProcess::start_with(dir, data, &args, &env)
     }
 
-    fn node(&self, i: usize) -> &KuraProcess {
+    pub fn node(&self, i: usize) -> &KuraProcess {
         self.nodes[i].as_ref().expect("node running")
     }
 
-    fn signal(&self, i: usize, signal: &str) {
+    pub fn signal(&self, i: usize, signal: &str) {
         let status =
             std::process::Command::new("kill").args([signal, &self.node(i).pid().to_string()]).status().unwrap();
         assert!(status.success());
@@ -99,39 +99,44 @@ async fn ids(client: &reqwest::Client, api: &str, uuid: &str) -> BTreeSet<u64> {
 /// What the writers saw: acknowledged writes, writes answered with an error (which must not
 /// be visible), and writes whose answer was lost (either way).
 #[derive(Default)]
-struct Outcomes {
-    acknowledged: BTreeSet<u64>,
-    refused: BTreeSet<u64>,
+pub(crate) struct Outcomes {
+    pub acknowledged: BTreeSet<u64>,
+    pub refused: BTreeSet<u64>,
     /// Why each refused write was refused.
-    reasons: std::collections::BTreeMap<u64, String>,
-    ambiguous: BTreeSet<u64>,
+    pub reasons: std::collections::BTreeMap<u64, String>,
+    pub ambiguous: BTreeSet<u64>,
     /// When each acknowledgement arrived, to measure the takeover.
-    acked_at: Vec<Instant>,
+    pub acked_at: Vec<Instant>,
     /// Refusals because the answering node's commit was fenced by a newer owner.
-    superseded: usize,
+    pub superseded: usize,
 }
 
-/// Writers inserting unique ids through the given nodes until `stop` is set.
+/// One write of a unique id through one node (its API or S3 URL), answered `Ok` when
+/// acknowledged or `Err("answered <status>: <body>")` (or another text when there was no
+/// answer).
+pub(crate) type Write = Arc<
+    dyn Fn(reqwest::Client, String, u64) -> futures_util::future::BoxFuture<'static, Result<(), String>> + Send + Sync,
+>;
+
+/// Writers writing unique ids through the given nodes until `stop` is set.
 fn start_writers(
-    apis: Vec<String>,
-    uuid: String,
+    targets: Vec<String>,
+    write: Write,
     first_id: u64,
     outcomes: Arc<Mutex<Outcomes>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     (0..4u64)
         .map(|w| {
-            let (apis, uuid, outcomes, stop) = (apis.clone(), uuid.clone(), outcomes.clone(), stop.clone());
+            let (targets, write, outcomes, stop) = (targets.clone(), write.clone(), outcomes.clone(), stop.clone());
             tokio::spawn(async move {
                 let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
                 let mut n = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let id = first_id + w * 1_000_000 + n;
-                    let api = &apis[(n as usize + w as usize) % apis.len()];
+                    let target = &targets[(n as usize + w as usize) % targets.len()];
                     n += 1;
-                    let written =
-                        query(&client, api, &uuid, "INSERT INTO orders (id, item) VALUES (?1, ?2)", json!([id, "x"]))
-                            .await;
+                    let written = write(client.clone(), target.clone(), id).await;
                     {
                         let mut seen = outcomes.lock().unwrap();
                         match written {
@@ -143,11 +148,11 @@ fn start_writers(
                             // failed, which may still land) or a 502 (a forwarder that lost the
                             // owner mid-request) cannot know.
                             Err(e) if e.starts_with("answered 4") || e.starts_with("answered 503") => {
-                                if e.contains("another node took this database over") {
+                                if e.contains("another node took this") {
                                     seen.superseded += 1;
                                 }
                                 seen.refused.insert(id);
-                                seen.reasons.insert(id, format!("{api}: {e}"));
+                                seen.reasons.insert(id, format!("{target}: {e}"));
                             }
                             Err(_) => {
                                 seen.ambiguous.insert(id);
@@ -161,10 +166,28 @@ fn start_writers(
         .collect()
 }
 
-async fn run_writers_for(apis: Vec<String>, uuid: &str, first_id: u64, during: impl AsyncFnOnce()) -> Outcomes {
+/// Inserts of unique ids into the `orders` table of the database `uuid`.
+fn d1_inserts(uuid: &str) -> Write {
+    let uuid = uuid.to_owned();
+    Arc::new(move |client, api, id| {
+        let uuid = uuid.clone();
+        Box::pin(async move {
+            let sql = "INSERT INTO orders (id, item) VALUES (?1, ?2)";
+            query(&client, &api, &uuid, sql, json!([id, "x"])).await.map(drop)
+        })
+    })
+}
+
+/// Runs writers through `targets` while `during` runs, and says what they saw.
+pub(crate) async fn run_writers_for(
+    targets: Vec<String>,
+    write: Write,
+    first_id: u64,
+    during: impl AsyncFnOnce(),
+) -> Outcomes {
     let outcomes = Arc::new(Mutex::new(Outcomes::default()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writers = start_writers(apis, uuid.to_owned(), first_id, outcomes.clone(), stop.clone());
+    let writers = start_writers(targets, write, first_id, outcomes.clone(), stop.clone());
     during().await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for writer in writers {
@@ -173,7 +196,7 @@ async fn run_writers_for(apis: Vec<String>, uuid: &str, first_id: u64, during: i
     Arc::try_unwrap(outcomes).ok().unwrap().into_inner().unwrap()
 }
 
-fn assert_consistent(outcomes: &Outcomes, present: &BTreeSet<u64>, what: &str) {
+pub(crate) fn assert_consistent(outcomes: &Outcomes, present: &BTreeSet<u64>, what: &str) {
     let lost: Vec<_> = outcomes.acknowledged.difference(present).collect();
     assert!(lost.is_empty(), "{what}: acknowledged writes lost: {lost:?}");
     let leaked: Vec<_> = outcomes.refused.intersection(present).map(|id| (id, &outcomes.reasons[id])).collect();
@@ -225,7 +248,7 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
     // kill -9 of the owner during concurrent writes through every node.
     let killed_at = Arc::new(Mutex::new(None));
     let survivors: Vec<String> = (0..3).filter(|&i| i != owner).map(|i| apis[i].clone()).collect();
-    let outcomes = runtime.block_on(run_writers_for(apis.clone(), &uuid, 1_000, async || {
+    let outcomes = runtime.block_on(run_writers_for(apis.clone(), d1_inserts(&uuid), 1_000, async || {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         cluster.signal(owner, "-KILL");
         *killed_at.lock().unwrap() = Some(Instant::now());
@@ -256,7 +279,7 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
     let other = (0..3).find(|&i| i != zombie && cluster.nodes[i].is_some()).unwrap();
     let outcomes_zombie = runtime.block_on(run_writers_for(
         vec![apis[zombie].clone(), apis[other].clone()],
-        &uuid,
+        d1_inserts(&uuid),
         5_000_000,
         async || {
             tokio::time::sleep(Duration::from_millis(800)).await;
@@ -320,7 +343,7 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
     let seen = status(other);
     assert_eq!(seen["node"], format!("node{other}"));
     assert_eq!(seen["members"].as_array().map(Vec::len), Some(2), "{seen}");
-    assert_eq!(seen["databases"][0]["uuid"], uuid.as_str(), "{seen}");
+    assert_eq!(seen["databases"][0]["id"], uuid.as_str(), "{seen}");
     let env = cluster.node(other).remote_env();
     let drained = crate::common::run(
         std::path::Path::new(crate::common::kura_bin()),

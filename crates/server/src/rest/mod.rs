@@ -289,7 +289,7 @@ impl From<kura_d1::Error> for ApiError {
                 format!("System limit reached: databases per account ({n})"),
             ),
             E::Invalid(m) => ApiError::bad_request(m),
-            E::Placement(e) => ApiError::unavailable(e.to_string()),
+            E::Placement(e) => ApiError::unavailable(format!("the database is {e}")),
             E::Catalog(kura_catalog::Error::Replication(m)) => ApiError::unavailable(m),
             E::Import(e) => ApiError::new(StatusCode::BAD_REQUEST, 7500, e.to_string()),
             E::Export(e) => ApiError::new(StatusCode::BAD_REQUEST, 7500, e.to_string()),

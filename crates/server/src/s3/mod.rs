@@ -7,10 +7,14 @@ mod access;
 mod ops;
 mod post_object;
 mod preflight;
+mod remote;
 mod rfc2047;
 mod signature_debug;
 mod url;
 mod xml;
+
+pub(crate) use url::query_pairs;
+pub(crate) use xml::error as error_response;
 
 use std::sync::Arc;
 
@@ -27,10 +31,11 @@ use s3s::service::{S3Service, S3ServiceBuilder};
 /// bucket virtual-hosted style (as `<bucket>.<account>.r2.cloudflarestorage.com` does on R2);
 /// every other host is path-style.
 pub fn routes(catalog: Arc<Catalog>, r2: Arc<R2>, domains: &[String]) -> Router {
-    let mut builder = S3ServiceBuilder::new(ops::KuraS3 { catalog: Arc::clone(&catalog), r2: Arc::clone(&r2) });
+    let kura = ops::KuraS3::new(Arc::clone(&catalog), Arc::clone(&r2));
+    let mut builder = S3ServiceBuilder::new(kura.clone());
     builder.set_auth(access::CatalogAuth { catalog: Arc::clone(&catalog) });
     builder.set_route(post_object::PostAsPut {
-        s3: ops::KuraS3 { catalog: Arc::clone(&catalog), r2 },
+        s3: kura,
         domains: domains.iter().map(|d| d.to_ascii_lowercase()).collect(),
     });
     builder.set_access(access::Scopes { catalog });
@@ -62,7 +67,7 @@ pub(crate) fn http_metadata(headers: &axum::http::HeaderMap) -> kura_r2::HttpMet
 
 /// How `host` addresses the listener under `domains` (lowercase, without ports): `Some(Some(b))`
 /// for bucket `b` virtual-hosted, `Some(None)` for a domain itself, `None` for any other host.
-fn virtual_bucket<'a>(domains: &[String], host: &'a str) -> Option<Option<&'a str>> {
+pub(crate) fn virtual_bucket<'a>(domains: &[String], host: &'a str) -> Option<Option<&'a str>> {
     let name =
         host.rsplit_once(':').filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h);
     domains.iter().find_map(|domain| {

@@ -10,7 +10,7 @@ use base64::Engine as _;
 use kura_catalog::{Catalog, R2Bucket};
 use kura_r2::{
     ByteRange, ChecksumAlgorithm, Conditional, EtagCondition, ExpectedDigests, GetOptions, HttpMetadata, ListOptions,
-    MetadataDirective, ObjectInfo, PartOptions, PutOptions, R2, R2Error, TrailingChecksum,
+    MetadataDirective, ObjectBody, ObjectInfo, PartOptions, PutOptions, R2, R2Error, TrailingChecksum,
 };
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3Request, S3Response, S3Result};
@@ -18,9 +18,12 @@ use s3s::{S3, S3Error, S3Request, S3Response, S3Result};
 use super::access::{Caller, error};
 use super::url::uri_encode;
 
+#[derive(Clone)]
 pub(crate) struct KuraS3 {
     pub catalog: Arc<Catalog>,
     pub r2: Arc<R2>,
+    /// In a cluster, reads copy sources from the nodes that own them.
+    http: reqwest::Client,
 }
 
 pub(super) fn engine_error(e: R2Error) -> S3Error {
@@ -236,6 +239,28 @@ fn parse_copy_range(text: &str) -> S3Result<ByteRange> {
 }
 
 impl KuraS3 {
+    pub(crate) fn new(catalog: Arc<Catalog>, r2: Arc<R2>) -> Self {
+        KuraS3 { catalog, r2, http: reqwest::Client::new() }
+    }
+
+    /// A copy's source: read here when this node serves its bucket, else from the node that
+    /// does (in a cluster).
+    async fn read_source(
+        &self,
+        caller: &Caller,
+        bucket: &R2Bucket,
+        key: &str,
+        options: GetOptions,
+    ) -> S3Result<ObjectBody> {
+        match self.r2.claim(&bucket.id).await {
+            Ok(()) => self.r2.get_object(&bucket.id, key, options).await.map_err(engine_error),
+            Err(kura_sqlite::PlacementError::Elsewhere { s3, .. }) => {
+                super::remote::read(&self.http, &s3, &caller.0, &bucket.name, key, options).await.map_err(engine_error)
+            }
+            Err(e) => Err(engine_error(e.into())),
+        }
+    }
+
     pub(super) fn bucket(&self, caller: &Caller, name: &str) -> S3Result<R2Bucket> {
         if !caller.0.reaches(name) {
             return Err(error(StatusCode::FORBIDDEN, "AccessDenied", "Access Denied"));
@@ -823,7 +848,7 @@ impl S3 for KuraS3 {
     }
 
     async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
-        let caller = caller(&req)?;
+        let caller = &caller(&req)?.clone();
         let bucket = self.bucket(caller, &req.input.bucket)?;
         let (source_bucket, source_key) = self.copy_source(caller, &req.input.copy_source)?;
         let source_conditional = conditional(&req.headers, "x-amz-copy-source-");
@@ -851,17 +876,15 @@ impl S3 for KuraS3 {
             conditional: destination_conditional,
             ..Default::default()
         };
-        let info = self
-            .r2
-            .copy_object(
-                kura_r2::CopySource { bucket: &source_bucket.id, key: &source_key, conditional: source_conditional },
-                &bucket.id,
-                &input.key,
-                directive,
-                options,
+        let source = self
+            .read_source(
+                caller,
+                &source_bucket,
+                &source_key,
+                GetOptions { conditional: source_conditional, ..Default::default() },
             )
-            .await
-            .map_err(engine_error)?;
+            .await?;
+        let info = self.r2.copy_from(source, &bucket.id, &input.key, directive, options).await.map_err(engine_error)?;
         Ok(S3Response::new(CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
                 e_tag: Some(etag(&info.etag)),
@@ -929,16 +952,13 @@ impl S3 for KuraS3 {
         &self,
         req: S3Request<UploadPartCopyInput>,
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
-        let caller = caller(&req)?;
+        let caller = &caller(&req)?.clone();
         let bucket = self.bucket(caller, &req.input.bucket)?;
         let (source_bucket, source_key) = self.copy_source(caller, &req.input.copy_source)?;
         let input = req.input;
         let range = input.copy_source_range.as_deref().map(parse_copy_range).transpose()?;
-        let source = self
-            .r2
-            .get_object(&source_bucket.id, &source_key, GetOptions { range, ..Default::default() })
-            .await
-            .map_err(engine_error)?;
+        let source =
+            self.read_source(caller, &source_bucket, &source_key, GetOptions { range, ..Default::default() }).await?;
         let size = source.length();
         let number = u32::try_from(input.part_number).unwrap_or(0);
         let part = self

@@ -2,7 +2,8 @@
 
 Run by the compat suite (s3_clients.rs) with KURA_S3_ENDPOINT, AWS_ACCESS_KEY_ID and
 AWS_SECRET_ACCESS_KEY set. CHECKSUMS picks botocore's checksum mode: when_supported (the
-default since boto3 1.36, CRC32 on every upload) or when_required.
+default since boto3 1.36, CRC32 on every upload) or when_required. With KURA_S3_ENDPOINTS (a
+kura cluster's nodes, comma-separated; cluster.rs), each call goes to the next node in turn.
 """
 
 import hashlib
@@ -16,18 +17,37 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 ENDPOINT = os.environ["KURA_S3_ENDPOINT"]
+ENDPOINTS = os.environ.get("KURA_S3_ENDPOINTS", ENDPOINT).split(",")
 MODE = os.environ.get("CHECKSUMS", "when_supported")
-s3 = boto3.client(
-    "s3",
-    endpoint_url=ENDPOINT,
-    region_name="auto",
-    config=Config(
-        signature_version="s3v4",
-        s3={"addressing_style": "path"},
-        request_checksum_calculation=MODE,
-        response_checksum_validation=MODE,
-    ),
-)
+
+
+def client(endpoint):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="auto",
+        config=Config(
+            signature_version="s3v4",
+            s3={"addressing_style": "path"},
+            request_checksum_calculation=MODE,
+            response_checksum_validation=MODE,
+        ),
+    )
+
+
+class Rotating:
+    """Each call through the next node of a cluster."""
+
+    def __init__(self, endpoints):
+        self.clients = [client(e) for e in endpoints]
+        self.calls = 0
+
+    def __getattr__(self, name):
+        self.calls += 1
+        return getattr(self.clients[self.calls % len(self.clients)], name)
+
+
+s3 = Rotating(ENDPOINTS) if len(ENDPOINTS) > 1 else client(ENDPOINT)
 
 
 def expect_error(code, status, fn, *args, **kwargs):

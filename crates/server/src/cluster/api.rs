@@ -1,0 +1,98 @@
+//! The API listener's placement: v4 routes and binding endpoints that name a D1 database or
+//! an R2 bucket go to its owner; the catalog's routes are served by any node.
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use super::{Placed, Shape, serve_placed};
+use crate::AppState;
+use crate::rest::ApiError;
+
+/// What a request reaches, as far as placement goes.
+enum Target<'a> {
+    /// One D1 database, by id or name (`account` known for names from the v4 path).
+    Database { account: Option<&'a str>, id: &'a str, binding: bool },
+    /// One R2 bucket of the account, by name.
+    Bucket { account: &'a str, name: &'a str },
+    /// Something a cluster does not serve yet.
+    NotClustered(&'static str),
+    /// The catalog or nothing node-specific: any node serves it.
+    Anywhere,
+}
+
+fn classify<'a>(path: &'a str, headers: &'a HeaderMap) -> Target<'a> {
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["client", "v4", "accounts", account, "d1", "database", id, rest @ ..] => match rest {
+            ["export"] | ["import"] => Target::NotClustered("D1 export and import"),
+            _ => Target::Database { account: Some(account), id, binding: false },
+        },
+        ["client", "v4", "accounts", account, "r2", "buckets", name, ..] => Target::Bucket { account, name },
+        ["client", "v4", "accounts", _, "durable_objects", ..] => Target::NotClustered("Durable Objects"),
+        ["client", "v4", "accounts", _, "workers", ..] => Target::NotClustered("Workers"),
+        ["d1-transfers", ..] => Target::NotClustered("D1 export and import"),
+        ["binding", "d1", id, _] => Target::Database { account: None, id, binding: true },
+        ["query"] | ["execute"] => match headers.get(crate::binding::DATABASE_HEADER).and_then(|v| v.to_str().ok()) {
+            Some(id) => Target::Database { account: None, id, binding: true },
+            None => Target::Anywhere,
+        },
+        _ => Target::Anywhere,
+    }
+}
+
+/// The API listener's middleware: places each request (see the module's documentation).
+pub async fn place(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(forwarding) = app.forwarding.clone() else { return next.run(request).await };
+    let (placed, shape) = match classify(request.uri().path(), request.headers()) {
+        Target::Anywhere => return next.run(request).await,
+        Target::NotClustered(what) => {
+            return Shape::V4.refuse(ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                7500,
+                format!("{what} is not served by a kura cluster yet; run it on a single node"),
+            ));
+        }
+        Target::Database { account, id, binding } => {
+            let shape = if binding { Shape::Binding } else { Shape::V4 };
+            match resolve_database(&app, &request, account, id) {
+                Ok(uuid) => (Placed::Database(uuid), shape),
+                Err(e) => return shape.refuse(e),
+            }
+        }
+        Target::Bucket { account, name } => match app.catalog.r2_bucket(account, name) {
+            Ok(Some(bucket)) => (Placed::Bucket(bucket.id), Shape::V4),
+            // An unknown bucket is nobody's: answered here (as not found).
+            Ok(None) => return next.run(request).await,
+            Err(e) => return Shape::V4.refuse(ApiError::internal(&e)),
+        },
+    };
+    serve_placed(&app, &forwarding, placed, shape, request, next).await
+}
+
+/// The id of the database a request names (by id, or by name within the path's account or
+/// the token's), once the catalog knows it: nothing is claimed for a database that does not
+/// exist.
+fn resolve_database(app: &AppState, request: &Request, account: Option<&str>, id: &str) -> Result<String, ApiError> {
+    let account = match account {
+        Some(account) => account.to_owned(),
+        None if is_uuid(id) => String::new(),
+        None => crate::auth::Caller::from_headers(request.headers(), app)?.token.account_id,
+    };
+    let found = match is_uuid(id) {
+        true => app.d1.catalog().d1_database_by_uuid(&id.to_ascii_lowercase())?,
+        false => app.d1.catalog().d1_database(&account, id)?,
+    };
+    found
+        .map(|db| db.uuid)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, 7404, format!("The database {id} could not be found")))
+}
+
+fn is_uuid(s: &str) -> bool {
+    s.len() == 36
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}

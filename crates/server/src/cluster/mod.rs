@@ -1,0 +1,301 @@
+//! In a cluster, the front door of both listeners: a request for a D1 database or an R2 bucket
+//! is served here when this node owns it (taking it over if no live node does) and sent on to
+//! its owner otherwise, so a client sees one service whichever node it reaches. Surfaces a
+//! cluster does not serve yet are refused plainly rather than served from one node's disk.
+//!
+//! - [`api`]: the API listener's placement (v4 D1 and R2 routes, the D1 binding endpoints).
+//! - [`s3`]: the S3 listener's placement, by the bucket a request names and the key it is
+//!   signed with; forwarded requests keep their `Host`, so the owner checks the client's own
+//!   signature.
+
+mod api;
+mod s3;
+
+pub use api::place;
+pub use s3::place_s3;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use futures_util::TryStreamExt;
+use kura_sqlite::PlacementError;
+
+use crate::AppState;
+use crate::rest::ApiError;
+
+/// Marks a request another node sent on: it is served where it lands or refused, never sent
+/// on again (ownership moving while it travelled).
+pub(crate) const FORWARDED_BY: &str = "x-kura-forwarded-by";
+
+/// How long a forwarded request may go without a byte from the owner: past a D1 query's own
+/// limit (30 s) and a lease's TTL, so only a node that stopped answering reaches it.
+const FORWARD_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Names the node that served a database's or bucket's request, for operators (and the
+/// cluster tests).
+pub const SERVED_BY: &str = "x-kura-node";
+
+/// What `kura node status` shows of a node: its view of the cluster (implemented over the
+/// coordinator and the placement by the binary that joins the cluster).
+#[async_trait::async_trait]
+pub trait ClusterStatus: Send + Sync {
+    /// The members, and what this node owns with its shipping counts, as JSON.
+    async fn status(&self) -> serde_json::Value;
+    /// Gives everything up and takes nothing more; answers the status after.
+    async fn drain(&self) -> serde_json::Value;
+}
+
+/// How this node reaches the others.
+#[derive(Clone)]
+pub struct Forwarding {
+    node: String,
+    client: reqwest::Client,
+    status: std::sync::Arc<dyn ClusterStatus>,
+}
+
+impl std::fmt::Debug for Forwarding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forwarding").field("node", &self.node).finish_non_exhaustive()
+    }
+}
+
+/// The protocol a request speaks, so that a refusal reads as its own errors do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// Cloudflare's v4 envelope.
+    V4,
+    /// The D1 binding's `{success, error}`.
+    Binding,
+    /// S3's XML error.
+    S3,
+}
+
+impl Shape {
+    fn refuse(self, error: ApiError) -> Response {
+        match self {
+            Shape::V4 => error.into_response(),
+            Shape::Binding => {
+                let body = serde_json::json!({ "success": false, "error": error.message() });
+                (error.status(), axum::Json(body)).into_response()
+            }
+            Shape::S3 => {
+                let code = match error.status() {
+                    StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
+                    StatusCode::NOT_IMPLEMENTED => "NotImplemented",
+                    _ => "InternalError",
+                };
+                crate::s3::error_response(error.status(), code, error.message())
+            }
+        }
+    }
+}
+
+impl Forwarding {
+    /// Forwarding for the node named `node`, which reports itself through `status`.
+    pub fn new(node: impl Into<String>, status: std::sync::Arc<dyn ClusterStatus>) -> Self {
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(2))
+            // A paused owner accepts connections into its backlog and never answers.
+            .read_timeout(FORWARD_READ_TIMEOUT)
+            .tcp_nodelay(true)
+            .build()
+            .expect("an HTTP client builds");
+        Forwarding { node: node.into(), client, status }
+    }
+
+    /// Sends `request` to the node `owner` at `url` and streams its answer back. An S3 request
+    /// keeps its `Host` (the client signed it).
+    async fn forward(&self, request: Request, owner: &str, url: &str, shape: Shape) -> Response {
+        let (parts, body) = request.into_parts();
+        let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        let mut headers = without_hop_headers(&parts.headers);
+        if shape != Shape::S3 {
+            headers.remove(header::HOST);
+        }
+        headers.insert(HeaderName::from_static(FORWARDED_BY), self.node.parse().expect("node ids are header-safe"));
+        let body = reqwest::Body::wrap_stream(body.into_data_stream());
+        let sent = self.client.request(parts.method, format!("{url}{path}")).headers(headers).body(body).send().await;
+        match sent {
+            Ok(answer) => {
+                let mut response = Response::builder().status(answer.status());
+                if let Some(out) = response.headers_mut() {
+                    *out = without_hop_headers(answer.headers());
+                }
+                let stream = answer.bytes_stream().map_err(std::io::Error::other);
+                response.body(Body::from_stream(stream)).unwrap_or_else(|e| ApiError::internal(&e).into_response())
+            }
+            Err(e) if e.is_connect() => {
+                tracing::warn!(owner, url, error = %e, "could not reach an owner");
+                shape
+                    .refuse(ApiError::unavailable(format!("its owner, node {owner}, cannot be reached; retry shortly")))
+            }
+            // The request reached the owner: whether it took effect is unknown, as when a
+            // client's own connection breaks.
+            Err(e) => {
+                tracing::warn!(owner, url, error = %e, "an owner failed while answering");
+                shape.refuse(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    7500,
+                    format!(
+                        "its owner, node {owner}, failed while answering; the request may or may not have taken effect"
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+/// The file a request is placed by: one D1 database or one R2 bucket, by its id.
+enum Placed {
+    Database(String),
+    Bucket(String),
+}
+
+/// Why a request was not served here.
+enum Unplaced {
+    /// Where it is served, or why nowhere now.
+    Placement(PlacementError),
+    /// Refused before placement (a bad id, a failing catalog).
+    Refused(ApiError),
+}
+
+impl Placed {
+    fn what(&self) -> &'static str {
+        match self {
+            Placed::Database(_) => "database",
+            Placed::Bucket(_) => "bucket",
+        }
+    }
+
+    async fn claim(&self, app: &AppState) -> Result<(), Unplaced> {
+        match self {
+            Placed::Database(uuid) => app.d1.claim(uuid).await.map_err(|e| match e {
+                kura_d1::Error::Placement(e) => Unplaced::Placement(e),
+                other => Unplaced::Refused(ApiError::from(other)),
+            }),
+            Placed::Bucket(id) => app.r2.claim(id).await.map_err(Unplaced::Placement),
+        }
+    }
+
+    fn forget_owner(&self, app: &AppState) {
+        match self {
+            Placed::Database(uuid) => app.d1.forget_owner(uuid),
+            Placed::Bucket(id) => app.r2.forget_owner(id),
+        }
+    }
+}
+
+/// Serves `request` here if this node owns what it is placed by, or sends it to the owner.
+async fn serve_placed(
+    app: &AppState,
+    forwarding: &Forwarding,
+    placed: Placed,
+    shape: Shape,
+    request: Request,
+    next: Next,
+) -> Response {
+    let mut claimed = placed.claim(app).await;
+    if matches!(claimed, Err(Unplaced::Placement(PlacementError::Elsewhere { .. })))
+        && request.headers().contains_key(FORWARDED_BY)
+    {
+        // Sent here to be served: the owner this node remembers may be the sender (a draining
+        // node, or one that stepped down); ask the coordinator again.
+        placed.forget_owner(app);
+        claimed = placed.claim(app).await;
+    }
+    match claimed {
+        Ok(()) => {
+            let mut response = next.run(request).await;
+            if let Ok(node) = forwarding.node.parse() {
+                response.headers_mut().insert(HeaderName::from_static(SERVED_BY), node);
+            }
+            response
+        }
+        Err(Unplaced::Placement(PlacementError::Elsewhere { node, url, s3 })) => {
+            if let Some(from) = request.headers().get(FORWARDED_BY) {
+                tracing::info!(
+                    ?from,
+                    owner = node,
+                    "a forwarded request reached a node that no longer owns its target"
+                );
+                let what = placed.what();
+                return shape.refuse(ApiError::unavailable(format!("the {what}'s ownership is moving; retry shortly")));
+            }
+            let target = if shape == Shape::S3 { s3 } else { url };
+            let response = forwarding.forward(request, &node, &target, shape).await;
+            if matches!(response.status(), StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY) {
+                // The owner is gone or no longer owns it: look again next time.
+                placed.forget_owner(app);
+            }
+            response
+        }
+        Err(Unplaced::Placement(e)) => shape.refuse(ApiError::unavailable(format!("the {} is {e}", placed.what()))),
+        Err(Unplaced::Refused(e)) => shape.refuse(e),
+    }
+}
+
+/// `GET /accounts/{account_id}/kura/cluster`: this node's view of the cluster, for an admin
+/// token of the account (`kura node status`).
+pub async fn status(
+    State(app): State<AppState>,
+    caller: crate::auth::Caller,
+    crate::rest::extract::V4Path(account_id): crate::rest::extract::V4Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(crate::rest::ok(cluster_for(&app, &caller, &account_id)?.status.status().await))
+}
+
+/// `POST /accounts/{account_id}/kura/cluster/drain`: this node gives every database up and
+/// takes none from now on (`kura node drain`), for an admin token of the account.
+pub async fn drain(
+    State(app): State<AppState>,
+    caller: crate::auth::Caller,
+    crate::rest::extract::V4Path(account_id): crate::rest::extract::V4Path<String>,
+) -> Result<Response, ApiError> {
+    Ok(crate::rest::ok(cluster_for(&app, &caller, &account_id)?.status.drain().await))
+}
+
+/// The node's cluster side, for an admin token of `account_id`.
+fn cluster_for<'a>(
+    app: &'a AppState,
+    caller: &crate::auth::Caller,
+    account_id: &str,
+) -> Result<&'a Forwarding, ApiError> {
+    if caller.token.account_id != account_id || caller.scope() != kura_catalog::Scope::Admin {
+        return Err(ApiError::forbidden());
+    }
+    app.forwarding
+        .as_ref()
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, 7404, "this kura node runs alone, not in a cluster"))
+}
+
+/// Headers that belong to one connection, not to the request.
+fn without_hop_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut kept = headers.clone();
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        kept.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::TE,
+        header::TRAILER,
+        header::PROXY_AUTHORIZATION,
+        // The entry node has answered it already; the owner reads the body as it streams.
+        header::EXPECT,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+    ] {
+        kept.remove(name);
+    }
+    kept
+}

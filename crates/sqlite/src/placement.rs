@@ -1,0 +1,54 @@
+//! Where a SQLite file is served when several nodes share the data: the seam between an engine
+//! (D1's databases, R2's bucket metadata) and the cluster layer that implements it. One node
+//! owns each file, with its copy rebuilt from the shared store, and every commit to it passes
+//! that ownership's [`LogShipper`] before it is acknowledged.
+
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use crate::history::LogShipper;
+
+/// Why a file cannot be served on this node of a cluster (reads after "the database is", "the
+/// bucket is").
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum PlacementError {
+    /// Another node owns it: send the request to `url` (its API).
+    #[error("served by node {node}")]
+    Elsewhere {
+        /// The owner.
+        node: String,
+        /// Its API's URL.
+        url: String,
+        /// Its S3 listener's URL.
+        s3: String,
+    },
+    /// No node can serve it right now (the coordinator or the store failed, or the last
+    /// owner's lease has not ended yet); worth retrying shortly.
+    #[error("unavailable for now: {0}")]
+    Unavailable(String),
+}
+
+/// A future that closes whatever holds a file open.
+pub type ReleaseFile = Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
+
+/// One kind of file's placement in a cluster (kura-cluster implements it), keyed by the id the
+/// engine names the file by (a database's UUID, a bucket's storage id).
+#[async_trait::async_trait]
+pub trait Placement: Send + Sync + std::fmt::Debug {
+    /// Whether this node owns the file now, with its copy current.
+    fn is_current(&self, key: &str) -> bool;
+    /// Makes this node the file's owner, its copy at `path` rebuilt from the store (a new file:
+    /// nothing to rebuild), or says which node owns it. `release_file` closes whatever holds
+    /// the file open; it is awaited before any rebuild, once nothing can open the file again
+    /// until the claim is settled.
+    async fn claim(&self, key: &str, path: &Path, release_file: ReleaseFile) -> Result<(), PlacementError>;
+    /// What this node's commits to the file must pass: the shipper of its ownership (`None`
+    /// when this node does not own it).
+    fn shipper(&self, key: &str) -> Option<Arc<dyn LogShipper>>;
+    /// Gives the file up for good (it was deleted): its history in the store goes too.
+    async fn release(&self, key: &str);
+    /// Forgets where the file was last found served (its owner did not answer as one).
+    fn forget_owner(&self, _key: &str) {}
+}
