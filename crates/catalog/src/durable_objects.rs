@@ -172,7 +172,7 @@ impl Catalog {
 
     /// The account's namespace with this id or name.
     pub fn do_namespace(&self, account_id: &str, id_or_name: &str) -> Result<Option<DoNamespace>> {
-        self.read(|c| {
+        self.read_found(|c| {
             c.prepare_cached(&format!(
                 "SELECT {COLUMNS} FROM do_namespaces WHERE account_id = ?1 AND (id = ?2 OR name = ?2) \
                  ORDER BY id = ?2 DESC LIMIT 1"
@@ -184,7 +184,7 @@ impl Catalog {
 
     /// The account's namespaces in name order.
     pub fn list_do_namespaces(&self, account_id: &str) -> Result<Vec<DoNamespace>> {
-        self.read(|c| {
+        self.read_current(|c| {
             c.prepare_cached(&format!("SELECT {COLUMNS} FROM do_namespaces WHERE account_id = ?1 ORDER BY name"))?
                 .query_map([account_id], from_row)?
                 .collect()

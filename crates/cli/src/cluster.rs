@@ -205,7 +205,7 @@ pub struct NodeStatus {
 #[async_trait::async_trait]
 impl kura_server::cluster::ClusterStatus for NodeStatus {
     async fn drain(&self) -> serde_json::Value {
-        tracing::info!("draining: giving every database and bucket up");
+        tracing::info!("draining: giving every database, bucket and namespace up");
         for placement in &self.placements {
             placement.drain().await;
         }
@@ -251,20 +251,23 @@ impl kura_server::cluster::ClusterStatus for NodeStatus {
             "members": members,
             "databases": describe(owned(kura_cluster::Kind::D1)),
             "buckets": describe(owned(kura_cluster::Kind::R2)),
+            "namespaces": describe(owned(kura_cluster::Kind::DoNamespace)),
+            "objects": describe(owned(kura_cluster::Kind::DoObject)),
         })
     }
 }
 
 #[derive(clap::Subcommand)]
 pub enum NodeCommand {
-    /// The node's members, the D1 databases it owns, their lease ages and what each has shipped.
+    /// The node's members, the D1 databases, R2 buckets and Durable Object namespaces and
+    /// objects it owns, their lease ages and what each has shipped.
     Status {
         /// Print the JSON the node answers.
         #[arg(long)]
         json: bool,
     },
-    /// Give every database the node owns up to the other nodes, and take none from now on
-    /// (before stopping it for maintenance).
+    /// Give every database, bucket and namespace the node owns up to the other nodes, and take
+    /// none from now on (before stopping it for maintenance).
     Drain {
         /// Print the JSON the node answers.
         #[arg(long)]
@@ -296,7 +299,12 @@ pub async fn run_node(command: NodeCommand) -> anyhow::Result<()> {
     for member in status["members"].as_array().into_iter().flatten() {
         println!("  {:<16} {}", member["node"].as_str().unwrap_or("?"), member["api"].as_str().unwrap_or("?"));
     }
-    for (field, title) in [("databases", "owned D1 databases"), ("buckets", "owned R2 buckets (metadata)")] {
+    for (field, title) in [
+        ("databases", "owned D1 databases"),
+        ("buckets", "owned R2 buckets (metadata)"),
+        ("namespaces", "owned Durable Object namespaces (index)"),
+        ("objects", "owned Durable Objects"),
+    ] {
         let owned = status[field].as_array().cloned().unwrap_or_default();
         println!("{title}: {}", owned.len());
         for d in owned {

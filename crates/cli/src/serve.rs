@@ -79,10 +79,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             ))
         };
         let (d1, r2) = (placement(kura_cluster::Kind::D1), placement(kura_cluster::Kind::R2));
+        let (namespaces, objects) =
+            (placement(kura_cluster::Kind::DoNamespace), placement(kura_cluster::Kind::DoObject));
         settings.d1.placement = Some(d1.clone());
         settings.r2.shared =
             Some(kura_r2::Shared { placement: r2.clone(), blobs: kura_cluster::StoreBlobs::new(storage.clone()) });
-        placements = vec![d1, r2];
+        settings.durable_objects.cluster =
+            Some(kura_do::DoCluster { namespaces: namespaces.clone(), objects: objects.clone() });
+        placements = vec![d1, r2, namespaces, objects];
         let catalog_path = args.data.data.join("catalog.sqlite");
         settings.catalog_replication = Some(Arc::new(kura_cluster::catalog::SharedCatalog::new(
             storage.clone(),

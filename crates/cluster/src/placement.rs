@@ -13,6 +13,11 @@ use crate::coordinator::{Acquired, Coordinator, Lease, Member};
 use crate::replica::{AsyncShipper, HistoryShipper, rebuild};
 use crate::storage::SharedStorage;
 
+/// Which of `nodes` nodes a resource goes to, the same on every node.
+fn spread(resource: &str, nodes: usize) -> usize {
+    resource.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % nodes.max(1)
+}
+
 /// What kind of file a placement places: the first part of its resources' names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -20,6 +25,10 @@ pub enum Kind {
     D1,
     /// R2 buckets' metadata, by storage id.
     R2,
+    /// Durable Object namespaces' indexes (objects, names, alarms), by storage id.
+    DoNamespace,
+    /// Durable Objects' own files, by `<namespace id>/<object id>`.
+    DoObject,
 }
 
 impl Kind {
@@ -28,6 +37,8 @@ impl Kind {
         match self {
             Kind::D1 => "d1",
             Kind::R2 => "r2",
+            Kind::DoNamespace => "do-index",
+            Kind::DoObject => "do",
         }
     }
 
@@ -181,8 +192,7 @@ impl ClusterPlacement {
             return Err(unavailable("this node is draining and no other node is a member".into()));
         }
         // Spread the files over the other nodes by their id.
-        let pick = resource.bytes().fold(0usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize)) % others.len();
-        let target = others.swap_remove(pick);
+        let target = others.swap_remove(spread(resource, others.len()));
         Err(PlacementError::Elsewhere { node: target.node, url: target.api, s3: target.s3 })
     }
 
@@ -295,6 +305,32 @@ impl Placement for ClusterPlacement {
 
     fn forget_owner(&self, key: &str) {
         self.elsewhere().remove(key);
+    }
+
+    async fn give_up_under(&self, prefix: &str) {
+        let given_up: Vec<Claim> = {
+            let mut claims = self.claims();
+            let keys: Vec<String> = claims.keys().filter(|k| k.starts_with(prefix)).cloned().collect();
+            keys.into_iter().filter_map(|k| claims.remove(&k)).collect()
+        };
+        for claim in given_up {
+            claim.lease.end();
+            if let Err(e) = self.coordinator.release(&claim.lease).await {
+                tracing::warn!(resource = claim.lease.resource(), error = %e, "could not give a file up");
+            }
+        }
+    }
+
+    async fn is_home(&self, key: &str) -> bool {
+        match self.coordinator.members().await {
+            Ok(mut members) if !members.is_empty() => {
+                members.sort_by(|a, b| a.node.cmp(&b.node));
+                let pick = spread(&self.kind.resource(key), members.len());
+                members[pick].node == self.member.node
+            }
+            // Without a view of the members, each node may adopt: ownership still admits one.
+            _ => true,
+        }
     }
 
     fn shipper(&self, key: &str) -> Option<Arc<dyn LogShipper>> {

@@ -118,7 +118,7 @@ async fn fire(engine: &DurableObjects, deliver: &dyn Deliver, ns: &Namespace, du
     }
     let (hex, name) = (due.id.clone(), due.name.clone());
     // The object's own alarm is the truth: the schedule may be early, or stale.
-    let actual = if engine.has_files(ns, &id) { engine.run(ns, &id, |s| s.get_alarm()).await? } else { None };
+    let actual = if engine.has_files(ns, &id).await? { engine.run(ns, &id, |s| s.get_alarm()).await? } else { None };
     match actual {
         None => {
             return engine.index_write(ns, move |c| index::schedule(c, &hex, name.as_deref(), None, 0)).await;

@@ -42,6 +42,10 @@ pub enum DoError {
     /// The engine is shutting down; nothing was run.
     #[error("the Durable Object's storage closed before the request ran")]
     Closed,
+    /// In a cluster: the namespace or object cannot be served here for now (its ownership is
+    /// moving, or the store or the coordinator failed); nothing was run, retry shortly.
+    #[error("{0}")]
+    Unavailable(String),
     /// The file system or the history failed.
     #[error("storage failure: {0}")]
     Storage(String),
@@ -64,6 +68,9 @@ impl DoError {
             E::Overloaded => DoError::Overloaded,
             E::Closed => DoError::Closed,
             E::InvalidBookmark { message } => DoError::InvalidBookmark(message),
+            E::Superseded { .. } => {
+                DoError::Unavailable("another node took this namespace over; the request did not take effect".into())
+            }
             other => DoError::Storage(other.to_string()),
         }
     }

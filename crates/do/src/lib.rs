@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use kura_sqlite::dump::{DumpOptions, dump};
-use kura_sqlite::{DatabaseOptions, HistorySettings, Limits, Registry, RegistrySettings};
+use kura_sqlite::{DatabaseOptions, HistorySettings, Limits, Placement, PlacementError, Registry, RegistrySettings};
 use tokio::sync::{Notify, oneshot};
 
 pub use error::{DoError, Result};
@@ -58,6 +58,22 @@ pub struct DoSettings {
     pub session_idle_limit: Duration,
     /// Objects a fan-out query reads at once.
     pub fan_out_parallelism: usize,
+    /// In a cluster, which node serves each namespace and holds its objects' files; `None`
+    /// serves everything here.
+    pub cluster: Option<DoCluster>,
+}
+
+/// How the engine runs as one node of several (kura-cluster implements both placements). A
+/// namespace is served by one node at a time — its index, its alarms, its fan-outs and every
+/// request to its objects — so a namespace's work never spans nodes; each object's file is
+/// shipped on its own, and claimed (rebuilt from the store) by the namespace's node as it is
+/// reached.
+#[derive(Debug, Clone)]
+pub struct DoCluster {
+    /// Namespaces' indexes, by storage id.
+    pub namespaces: Arc<dyn Placement>,
+    /// Objects' files, by `<namespace id>/<object id>`.
+    pub objects: Arc<dyn Placement>,
 }
 
 impl Default for DoSettings {
@@ -77,6 +93,7 @@ impl Default for DoSettings {
             },
             session_idle_limit: Duration::from_secs(15 * 60),
             fan_out_parallelism: 4,
+            cluster: None,
         }
     }
 }
@@ -193,8 +210,10 @@ impl DurableObjects {
         let opener_root = root.clone();
         let history = settings.history.clone();
         let hosted = hosted::Hosted::start(root.clone(), history.clone());
-        let registry =
-            Registry::new(settings.registry.clone(), move |key: &str| open_options(&opener_root, &history, key));
+        let cluster = settings.cluster.clone();
+        let registry = Registry::new(settings.registry.clone(), move |key: &str| {
+            open_options(&opener_root, &history, cluster.as_ref(), key)
+        });
         Ok(DurableObjects {
             inner: Arc::new(Inner {
                 root,
@@ -257,9 +276,78 @@ impl DurableObjects {
         Ok(self.entry(ns, id).await?.is_some())
     }
 
-    /// Whether the object has files (it may have been reached without storing anything).
-    fn has_files(&self, ns: &Namespace, id: &ObjectId) -> bool {
-        self.object_dir(ns, id).exists()
+    /// Whether the object has a file (it may have been reached without storing anything); in
+    /// a cluster, once its file is claimed here.
+    pub(crate) async fn has_files(&self, ns: &Namespace, id: &ObjectId) -> Result<bool> {
+        self.claim_object(ns, id).await?;
+        Ok(self.object_dir(ns, id).join("db.sqlite").exists())
+    }
+
+    /// In a cluster, makes this node the namespace's server — its index rebuilt from the store
+    /// — or says which node is. Alone, a no-op. A node that finds the namespace elsewhere gives
+    /// up the files of its objects it still held.
+    pub async fn claim_namespace(&self, storage_id: &str) -> std::result::Result<(), PlacementError> {
+        let Some(cluster) = &self.inner.settings.cluster else { return Ok(()) };
+        if !is_hex(storage_id, 32) || cluster.namespaces.is_current(storage_id) {
+            return Ok(());
+        }
+        let (registry, key) = (self.inner.registry.clone(), storage_id.to_owned());
+        let release = Box::pin(async move { registry.close(&key).await });
+        let path = self.inner.root.join(storage_id).join("meta.sqlite");
+        let claimed = cluster.namespaces.claim(storage_id, &path, release).await;
+        if claimed.is_err() {
+            cluster.objects.give_up_under(&format!("{storage_id}/")).await;
+        }
+        claimed
+    }
+
+    /// In a cluster: the node last named as the namespace's server did not serve it.
+    pub fn forget_namespace_owner(&self, storage_id: &str) {
+        if let Some(cluster) = &self.inner.settings.cluster {
+            cluster.namespaces.forget_owner(storage_id);
+        }
+    }
+
+    /// Whether this node serves the namespace now (always, alone).
+    pub fn serves_namespace(&self, storage_id: &str) -> bool {
+        self.inner.settings.cluster.as_ref().is_none_or(|c| c.namespaces.is_current(storage_id))
+    }
+
+    /// In a cluster, whether this node should adopt the namespace when no node serves it (for
+    /// its alarms); alone, always.
+    pub async fn is_home(&self, storage_id: &str) -> bool {
+        match &self.inner.settings.cluster {
+            Some(cluster) => cluster.namespaces.is_home(storage_id).await,
+            None => true,
+        }
+    }
+
+    /// In a cluster, refuses work on a namespace this node does not serve (its lease ended
+    /// since the request was placed).
+    fn check_serving(&self, ns: &Namespace) -> Result<()> {
+        match self.serves_namespace(&ns.storage_id) {
+            true => Ok(()),
+            false => Err(DoError::Unavailable("this node no longer serves the namespace; retry".into())),
+        }
+    }
+
+    /// In a cluster, before an object is reached: its namespace is served here, and its file
+    /// is this node's (rebuilt from the store when it is first reached here).
+    async fn claim_object(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
+        let Some(cluster) = &self.inner.settings.cluster else { return Ok(()) };
+        self.check_serving(ns)?;
+        let key = ns.object_key(id);
+        if cluster.objects.is_current(&key) {
+            return Ok(());
+        }
+        let (registry, closing) = (self.inner.registry.clone(), key.clone());
+        let release = Box::pin(async move { registry.close(&closing).await });
+        let path = self.object_dir(ns, id).join("db.sqlite");
+        cluster
+            .objects
+            .claim(&key, &path, release)
+            .await
+            .map_err(|e| DoError::Unavailable(format!("the object is {e}")))
     }
 
     /// Runs `f` on the namespace's index, inside a group commit.
@@ -268,6 +356,7 @@ impl DurableObjects {
         ns: &Namespace,
         mut f: impl FnMut(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T> {
+        self.check_serving(ns)?;
         let fresh = !self.inner.indexed.lock().unwrap_or_else(|p| p.into_inner()).contains(&ns.storage_id);
         let outcome = self
             .inner
@@ -291,6 +380,7 @@ impl DurableObjects {
     /// the first request that writes to it.
     async fn ensure(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
         self.runs_here(ns)?;
+        self.claim_object(ns, id).await?;
         let dir = self.object_dir(ns, id);
         if dir.exists() {
             return Ok(());
@@ -397,7 +487,7 @@ impl DurableObjects {
                     let file = self.hosted_file(ns, &entry.id);
                     file_len(&file) + file_len(&file.with_extension("sqlite-wal"))
                 } else {
-                    match self.id_dir(ns, &entry.id) {
+                    match self.id_dir(ns, &entry.id).filter(|_| self.holds_file(ns, &entry.id)) {
                         Some(dir) => file_len(&dir.join("db.sqlite")) + file_len(&dir.join("db.sqlite-wal")),
                         None => 0,
                     }
@@ -416,6 +506,12 @@ impl DurableObjects {
     pub async fn entry(&self, ns: &Namespace, id: &ObjectId) -> Result<Option<ObjectEntry>> {
         let hex = id.to_string();
         self.index_write(ns, move |c| index::find(c, &hex)).await
+    }
+
+    /// Whether this node's copy of the object's file is current: always alone; in a cluster,
+    /// once reached since the namespace came here (a listing shows 0 bytes until then).
+    fn holds_file(&self, ns: &Namespace, hex: &str) -> bool {
+        self.inner.settings.cluster.as_ref().is_none_or(|c| c.objects.is_current(&format!("{}/{hex}", ns.storage_id)))
     }
 
     fn id_dir(&self, ns: &Namespace, hex: &str) -> Option<PathBuf> {
@@ -441,7 +537,7 @@ impl DurableObjects {
             }
             return String::from_utf8(bytes).map_err(|e| DoError::Storage(e.to_string()));
         }
-        if !self.has_files(ns, id) {
+        if !self.has_files(ns, id).await? {
             return Ok("PRAGMA defer_foreign_keys=TRUE;\n".to_owned());
         }
         let bytes = self
@@ -520,7 +616,8 @@ impl DurableObjects {
             .await
             .map_err(|e| DoError::Storage(e.to_string()))?;
         }
-        if !self.id_dir(ns, hex).is_some_and(|d| d.exists()) {
+        let id = ns.id_from_string(hex)?;
+        if !self.has_files(ns, &id).await? {
             return Err(DoError::Invalid("the object has stored nothing yet".into()));
         }
         self.inner
@@ -674,20 +771,36 @@ impl Session {
     }
 }
 
-/// How the registry opens a key: a namespace's index (`<ns>`) or an object (`<ns>/<id>`).
-fn open_options(root: &Path, history: &HistorySettings, key: &str) -> Option<DatabaseOptions> {
+/// How the registry opens a key: a namespace's index (`<ns>`) or an object (`<ns>/<id>`). In a
+/// cluster, only what this node owns opens, with its ownership's shipper.
+fn open_options(
+    root: &Path,
+    history: &HistorySettings,
+    cluster: Option<&DoCluster>,
+    key: &str,
+) -> Option<DatabaseOptions> {
     match key.split_once('/') {
         None if is_hex(key, 32) => {
             let dir = root.join(key);
             std::fs::create_dir_all(&dir).ok()?;
-            Some(DatabaseOptions::new(dir.join("meta.sqlite")).create(true))
+            let options = DatabaseOptions::new(dir.join("meta.sqlite")).create(true);
+            match cluster {
+                Some(cluster) => cluster
+                    .namespaces
+                    .shipper(key)
+                    .map(|shipper| options.history(HistorySettings::shipped_only(), key).shipper(shipper)),
+                None => Some(options),
+            }
         }
         Some((ns, id)) if is_hex(ns, 32) && is_hex(id, 64) => {
             let dir = root.join(ns).join(&id[..2]).join(id);
             let mut options =
                 DatabaseOptions::new(dir.join("db.sqlite")).create(true).compact(true).history(history.clone(), key);
             options.limits = Limits::durable_object();
-            Some(options)
+            match cluster {
+                Some(cluster) => cluster.objects.shipper(key).map(|shipper| options.shipper(shipper)),
+                None => Some(options),
+            }
         }
         _ => None,
     }

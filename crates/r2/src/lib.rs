@@ -228,11 +228,6 @@ fn valid_bucket_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// In a cluster, a bucket's metadata keeps a history only to ship it: a day of it locally.
-fn shipped_history() -> HistorySettings {
-    HistorySettings { retention: Duration::from_secs(24 * 3600), ..HistorySettings::default() }
-}
-
 impl From<PlacementError> for R2Error {
     fn from(e: PlacementError) -> Self {
         R2Error::Unavailable(format!("the bucket is {e}"))
@@ -256,9 +251,9 @@ impl R2 {
             options.limits.max_database_bytes = 1 << 44;
             match &placement {
                 // A bucket this node does not own (any more) is not opened here.
-                Some(placement) => {
-                    placement.shipper(bucket).map(|shipper| options.history(shipped_history(), bucket).shipper(shipper))
-                }
+                Some(placement) => placement
+                    .shipper(bucket)
+                    .map(|shipper| options.history(HistorySettings::shipped_only(), bucket).shipper(shipper)),
                 None => Some(options),
             }
         });

@@ -59,12 +59,20 @@ impl Deliver for HttpDeliver {
     }
 }
 
-/// Delivers the alarms of every namespace with an alarm URL until `stop` resolves.
+/// How often a cluster node looks for namespaces with alarms that no node serves.
+const ADOPT_EVERY: Duration = Duration::from_secs(5);
+
+/// Delivers the alarms of every namespace with an alarm URL until `stop` resolves. In a
+/// cluster, of the namespaces this node serves; and every few seconds it takes over those no
+/// node serves whose home it is, so a namespace's alarms keep firing after its node died even
+/// when no request reaches it.
 pub(crate) async fn run(catalog: Arc<Catalog>, engine: DurableObjects, stop: impl Future<Output = ()>) {
     let deliver = Arc::new(HttpDeliver { client: reqwest::Client::new(), namespaces: Mutex::new(HashMap::new()) });
-    let runner = AlarmRunner::new(engine, Arc::clone(&deliver) as Arc<dyn Deliver>);
+    let runner = AlarmRunner::new(engine.clone(), Arc::clone(&deliver) as Arc<dyn Deliver>);
+    let adopted_at = Arc::new(Mutex::new(None::<std::time::Instant>));
     let namespaces = move || {
-        let (catalog, deliver) = (Arc::clone(&catalog), Arc::clone(&deliver));
+        let (catalog, deliver, engine, adopted_at) =
+            (Arc::clone(&catalog), Arc::clone(&deliver), engine.clone(), Arc::clone(&adopted_at));
         async move {
             let all = tokio::task::spawn_blocking(move || catalog.all_do_namespaces()).await;
             let all = match all {
@@ -75,7 +83,24 @@ pub(crate) async fn run(catalog: Arc<Catalog>, engine: DurableObjects, stop: imp
                 }
                 Err(_) => return Vec::new(),
             };
-            let with_url: Vec<DoNamespace> = all.into_iter().filter(|n| n.alarm_url.is_some()).collect();
+            let mut with_url: Vec<DoNamespace> = all.into_iter().filter(|n| n.alarm_url.is_some()).collect();
+            let adopt = {
+                let mut last = adopted_at.lock().unwrap_or_else(|p| p.into_inner());
+                let due = last.is_none_or(|at| at.elapsed() >= ADOPT_EVERY);
+                if due {
+                    *last = Some(std::time::Instant::now());
+                }
+                due
+            };
+            let mut served = Vec::with_capacity(with_url.len());
+            for ns in with_url.drain(..) {
+                if engine.serves_namespace(&ns.id)
+                    || (adopt && engine.is_home(&ns.id).await && engine.claim_namespace(&ns.id).await.is_ok())
+                {
+                    served.push(ns);
+                }
+            }
+            let with_url = served;
             let engine_view = with_url.iter().filter_map(|n| Namespace::new(&n.id, &n.unique_key).ok()).collect();
             *deliver.namespaces.lock().unwrap_or_else(|p| p.into_inner()) =
                 with_url.into_iter().map(|n| (n.id.clone(), n)).collect();

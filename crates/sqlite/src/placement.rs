@@ -51,4 +51,12 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     async fn release(&self, key: &str);
     /// Forgets where the file was last found served (its owner did not answer as one).
     fn forget_owner(&self, _key: &str) {}
+    /// Gives up, without deleting anything, every file this node owns whose key starts with
+    /// `prefix` (their group moved to another node, which claims them as it reaches them).
+    async fn give_up_under(&self, _prefix: &str) {}
+    /// Whether this node is where the file should go when no node serves it and no request
+    /// asks for it (work that runs on its own, such as alarms, is adopted by its home node).
+    async fn is_home(&self, _key: &str) -> bool {
+        true
+    }
 }

@@ -6,6 +6,7 @@
 //! test command (`scripts/test`) when missing; these tests fail, rather than skip, without them.
 
 mod cluster;
+mod cluster_do;
 mod cluster_r2;
 mod common;
 mod crash;

@@ -16,6 +16,8 @@ enum Target<'a> {
     Database { account: Option<&'a str>, id: &'a str, binding: bool },
     /// One R2 bucket of the account, by name.
     Bucket { account: &'a str, name: &'a str },
+    /// One Durable Object namespace of the account, by id or name.
+    Namespace { account: &'a str, namespace: &'a str },
     /// Something a cluster does not serve yet.
     NotClustered(&'static str),
     /// The catalog or nothing node-specific: any node serves it.
@@ -30,7 +32,12 @@ fn classify<'a>(path: &'a str, headers: &'a HeaderMap) -> Target<'a> {
             _ => Target::Database { account: Some(account), id, binding: false },
         },
         ["client", "v4", "accounts", account, "r2", "buckets", name, ..] => Target::Bucket { account, name },
-        ["client", "v4", "accounts", _, "durable_objects", ..] => Target::NotClustered("Durable Objects"),
+        // A namespace's details (its object count), objects, queries and fan-outs go to the node
+        // serving it; the list of namespaces is the catalog's.
+        ["client", "v4", "accounts", account, "workers", "durable_objects", "namespaces", namespace, ..] => {
+            Target::Namespace { account, namespace }
+        }
+        ["client", "v4", "accounts", _, "workers", "durable_objects", ..] => Target::Anywhere,
         ["client", "v4", "accounts", _, "workers", ..] => Target::NotClustered("Workers"),
         ["d1-transfers", ..] => Target::NotClustered("D1 export and import"),
         ["binding", "d1", id, _] => Target::Database { account: None, id, binding: true },
@@ -61,6 +68,11 @@ pub async fn place(State(app): State<AppState>, request: Request, next: Next) ->
                 Err(e) => return shape.refuse(e),
             }
         }
+        Target::Namespace { account, namespace } => match app.catalog.do_namespace(account, namespace) {
+            Ok(Some(found)) => (Placed::Namespace(found.id), Shape::V4),
+            Ok(None) => return next.run(request).await,
+            Err(e) => return Shape::V4.refuse(ApiError::internal(&e)),
+        },
         Target::Bucket { account, name } => match app.catalog.r2_bucket(account, name) {
             Ok(Some(bucket)) => (Placed::Bucket(bucket.id), Shape::V4),
             // An unknown bucket is nobody's: answered here (as not found).

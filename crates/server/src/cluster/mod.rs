@@ -1,9 +1,10 @@
-//! In a cluster, the front door of both listeners: a request for a D1 database or an R2 bucket
-//! is served here when this node owns it (taking it over if no live node does) and sent on to
+//! In a cluster, the front door of both listeners: a request for a D1 database, an R2 bucket or
+//! a Durable Object namespace is served here when this node owns it (taking it over if no live node does) and sent on to
 //! its owner otherwise, so a client sees one service whichever node it reaches. Surfaces a
 //! cluster does not serve yet are refused plainly rather than served from one node's disk.
 //!
-//! - [`api`]: the API listener's placement (v4 D1 and R2 routes, the D1 binding endpoints).
+//! - [`api`]: the API listener's placement (v4 D1, R2 and Durable Object routes, the D1 binding
+//!   endpoints).
 //! - [`s3`]: the S3 listener's placement, by the bucket a request names and the key it is
 //!   signed with; forwarded requests keep their `Host`, so the owner checks the client's own
 //!   signature.
@@ -147,10 +148,12 @@ impl Forwarding {
     }
 }
 
-/// The file a request is placed by: one D1 database or one R2 bucket, by its id.
+/// The file a request is placed by: one D1 database, one R2 bucket or one Durable Object
+/// namespace, by its id.
 enum Placed {
     Database(String),
     Bucket(String),
+    Namespace(String),
 }
 
 /// Why a request was not served here.
@@ -166,6 +169,7 @@ impl Placed {
         match self {
             Placed::Database(_) => "database",
             Placed::Bucket(_) => "bucket",
+            Placed::Namespace(_) => "namespace",
         }
     }
 
@@ -176,6 +180,7 @@ impl Placed {
                 other => Unplaced::Refused(ApiError::from(other)),
             }),
             Placed::Bucket(id) => app.r2.claim(id).await.map_err(Unplaced::Placement),
+            Placed::Namespace(id) => app.durable_objects.claim_namespace(id).await.map_err(Unplaced::Placement),
         }
     }
 
@@ -183,6 +188,7 @@ impl Placed {
         match self {
             Placed::Database(uuid) => app.d1.forget_owner(uuid),
             Placed::Bucket(id) => app.r2.forget_owner(id),
+            Placed::Namespace(id) => app.durable_objects.forget_namespace_owner(id),
         }
     }
 }

@@ -31,6 +31,7 @@ impl From<DoError> for ApiError {
             DoError::ReadOnly { .. } => (StatusCode::FORBIDDEN, 10000),
             DoError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, 10025),
             DoError::Closed => (StatusCode::SERVICE_UNAVAILABLE, 10026),
+            DoError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, 10026),
             _ => return ApiError::internal(&e),
         };
         ApiError::new(status, code, e.to_string())

@@ -55,6 +55,14 @@ pub struct HistorySettings {
     pub snapshot_age: Duration,
 }
 
+impl HistorySettings {
+    /// A history kept only to ship it to a cluster's store (a bucket's metadata, a Durable
+    /// Object namespace's index): a day of it locally, nothing restorable promised.
+    pub fn shipped_only() -> Self {
+        HistorySettings { retention: Duration::from_secs(24 * 3600), ..HistorySettings::default() }
+    }
+}
+
 impl Default for HistorySettings {
     fn default() -> Self {
         HistorySettings {
