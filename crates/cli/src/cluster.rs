@@ -212,6 +212,62 @@ impl kura_server::cluster::ClusterStatus for NodeStatus {
         self.status().await
     }
 
+    async fn metrics(&self) -> String {
+        use kura_server::metrics::family;
+        let mut out = String::new();
+        let members = self.joined.coordinator.members().await.map(|m| m.len() as f64).unwrap_or(f64::NAN);
+        family(
+            &mut out,
+            "kura_cluster_members",
+            "gauge",
+            "Live members the coordinator knows.",
+            &[(String::new(), members)],
+        );
+        let draining = self.placements.iter().any(|p| p.is_draining());
+        family(
+            &mut out,
+            "kura_cluster_draining",
+            "gauge",
+            "Whether this node is draining (takes nothing, gave everything up).",
+            &[(String::new(), f64::from(u8::from(draining)))],
+        );
+        let figures: Vec<(String, kura_cluster::placement::Figures)> =
+            self.placements.iter().map(|p| (format!("{{kind=\"{}\"}}", p.kind().name()), p.figures())).collect();
+        let per_kind = |value: &dyn Fn(&kura_cluster::placement::Figures) -> f64| -> Vec<(String, f64)> {
+            figures.iter().map(|(labels, f)| (labels.clone(), value(f))).collect()
+        };
+        family(&mut out, "kura_cluster_owned", "gauge", "Files this node owns now.", &per_kind(&|f| f.owned as f64));
+        family(
+            &mut out,
+            "kura_cluster_store_puts_total",
+            "counter",
+            "Objects this node's ownerships wrote to the store (history segments and snapshots).",
+            &per_kind(&|f| f.puts as f64),
+        );
+        family(
+            &mut out,
+            "kura_cluster_shipments_total",
+            "counter",
+            "Manifest entries this node's ownerships published, one per shipped group commit.",
+            &per_kind(&|f| f.shipments as f64),
+        );
+        family(
+            &mut out,
+            "kura_cluster_takeovers_total",
+            "counter",
+            "Ownerships this node took, each rebuilding the file from the store.",
+            &per_kind(&|f| f.takeovers as f64),
+        );
+        family(
+            &mut out,
+            "kura_cluster_shipping_lag_seconds",
+            "gauge",
+            "In --durability async, how long the oldest commit not yet in the store has waited (what a failover would lose now).",
+            &per_kind(&|f| f.shipping_lag.as_secs_f64()),
+        );
+        out
+    }
+
     async fn status(&self) -> serde_json::Value {
         let members = match self.joined.coordinator.members().await {
             Ok(members) => serde_json::json!(

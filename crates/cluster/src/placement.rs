@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kura_sqlite::{LogShipper, Placement, PlacementError, ReleaseFile};
@@ -58,6 +59,42 @@ struct Claim {
     shipper: Arc<HistoryShipper>,
     /// In `--durability async`, what commits pass instead (it ships in the background).
     background: Option<Arc<AsyncShipper>>,
+    /// Where its shipping counts go when it ends, so the node's totals only grow.
+    totals: Arc<Totals>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let (puts, shipments) = self.shipper.counts();
+        self.totals.puts.fetch_add(puts, Ordering::Relaxed);
+        self.totals.shipments.fetch_add(shipments, Ordering::Relaxed);
+    }
+}
+
+/// What the node's ownerships of one kind did since it started, for the metrics.
+#[derive(Debug, Default)]
+struct Totals {
+    /// Objects ended ownerships wrote to the store.
+    puts: AtomicU64,
+    /// Manifest entries ended ownerships published.
+    shipments: AtomicU64,
+    /// Ownerships taken (each rebuilt the file from the store).
+    takeovers: AtomicU64,
+}
+
+/// A node's figures for one kind of file, for Prometheus.
+#[derive(Debug, Clone, Default)]
+pub struct Figures {
+    /// Files owned now.
+    pub owned: u64,
+    /// Objects written to the store, since the node started.
+    pub puts: u64,
+    /// Manifest entries published (one per shipped group commit), since the node started.
+    pub shipments: u64,
+    /// Ownerships taken, each with a rebuild from the store, since the node started.
+    pub takeovers: u64,
+    /// In `--durability async`: the longest any owned file's oldest unshipped commit has waited.
+    pub shipping_lag: std::time::Duration,
 }
 
 /// When a commit is acknowledged.
@@ -84,6 +121,7 @@ pub struct ClusterPlacement {
     draining: std::sync::atomic::AtomicBool,
     /// One claim at a time per file, so two requests never rebuild it at once.
     claiming: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    totals: Arc<Totals>,
 }
 
 impl std::fmt::Debug for ClusterPlacement {
@@ -131,6 +169,7 @@ impl ClusterPlacement {
             durability,
             draining: Default::default(),
             claiming: tokio::sync::Mutex::default(),
+            totals: Arc::default(),
         }
     }
 
@@ -163,6 +202,19 @@ impl ClusterPlacement {
             .collect();
         owned.sort_by(|a, b| a.resource.cmp(&b.resource));
         owned
+    }
+
+    /// The node's figures for this kind of file since it started.
+    pub fn figures(&self) -> Figures {
+        let owned = self.owned();
+        let totals = &self.totals;
+        Figures {
+            owned: owned.len() as u64,
+            puts: totals.puts.load(Ordering::Relaxed) + owned.iter().map(|o| o.puts).sum::<u64>(),
+            shipments: totals.shipments.load(Ordering::Relaxed) + owned.iter().map(|o| o.shipments).sum::<u64>(),
+            takeovers: totals.takeovers.load(Ordering::Relaxed),
+            shipping_lag: owned.iter().map(|o| o.shipping_lag).max().unwrap_or_default(),
+        }
     }
 
     /// Drains the node: it gives every file up and takes none from now on; requests for them
@@ -289,7 +341,9 @@ impl Placement for ClusterPlacement {
                     Durability::Shipped => None,
                     Durability::Local(interval) => Some(Arc::new(AsyncShipper::new(Arc::clone(&shipper), interval))),
                 };
-                self.claims().insert(key.to_owned(), Claim { lease, shipper, background });
+                self.totals.takeovers.fetch_add(1, Ordering::Relaxed);
+                let totals = Arc::clone(&self.totals);
+                self.claims().insert(key.to_owned(), Claim { lease, shipper, background, totals });
                 Ok(())
             }
             Acquired::Held(owner) => {

@@ -22,6 +22,7 @@ pub mod auth;
 mod binding;
 pub mod buckets;
 pub mod cluster;
+pub mod metrics;
 mod node;
 pub mod rest;
 mod s3;
@@ -78,6 +79,7 @@ pub struct Listeners {
 pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics::metrics))
         .route("/d1-transfers/{token}", get(transfer::download).put(transfer::upload))
         .nest("/client/v4", rest::routes())
         .merge(binding::routes())

@@ -241,6 +241,24 @@ fn three_nodes_serve_durable_objects_through_a_kill_with_alarms_adopted() {
         assert_eq!(rows[0]["rows"], json!([[1], [2], [3]]), "room:0 as it was at the bookmark");
     });
 
+    // The survivors' metrics count what they shipped and took over.
+    let sample = |text: &str, name: &str| -> f64 {
+        text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok()).unwrap_or(0.0)
+    };
+    let (mut takeovers, mut shipments) = (0.0, 0.0);
+    for &i in &others {
+        let url = apis[i].replace("/client/v4", "/metrics");
+        let text = runtime.block_on(async { client.get(url).send().await.unwrap().text().await.unwrap() });
+        assert!(text.contains("# TYPE kura_cluster_takeovers_total counter"), "{text}");
+        assert_eq!(sample(&text, "kura_cluster_members"), 2.0, "{text}");
+        takeovers += sample(&text, "kura_cluster_takeovers_total{kind=\"do-index\"}");
+        shipments += sample(&text, "kura_cluster_shipments_total{kind=\"do\"}");
+    }
+    assert!(
+        takeovers >= 1.0 && shipments >= 1.0,
+        "a survivor took the namespace over ({takeovers}) and shipped ({shipments})"
+    );
+
     // The alarm fires although nothing reached the namespace for it: a live node adopted it.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

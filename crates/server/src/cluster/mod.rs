@@ -46,6 +46,8 @@ pub trait ClusterStatus: Send + Sync {
     async fn status(&self) -> serde_json::Value;
     /// Gives everything up and takes nothing more; answers the status after.
     async fn drain(&self) -> serde_json::Value;
+    /// The node's figures in Prometheus' text format (see [`crate::metrics::family`]).
+    async fn metrics(&self) -> String;
 }
 
 /// How this node reaches the others.
@@ -94,6 +96,11 @@ impl Shape {
 }
 
 impl Forwarding {
+    /// How the node reports itself.
+    pub fn status(&self) -> &dyn ClusterStatus {
+        &*self.status
+    }
+
     /// Forwarding for the node named `node`, which reports itself through `status`.
     pub fn new(node: impl Into<String>, status: std::sync::Arc<dyn ClusterStatus>) -> Self {
         let client = reqwest::Client::builder()
