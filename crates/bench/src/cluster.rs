@@ -256,6 +256,20 @@ async fn r2_through_nodes(
         })
         .await
     };
+    // What kura asks of Garage for a GET: a streamed read of the blob's byte range.
+    let direct_ranged = {
+        let storage = storage.clone();
+        load::run(clients, duration, move |c, n| {
+            let storage = storage.clone();
+            async move {
+                let stream = storage.read(&format!("direct/{c}/{}", n % 8), 0..MIB as u64).await.expect("read");
+                let chunks: Vec<Bytes> = futures_util::TryStreamExt::try_collect(stream).await.expect("read");
+                assert_eq!(chunks.iter().map(Bytes::len).sum::<usize>(), MIB);
+                1
+            }
+        })
+        .await
+    };
     let kura_put = |s3: crate::r2::S3, prefix: &'static str| {
         let body = body.clone();
         load::run(clients, duration, move |c, n| {
@@ -289,6 +303,7 @@ async fn r2_through_nodes(
         &[("Garage directly", direct_put.rate(), None), ("via the owner", owner_put.rate(), None)],
     );
     line("GET from Garage directly", &direct_get, &[]);
+    line("ranged, streamed GET from Garage directly", &direct_ranged, &[("GET", direct_get.rate(), None)]);
     line("GET via the bucket's owner", &owner_get, &[("Garage directly", direct_get.rate(), Some(0.8))]);
     line(
         "GET via another node",

@@ -212,6 +212,11 @@ impl kura_server::cluster::ClusterStatus for NodeStatus {
         self.status().await
     }
 
+    async fn member_api(&self, node: &str) -> Option<String> {
+        let members = self.joined.coordinator.members().await.ok()?;
+        members.into_iter().find(|m| m.node == node).map(|m| m.api)
+    }
+
     async fn metrics(&self) -> String {
         use kura_server::metrics::family;
         let mut out = String::new();

@@ -6,6 +6,12 @@
 //! Objects are named `history/<resource>/<epoch>/<random>`: nothing of the user's, never
 //! written twice. A manifest entry lists the objects one shipment made (snapshots whole,
 //! segments as byte ranges), so a fenced owner's late uploads are objects no entry names.
+//!
+//! A small shipment (a group commit's records, up to [`INLINE_MAX`]) travels inside its manifest
+//! entry instead: one round trip to the coordinator rather than a PUT and then that round trip.
+//! So that the manifest stays small, once [`COMPACT_AFTER`] bytes went inline the shipper
+//! uploads them as one object per segment and publishes a *base* entry that lists every object
+//! the log needs, then drops the entries before it; a rebuild starts over at a base.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
@@ -25,6 +31,12 @@ use crate::storage::{PutMode, SharedStorage, StorageError};
 /// Objects a rebuild fetches at once.
 const REBUILD_FETCHES: usize = 8;
 
+/// Records up to this many bytes ship inside their manifest entry, with no object of their own.
+pub const INLINE_MAX: u64 = 64 * 1024;
+
+/// Bytes shipped inline after which they are compacted into objects and a base entry.
+pub const COMPACT_AFTER: u64 = 4 * 1024 * 1024;
+
 /// What one shipment put in the store, as its manifest entry records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -33,18 +45,62 @@ enum Item {
     Snapshot { seq: u64, object: String, len: u64 },
     /// Bytes `[offset, offset + len)` of the segment whose first record is `segment`.
     Records { segment: u64, offset: u64, len: u64, object: String },
+    /// The same, carried in the entry itself (base64).
+    Inline { segment: u64, offset: u64, len: u64, data: String },
+}
+
+impl Item {
+    /// The object the item names, if it has one.
+    fn object(&self) -> Option<&str> {
+        match self {
+            Item::Snapshot { object, .. } | Item::Records { object, .. } => Some(object),
+            Item::Inline { .. } => None,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Shipment {
     items: Vec<Item>,
+    /// The entry lists everything the log needs: a rebuild starts over here.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    base: bool,
 }
 
-/// How much of the log the store holds: snapshots by position, segments by length.
+/// How much of the log the store holds: snapshots by position, segments by length; and what a
+/// base entry would list (the object-backed items since the last base, and where each
+/// segment's inline bytes begin).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Shipped {
     snapshots: BTreeSet<u64>,
     segments: BTreeMap<u64, u64>,
+    objects: Vec<Item>,
+    inline: BTreeMap<u64, u64>,
+    inline_bytes: u64,
+}
+
+impl Shipped {
+    /// Notes what a published shipment held.
+    fn record(&mut self, items: &[Item]) {
+        for item in items {
+            match item {
+                Item::Snapshot { seq, .. } => {
+                    self.snapshots.insert(*seq);
+                }
+                Item::Records { segment, offset, len, .. } | Item::Inline { segment, offset, len, .. } => {
+                    self.segments.insert(*segment, offset + len);
+                }
+            }
+            match item {
+                Item::Inline { segment, offset, len, .. } => {
+                    let from = self.inline.entry(*segment).or_insert(*offset);
+                    *from = (*from).min(*offset);
+                    self.inline_bytes += len;
+                }
+                object => self.objects.push(object.clone()),
+            }
+        }
+    }
 }
 
 /// A replica failure.
@@ -93,6 +149,7 @@ pub struct HistoryShipper {
     shipped: std::sync::Mutex<Shipped>,
     puts: AtomicU64,
     shipments: AtomicU64,
+    compact_after: u64,
 }
 
 impl HistoryShipper {
@@ -107,7 +164,14 @@ impl HistoryShipper {
             shipped: std::sync::Mutex::new(shipped),
             puts: AtomicU64::new(0),
             shipments: AtomicU64::new(0),
+            compact_after: COMPACT_AFTER,
         }
+    }
+
+    /// Compacts once this many bytes went inline, instead of [`COMPACT_AFTER`].
+    pub fn compact_after(mut self, bytes: u64) -> Self {
+        self.compact_after = bytes;
+        self
     }
 
     /// Objects written and manifest entries published so far.
@@ -164,21 +228,74 @@ impl HistoryShipper {
         Ok(pending)
     }
 
-    async fn upload_and_publish(&self, pending: Vec<(Item, Bytes)>) -> Result<(), ReplicaError> {
-        let uploads = pending.iter().map(|(item, bytes)| {
-            let object = match item {
-                Item::Snapshot { object, .. } | Item::Records { object, .. } => object,
-            };
-            self.storage.put(object, bytes.clone(), PutMode::New)
+    /// Uploads the items' objects, then publishes the entry; answers the items as published and
+    /// the entry's position.
+    async fn upload_and_publish(
+        &self,
+        pending: Vec<(Item, Bytes)>,
+        base: bool,
+    ) -> Result<(Vec<Item>, u64), ReplicaError> {
+        let uploads = pending.iter().filter_map(|(item, bytes)| {
+            item.object().map(|object| self.storage.put(object, bytes.clone(), PutMode::New))
+        });
+        let mut puts = 0;
+        for uploaded in futures_util::future::join_all(uploads).await {
+            uploaded?;
+            puts += 1;
+        }
+        self.puts.fetch_add(puts, Ordering::Relaxed);
+        let items: Vec<Item> = pending.into_iter().map(|(item, _)| item).collect();
+        let entry = Shipment { items, base };
+        let bytes = serde_json::to_vec(&entry).expect("a shipment serialises");
+        let seq = self.coordinator.publish(&self.lease, Bytes::from(bytes)).await?;
+        self.shipments.fetch_add(1, Ordering::Relaxed);
+        Ok((entry.items, seq))
+    }
+
+    /// Turns the bytes shipped inline since the last base into objects (one per segment, from
+    /// where its inline bytes begin to what was shipped) and publishes a base entry listing
+    /// every object the log needs, then drops the entries before it. Segments the local log no
+    /// longer holds keep their inline entries until the next compaction.
+    async fn compact(&self, log: &LogView, shipped: &mut Shipped) -> Result<(), ReplicaError> {
+        let mut consolidated = Vec::new();
+        for (segment, from) in &shipped.inline {
+            let Some(file) = log.segments.iter().find(|s| s.first_seq == *segment) else { return Ok(()) };
+            let to = shipped.segments.get(segment).copied().unwrap_or(0);
+            let mut bytes = vec![0u8; to.saturating_sub(*from) as usize];
+            let opened = std::fs::File::open(&file.path).map_err(io(&file.path))?;
+            opened.read_exact_at(&mut bytes, *from).map_err(io(&file.path))?;
+            let item =
+                Item::Records { segment: *segment, offset: *from, len: bytes.len() as u64, object: self.object_name() };
+            consolidated.push((item, Bytes::from(bytes)));
+        }
+        // Per segment, the objects before its inline bytes, then the object that replaces them
+        // (a rebuild cuts the segment where an item starts).
+        let mut base: Vec<(Item, Bytes)> = shipped
+            .objects
+            .iter()
+            .filter(|item| match item {
+                Item::Records { segment, offset, .. } => shipped.inline.get(segment).is_none_or(|from| offset < from),
+                _ => true,
+            })
+            .map(|item| (item.clone(), Bytes::new()))
+            .collect();
+        let uploads = consolidated.iter().map(|(item, bytes)| {
+            self.storage.put(item.object().expect("consolidated records are objects"), bytes.clone(), PutMode::New)
         });
         for uploaded in futures_util::future::join_all(uploads).await {
             uploaded?;
         }
-        self.puts.fetch_add(pending.len() as u64, Ordering::Relaxed);
-        let entry = Shipment { items: pending.into_iter().map(|(item, _)| item).collect() };
-        let entry = serde_json::to_vec(&entry).expect("a shipment serialises");
-        self.coordinator.publish(&self.lease, Bytes::from(entry)).await?;
+        self.puts.fetch_add(consolidated.len() as u64, Ordering::Relaxed);
+        base.extend(consolidated.into_iter().map(|(item, _)| (item, Bytes::new())));
+        // The objects are uploaded already: publish the entry alone.
+        let entry = Shipment { items: base.into_iter().map(|(item, _)| item).collect(), base: true };
+        let bytes = serde_json::to_vec(&entry).expect("a shipment serialises");
+        let seq = self.coordinator.publish(&self.lease, Bytes::from(bytes)).await?;
         self.shipments.fetch_add(1, Ordering::Relaxed);
+        shipped.objects = entry.items;
+        shipped.inline.clear();
+        shipped.inline_bytes = 0;
+        self.coordinator.forget(&self.lease, seq).await?;
         Ok(())
     }
 }
@@ -186,23 +303,34 @@ impl HistoryShipper {
 impl LogShipper for HistoryShipper {
     fn ship(&self, log: &LogView) -> Result<(), ShipError> {
         let mut shipped = self.shipped.lock().unwrap_or_else(|e| e.into_inner());
-        let pending = self.pending(log, &shipped)?;
+        let mut pending = self.pending(log, &shipped)?;
         if pending.is_empty() {
             return Ok(());
         }
-        let items: Vec<Item> = pending.iter().map(|(item, _)| item.clone()).collect();
-        self.runtime.block_on(self.upload_and_publish(pending)).map_err(|e| match e {
+        // A group commit's records go inside the entry; snapshots and large shipments as objects.
+        let bytes: u64 = pending.iter().map(|(_, b)| b.len() as u64).sum();
+        if bytes <= INLINE_MAX && pending.iter().all(|(item, _)| matches!(item, Item::Records { .. })) {
+            use base64::Engine;
+            for (item, data) in &mut pending {
+                if let Item::Records { segment, offset, len, .. } = *item {
+                    let data = base64::engine::general_purpose::STANDARD.encode(data);
+                    *item = Item::Inline { segment, offset, len, data };
+                }
+            }
+        }
+        let fail = |e: ReplicaError| match e {
             ReplicaError::Coordinator(CoordinatorError::Fenced { .. }) => ShipError::superseded(e.to_string()),
             other => ShipError::new(other.to_string()),
-        })?;
-        for item in items {
-            match item {
-                Item::Snapshot { seq, .. } => {
-                    shipped.snapshots.insert(seq);
+        };
+        let (items, _) = self.runtime.block_on(self.upload_and_publish(pending, false)).map_err(fail)?;
+        shipped.record(&items);
+        if shipped.inline_bytes >= self.compact_after {
+            // The commit is in the store already: a failed compaction is retried at the next.
+            if let Err(e) = self.runtime.block_on(self.compact(log, &mut shipped)) {
+                if matches!(e, ReplicaError::Coordinator(CoordinatorError::Fenced { .. })) {
+                    return Err(fail(e));
                 }
-                Item::Records { segment, offset, len, .. } => {
-                    shipped.segments.insert(segment, offset + len);
-                }
+                tracing::warn!(resource = self.lease.resource(), error = %e, "compacting the manifest failed; retrying later");
             }
         }
         Ok(())
@@ -244,14 +372,31 @@ pub async fn rebuild(
     for published in manifest {
         let shipment: Shipment = serde_json::from_slice(&published.entry)
             .map_err(|e| inconsistent(format!("manifest entry {}: {e}", published.seq)))?;
+        if shipment.base {
+            // It lists everything the log needs: what came before it is superseded.
+            items.clear();
+        }
         items.extend(shipment.items);
     }
+    // What a base would list, from the items; the positions are counted again as they apply.
+    shipped.record(&items);
+    shipped.snapshots.clear();
+    shipped.segments.clear();
     // Fetched several at a time (restore time is download time), applied in manifest order.
     let mut fetched = futures_util::stream::iter(items.into_iter().map(|item| async move {
-        let object = match &item {
-            Item::Snapshot { object, .. } | Item::Records { object, .. } => object,
-        };
-        storage.get(object).await.map(|(bytes, _)| (item, bytes))
+        match &item {
+            Item::Inline { segment, data, .. } => {
+                use base64::Engine;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .map_err(|e| inconsistent(format!("inline records of segment {segment}: {e}")))?;
+                Ok((item, Bytes::from(bytes)))
+            }
+            Item::Snapshot { object, .. } | Item::Records { object, .. } => {
+                let (bytes, _) = storage.get(object).await?;
+                Ok::<_, ReplicaError>((item, bytes))
+            }
+        }
     }))
     .buffered(REBUILD_FETCHES);
     while let Some(next) = fetched.next().await {
@@ -265,7 +410,7 @@ pub async fn rebuild(
                 std::fs::write(&path, &bytes).map_err(io(&path))?;
                 shipped.snapshots.insert(seq);
             }
-            Item::Records { segment, offset, len, .. } => {
+            Item::Records { segment, offset, len, .. } | Item::Inline { segment, offset, len, .. } => {
                 if bytes.len() as u64 != len {
                     return Err(inconsistent(format!(
                         "records of segment {segment} are {} bytes, not {len}",
@@ -304,9 +449,7 @@ fn referenced(resource: &str, manifest: &[crate::coordinator::Published]) -> Res
             resource: resource.to_owned(),
             message: format!("manifest entry {}: {e}", published.seq),
         })?;
-        objects.extend(shipment.items.into_iter().map(|item| match item {
-            Item::Snapshot { object, .. } | Item::Records { object, .. } => object,
-        }));
+        objects.extend(shipment.items.iter().filter_map(Item::object).map(str::to_owned));
     }
     Ok(objects)
 }

@@ -108,7 +108,9 @@ impl Etcd {
                 .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
                 .args(["--initial-cluster", &cluster, "--initial-cluster-state", "new"])
                 .args(["--initial-cluster-token", "kura-test"])
-                .args(["--heartbeat-interval", "50", "--election-timeout", "500"]);
+                .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+                // kura's manifests are rewritten all the time: old revisions go (docs/scale-out.md).
+                .args(["--auto-compaction-mode", "revision", "--auto-compaction-retention", "10000"]);
             members.push(Some(Process::spawn(&mut command, &dir.path().join(format!("m{i}.log")))));
             endpoints.push(client_url);
         }

@@ -108,7 +108,8 @@ pub async fn serve_all(
     workers_settings: kura_workers::WorkersSettings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let transfers = Arc::new(transfer::Transfers::open(&node.dir().join("transfers"))?);
+    let node_name = node.forwarding().map(|f| f.node().to_owned());
+    let transfers = Arc::new(transfer::Transfers::open(&node.dir().join("transfers"), node_name.as_deref())?);
     let workers = match &listeners.workers {
         Some(_) => Some(
             kura_workers::Workers::open(

@@ -74,9 +74,16 @@ struct Ledger {
 pub struct Transfers {
     dir: PathBuf,
     state: Mutex<Ledger>,
+    /// In a cluster, `<node>~`: a transfer's URL names the node holding its file, so any node
+    /// receiving it sends it there.
+    prefix: String,
 }
 
-fn token() -> String {
+/// Separates the node from the random part of a cluster node's transfer tokens (node names
+/// never hold it).
+pub const NODE_SEPARATOR: char = '~';
+
+fn random_hex() -> String {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).expect("the operating system's random source failed");
     hex::encode(bytes)
@@ -84,12 +91,20 @@ fn token() -> String {
 
 impl Transfers {
     /// Transfers kept in `dir`, which is created and emptied (tokens do not survive restarts).
-    pub fn open(dir: &Path) -> std::io::Result<Transfers> {
+    /// On a cluster node, `node` names it in every token.
+    pub fn open(dir: &Path, node: Option<&str>) -> std::io::Result<Transfers> {
         if dir.exists() {
             std::fs::remove_dir_all(dir)?;
         }
         std::fs::create_dir_all(dir)?;
-        Ok(Transfers { dir: dir.to_owned(), state: Mutex::default() })
+        let prefix = node.map(|n| format!("{n}{NODE_SEPARATOR}")).unwrap_or_default();
+        Ok(Transfers { dir: dir.to_owned(), state: Mutex::default(), prefix })
+    }
+
+    /// A new token and the random part its file is named by.
+    fn token(&self) -> (String, String) {
+        let random = random_hex();
+        (format!("{}{random}", self.prefix), random)
     }
 
     fn lock(&self) -> MutexGuard<'_, Ledger> {
@@ -99,8 +114,8 @@ impl Transfers {
     /// A fresh token and the file its download will serve.
     pub fn reserve_download(&self) -> (String, PathBuf) {
         self.sweep();
-        let token = token();
-        let path = self.dir.join(format!("{token}.sql"));
+        let (token, random) = self.token();
+        let path = self.dir.join(format!("{random}.sql"));
         (token, path)
     }
 
@@ -112,12 +127,12 @@ impl Transfers {
     /// Expects an import file for a database; returns its token.
     pub fn expect_upload(&self, account: &str, database: &str, etag: &str) -> String {
         self.sweep();
-        let token = token();
+        let (token, random) = self.token();
         let upload = Upload {
             account: account.to_owned(),
             database: database.to_owned(),
             etag: etag.to_owned(),
-            path: self.dir.join(format!("{token}.import.sql")),
+            path: self.dir.join(format!("{random}.import.sql")),
             state: UploadState::Expected,
             expires: Instant::now() + TRANSFER_LIFETIME,
         };
@@ -203,7 +218,12 @@ impl Transfers {
 /// Where clients reach this server: the scheme and host they used.
 pub fn origin(headers: &HeaderMap) -> String {
     let scheme = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()).unwrap_or("http");
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("127.0.0.1");
+    // A request another cluster node sent on names the host its client reached.
+    let host = headers
+        .get("x-forwarded-host")
+        .or_else(|| headers.get(header::HOST))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("127.0.0.1");
     format!("{scheme}://{host}")
 }
 

@@ -230,6 +230,21 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
         assert_eq!(out.json()[0]["results"][0]["item"], "first", "node {i}: {}", out.all());
     }
 
+    // wrangler's export and import through nodes that do not own the database: the transfer
+    // URLs name the node the client reached, which sends them on to the owner.
+    let dump = cwd.path().join("shop.sql");
+    on(0).ok(cwd.path(), &["d1", "export", "shop", "--remote", "--output", dump.to_str().unwrap()]);
+    let exported = std::fs::read_to_string(&dump).unwrap();
+    assert!(exported.contains("CREATE TABLE orders") && exported.contains("'first'"), "{exported}");
+    let more = cwd.path().join("more.sql");
+    std::fs::write(&more, "INSERT INTO orders VALUES (2, 'imported');\n").unwrap();
+    on(2).ok(cwd.path(), &["d1", "execute", "shop", "--remote", "--file", more.to_str().unwrap(), "-y"]);
+    let out = on(0).ok(
+        cwd.path(),
+        &["d1", "execute", "shop", "--remote", "--json", "--command", "SELECT item FROM orders WHERE id = 2"],
+    );
+    assert_eq!(out.json()[0]["results"][0]["item"], "imported", "{}", out.all());
+
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let client = reqwest::Client::new();
     let apis: Vec<String> = (0..3).map(|i| cluster.node(i).api.clone()).collect();

@@ -19,7 +19,7 @@ struct Node {
     shipper: Arc<HistoryShipper>,
     lease: Lease,
     storage: SharedStorage,
-    coordinator: Arc<EtcdCoordinator>,
+    coordinator: Arc<dyn Coordinator>,
     _dir: tempfile::TempDir,
 }
 
@@ -114,8 +114,10 @@ async fn a_database_fails_over_with_every_acknowledged_commit_and_no_fenced_one(
     assert_eq!(ids(&b).await, acknowledged, "every acknowledged commit, from the store alone");
     assert_eq!(bookmark(&b).await, last);
 
-    // a wakes up and writes: the commit is refused, and never visible.
-    let late = run(&a, "INSERT INTO orders VALUES (999, 'from the replaced owner')", vec![]).await;
+    // a wakes up and writes: the commit is refused, and never visible. (Larger than what ships
+    // inside a manifest entry, so its records were uploaded as an object first.)
+    let note = Value::Text("from the replaced owner ".repeat(4000));
+    let late = run(&a, "INSERT INTO orders VALUES (999, ?1)", vec![note]).await;
     assert!(late.is_err(), "a fenced owner acknowledges nothing");
     let objects = b.storage.list("history/").await.unwrap().len();
     let swept = sweep(&b.storage, &*b.coordinator, &b.lease).await.unwrap();
@@ -141,4 +143,69 @@ async fn a_database_fails_over_with_every_acknowledged_commit_and_no_fenced_one(
     assert_eq!(ids(&c).await, after);
     restore(&c, middle).await;
     assert_eq!(ids(&c).await, (1..=60).collect::<Vec<_>>());
+}
+
+/// Small commits ship inside their manifest entries (no object each), and past a threshold are
+/// compacted into objects and a base entry that drops the entries before it: the manifest stays
+/// short, and a rebuild from it is exact, bookmarks included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn inline_shipments_compact_into_a_base_and_rebuild_exactly() {
+    use kura_cluster::{Acquired, RemoteStorage, StoreCoordinator};
+    let storage: SharedStorage =
+        Arc::new(RemoteStorage::new(Arc::new(object_store::memory::InMemory::new()), "c", "memory".into()));
+    let coordinator: Arc<dyn Coordinator> = Arc::new(StoreCoordinator::new(storage.clone(), Duration::from_secs(30)));
+    coordinator.join(member("a")).await.unwrap();
+    let lease = owned(&*coordinator, RESOURCE).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("orders/db.sqlite");
+    std::fs::create_dir_all(db.parent().unwrap()).unwrap();
+    let shipped = rebuild(&storage, &*coordinator, RESOURCE, &db).await.unwrap();
+    let shipper = Arc::new(
+        HistoryShipper::new(storage.clone(), coordinator.clone(), lease.clone(), shipped).compact_after(256 * 1024),
+    );
+    let for_opener = shipper.clone();
+    let path = db.clone();
+    let registry = Registry::new(RegistrySettings::default(), move |_| {
+        Some(DatabaseOptions::new(&path).create(true).history(settings(), RESOURCE).shipper(for_opener.clone()))
+    });
+    let node = Node { registry, shipper, lease, storage: storage.clone(), coordinator: coordinator.clone(), _dir: dir };
+
+    run(&node, "CREATE TABLE orders (id INTEGER PRIMARY KEY, note TEXT)", vec![]).await.unwrap();
+    for id in 1..=150 {
+        // One at a time: each commit is its own small shipment.
+        insert_concurrently(&node, id..=id).await;
+    }
+    let middle = bookmark(&node).await;
+    insert_concurrently(&node, 151..=200).await;
+    let (puts, shipments) = node.shipper.counts();
+    let manifest = coordinator.manifest(RESOURCE, 0).await.unwrap();
+    eprintln!("201 commits: {shipments} manifest entries published, {} kept, {puts} objects", manifest.len());
+    // Objects are the snapshots (this log takes many) and one per segment and compaction.
+    assert!(puts < 100, "small commits ship inline, not as an object each ({puts} objects)");
+    assert!(manifest.len() < 60, "compaction dropped the entries before its base ({} entries)", manifest.len());
+    let acknowledged = ids(&node).await;
+    let last = bookmark(&node).await;
+
+    // Another node takes over (the first gave it up) and rebuilds from the base and what follows.
+    coordinator.release(&node.lease).await.unwrap();
+    drop(node);
+    let other: Arc<dyn Coordinator> = Arc::new(StoreCoordinator::new(storage.clone(), Duration::from_secs(30)));
+    other.join(member("b")).await.unwrap();
+    let Acquired::Owned(lease) = other.acquire(RESOURCE).await.unwrap() else { panic!("a released resource is free") };
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("orders/db.sqlite");
+    std::fs::create_dir_all(db.parent().unwrap()).unwrap();
+    let shipped = rebuild(&storage, &*other, RESOURCE, &db).await.unwrap();
+    let shipper = Arc::new(HistoryShipper::new(storage.clone(), other.clone(), lease.clone(), shipped));
+    let for_opener = shipper.clone();
+    let path = db.clone();
+    let registry = Registry::new(RegistrySettings::default(), move |_| {
+        Some(DatabaseOptions::new(&path).create(true).history(settings(), RESOURCE).shipper(for_opener.clone()))
+    });
+    let b = Node { registry, shipper, lease, storage, coordinator: other, _dir: dir };
+    assert_eq!(ids(&b).await, acknowledged, "every commit, from the base and the entries after it");
+    assert_eq!(bookmark(&b).await, last);
+    insert_concurrently(&b, 201..=210).await;
+    restore(&b, middle).await;
+    assert_eq!(ids(&b).await, (1..=150).collect::<Vec<_>>(), "a bookmark from before the compaction restores");
 }

@@ -18,6 +18,8 @@ enum Target<'a> {
     Bucket { account: &'a str, name: &'a str },
     /// One Durable Object namespace of the account, by id or name.
     Namespace { account: &'a str, namespace: &'a str },
+    /// A D1 export's download or import's upload, held by the node its token names.
+    Transfer { node: &'a str },
     /// Something a cluster does not serve yet.
     NotClustered(&'static str),
     /// The catalog or nothing node-specific: any node serves it.
@@ -27,10 +29,9 @@ enum Target<'a> {
 fn classify<'a>(path: &'a str, headers: &'a HeaderMap) -> Target<'a> {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match parts.as_slice() {
-        ["client", "v4", "accounts", account, "d1", "database", id, rest @ ..] => match rest {
-            ["export"] | ["import"] => Target::NotClustered("D1 export and import"),
-            _ => Target::Database { account: Some(account), id, binding: false },
-        },
+        ["client", "v4", "accounts", account, "d1", "database", id, ..] => {
+            Target::Database { account: Some(account), id, binding: false }
+        }
         ["client", "v4", "accounts", account, "r2", "buckets", name, ..] => Target::Bucket { account, name },
         // A namespace's details (its object count), objects, queries and fan-outs go to the node
         // serving it; the list of namespaces is the catalog's.
@@ -39,7 +40,10 @@ fn classify<'a>(path: &'a str, headers: &'a HeaderMap) -> Target<'a> {
         }
         ["client", "v4", "accounts", _, "workers", "durable_objects", ..] => Target::Anywhere,
         ["client", "v4", "accounts", _, "workers", ..] => Target::NotClustered("Workers"),
-        ["d1-transfers", ..] => Target::NotClustered("D1 export and import"),
+        ["d1-transfers", token] => match token.split_once(crate::transfer::NODE_SEPARATOR) {
+            Some((node, _)) => Target::Transfer { node },
+            None => Target::Anywhere,
+        },
         ["binding", "d1", id, _] => Target::Database { account: None, id, binding: true },
         ["query"] | ["execute"] => match headers.get(crate::binding::DATABASE_HEADER).and_then(|v| v.to_str().ok()) {
             Some(id) => Target::Database { account: None, id, binding: true },
@@ -54,6 +58,11 @@ pub async fn place(State(app): State<AppState>, request: Request, next: Next) ->
     let Some(forwarding) = app.forwarding.clone() else { return next.run(request).await };
     let (placed, shape) = match classify(request.uri().path(), request.headers()) {
         Target::Anywhere => return next.run(request).await,
+        Target::Transfer { node } if node == forwarding.node() => return next.run(request).await,
+        Target::Transfer { node } => {
+            let node = node.to_owned();
+            return forwarding.forward_transfer(request, &node).await;
+        }
         Target::NotClustered(what) => {
             return Shape::V4.refuse(ApiError::new(
                 StatusCode::NOT_IMPLEMENTED,

@@ -48,6 +48,8 @@ pub trait ClusterStatus: Send + Sync {
     async fn drain(&self) -> serde_json::Value;
     /// The node's figures in Prometheus' text format (see [`crate::metrics::family`]).
     async fn metrics(&self) -> String;
+    /// The API URL of the live member named `node`.
+    async fn member_api(&self, node: &str) -> Option<String>;
 }
 
 /// How this node reaches the others.
@@ -96,6 +98,11 @@ impl Shape {
 }
 
 impl Forwarding {
+    /// This node's name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
     /// How the node reports itself.
     pub fn status(&self) -> &dyn ClusterStatus {
         &*self.status
@@ -113,6 +120,18 @@ impl Forwarding {
         Forwarding { node: node.into(), client, status }
     }
 
+    /// Sends a D1 export's or import's transfer to the node holding its file.
+    async fn forward_transfer(&self, request: Request, node: &str) -> Response {
+        match self.status.member_api(node).await {
+            Some(url) => self.forward(request, node, &url, Shape::V4).await,
+            None => Shape::V4.refuse(ApiError::new(
+                StatusCode::NOT_FOUND,
+                7404,
+                format!("this transfer's node, {node}, is no longer a member; start the export or import again"),
+            )),
+        }
+    }
+
     /// Sends `request` to the node `owner` at `url` and streams its answer back. An S3 request
     /// keeps its `Host` (the client signed it).
     async fn forward(&self, request: Request, owner: &str, url: &str, shape: Shape) -> Response {
@@ -120,7 +139,12 @@ impl Forwarding {
         let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let mut headers = without_hop_headers(&parts.headers);
         if shape != Shape::S3 {
-            headers.remove(header::HOST);
+            // The owner's answers may name this host (a D1 export's download URL).
+            if let Some(host) = headers.remove(header::HOST)
+                && !headers.contains_key("x-forwarded-host")
+            {
+                headers.insert(HeaderName::from_static("x-forwarded-host"), host);
+            }
         }
         headers.insert(HeaderName::from_static(FORWARDED_BY), self.node.parse().expect("node ids are header-safe"));
         let body = reqwest::Body::wrap_stream(body.into_data_stream());
