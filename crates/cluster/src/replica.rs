@@ -32,7 +32,7 @@ use crate::storage::{PutMode, SharedStorage, StorageError};
 const REBUILD_FETCHES: usize = 8;
 
 /// Records up to this many bytes ship inside their manifest entry, with no object of their own.
-pub const INLINE_MAX: u64 = 64 * 1024;
+pub const INLINE_MAX: u64 = 256 * 1024;
 
 /// Bytes shipped inline after which they are compacted into objects and a base entry.
 pub const COMPACT_AFTER: u64 = 4 * 1024 * 1024;

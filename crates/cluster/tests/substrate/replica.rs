@@ -116,7 +116,7 @@ async fn a_database_fails_over_with_every_acknowledged_commit_and_no_fenced_one(
 
     // a wakes up and writes: the commit is refused, and never visible. (Larger than what ships
     // inside a manifest entry, so its records were uploaded as an object first.)
-    let note = Value::Text("from the replaced owner ".repeat(4000));
+    let note = Value::Text("from the replaced owner ".repeat(16_000));
     let late = run(&a, "INSERT INTO orders VALUES (999, ?1)", vec![note]).await;
     assert!(late.is_err(), "a fenced owner acknowledges nothing");
     let objects = b.storage.list("history/").await.unwrap().len();
