@@ -83,6 +83,9 @@ pub struct Joined {
     pub storage: SharedStorage,
     pub coordinator: Arc<dyn Coordinator>,
     pub member: Member,
+    /// What nodes prove requests they send each other with: derived from the store's secret,
+    /// which every node holds and no client does.
+    pub forwarding_key: [u8; 32],
 }
 
 impl ClusterArgs {
@@ -190,7 +193,16 @@ impl ClusterArgs {
             .join(member.clone())
             .await
             .with_context(|| format!("joining the cluster through {}", coordinator.describe()))?;
-        Ok(Joined { storage, coordinator, member })
+        let forwarding_key = {
+            use sha2::Digest;
+            let mut hash = sha2::Sha256::new();
+            hash.update(b"kura forwarding key\0");
+            hash.update(secret_access_key.as_bytes());
+            hash.update(b"\0");
+            hash.update(self.cluster_name.as_bytes());
+            hash.finalize().into()
+        };
+        Ok(Joined { storage, coordinator, member, forwarding_key })
     }
 }
 

@@ -68,7 +68,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         false => None,
     };
     let mut placements = Vec::new();
-    if let Some(Joined { storage, coordinator, member }) = &joined {
+    if let Some(Joined { storage, coordinator, member, .. }) = &joined {
         let placement = |kind| {
             Arc::new(kura_cluster::ClusterPlacement::new(
                 kind,
@@ -97,7 +97,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let joined = joined.map(Arc::new);
     if let Some(joined) = &joined {
         let status = crate::cluster::NodeStatus { joined: Arc::clone(joined), placements: placements.clone() };
-        settings.forwarding = Some(kura_server::cluster::Forwarding::new(&joined.member.node, Arc::new(status)));
+        settings.forwarding =
+            Some(kura_server::cluster::Forwarding::new(&joined.member.node, Arc::new(status), &joined.forwarding_key));
     }
     let node = Node::open(&args.data.data, settings)?;
     let credentials = CredentialsConfig {

@@ -5,7 +5,8 @@
 //!   crate: Garage, S3, R2, MinIO, Ceph).
 //! - [`probe`] — whether a store's conditional writes can be trusted ([`probe_conditional_writes`]).
 //! - [`blobs`] — R2's bodies in the store ([`StoreBlobs`]).
-//! - [`placement`] — which node serves each D1 database and R2 bucket ([`ClusterPlacement`]).
+//! - [`placement`] — which node serves each D1 database, R2 bucket and Durable Object namespace
+//!   and object ([`ClusterPlacement`]).
 //! - [`replica`] — a database whose history is shipped to the store before each commit is
 //!   acknowledged ([`HistoryShipper`]), and rebuilt from it by the node that takes it over ([`rebuild`]).
 //! - [`coordinator`] — one fenced owner per resource: [`EtcdCoordinator`] or, for stores that

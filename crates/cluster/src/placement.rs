@@ -1,7 +1,8 @@
-//! Which node serves each shared SQLite file — a D1 database, an R2 bucket's metadata: the one
-//! holding its `<kind>/<key>` ownership (`d1/<uuid>`, `r2/<bucket id>`), which rebuilt the
-//! file from the store when it took it and ships every commit before it is acknowledged.
-//! Requests reaching any other node are sent to that one.
+//! Which node serves each shared SQLite file — a D1 database, an R2 bucket's metadata, a
+//! Durable Object namespace's index or one of its objects: the one holding its `<kind>/<key>`
+//! ownership (`d1/<uuid>`, `r2/<bucket id>`, `do-index/<namespace id>`, `do/<namespace id>/
+//! <object id>`), which rebuilt the file from the store when it took it and ships every commit
+//! before it is acknowledged. Requests reaching any other node are sent to that one.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use kura_sqlite::{LogShipper, Placement, PlacementError, ReleaseFile};
 
 use crate::coordinator::{Acquired, Coordinator, Lease, Member};
-use crate::replica::{AsyncShipper, HistoryShipper, rebuild};
+use crate::replica::{AsyncShipper, HistoryShipper, rebuild, sweep};
 use crate::storage::SharedStorage;
 
 /// Which of `nodes` nodes a resource goes to, the same on every node.
@@ -122,6 +123,8 @@ pub struct ClusterPlacement {
     /// One claim at a time per file, so two requests never rebuild it at once.
     claiming: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     totals: Arc<Totals>,
+    /// The live members lately seen, for [`Placement::is_home`] (asked of many files at once).
+    members_seen: Mutex<Option<(Vec<Member>, std::time::Instant)>>,
 }
 
 impl std::fmt::Debug for ClusterPlacement {
@@ -170,6 +173,7 @@ impl ClusterPlacement {
             draining: Default::default(),
             claiming: tokio::sync::Mutex::default(),
             totals: Arc::default(),
+            members_seen: Mutex::default(),
         }
     }
 
@@ -207,11 +211,17 @@ impl ClusterPlacement {
     /// The node's figures for this kind of file since it started.
     pub fn figures(&self) -> Figures {
         let owned = self.owned();
+        // Every claim's counts, valid or not: an ended claim's join the totals only when it
+        // is dropped, and a counter must never go down.
+        let (live_puts, live_shipments) = self.claims().values().fold((0, 0), |(p, s), claim| {
+            let (puts, shipments) = claim.shipper.counts();
+            (p + puts, s + shipments)
+        });
         let totals = &self.totals;
         Figures {
             owned: owned.len() as u64,
-            puts: totals.puts.load(Ordering::Relaxed) + owned.iter().map(|o| o.puts).sum::<u64>(),
-            shipments: totals.shipments.load(Ordering::Relaxed) + owned.iter().map(|o| o.shipments).sum::<u64>(),
+            puts: totals.puts.load(Ordering::Relaxed) + live_puts,
+            shipments: totals.shipments.load(Ordering::Relaxed) + live_shipments,
             takeovers: totals.takeovers.load(Ordering::Relaxed),
             shipping_lag: owned.iter().map(|o| o.shipping_lag).max().unwrap_or_default(),
         }
@@ -342,6 +352,20 @@ impl Placement for ClusterPlacement {
                     Durability::Local(interval) => Some(Arc::new(AsyncShipper::new(Arc::clone(&shipper), interval))),
                 };
                 self.totals.takeovers.fetch_add(1, Ordering::Relaxed);
+                // Earlier owners' late uploads and failed shipments: removed in the background.
+                let (storage, coordinator, swept_lease) =
+                    (self.storage.clone(), Arc::clone(&self.coordinator), lease.clone());
+                tokio::spawn(async move {
+                    match sweep(&storage, &*coordinator, &swept_lease).await {
+                        Ok(0) => {}
+                        Ok(removed) => {
+                            tracing::info!(resource = swept_lease.resource(), removed, "swept orphaned history")
+                        }
+                        Err(e) => {
+                            tracing::warn!(resource = swept_lease.resource(), error = %e, "could not sweep history")
+                        }
+                    }
+                });
                 let totals = Arc::clone(&self.totals);
                 self.claims().insert(key.to_owned(), Claim { lease, shipper, background, totals });
                 Ok(())
@@ -376,7 +400,15 @@ impl Placement for ClusterPlacement {
     }
 
     async fn is_home(&self, key: &str) -> bool {
-        match self.coordinator.members().await {
+        let seen = self.members_seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let members = match seen {
+            Some((members, at)) if at.elapsed() < OWNER_CACHE => Ok(members),
+            _ => self.coordinator.members().await.inspect(|members| {
+                *self.members_seen.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((members.clone(), std::time::Instant::now()));
+            }),
+        };
+        match members {
             Ok(mut members) if !members.is_empty() => {
                 members.sort_by(|a, b| a.node.cmp(&b.node));
                 let pick = spread(&self.kind.resource(key), members.len());

@@ -254,18 +254,21 @@ impl HistoryShipper {
 
     /// Turns the bytes shipped inline since the last base into objects (one per segment, from
     /// where its inline bytes begin to what was shipped) and publishes a base entry listing
-    /// every object the log needs, then drops the entries before it. Segments the local log no
-    /// longer holds keep their inline entries until the next compaction.
+    /// every object the log needs, then drops the entries before it. A segment the local log no
+    /// longer holds was pruned: it lies wholly before a snapshot the log keeps, so no rebuild
+    /// needs its inline part, and the base leaves it out.
     async fn compact(&self, log: &LogView, shipped: &mut Shipped) -> Result<(), ReplicaError> {
         let mut consolidated = Vec::new();
         for (segment, from) in &shipped.inline {
-            let Some(file) = log.segments.iter().find(|s| s.first_seq == *segment) else { return Ok(()) };
+            let Some(file) = log.segments.iter().find(|s| s.first_seq == *segment) else { continue };
             let to = shipped.segments.get(segment).copied().unwrap_or(0);
-            let mut bytes = vec![0u8; to.saturating_sub(*from) as usize];
+            // A segment cut shorter than where its inline bytes began (recovery) is cut there.
+            let start = (*from).min(to);
+            let mut bytes = vec![0u8; (to - start) as usize];
             let opened = std::fs::File::open(&file.path).map_err(io(&file.path))?;
-            opened.read_exact_at(&mut bytes, *from).map_err(io(&file.path))?;
+            opened.read_exact_at(&mut bytes, start).map_err(io(&file.path))?;
             let item =
-                Item::Records { segment: *segment, offset: *from, len: bytes.len() as u64, object: self.object_name() };
+                Item::Records { segment: *segment, offset: start, len: bytes.len() as u64, object: self.object_name() };
             consolidated.push((item, Bytes::from(bytes)));
         }
         // Per segment, the objects before its inline bytes, then the object that replaces them
@@ -274,7 +277,10 @@ impl HistoryShipper {
             .objects
             .iter()
             .filter(|item| match item {
-                Item::Records { segment, offset, .. } => shipped.inline.get(segment).is_none_or(|from| offset < from),
+                Item::Records { segment, offset, .. } => {
+                    let to = shipped.segments.get(segment).copied().unwrap_or(0);
+                    shipped.inline.get(segment).is_none_or(|from| *offset < (*from).min(to))
+                }
                 _ => true,
             })
             .map(|item| (item.clone(), Bytes::new()))
@@ -325,11 +331,10 @@ impl LogShipper for HistoryShipper {
         let (items, _) = self.runtime.block_on(self.upload_and_publish(pending, false)).map_err(fail)?;
         shipped.record(&items);
         if shipped.inline_bytes >= self.compact_after {
-            // The commit is in the store already: a failed compaction is retried at the next.
+            // The commit is in the store now, whatever becomes of the compaction: it is
+            // acknowledged. A failed compaction is tried again at the next shipment (which
+            // finds out, if so, that this node was fenced).
             if let Err(e) = self.runtime.block_on(self.compact(log, &mut shipped)) {
-                if matches!(e, ReplicaError::Coordinator(CoordinatorError::Fenced { .. })) {
-                    return Err(fail(e));
-                }
                 tracing::warn!(resource = self.lease.resource(), error = %e, "compacting the manifest failed; retrying later");
             }
         }

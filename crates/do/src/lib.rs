@@ -301,6 +301,16 @@ impl DurableObjects {
         claimed
     }
 
+    /// In a cluster, gives up the files this node still holds of objects of a namespace it no
+    /// longer serves (its node claims them as it reaches them).
+    pub async fn give_up_unserved(&self, storage_id: &str) {
+        if let Some(cluster) = &self.inner.settings.cluster
+            && !cluster.namespaces.is_current(storage_id)
+        {
+            cluster.objects.give_up_under(&format!("{storage_id}/")).await;
+        }
+    }
+
     /// In a cluster: the node last named as the namespace's server did not serve it.
     pub fn forget_namespace_owner(&self, storage_id: &str) {
         if let Some(cluster) = &self.inner.settings.cluster {
@@ -511,7 +521,8 @@ impl DurableObjects {
     /// Whether this node's copy of the object's file is current: always alone; in a cluster,
     /// once reached since the namespace came here (a listing shows 0 bytes until then).
     fn holds_file(&self, ns: &Namespace, hex: &str) -> bool {
-        self.inner.settings.cluster.as_ref().is_none_or(|c| c.objects.is_current(&format!("{}/{hex}", ns.storage_id)))
+        let key = format!("{}/{hex}", ns.storage_id);
+        self.inner.settings.cluster.as_ref().is_none_or(|c| c.objects.is_current(&key))
     }
 
     fn id_dir(&self, ns: &Namespace, hex: &str) -> Option<PathBuf> {

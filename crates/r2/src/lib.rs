@@ -309,7 +309,19 @@ impl R2 {
             return Err(R2Error::NoSuchBucket);
         }
         self.check_owned(bucket)?;
-        self.registry.with_database(bucket, move |db| db.with_internal(f)).await?
+        let outcome = self.registry.with_database(bucket, move |db| db.with_internal(f)).await;
+        self.while_owned(bucket, outcome.map_err(R2Error::from).and_then(|r| r))
+    }
+
+    /// In a cluster, a bucket that could not be opened because this node's ownership ended
+    /// meanwhile is unavailable (retry), not missing.
+    fn while_owned<T>(&self, bucket: &str, outcome: Result<T>) -> Result<T> {
+        match outcome {
+            Err(R2Error::NoSuchBucket) if !self.owns(bucket) => {
+                Err(R2Error::Unavailable("this node's ownership of the bucket ended; retry".into()))
+            }
+            other => other,
+        }
     }
 
     /// Commits writes to the bucket's metadata inside a group commit, answering once they are
@@ -327,6 +339,7 @@ impl R2 {
             return Err(R2Error::NoSuchBucket);
         }
         self.check_owned(bucket)?;
+        let bucket_id = bucket;
         let (registry, blobs, bucket) = (self.registry.clone(), Arc::clone(&self.blobs), bucket.to_owned());
         let task = tokio::spawn(async move {
             match registry.write_grouped(&bucket, f).await {
@@ -347,7 +360,8 @@ impl R2 {
                 }
             }
         });
-        task.await.map_err(|e| R2Error::storage("committing", e))?
+        let outcome = task.await.map_err(|e| R2Error::storage("committing", e)).and_then(|r| r);
+        self.while_owned(bucket_id, outcome)
     }
 
     /// Creates the storage of a bucket (its directory and metadata file). In a cluster this

@@ -62,6 +62,21 @@ impl Deliver for HttpDeliver {
 /// How often a cluster node looks for namespaces with alarms that no node serves.
 const ADOPT_EVERY: Duration = Duration::from_secs(5);
 
+/// Whether the periodic cluster work is due now (last done `ADOPT_EVERY` ago or never).
+fn adopt_due(last: &Mutex<Option<std::time::Instant>>) -> bool {
+    last.lock().unwrap_or_else(|p| p.into_inner()).is_none_or(|at| at.elapsed() >= ADOPT_EVERY)
+}
+
+/// As [`adopt_due`], and marks it done now if it was.
+fn take_turn(last: &Mutex<Option<std::time::Instant>>) -> bool {
+    let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+    let due = last.is_none_or(|at| at.elapsed() >= ADOPT_EVERY);
+    if due {
+        *last = Some(std::time::Instant::now());
+    }
+    due
+}
+
 /// Delivers the alarms of every namespace with an alarm URL until `stop` resolves. In a
 /// cluster, of the namespaces this node serves; and every few seconds it takes over those no
 /// node serves whose home it is, so a namespace's alarms keep firing after its node died even
@@ -83,15 +98,14 @@ pub(crate) async fn run(catalog: Arc<Catalog>, engine: DurableObjects, stop: imp
                 }
                 Err(_) => return Vec::new(),
             };
-            let mut with_url: Vec<DoNamespace> = all.into_iter().filter(|n| n.alarm_url.is_some()).collect();
-            let adopt = {
-                let mut last = adopted_at.lock().unwrap_or_else(|p| p.into_inner());
-                let due = last.is_none_or(|at| at.elapsed() >= ADOPT_EVERY);
-                if due {
-                    *last = Some(std::time::Instant::now());
+            if adopt_due(&adopted_at) {
+                // Objects of namespaces another node serves now go to it.
+                for ns in &all {
+                    engine.give_up_unserved(&ns.id).await;
                 }
-                due
-            };
+            }
+            let mut with_url: Vec<DoNamespace> = all.into_iter().filter(|n| n.alarm_url.is_some()).collect();
+            let adopt = take_turn(&adopted_at);
             let mut served = Vec::with_capacity(with_url.len());
             for ns in with_url.drain(..) {
                 if engine.serves_namespace(&ns.id)

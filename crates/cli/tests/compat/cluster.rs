@@ -109,6 +109,8 @@ pub(crate) struct Outcomes {
     pub acked_at: Vec<Instant>,
     /// Refusals because the answering node's commit was fenced by a newer owner.
     pub superseded: usize,
+    /// Writes that took longer than a lease's TTL: they were in flight across a pause.
+    pub held: usize,
 }
 
 /// One write of a unique id through one node (its API or S3 URL), answered `Ok` when
@@ -136,9 +138,14 @@ fn start_writers(
                     let id = first_id + w * 1_000_000 + n;
                     let target = &targets[(n as usize + w as usize) % targets.len()];
                     n += 1;
+                    let began = Instant::now();
                     let written = write(client.clone(), target.clone(), id).await;
+                    let took = began.elapsed();
                     {
                         let mut seen = outcomes.lock().unwrap();
+                        if took > Duration::from_secs(TTL_SECONDS) {
+                            seen.held += 1;
+                        }
                         match written {
                             Ok(_) => {
                                 seen.acknowledged.insert(id);
@@ -251,6 +258,23 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
     let (_, owner) = runtime.block_on(query(&client, &apis[0], &uuid, "SELECT 1", json!([]))).unwrap();
     let owner: usize = owner.strip_prefix("node").unwrap().parse().unwrap();
     assert_eq!(owner, 1, "the node that created the database owns it");
+    // A client cannot pass for a node: a made-up forwarding stamp is ignored, and the request is
+    // sent on to the owner like any other.
+    let spoofed = runtime.block_on(async {
+        client
+            .post(format!("{}/accounts/{ACCOUNT}/d1/database/{uuid}/query", apis[0]))
+            .bearer_auth(TOKEN)
+            .header("x-kura-forwarded-by", "node2 0000")
+            .json(&json!({ "sql": "SELECT 1" }))
+            .send()
+            .await
+            .unwrap()
+    });
+    let served_by = spoofed.headers().get("x-kura-node").cloned();
+    let status = spoofed.status();
+    let text = runtime.block_on(spoofed.text()).unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(served_by.unwrap(), "node1");
 
     // A bookmark before the crash, with what it holds.
     let bookmark_url = format!("{}/accounts/{ACCOUNT}/d1/database/{uuid}/time_travel/bookmark", apis[2]);
@@ -320,16 +344,16 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
         },
     ));
     eprintln!(
-        "the paused owner: {} acknowledged, {} refused ({} of them its own fenced commits), {} unanswered",
+        "the paused owner: {} acknowledged, {} refused ({} of them its own fenced commits), {} unanswered, {} held across the pause",
         outcomes_zombie.acknowledged.len(),
         outcomes_zombie.refused.len(),
         outcomes_zombie.superseded,
-        outcomes_zombie.ambiguous.len()
+        outcomes_zombie.ambiguous.len(),
+        outcomes_zombie.held
     );
-    assert!(
-        outcomes_zombie.superseded > 0,
-        "the paused owner had commits in flight that a newer owner fenced (else the pause tested nothing)"
-    );
+    // Writes were in flight at the paused node: once it resumed, each was fenced, refused by its
+    // ended lease, or sent on to the new owner — never acknowledged from the old state.
+    assert!(outcomes_zombie.held > 0, "writes were in flight at the paused owner (else the pause tested nothing)");
     let present = runtime.block_on(ids(&client, &apis[other], &uuid));
     assert!(present.contains(&20_000_000), "the write that made the other node take over");
     assert_consistent(&outcomes, &present, "after the pause (first writers)");

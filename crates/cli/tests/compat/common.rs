@@ -53,7 +53,7 @@ impl KuraProcess {
             .env("KURA_S3_ACCESS_KEY_ID", S3_ACCESS_KEY_ID)
             .env("KURA_S3_SECRET_ACCESS_KEY", S3_SECRET_ACCESS_KEY)
             .env("KURA_S3_DOMAIN", "s3.localhost")
-            .env("KURA_LOG", "warn,s3s=off")
+            .env("KURA_LOG", std::env::var("KURA_TEST_LOG").unwrap_or_else(|_| "warn,s3s=off".into()))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -20,19 +20,19 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use futures_util::TryStreamExt;
 use kura_sqlite::PlacementError;
 
 use crate::AppState;
 use crate::rest::ApiError;
 
 /// Marks a request another node sent on: it is served where it lands or refused, never sent
-/// on again (ownership moving while it travelled).
-pub(crate) const FORWARDED_BY: &str = "x-kura-forwarded-by";
+/// on again (ownership moving while it travelled). Its value is `<node> <proof>`, the proof an
+/// HMAC of the node's name under the cluster's key, so a client cannot pass for a node.
+const FORWARDED_BY: &str = "x-kura-forwarded-by";
 
 /// How long a forwarded request may go without a byte from the owner: past a D1 query's own
 /// limit (30 s) and a lease's TTL, so only a node that stopped answering reaches it.
-const FORWARD_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+pub(crate) const FORWARD_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Names the node that served a database's or bucket's request, for operators (and the
 /// cluster tests).
@@ -58,6 +58,17 @@ pub struct Forwarding {
     node: String,
     client: reqwest::Client,
     status: std::sync::Arc<dyn ClusterStatus>,
+    /// Shared by every node of the cluster: proves a forwarded request came from one.
+    key: std::sync::Arc<[u8]>,
+    /// This node's `FORWARDED_BY` value.
+    stamp: axum::http::HeaderValue,
+}
+
+fn proof(key: &[u8], node: &str) -> String {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes any key length");
+    mac.update(node.as_bytes());
+    hex::encode(mac.finalize().into_bytes())
 }
 
 impl std::fmt::Debug for Forwarding {
@@ -108,16 +119,29 @@ impl Forwarding {
         &*self.status
     }
 
-    /// Forwarding for the node named `node`, which reports itself through `status`.
-    pub fn new(node: impl Into<String>, status: std::sync::Arc<dyn ClusterStatus>) -> Self {
+    /// Whether another node of the cluster sent this request on (its stamp checks out).
+    fn is_forwarded(&self, headers: &HeaderMap) -> bool {
+        let Some((node, given)) =
+            headers.get(FORWARDED_BY).and_then(|v| v.to_str().ok()).and_then(|v| v.split_once(' '))
+        else {
+            return false;
+        };
+        let expected = proof(&self.key, node);
+        // Compared in constant time: the proof is a secret's function.
+        expected.len() == given.len() && expected.bytes().zip(given.bytes()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
+    }
+
+    /// Forwarding for the node named `node`, which reports itself through `status`; `key`, the
+    /// same on every node, authenticates requests nodes send each other.
+    pub fn new(node: impl Into<String>, status: std::sync::Arc<dyn ClusterStatus>, key: &[u8]) -> Self {
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(2))
-            // A paused owner accepts connections into its backlog and never answers.
-            .read_timeout(FORWARD_READ_TIMEOUT)
             .tcp_nodelay(true)
             .build()
             .expect("an HTTP client builds");
-        Forwarding { node: node.into(), client, status }
+        let node = node.into();
+        let stamp = format!("{node} {}", proof(key, &node)).parse().expect("node ids are header-safe");
+        Forwarding { node, client, status, key: key.into(), stamp }
     }
 
     /// Sends a D1 export's or import's transfer to the node holding its file.
@@ -146,19 +170,30 @@ impl Forwarding {
                 headers.insert(HeaderName::from_static("x-forwarded-host"), host);
             }
         }
-        headers.insert(HeaderName::from_static(FORWARDED_BY), self.node.parse().expect("node ids are header-safe"));
-        let body = reqwest::Body::wrap_stream(body.into_data_stream());
-        let sent = self.client.request(parts.method, format!("{url}{path}")).headers(headers).body(body).send().await;
-        match sent {
+        headers.insert(HeaderName::from_static(FORWARDED_BY), self.stamp.clone());
+        // A paused owner accepts connections into its backlog and never answers: once the body
+        // is all sent, its answer must begin within the timeout, and then never stall for as
+        // long (an upload itself takes as long as the client takes).
+        let (sent_tx, sent_rx) = tokio::sync::oneshot::channel::<()>();
+        let body = reqwest::Body::wrap_stream(until_end(body.into_data_stream(), sent_tx));
+        let request = self.client.request(parts.method, format!("{url}{path}")).headers(headers).body(body).send();
+        let answered = tokio::select! {
+            answered = request => answered.map_err(Some),
+            () = async {
+                let _ = sent_rx.await;
+                tokio::time::sleep(FORWARD_READ_TIMEOUT).await;
+            } => Err(None),
+        };
+        match answered {
             Ok(answer) => {
                 let mut response = Response::builder().status(answer.status());
                 if let Some(out) = response.headers_mut() {
                     *out = without_hop_headers(answer.headers());
                 }
-                let stream = answer.bytes_stream().map_err(std::io::Error::other);
+                let stream = idle_timeout(answer.bytes_stream(), FORWARD_READ_TIMEOUT);
                 response.body(Body::from_stream(stream)).unwrap_or_else(|e| ApiError::internal(&e).into_response())
             }
-            Err(e) if e.is_connect() => {
+            Err(Some(e)) if e.is_connect() => {
                 tracing::warn!(owner, url, error = %e, "could not reach an owner");
                 shape
                     .refuse(ApiError::unavailable(format!("its owner, node {owner}, cannot be reached; retry shortly")))
@@ -166,7 +201,8 @@ impl Forwarding {
             // The request reached the owner: whether it took effect is unknown, as when a
             // client's own connection breaks.
             Err(e) => {
-                tracing::warn!(owner, url, error = %e, "an owner failed while answering");
+                let error = e.map_or_else(|| "no answer within the timeout".to_owned(), |e| e.to_string());
+                tracing::warn!(owner, url, error, "an owner failed while answering");
                 shape.refuse(ApiError::new(
                     StatusCode::BAD_GATEWAY,
                     7500,
@@ -177,6 +213,53 @@ impl Forwarding {
             }
         }
     }
+}
+
+/// `stream`, telling `ended` once it has ended (or failed).
+fn until_end<S, T, E>(
+    stream: S,
+    ended: tokio::sync::oneshot::Sender<()>,
+) -> impl futures_util::Stream<Item = Result<T, E>>
+where
+    S: futures_util::Stream<Item = Result<T, E>>,
+{
+    futures_util::stream::unfold((Box::pin(stream), Some(ended)), |(mut stream, mut ended)| async move {
+        use futures_util::StreamExt;
+        match stream.next().await {
+            Some(Ok(item)) => Some((Ok(item), (stream, ended))),
+            Some(Err(e)) => {
+                ended.take().map(|e| e.send(()));
+                Some((Err(e), (stream, None)))
+            }
+            None => {
+                ended.take().map(|e| e.send(()));
+                None
+            }
+        }
+    })
+}
+
+/// `stream`'s bytes, failing once it has sent nothing for `limit` (an answer from a node that
+/// stopped answering).
+pub(crate) fn idle_timeout<S>(
+    stream: S,
+    limit: std::time::Duration,
+) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static
+where
+    S: futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send + 'static,
+{
+    futures_util::stream::unfold(Some(Box::pin(stream)), move |stream| async move {
+        use futures_util::StreamExt;
+        let mut stream = stream?;
+        match tokio::time::timeout(limit, stream.next()).await {
+            Ok(Some(Ok(chunk))) => Some((Ok(chunk), Some(stream))),
+            Ok(Some(Err(e))) => Some((Err(std::io::Error::other(e)), None)),
+            Ok(None) => None,
+            Err(_) => {
+                Some((Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the node stopped answering")), None))
+            }
+        }
+    })
 }
 
 /// The file a request is placed by: one D1 database, one R2 bucket or one Durable Object
@@ -233,10 +316,9 @@ async fn serve_placed(
     request: Request,
     next: Next,
 ) -> Response {
+    let forwarded = forwarding.is_forwarded(request.headers());
     let mut claimed = placed.claim(app).await;
-    if matches!(claimed, Err(Unplaced::Placement(PlacementError::Elsewhere { .. })))
-        && request.headers().contains_key(FORWARDED_BY)
-    {
+    if matches!(claimed, Err(Unplaced::Placement(PlacementError::Elsewhere { .. }))) && forwarded {
         // Sent here to be served: the owner this node remembers may be the sender (a draining
         // node, or one that stepped down); ask the coordinator again.
         placed.forget_owner(app);
@@ -251,7 +333,8 @@ async fn serve_placed(
             response
         }
         Err(Unplaced::Placement(PlacementError::Elsewhere { node, url, s3 })) => {
-            if let Some(from) = request.headers().get(FORWARDED_BY) {
+            if forwarded {
+                let from = request.headers().get(FORWARDED_BY);
                 tracing::info!(
                     ?from,
                     owner = node,

@@ -240,7 +240,12 @@ fn parse_copy_range(text: &str) -> S3Result<ByteRange> {
 
 impl KuraS3 {
     pub(crate) fn new(catalog: Arc<Catalog>, r2: Arc<R2>) -> Self {
-        KuraS3 { catalog, r2, http: reqwest::Client::new() }
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .build()
+            .expect("an HTTP client builds");
+        KuraS3 { catalog, r2, http }
     }
 
     /// A copy's source: read here when this node serves its bucket, else from the node that

@@ -9,7 +9,6 @@ use aws_sigv4::http_request::{
     sign,
 };
 use aws_sigv4::sign::v4;
-use futures_util::TryStreamExt;
 use kura_catalog::S3Credential;
 use kura_r2::{ByteRange, GetOptions, HttpMetadata, ObjectBody, ObjectInfo, R2Error};
 
@@ -41,14 +40,18 @@ pub(super) async fn read(
     if let Some(range) = &range {
         headers.push(("range", range.clone()));
     }
-    let mut request = http.get(&url).header(crate::cluster::FORWARDED_BY, "copy");
+    let mut request = http.get(&url);
     for (name, value) in signed_headers(credential, &url, &headers).map_err(|e| failed(&e))? {
         request = request.header(name, value);
     }
     if let Some(range) = range {
         request = request.header("range", range);
     }
-    let answer = request.send().await.map_err(|e| failed(&e))?;
+    let limit = crate::cluster::FORWARD_READ_TIMEOUT;
+    let answer = tokio::time::timeout(limit, request.send())
+        .await
+        .map_err(|_| R2Error::Unavailable("the source bucket's owner did not answer; retry shortly".into()))?
+        .map_err(|e| failed(&e))?;
     let status = answer.status();
     if !status.is_success() {
         let text = answer.text().await.unwrap_or_default();
@@ -57,7 +60,7 @@ pub(super) async fn read(
     let info = object_info(key, answer.headers()).ok_or_else(|| failed(&"its answer lacks an object's headers"))?;
     options.conditional.check_read(Some(&info))?;
     let range = answer.headers().get("content-range").and_then(|v| v.to_str().ok()).and_then(content_range);
-    let body = answer.bytes_stream().map_err(std::io::Error::other);
+    let body = crate::cluster::idle_timeout(answer.bytes_stream(), limit);
     Ok(ObjectBody { info, range, body: kura_r2::byte_stream(body) })
 }
 
