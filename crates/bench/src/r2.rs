@@ -5,14 +5,9 @@
 
 use std::io::{Read, Seek, Write};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use aws_sigv4::http_request::{
-    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings, UriPathNormalizationMode,
-    sign,
-};
-use aws_sigv4::sign::v4;
 
 use crate::load::{self, Stats};
 use crate::report::{self, Row};
@@ -39,27 +34,11 @@ impl S3 {
 
     pub(crate) fn signed(&self, method: reqwest::Method, path_and_query: &str) -> reqwest::RequestBuilder {
         let url = format!("{}{path_and_query}", self.endpoint);
-        let identity = aws_credential_types::Credentials::new(S3_KEY, S3_SECRET, None, None, "bench").into();
-        let mut settings = SigningSettings::default();
-        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-        settings.percent_encoding_mode = PercentEncodingMode::Single;
-        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-        let params = v4::SigningParams::builder()
-            .identity(&identity)
-            .region("auto")
-            .name("s3")
-            .time(SystemTime::now())
-            .settings(settings)
-            .build()
-            .expect("signing parameters")
-            .into();
-        let headers = [("host", &*self.host)];
-        let request =
-            SignableRequest::new(method.as_str(), url.as_str(), headers.into_iter(), SignableBody::UnsignedPayload)
-                .expect("a signable request");
-        let (instructions, _) = sign(request, &params).expect("signing").into_parts();
+        let signed =
+            kura_server::sigv4::signed_headers(method.as_str(), &url, &[("host", &*self.host)], S3_KEY, S3_SECRET)
+                .expect("signing");
         let mut builder = self.http.request(method, &url);
-        for (name, value) in instructions.headers() {
+        for (name, value) in signed {
             builder = builder.header(name, value);
         }
         builder

@@ -247,7 +247,15 @@ impl HistoryShipper {
         let items: Vec<Item> = pending.into_iter().map(|(item, _)| item).collect();
         let entry = Shipment { items, base };
         let bytes = serde_json::to_vec(&entry).expect("a shipment serialises");
-        let seq = self.coordinator.publish(&self.lease, Bytes::from(bytes)).await?;
+        let published = self.coordinator.publish(&self.lease, Bytes::from(bytes)).await;
+        tracing::debug!(
+            resource = self.lease.resource(),
+            epoch = self.lease.epoch(),
+            ?published,
+            base,
+            "publishing a shipment"
+        );
+        let seq = published?;
         self.shipments.fetch_add(1, Ordering::Relaxed);
         Ok((entry.items, seq))
     }

@@ -12,8 +12,17 @@ use std::time::{Duration, Instant};
 use crate::storage::{RemoteStorage, S3Config};
 
 /// A free loopback port (the listener is closed again; the race with other tests is small).
+/// A port nothing listens on now, below Linux's ephemeral range (32768 and up), so that no
+/// outgoing connection takes it as its own before the process meant for it binds it.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    loop {
+        let mut random = [0u8; 2];
+        getrandom::fill(&mut random).expect("the system has randomness");
+        let port = 20_000 + u16::from_le_bytes(random) % 12_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 fn wait_until(what: &str, timeout: Duration, ready: impl FnMut() -> bool) {

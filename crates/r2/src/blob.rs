@@ -50,6 +50,19 @@ pub(crate) struct Blobs {
     leases: Mutex<Leases>,
 }
 
+/// What a body to receive must be and where it may go.
+#[derive(Clone, Copy)]
+pub(crate) struct Expected<'a> {
+    /// Its length, when the client declared it: met exactly.
+    pub size: Option<u64>,
+    /// The most bytes accepted.
+    pub max_size: u64,
+    /// Bodies up to this size stay in memory (for their row); `None` always makes a blob.
+    pub inline_max: Option<usize>,
+    /// Digests the bytes must match.
+    pub digests: &'a ExpectedDigests,
+}
+
 /// Where a received body is.
 pub(crate) enum Stored {
     /// Small enough to live in its row.
@@ -217,28 +230,24 @@ impl Blobs {
         self.blob_dir(bucket, id).join(id)
     }
 
-    /// Receives a body, hashing on the way: kept in memory when it ends within `inline_max`
-    /// bytes, else (or always, with `None`) streamed into a new blob of `bucket`, which is synced
-    /// with its directory.
-    /// At most `max_size` bytes are accepted; `expected_size`, when known, must be met exactly.
+    /// Receives a body, hashing on the way: kept in memory when it ends within
+    /// `expected.inline_max` bytes, else (or always, with `None`) streamed into a new blob of
+    /// `bucket`, which is synced with its directory (or whole in the shared store).
     pub(crate) async fn receive<S, E>(
         self: &Arc<Self>,
         bucket: &str,
         body: S,
-        expected_size: Option<u64>,
-        max_size: u64,
-        inline_max: Option<usize>,
-        digests: &ExpectedDigests,
+        expected: &Expected<'_>,
     ) -> Result<Received>
     where
         S: Stream<Item = Result<Bytes, E>> + Send,
         E: std::fmt::Display,
     {
-        if expected_size.is_some_and(|n| n > max_size) {
+        if expected.size.is_some_and(|n| n > expected.max_size) {
             return Err(R2Error::EntityTooLarge);
         }
         let mut sink = None;
-        let received = self.receive_into(bucket, body, expected_size, max_size, inline_max, digests, &mut sink).await;
+        let received = self.receive_into(bucket, body, expected, &mut sink).await;
         if received.is_err()
             && let Some((_, sink)) = sink.take()
         {
@@ -249,21 +258,18 @@ impl Blobs {
 
     /// [`Blobs::receive`]'s work; `sink` holds the blob being written, for the caller to abort
     /// if this fails.
-    #[allow(clippy::too_many_arguments)]
     async fn receive_into<S, E>(
         self: &Arc<Self>,
         bucket: &str,
         body: S,
-        expected_size: Option<u64>,
-        max_size: u64,
-        inline_max: Option<usize>,
-        digests: &ExpectedDigests,
+        expected: &Expected<'_>,
         sink: &mut Option<(PendingBlob, Sink)>,
     ) -> Result<Received>
     where
         S: Stream<Item = Result<Bytes, E>> + Send,
         E: std::fmt::Display,
     {
+        let Expected { size: expected_size, max_size, inline_max, digests } = *expected;
         let io_err = |e: io::Error| R2Error::storage("writing a blob", e);
         let mut digester = Digester::new(digests);
         let mut size = 0u64;

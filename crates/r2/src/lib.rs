@@ -42,7 +42,7 @@ use futures_util::Stream;
 use kura_sqlite::{DatabaseOptions, HistorySettings, PlacementError, Registry, RegistrySettings};
 use rusqlite::Connection;
 
-use crate::blob::{Blobs, PendingBlob, Piece, Stored};
+use crate::blob::{Blobs, Expected, PendingBlob, Piece, Stored};
 pub use crate::error::{R2Error, Result};
 pub use crate::list::{ListOptions, Listing, MAX_LIST_LIMIT};
 use crate::meta::{Data, Part, Upload};
@@ -430,7 +430,16 @@ impl R2 {
         // would leave the body unread on the connection, which then cannot carry another request.
         let received = self
             .blobs
-            .receive(bucket, body, options.size, MAX_UPLOAD_BYTES, Some(self.settings.inline_max), &options.digests)
+            .receive(
+                bucket,
+                body,
+                &Expected {
+                    size: options.size,
+                    max_size: MAX_UPLOAD_BYTES,
+                    inline_max: Some(self.settings.inline_max),
+                    digests: &options.digests,
+                },
+            )
             .await?;
         let mut checksums = received.checksums.clone();
         checksums.insert("md5".into(), hex::encode(received.md5));
@@ -647,7 +656,9 @@ impl R2 {
         let this = self.clone();
         let (id, k) = (upload_id.to_owned(), key.to_owned());
         self.on_bucket(bucket, move |conn| this.live_upload(conn, &id, &k).map(|_| ())).await?;
-        let received = self.blobs.receive(bucket, body, options.size, MAX_UPLOAD_BYTES, None, &options.digests).await?;
+        let expected =
+            Expected { size: options.size, max_size: MAX_UPLOAD_BYTES, inline_max: None, digests: &options.digests };
+        let received = self.blobs.receive(bucket, body, &expected).await?;
         let Stored::Blob(pending) = received.stored else {
             return Err(R2Error::storage("receiving a part", "a part was kept inline"));
         };

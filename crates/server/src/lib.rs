@@ -26,6 +26,7 @@ pub mod metrics;
 mod node;
 pub mod rest;
 mod s3;
+pub mod sigv4;
 pub mod transfer;
 
 use std::future::Future;

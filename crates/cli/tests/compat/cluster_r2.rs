@@ -9,13 +9,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use aws_sigv4::http_request::{
-    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings, UriPathNormalizationMode,
-    sign,
-};
-use aws_sigv4::sign::v4;
 use md5::Digest;
 
 use crate::cluster::{Cluster, Write, assert_consistent, run_writers_for};
@@ -26,32 +21,13 @@ const BUCKET: &str = "uploads";
 /// A request to an S3 listener signed with the compat key (SigV4 in headers, unsigned payload).
 fn signed(client: &reqwest::Client, method: reqwest::Method, endpoint: &str, path: &str) -> reqwest::RequestBuilder {
     let url = format!("{endpoint}{path}");
-    let host = endpoint.trim_start_matches("http://").to_owned();
-    let identity =
-        aws_credential_types::Credentials::new(S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, None, None, "compat").into();
-    let mut settings = SigningSettings::default();
-    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    settings.percent_encoding_mode = PercentEncodingMode::Single;
-    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-    let params = v4::SigningParams::builder()
-        .identity(&identity)
-        .region("auto")
-        .name("s3")
-        .time(SystemTime::now())
-        .settings(settings)
-        .build()
-        .unwrap()
-        .into();
-    let request = SignableRequest::new(
-        method.as_str(),
-        url.as_str(),
-        [("host", host.as_str())].into_iter(),
-        SignableBody::UnsignedPayload,
-    )
-    .unwrap();
-    let (instructions, _) = sign(request, &params).unwrap().into_parts();
+    let host = kura_server::sigv4::host_of(&url).to_owned();
+    let headers = [("host", host.as_str())];
+    let signed =
+        kura_server::sigv4::signed_headers(method.as_str(), &url, &headers, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY)
+            .unwrap();
     let mut builder = client.request(method, &url);
-    for (name, value) in instructions.headers() {
+    for (name, value) in signed {
         builder = builder.header(name, value);
     }
     builder

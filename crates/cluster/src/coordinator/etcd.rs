@@ -183,29 +183,45 @@ impl EtcdClient {
             let index = (self.preferred.load(Ordering::Relaxed) + attempt) % self.endpoints.len();
             let endpoint = &self.endpoints[index];
             attempt += 1;
-            match self.http.post(format!("{endpoint}{path}")).json(body).send().await {
-                Ok(response) => {
-                    let status = response.status();
-                    let text = response.text().await.unwrap_or_default();
-                    let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-                    if status.is_success() && value.get("error").is_none() {
-                        self.preferred.store(index, Ordering::Relaxed);
-                        return Ok(value);
+            'attempt: {
+                let response = match self.http.post(format!("{endpoint}{path}")).json(body).send().await {
+                    Ok(response) => response,
+                    Err(error) => {
+                        last = format!("{endpoint}: {error}");
+                        break 'attempt;
                     }
-                    let message = value
-                        .get("message")
-                        .or_else(|| value.get("error"))
-                        .and_then(Value::as_str)
-                        .unwrap_or(&text)
-                        .to_owned();
-                    // A member without a leader, or one that timed out, may be healthy next time;
-                    // anything else is etcd refusing the request itself.
-                    if !(status.is_server_error() || message.contains("leader") || message.contains("timed out")) {
-                        return Err(CoordinatorError::Unavailable { at: endpoint.clone(), message });
+                };
+                let status = response.status();
+                // An answer cut short (a timeout while it was read, a pause of this process)
+                // says nothing: the request may have applied, and is asked again like one that
+                // got no answer — never taken for an empty success.
+                let text = match response.text().await {
+                    Ok(text) => text,
+                    Err(error) => {
+                        last = format!("{endpoint}: reading the answer: {error}");
+                        break 'attempt;
                     }
-                    last = format!("{endpoint}: {message}");
+                };
+                let Ok(value) = serde_json::from_str::<Value>(&text) else {
+                    last = format!("{endpoint}: an answer that is not JSON ({status}): {text}");
+                    break 'attempt;
+                };
+                if status.is_success() && value.get("error").is_none() {
+                    self.preferred.store(index, Ordering::Relaxed);
+                    return Ok(value);
                 }
-                Err(error) => last = format!("{endpoint}: {error}"),
+                let message = value
+                    .get("message")
+                    .or_else(|| value.get("error"))
+                    .and_then(Value::as_str)
+                    .unwrap_or(&text)
+                    .to_owned();
+                // A member without a leader, or one that timed out, may be healthy next time;
+                // anything else is etcd refusing the request itself.
+                if !(status.is_server_error() || message.contains("leader") || message.contains("timed out")) {
+                    return Err(CoordinatorError::Unavailable { at: endpoint.clone(), message });
+                }
+                last = format!("{endpoint}: {message}");
             }
             if attempt.is_multiple_of(self.endpoints.len()) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -580,6 +596,31 @@ impl Coordinator for EtcdCoordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A transaction whose answer is cut short after its headers (this process paused while
+    /// reading it, a member dying) may have applied: it is asked again, never read as an empty
+    /// "did not succeed" — which a publish would take for being fenced, and refuse a commit
+    /// the manifest holds.
+    #[tokio::test]
+    async fn an_answer_cut_short_is_asked_again_not_taken_for_a_failure() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            for answer in [
+                "HTTP/1.1 200 OK\r\ncontent-length: 200\r\n\r\n{\"header\":",
+                "HTTP/1.1 200 OK\r\ncontent-length: 18\r\n\r\n{\"succeeded\":true}",
+            ] {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut request = vec![0u8; 4096];
+                let _ = socket.read(&mut request).await;
+                socket.write_all(answer.as_bytes()).await.unwrap();
+                // The first answer ends here, 180 bytes short.
+            }
+        });
+        let outcome = EtcdClient::new(vec![endpoint]).txn(&[], &[], &[]).await.unwrap();
+        assert!(outcome.succeeded, "the second, whole answer counts");
+    }
 
     #[test]
     fn prefix_end_is_the_next_key_after_every_key_with_the_prefix() {

@@ -2,13 +2,6 @@
 //! S3 listener as a GET signed with the caller's own key, so the owner decides access as it
 //! does for any read; the copy's conditions are then checked here on what was read.
 
-use std::time::SystemTime;
-
-use aws_sigv4::http_request::{
-    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings, UriPathNormalizationMode,
-    sign,
-};
-use aws_sigv4::sign::v4;
 use kura_catalog::S3Credential;
 use kura_r2::{ByteRange, GetOptions, HttpMetadata, ObjectBody, ObjectInfo, R2Error};
 
@@ -35,13 +28,16 @@ pub(super) async fn read(
         ByteRange::From { start, end: None } => format!("bytes={start}-"),
         ByteRange::Suffix(n) => format!("bytes=-{n}"),
     });
-    let host = url.split("://").nth(1).and_then(|rest| rest.split('/').next()).unwrap_or_default().to_owned();
-    let mut headers = vec![("host", host.clone())];
+    let host = crate::sigv4::host_of(&url).to_owned();
+    let mut headers = vec![("host", host.as_str())];
     if let Some(range) = &range {
-        headers.push(("range", range.clone()));
+        headers.push(("range", range.as_str()));
     }
+    let signed =
+        crate::sigv4::signed_headers("GET", &url, &headers, &credential.access_key_id, &credential.secret_access_key)
+            .map_err(|e| failed(&e))?;
     let mut request = http.get(&url);
-    for (name, value) in signed_headers(credential, &url, &headers).map_err(|e| failed(&e))? {
+    for (name, value) in signed {
         request = request.header(name, value);
     }
     if let Some(range) = range {
@@ -62,40 +58,6 @@ pub(super) async fn read(
     let range = answer.headers().get("content-range").and_then(|v| v.to_str().ok()).and_then(content_range);
     let body = crate::cluster::idle_timeout(answer.bytes_stream(), limit);
     Ok(ObjectBody { info, range, body: kura_r2::byte_stream(body) })
-}
-
-/// SigV4 headers (with an unsigned payload) for a GET of `url` as `credential`.
-fn signed_headers(
-    credential: &S3Credential,
-    url: &str,
-    headers: &[(&str, String)],
-) -> Result<Vec<(String, String)>, String> {
-    let identity = aws_credential_types::Credentials::new(
-        &credential.access_key_id,
-        &credential.secret_access_key,
-        None,
-        None,
-        "kura-cluster",
-    )
-    .into();
-    let mut settings = SigningSettings::default();
-    settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    settings.percent_encoding_mode = PercentEncodingMode::Single;
-    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-    let params = v4::SigningParams::builder()
-        .identity(&identity)
-        .region("auto")
-        .name("s3")
-        .time(SystemTime::now())
-        .settings(settings)
-        .build()
-        .map_err(|e| e.to_string())?
-        .into();
-    let signable =
-        SignableRequest::new("GET", url, headers.iter().map(|(n, v)| (*n, v.as_str())), SignableBody::UnsignedPayload)
-            .map_err(|e| e.to_string())?;
-    let (instructions, _) = sign(signable, &params).map_err(|e| e.to_string())?.into_parts();
-    Ok(instructions.headers().map(|(n, v)| (n.to_owned(), v.to_owned())).collect())
 }
 
 /// The engine's error for the owner's refusal (an S3 XML error body, or a bare status).
