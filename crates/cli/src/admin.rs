@@ -80,6 +80,7 @@ pub enum TokensCommand {
 
 /// Opens the catalog, creating the data directory and its first account if needed.
 fn open_catalog(data: &DataArgs) -> anyhow::Result<Catalog> {
+    crate::membership::refuse_if_clustered(&data.data)?;
     std::fs::create_dir_all(&data.data).with_context(|| format!("cannot create {}", data.data.display()))?;
     let catalog = Catalog::open(data.data.join("catalog.sqlite"))?;
     let boot = kura_server::bootstrap(&catalog, &CredentialsConfig::default())?;

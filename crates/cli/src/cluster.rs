@@ -189,6 +189,7 @@ impl ClusterArgs {
             api: self.advertise.clone().unwrap_or_else(|| format!("http://{api}")).trim_end_matches('/').to_owned(),
             s3: self.advertise_s3.clone().unwrap_or_else(|| format!("http://{s3}")).trim_end_matches('/').to_owned(),
         };
+        wait_for_name(&*coordinator, &member.node, ttl).await?;
         coordinator
             .join(member.clone())
             .await
@@ -203,6 +204,33 @@ impl ClusterArgs {
             hash.finalize().into()
         };
         Ok(Joined { storage, coordinator, member, forwarding_key })
+    }
+}
+
+/// Waits until no live member holds the name `node`: an earlier run of this node that died
+/// leaves its announcement until its session ends (etcd: the TTL; the store: three TTLs); a
+/// process still running under the name is refused, since two members of one name would take
+/// each other's place.
+async fn wait_for_name(coordinator: &dyn Coordinator, node: &str, ttl: Duration) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + 3 * ttl + Duration::from_secs(1);
+    let mut said = false;
+    loop {
+        let members = coordinator.members().await.context("listing the cluster's members")?;
+        let Some(holder) = members.into_iter().find(|m| m.node == node) else { return Ok(()) };
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "another kura runs as node {node} (its API at {}): stop it first, or give this one another --node-id",
+                holder.api
+            );
+        }
+        if !said {
+            eprintln!(
+                "node {node} is still announced (an earlier run, at {}); waiting for its session to end…",
+                holder.api
+            );
+            said = true;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

@@ -14,6 +14,7 @@ pub struct Local {
 impl Local {
     /// Opens (and locks) the data directory; `KURA_ACCOUNT_ID` picks the account.
     pub fn open(data: &DataArgs) -> anyhow::Result<Local> {
+        crate::membership::refuse_if_clustered(&data.data)?;
         let node = Node::open(&data.data, NodeSettings::default())?;
         let credentials =
             CredentialsConfig { account_id: std::env::var("KURA_ACCOUNT_ID").ok(), api_token: None, s3_key: None };

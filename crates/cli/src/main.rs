@@ -11,6 +11,7 @@ mod d1;
 mod durable_objects;
 mod local;
 mod location;
+mod membership;
 mod output;
 mod progress;
 mod r2;

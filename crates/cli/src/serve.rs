@@ -100,6 +100,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         settings.forwarding =
             Some(kura_server::cluster::Forwarding::new(&joined.member.node, Arc::new(status), &joined.forwarding_key));
     }
+    let cluster_node = joined.as_ref().map(|j| (j.member.node.clone(), args.cluster.store_description()));
+    crate::membership::claim_directory(&args.data.data, cluster_node.as_ref().map(|(n, s)| (n.as_str(), s.as_str())))?;
     let node = Node::open(&args.data.data, settings)?;
     let credentials = CredentialsConfig {
         account_id: args.account_id.clone(),

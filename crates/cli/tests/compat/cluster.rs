@@ -596,3 +596,40 @@ fn asynchronous_durability_ships_within_its_interval() {
     };
     assert_eq!(rows, 50, "every commit older than the shipping interval survived the owner");
 }
+
+/// A cluster node's data directory is its alone: local commands refuse it (the catalog there
+/// is the cluster's), a single kura will not start on it nor a node on a single kura's, and a
+/// second process under a running node's name stops instead of taking its place.
+#[test]
+fn a_cluster_node_keeps_its_directory_and_its_name() {
+    let moto = kura_cluster::testbed::Moto::start();
+    let node = moto_node(&moto, "names", "only", &[]);
+    let data = node.data.to_str().unwrap().to_owned();
+    let cwd = tempfile::tempdir().unwrap();
+    let kura = |args: &[&str]| {
+        let env = [
+            ("KURA_CLUSTER_STORE_ACCESS_KEY_ID", "testing".to_owned()),
+            ("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", "testing".to_owned()),
+            ("KURA_LOG", "error".to_owned()),
+        ];
+        crate::common::run(std::path::Path::new(crate::common::kura_bin()), args, cwd.path(), &env)
+    };
+    let tokens = kura(&["tokens", "create", "--scope", "d1:read", "--data", &data]);
+    assert!(!tokens.ok && tokens.stderr.contains("cluster node only"), "{}", tokens.all());
+    let alone = kura(&["serve", "--listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0", "--data", &data]);
+    assert!(!alone.ok && alone.stderr.contains("data directory of cluster node only"), "{}", alone.all());
+
+    let store = ["--cluster-store", "s3://kura/names", "--cluster-store-endpoint", &moto.endpoint, "--lease-ttl", "2"];
+    let single = tempfile::tempdir().unwrap();
+    std::fs::write(single.path().join("catalog.sqlite"), b"").unwrap();
+    let single = single.path().to_str().unwrap();
+    let listen = ["serve", "--listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0", "--workers-listen", "127.0.0.1:0"];
+    let joined = kura(&[&listen[..], &store[..], &["--node-id", "other", "--data", single]].concat());
+    assert!(!joined.ok && joined.stderr.contains("holds a kura of its own"), "{}", joined.all());
+
+    let fresh = tempfile::tempdir().unwrap();
+    let fresh = fresh.path().join("data");
+    let twin = kura(&[&listen[..], &store[..], &["--node-id", "only", "--data", fresh.to_str().unwrap()]].concat());
+    assert!(!twin.ok && twin.stderr.contains("another kura runs as node only"), "{}", twin.all());
+    drop(node);
+}
