@@ -52,6 +52,13 @@ async fn batch_in(
     }
 }
 
+/// POSTs `body` with the admin token and checks the v4 envelope says it succeeded.
+async fn post_ok(client: &reqwest::Client, url: String, body: Value) -> Value {
+    let answer: Value = client.post(url).bearer_auth(TOKEN).json(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(answer["success"], true, "{answer}");
+    answer
+}
+
 /// Requests that each record a unique id in one of the objects.
 fn events() -> Write {
     Arc::new(|client, api, id| {
@@ -141,17 +148,8 @@ fn three_nodes_serve_durable_objects_through_a_kill_with_alarms_adopted() {
     // Namespaces made through node 2, used through the others.
     runtime.block_on(async {
         for (name, class) in [("rooms", "Room"), ("timers", "Timer")] {
-            let created: Value = client
-                .post(namespaces(&apis[2]))
-                .bearer_auth(TOKEN)
-                .json(&json!({ "name": name, "class": class, "alarm_url": alarm_url }))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            assert_eq!(created["success"], true, "{created}");
+            post_ok(&client, namespaces(&apis[2]), json!({ "name": name, "class": class, "alarm_url": alarm_url }))
+                .await;
         }
         for i in 0..OBJECTS {
             let (_, served_by) = batch(
@@ -219,17 +217,7 @@ fn three_nodes_serve_durable_objects_through_a_kill_with_alarms_adopted() {
     // A bookmark taken before the crash restores exactly on the new node.
     runtime.block_on(async {
         let url = format!("{}/rooms/objects/room:0/restore", namespaces(&apis[others[1]]));
-        let restored: Value = client
-            .post(url)
-            .bearer_auth(TOKEN)
-            .json(&json!({ "bookmark": bookmark }))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(restored["success"], true, "{restored}");
+        post_ok(&client, url, json!({ "bookmark": bookmark })).await;
         let (rows, _) = batch(
             &client,
             &apis[others[0]],
