@@ -602,6 +602,11 @@ impl D1 {
         self.registry.open_count()
     }
 
+    /// What the databases' files did since the engine started.
+    pub fn stats(&self) -> &kura_sqlite::Stats {
+        self.registry.stats()
+    }
+
     /// Closes every database, after the requests already queued have run.
     pub async fn shutdown(&self) {
         self.registry.shutdown().await;

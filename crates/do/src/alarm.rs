@@ -6,6 +6,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -107,6 +108,31 @@ impl AlarmRunner {
     }
 }
 
+/// What alarm deliveries came to since the engine started, for the metrics.
+#[derive(Debug, Default)]
+pub struct AlarmFigures {
+    /// Deliveries the handler accepted.
+    pub delivered: AtomicU64,
+    /// Deliveries that failed (each is retried, up to six times).
+    pub failed: AtomicU64,
+    /// Alarms given up after their last retry failed.
+    pub given_up: AtomicU64,
+}
+
+impl AlarmFigures {
+    fn record(&self, outcome: &std::result::Result<(), String>, last_try: bool) {
+        let counter = match (outcome, last_try) {
+            (Ok(()), _) => &self.delivered,
+            (Err(_), false) => &self.failed,
+            (Err(_), true) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                &self.given_up
+            }
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// One due alarm: check it against its object, deliver it, and record the outcome.
 async fn fire(engine: &DurableObjects, deliver: &dyn Deliver, ns: &Namespace, due: DueAlarm) -> Result<()> {
     let mut id = ns.id_from_string(&due.id)?;
@@ -130,7 +156,10 @@ async fn fire(engine: &DurableObjects, deliver: &dyn Deliver, ns: &Namespace, du
     }
     let scheduled = actual.unwrap_or(due.scheduled_ms);
     let invocation = AlarmInvocation { id: id.clone(), scheduled_ms: scheduled, retry_count: due.retries };
-    match deliver.deliver(ns, invocation).await {
+    let delivered = deliver.deliver(ns, invocation).await;
+    let figures = &engine.inner.alarm_figures;
+    figures.record(&delivered, due.retries + 1 > MAX_RETRIES);
+    match delivered {
         Ok(()) => {
             // Done, unless the handler set a new alarm meanwhile (then that one stands).
             let remaining = engine

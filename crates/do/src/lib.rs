@@ -190,6 +190,8 @@ struct Inner {
     alarm_wake: Notify,
     /// The histories of objects another process runs.
     hosted: Arc<hosted::Hosted>,
+    /// What alarm deliveries came to.
+    alarm_figures: alarm::AlarmFigures,
 }
 
 /// The engine. Cheap to clone.
@@ -222,6 +224,7 @@ impl DurableObjects {
                 indexed: Mutex::new(HashSet::new()),
                 alarm_wake: Notify::new(),
                 hosted,
+                alarm_figures: alarm::AlarmFigures::default(),
             }),
         })
     }
@@ -702,6 +705,16 @@ impl DurableObjects {
     /// How many object files are open now.
     pub fn open_objects(&self) -> usize {
         self.inner.registry.open_count()
+    }
+
+    /// What the objects' and indexes' files did since the engine started.
+    pub fn stats(&self) -> &kura_sqlite::Stats {
+        self.inner.registry.stats()
+    }
+
+    /// What alarm deliveries came to since the engine started.
+    pub fn alarm_figures(&self) -> &alarm::AlarmFigures {
+        &self.inner.alarm_figures
     }
 
     /// Closes every object; later requests are refused.

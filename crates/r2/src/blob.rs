@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Bytes, BytesMut};
@@ -47,6 +48,9 @@ pub(crate) struct Blobs {
     shared: Option<Arc<dyn BlobStore>>,
     /// Blobs being written whose row has not committed yet: the sweep leaves them alone.
     pending: Mutex<HashSet<String>>,
+    /// Body bytes received (inline ones included) and sent, since the engine started.
+    pub(crate) received: AtomicU64,
+    pub(crate) sent: AtomicU64,
     leases: Mutex<Leases>,
 }
 
@@ -178,7 +182,14 @@ impl Sink {
 
 impl Blobs {
     pub(crate) fn new(root: PathBuf, shared: Option<Arc<dyn BlobStore>>) -> Self {
-        Blobs { root, shared, pending: Mutex::default(), leases: Mutex::default() }
+        Blobs {
+            root,
+            shared,
+            pending: Mutex::default(),
+            leases: Mutex::default(),
+            received: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+        }
     }
 
     /// The shared store's name of a blob.
@@ -285,6 +296,7 @@ impl Blobs {
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| R2Error::IncompleteBody(e.to_string()))?;
             size += chunk.len() as u64;
+            self.received.fetch_add(chunk.len() as u64, Ordering::Relaxed);
             if size > max_size {
                 return Err(R2Error::EntityTooLarge);
             }
@@ -516,18 +528,21 @@ impl Blobs {
                             filled += n;
                         }
                         *remaining -= want as u64;
+                        state.blobs.sent.fetch_add(want as u64, Ordering::Relaxed);
                         return Ok(Some((buffer.freeze(), state)));
                     }
                     Some(Reading::Shared(stream, remaining)) => {
                         let Some(chunk) = stream.next().await.transpose()? else { return Err(short()) };
                         let chunk = chunk.slice(..(chunk.len() as u64).min(*remaining) as usize);
                         *remaining -= chunk.len() as u64;
+                        state.blobs.sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                         return Ok(Some((chunk, state)));
                     }
                     None => {
                         let Some(piece) = state.pieces.pop_front() else { return Ok(None) };
                         if let Some(bytes) = &piece.inline {
                             let end = (piece.offset + piece.length) as usize;
+                            state.blobs.sent.fetch_add(piece.length, Ordering::Relaxed);
                             return Ok(Some((bytes.slice(piece.offset as usize..end), state)));
                         }
                         state.current = Some(match &state.blobs.shared {

@@ -919,6 +919,22 @@ impl R2 {
         self.blobs.bucket_dirs().map_err(|e| R2Error::storage("listing buckets", e))
     }
 
+    /// Object bytes received (by writes and parts) and sent (by reads) since the engine started.
+    pub fn bytes_moved(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering;
+        (self.blobs.received.load(Ordering::Relaxed), self.blobs.sent.load(Ordering::Relaxed))
+    }
+
+    /// What the buckets' metadata files did since the engine started.
+    pub fn stats(&self) -> &kura_sqlite::Stats {
+        self.registry.stats()
+    }
+
+    /// How many buckets' metadata files are open now.
+    pub fn open_buckets(&self) -> usize {
+        self.registry.open_count()
+    }
+
     /// Closes every bucket's metadata file.
     pub async fn shutdown(&self) {
         self.registry.shutdown().await;

@@ -24,6 +24,7 @@ pub mod buckets;
 pub mod cluster;
 pub mod metrics;
 mod node;
+pub mod observe;
 pub mod rest;
 mod s3;
 pub mod sigv4;
@@ -40,7 +41,6 @@ use axum::serve::ListenerExt;
 use kura_catalog::Catalog;
 use kura_d1::D1;
 use tokio::net::TcpListener;
-use tower_http::trace::TraceLayer;
 
 pub use node::{Bootstrap, CredentialsConfig, Node, NodeError, NodeSettings, bootstrap};
 
@@ -64,6 +64,8 @@ pub struct AppState {
     pub workers: Option<kura_workers::Workers>,
     /// In a cluster, how requests reach the node that owns what they touch.
     pub forwarding: Option<cluster::Forwarding>,
+    /// Requests answered, for `/metrics`.
+    pub http: Arc<observe::HttpFigures>,
 }
 
 /// The listeners a server serves on.
@@ -86,7 +88,7 @@ pub fn app(state: AppState) -> Router {
         .merge(binding::routes())
         .layer(axum::middleware::from_fn_with_state(state.clone(), cluster::place))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(TraceLayer::new_for_http())
+        .layer(axum::middleware::from_fn_with_state(Arc::clone(&state.http), observe::observe_api))
         .with_state(state)
 }
 
@@ -131,6 +133,7 @@ pub async fn serve_all(
         durable_objects: node.durable_objects().clone(),
         workers: workers.clone(),
         forwarding: node.forwarding().cloned(),
+        http: Arc::default(),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
@@ -153,19 +156,27 @@ pub async fn serve_all(
         let domains = Arc::new(domains.iter().map(|d| d.to_ascii_lowercase()).collect::<Vec<_>>());
         s3_routes = s3_routes.layer(axum::middleware::from_fn_with_state((state.clone(), domains), cluster::place_s3));
     }
+    let observed =
+        |surface| axum::middleware::from_fn_with_state((Arc::clone(&state.http), surface), observe::observe_one);
+    let s3_routes = s3_routes.layer(observed(observe::Surface::S3));
     let s3_server = axum::serve(s3, s3_routes).with_graceful_shutdown(stopped(stop_rx.clone()));
     let mut workers_servers = Vec::new();
     if let (Some(workers), Some(listener)) = (&workers, listeners.workers) {
         let socket = workers.bindings_socket().to_owned();
         let _ = std::fs::remove_file(&socket);
         let bindings = tokio::net::UnixListener::bind(&socket)?;
-        let binding_routes =
-            binding::worker_routes().layer(DefaultBodyLimit::max(MAX_BODY_BYTES)).with_state(state.clone());
+        let binding_routes = binding::worker_routes()
+            .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+            .layer(observed(observe::Surface::WorkerBindings))
+            .with_state(state.clone());
         workers_servers.push(tokio::spawn(
             axum::serve(bindings, binding_routes).with_graceful_shutdown(stopped(stop_rx.clone())).into_future(),
         ));
-        let proxy = axum::serve(listener.tap_io(no_delay), kura_workers::proxy::app(workers.clone()))
-            .with_graceful_shutdown(stopped(stop_rx.clone()));
+        let proxy = axum::serve(
+            listener.tap_io(no_delay),
+            kura_workers::proxy::app(workers.clone()).layer(observed(observe::Surface::Workers)),
+        )
+        .with_graceful_shutdown(stopped(stop_rx.clone()));
         workers_servers.push(tokio::spawn(proxy.into_future()));
         if let Err(e) = workers.start().await {
             tracing::error!(error = %e, "the deployed Workers could not be started");

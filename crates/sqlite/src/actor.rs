@@ -324,6 +324,9 @@ impl Actor {
         }
         match self.db.commit() {
             Ok(()) => {
+                if let Some((stats, _)) = &self.db.options().stats {
+                    stats.group_sizes.observe(group.len() as f64);
+                }
                 let bookmark = self.current_bookmark();
                 for pending in group.drain(..) {
                     match pending {

@@ -43,6 +43,7 @@ mod policy;
 mod raw;
 mod registry;
 mod request;
+pub mod stats;
 
 pub use actor::Executed;
 pub use database::{COMPACT_CACHE_KIB, Database, DatabaseOptions};
@@ -55,6 +56,7 @@ pub use placement::{Placement, PlacementError, ReleaseFile};
 pub use policy::Limits;
 pub use registry::{Opener, Registry, RegistrySettings};
 pub use request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};
+pub use stats::{DatabaseFigures, Histogram, HistogramSnapshot, Stats};
 
 /// Configures SQLite for a process that may hold a thousand connections open: no up-front
 /// page-cache allocation per connection (SQLite's default reserves about 90 KB in each on its

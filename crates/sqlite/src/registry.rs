@@ -86,6 +86,7 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     opener: Box<Opener>,
     settings: RegistrySettings,
+    stats: Arc<crate::stats::Stats>,
 }
 
 /// The open databases of one engine. Cheap to clone; clones share the actors.
@@ -101,7 +102,12 @@ impl Registry {
         opener: impl Fn(&str) -> Option<DatabaseOptions> + Send + Sync + 'static,
     ) -> Self {
         Registry {
-            shared: Arc::new(Shared { state: Mutex::new(State::default()), opener: Box::new(opener), settings }),
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                opener: Box::new(opener),
+                settings,
+                stats: Arc::default(),
+            }),
         }
     }
 
@@ -193,6 +199,7 @@ impl Registry {
     /// request for it (so a request already on its way cannot reopen a file being deleted).
     pub async fn retire(&self, key: &str) {
         self.shared.lock().retired.insert(key.to_owned());
+        self.shared.stats.forget(key);
         self.close(key).await;
     }
 
@@ -213,6 +220,11 @@ impl Registry {
     /// How many databases are open now.
     pub fn open_count(&self) -> usize {
         self.shared.lock().actors.len()
+    }
+
+    /// What the registry's databases did since it started.
+    pub fn stats(&self) -> &crate::stats::Stats {
+        &self.shared.stats
     }
 }
 
@@ -254,7 +266,8 @@ impl Shared {
     }
 
     fn spawn(self: &Arc<Self>, state: &mut State, key: &str) -> Result<()> {
-        let options = (self.opener)(key).ok_or(Error::Closed)?;
+        let mut options = (self.opener)(key).ok_or(Error::Closed)?;
+        options.stats = Some((Arc::clone(&self.stats), self.stats.database(key)));
         if state.actors.len() >= self.settings.max_open.max(1) {
             evict_least_recently_used(state);
         }

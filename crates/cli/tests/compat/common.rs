@@ -39,12 +39,22 @@ impl KuraProcess {
 
     /// Starts `kura serve` with more arguments and environment (a cluster node's).
     pub fn start_with(dir: tempfile::TempDir, data: PathBuf, args: &[String], env: &[(&str, String)]) -> KuraProcess {
+        Self::start_logging(dir, data, args, env, Stdio::inherit())
+    }
+
+    /// As [`KuraProcess::start_with`], its logs (stderr) going to `logs`.
+    pub fn start_logging(
+        dir: tempfile::TempDir,
+        data: PathBuf,
+        args: &[String],
+        env: &[(&str, String)],
+        logs: Stdio,
+    ) -> KuraProcess {
         let listen_args =
             ["serve", "--listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0", "--workers-listen", "127.0.0.1:0"];
         let mut child = Command::new(kura_bin())
             .args(listen_args)
             .args(args)
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .arg("--data")
             .arg(&data)
             .env("KURA_WORKERD", installed("node_modules/workerd/bin/workerd"))
@@ -54,8 +64,10 @@ impl KuraProcess {
             .env("KURA_S3_SECRET_ACCESS_KEY", S3_SECRET_ACCESS_KEY)
             .env("KURA_S3_DOMAIN", "s3.localhost")
             .env("KURA_LOG", std::env::var("KURA_TEST_LOG").unwrap_or_else(|_| "warn,s3s=off".into()))
+            // The caller's environment last: it may set any of the above.
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(logs)
             .spawn()
             .expect("start kura serve");
         let stdout = child.stdout.take().unwrap();

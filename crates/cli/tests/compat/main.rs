@@ -11,6 +11,7 @@ mod cluster_r2;
 mod common;
 mod crash;
 mod kura_cli;
+mod metrics;
 mod s3_clients;
 mod workerd;
 mod workers;

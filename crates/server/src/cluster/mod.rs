@@ -171,6 +171,11 @@ impl Forwarding {
             }
         }
         headers.insert(HeaderName::from_static(FORWARDED_BY), self.stamp.clone());
+        if let Some(id) = parts.extensions.get::<crate::observe::RequestId>()
+            && let Ok(value) = id.0.parse()
+        {
+            headers.insert(HeaderName::from_static(crate::observe::REQUEST_ID), value);
+        }
         // A paused owner accepts connections into its backlog and never answers: once the body
         // is all sent, its answer must begin within the timeout, and then never stall for as
         // long (an upload itself takes as long as the client takes).

@@ -88,9 +88,41 @@ impl s3s::host::S3Host for VirtualHosts {
     }
 }
 
+/// [`answer`], its error bodies naming the request's id as S3 does (`RequestId`, the same as
+/// the `x-amz-request-id` header).
+async fn handle(State(service): State<Arc<S3Service>>, request: Request) -> Response {
+    let id = request.extensions().get::<crate::observe::RequestId>().cloned();
+    let response = answer(service, request).await;
+    match id {
+        Some(id) if response.status().is_client_error() || response.status().is_server_error() => {
+            with_request_id(response, &id.0).await
+        }
+        _ => response,
+    }
+}
+
+/// Adds `<RequestId>` to an XML error body that lacks one.
+async fn with_request_id(response: Response, id: &str) -> Response {
+    use http_body_util::BodyExt;
+    let (parts, body) = response.into_parts();
+    let Ok(collected) = http_body_util::Limited::new(body, 64 * 1024).collect().await else {
+        return xml::error(parts.status, "InternalError", "We encountered an internal error. Please try again.");
+    };
+    let text = String::from_utf8_lossy(&collected.to_bytes()).into_owned();
+    let text = match text.rfind("</Error>") {
+        Some(at) if !text.contains("<RequestId>") => {
+            format!("{}<RequestId>{id}</RequestId>{}", &text[..at], &text[at..])
+        }
+        _ => text,
+    };
+    let mut parts = parts;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(text))
+}
+
 /// R2's checks that come before `s3s` sees the request, then `s3s`, then R2's shaping of what
 /// it answered.
-async fn handle(State(service): State<Arc<S3Service>>, request: Request) -> Response {
+async fn answer(service: Arc<S3Service>, request: Request) -> Response {
     if let Some(refusal) = preflight::refuse(&request) {
         return refusal;
     }

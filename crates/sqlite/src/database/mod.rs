@@ -50,6 +50,8 @@ pub struct DatabaseOptions {
     /// Copies the history elsewhere after every commit, restore and checkpoint, before they are
     /// acknowledged (scale-out's shared storage); needs a history.
     pub shipper: Option<Arc<dyn LogShipper>>,
+    /// Where the database's commits are counted (its registry's figures, set by the registry).
+    pub stats: Option<(Arc<crate::stats::Stats>, Arc<crate::stats::DatabaseFigures>)>,
 }
 
 /// The page cache of a compact database, in KiB (SQLite's default is 2,000).
@@ -68,6 +70,7 @@ impl DatabaseOptions {
             compact: false,
             read_only: false,
             shipper: None,
+            stats: None,
         }
     }
 
@@ -271,6 +274,7 @@ impl Database {
         // reopen, what recovery captured from the WAL) ships before anything is served, so no
         // read shows state the store does not hold.
         database.ship()?;
+        database.measure_history();
         Ok(database)
     }
 
@@ -283,6 +287,18 @@ impl Database {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The options it was opened with.
+    pub(crate) fn options(&self) -> &DatabaseOptions {
+        &self.options
+    }
+
+    /// Notes the history's size in the database's figures (at open and at each checkpoint).
+    pub(crate) fn measure_history(&self) {
+        if let (Some((_, figures)), Some(history)) = (&self.options.stats, &self.history) {
+            figures.history_bytes.store(history.disk_bytes(), Ordering::Relaxed);
+        }
     }
 
     fn handle(&self) -> *mut ffi::sqlite3 {

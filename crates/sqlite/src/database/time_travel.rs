@@ -29,6 +29,7 @@ impl Database {
                 tracing::error!(path = %self.path.display(), error = %e, "checkpoint failed");
                 self.poisoned = true;
             }
+            self.measure_history();
         }
         self.ship()
     }

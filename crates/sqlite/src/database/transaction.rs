@@ -44,6 +44,21 @@ impl Database {
 
     /// Commits the open transaction; on failure it is rolled back and the error returned.
     pub fn commit(&mut self) -> Result<()> {
+        let started = std::time::Instant::now();
+        let committed = self.commit_and_capture();
+        if let Some((stats, figures)) = &self.options.stats {
+            match &committed {
+                Ok(()) => stats.committed(figures, started.elapsed()),
+                Err(_) => {
+                    stats.failed_commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+        committed
+    }
+
+    /// [`Database::commit`]'s work: COMMIT, then the history's capture and shipment.
+    fn commit_and_capture(&mut self) -> Result<()> {
         let result = self.internal("COMMIT");
         match &result {
             Ok(()) => return self.after_commit(),
