@@ -14,13 +14,15 @@ use crate::report::{self, Row};
 use crate::{Settings, limit, peer, worker};
 
 use crate::server::{Kura, TOKEN};
-const ROWS: i64 = 10_000;
+pub(crate) const ROWS: i64 = 10_000;
 
 /// An HTTP client for one database's `/query`.
 #[derive(Clone)]
-struct Client {
-    http: reqwest::Client,
+pub(crate) struct Client {
+    pub(crate) http: reqwest::Client,
     query: Arc<str>,
+    /// The database's id.
+    pub(crate) uuid: Arc<str>,
 }
 
 impl Client {
@@ -301,11 +303,11 @@ async fn create_database(base: &str, name: &str) -> anyhow::Result<Client> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
     let created: Json = http.post(base).bearer_auth(TOKEN).json(&json!({ "name": name })).send().await?.json().await?;
     let Some(uuid) = created["result"]["uuid"].as_str() else { bail!("cannot create the database: {created}") };
-    Ok(Client { http, query: format!("{base}/{uuid}/query").into() })
+    Ok(Client { http, query: format!("{base}/{uuid}/query").into(), uuid: uuid.into() })
 }
 
-/// Creates the benchmark's database on a server and fills it.
-async fn prepare(base: &str) -> anyhow::Result<Client> {
+/// Creates the benchmark's database on a server and fills it with `ROWS` rows.
+pub(crate) async fn prepare(base: &str) -> anyhow::Result<Client> {
     let client = create_database(base, "bench").await?;
     client.post(&json!({ "sql": KV_TABLE })).await;
     for chunk in 0..ROWS / 100 {

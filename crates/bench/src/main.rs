@@ -19,6 +19,7 @@ mod durable_objects;
 mod limit;
 mod load;
 mod memory;
+mod node;
 mod peer;
 mod r2;
 mod report;
@@ -74,6 +75,10 @@ enum Suite {
     /// an R2 1 KiB GET and a Durable Object call, beside Miniflare serving the same Worker;
     /// memory with the Worker idle.
     Workers(Settings),
+    /// Node bindings: point SELECTs through kura-bindings' D1Database at 16 and 1 concurrent
+    /// promises beside kura-bench's own client on the same endpoint, the limit, and Miniflare's
+    /// D1 from Node.
+    Node(Settings),
     /// Scale-out: durable INSERTs with every commit shipped to a three-node Garage under etcd
     /// (RPO 0) beside one node and beside a PUT per commit; PUTs per commit; a takeover of a
     /// 100 MiB database.
@@ -117,6 +122,7 @@ fn main() -> anyhow::Result<()> {
         Suite::Do { settings, on_disk } => durable_objects::run(&settings, on_disk),
         Suite::Workers(settings) => workers::run(&settings),
         Suite::Cluster(settings) => cluster::run(&settings),
+        Suite::Node(settings) => node::run(&settings),
         Suite::DoFootprint { dir, objects } => durable_objects::footprint_child(dir, objects),
     }
 }

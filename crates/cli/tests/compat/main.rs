@@ -12,6 +12,7 @@ mod common;
 mod crash;
 mod kura_cli;
 mod metrics;
+mod node_bindings;
 mod s3_clients;
 mod workerd;
 mod workers;

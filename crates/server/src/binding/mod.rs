@@ -1,7 +1,8 @@
 //! The binding protocols: what a Workers runtime's bindings send to the service behind them.
 //!
-//! - On the API listener, for any client (a hand-configured workerd, a script): D1's binding,
-//!   authenticated with the v4 API's bearer tokens ([`routes`]).
+//! - On the API listener, for any client (a hand-configured workerd, a script, the Node
+//!   bindings in `packages/kura-bindings`): D1's and R2's bindings, authenticated with the v4
+//!   API's bearer tokens ([`routes`]).
 //! - On the Workers' own socket, for the workerd kura supervises ([`worker_routes`]): D1, R2,
 //!   Durable Object announcements and logs. workerd adds to every request the headers its
 //!   configuration names — this run's secret, the account, the database or bucket — and the
@@ -20,6 +21,7 @@ use crate::rest::ApiError;
 use kura_workers::config::headers;
 
 pub(crate) use d1::DATABASE_HEADER;
+pub(crate) use r2::error_response as r2_error_response;
 
 /// The binding routes, on the API listener.
 pub fn routes() -> Router<AppState> {
@@ -31,6 +33,11 @@ pub fn routes() -> Router<AppState> {
         // The same, with the database in the path, for clients that choose their URLs.
         .route("/binding/d1/{database}/query", post(d1::query_at))
         .route("/binding/d1/{database}/execute", post(d1::query_at))
+        // R2's, with the bucket in the path: the requests and replies of a Worker's `env.BUCKET`.
+        .route(
+            "/binding/r2/{bucket}",
+            get(r2::read_at).put(r2::write_at).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
 }
 
 /// The routes of the Workers' binding socket.

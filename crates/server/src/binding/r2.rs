@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -24,6 +24,8 @@ use kura_r2::{
 use kura_workers::config::headers;
 
 use crate::AppState;
+use crate::auth::{Caller, Need};
+use crate::rest::ApiError;
 
 const REQUEST_HEADER: &str = "cf-r2-request";
 const METADATA_SIZE_HEADER: &str = "cf-r2-metadata-size";
@@ -63,6 +65,11 @@ impl From<R2Error> for BindingError {
         };
         BindingError::new(status, e.v4_code(), e.binding_message())
     }
+}
+
+/// A failure in the binding's shape, for the cluster's placement to refuse a request with.
+pub(crate) fn error_response(status: StatusCode, code: u32, message: &str) -> Response {
+    BindingError::new(status, code, message).into_response()
 }
 
 impl IntoResponse for BindingError {
@@ -302,6 +309,19 @@ fn parse_request(bytes: &[u8]) -> Result<BindingRequest, BindingError> {
     })
 }
 
+/// The bucket (its storage id) named in the path of a request on the API listener, if the
+/// request's bearer token reaches it and may do `need`.
+fn bucket_for_token(app: &AppState, headers: &HeaderMap, name: &str, need: Need) -> Result<String, BindingError> {
+    let refused = |e: ApiError| BindingError::new(e.status(), e.code(), e.message());
+    let caller = Caller::from_headers(headers, app).map_err(refused)?;
+    let account = caller.token.account_id.clone();
+    caller.require(&account, need).map_err(refused)?;
+    match crate::rest::r2::find_bucket(app, &caller, &account, name) {
+        Ok(bucket) => Ok(bucket.id),
+        Err(e) => Err(refused(e)),
+    }
+}
+
 /// The bucket the binding's configuration names (its storage id).
 fn bucket_of(app: &AppState, headers: &HeaderMap) -> Result<String, BindingError> {
     let account = super::worker_account(app, headers).map_err(|e| BindingError::new(e.status(), 10001, e.message()))?;
@@ -313,20 +333,34 @@ fn bucket_of(app: &AppState, headers: &HeaderMap) -> Result<String, BindingError
     }
 }
 
-/// `GET /`: head, get and list.
+/// `GET /` on the Workers' socket: head, get and list.
 pub async fn read(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    match bucket_of(&app, &headers) {
+        Ok(bucket) => read_from(&app, &bucket, &headers).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /binding/r2/{bucket}` on the API listener, for a token that may read the bucket.
+pub async fn read_at(State(app): State<AppState>, headers: HeaderMap, Path(name): Path<String>) -> Response {
+    match bucket_for_token(&app, &headers, &name, Need::R2Read) {
+        Ok(bucket) => read_from(&app, &bucket, &headers).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn read_from(app: &AppState, bucket: &str, headers: &HeaderMap) -> Response {
     let outcome = async {
-        let bucket = bucket_of(&app, &headers)?;
         let request = headers
             .get(REQUEST_HEADER)
             .ok_or_else(|| BindingError::invalid(format!("the {REQUEST_HEADER} header is missing")))?;
         match parse_request(request.as_bytes())? {
-            BindingRequest::Head { object } => head(&app, &bucket, &object).await,
+            BindingRequest::Head { object } => head(app, bucket, &object).await,
             BindingRequest::Get { object, range, range_header, only_if } => {
-                get(&app, &bucket, &object, range, range_header, only_if).await
+                get(app, bucket, &object, range, range_header, only_if).await
             }
             BindingRequest::List { limit, prefix, cursor, delimiter, start_after, include } => {
-                list(&app, &bucket, limit, prefix, cursor, delimiter, start_after, include).await
+                list(app, bucket, limit, prefix, cursor, delimiter, start_after, include).await
             }
             _ => Err(BindingError::new(StatusCode::INTERNAL_SERVER_ERROR, 10001, "that method is sent with PUT")),
         }
@@ -334,10 +368,29 @@ pub async fn read(State(app): State<AppState>, headers: HeaderMap) -> Response {
     outcome.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// `PUT /`: put, delete and multipart.
+/// `PUT /` on the Workers' socket: put, delete and multipart.
 pub async fn write(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+    match bucket_of(&app, &headers) {
+        Ok(bucket) => write_to(&app, &bucket, &headers, body).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `PUT /binding/r2/{bucket}` on the API listener, for a token that may change the bucket.
+pub async fn write_at(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Body,
+) -> Response {
+    match bucket_for_token(&app, &headers, &name, Need::R2Write) {
+        Ok(bucket) => write_to(&app, &bucket, &headers, body).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn write_to(app: &AppState, bucket: &str, headers: &HeaderMap, body: Body) -> Response {
     let outcome = async {
-        let bucket = bucket_of(&app, &headers)?;
         let size: usize = headers
             .get(METADATA_SIZE_HEADER)
             .and_then(|v| v.to_str().ok())
@@ -373,14 +426,14 @@ pub async fn write(State(app): State<AppState>, headers: HeaderMap, body: Body) 
                     size: payload_size,
                 };
                 let mut payload = payload;
-                match app.r2.put_object(&bucket, &object, payload.by_ref(), options).await {
+                match app.r2.put_object(bucket, &object, payload.by_ref(), options).await {
                     Ok(info) => Ok(axum::Json(head_json(&info, None, true, true)).into_response()),
                     Err(e) => Err(refused(payload, e).await),
                 }
             }
             BindingRequest::Delete { object, objects } => {
                 let keys = objects.unwrap_or_default().into_iter().chain(object).collect();
-                app.r2.delete_objects(&bucket, keys).await?;
+                app.r2.delete_objects(bucket, keys).await?;
                 Ok(StatusCode::OK.into_response())
             }
             BindingRequest::CreateMultipartUpload { object, custom_fields, http_fields, storage_class, ssec } => {
@@ -389,7 +442,7 @@ pub async fn write(State(app): State<AppState>, headers: HeaderMap, body: Body) 
                 let id = app
                     .r2
                     .create_multipart_upload(
-                        &bucket,
+                        bucket,
                         &object,
                         http_metadata(http_fields),
                         custom,
@@ -402,14 +455,14 @@ pub async fn write(State(app): State<AppState>, headers: HeaderMap, body: Body) 
                 refuse_ssec(&ssec)?;
                 let options = PartOptions { size: payload_size, digests: ExpectedDigests::default() };
                 let mut payload = payload;
-                match app.r2.upload_part(&bucket, &object, &upload_id, part_number, payload.by_ref(), options).await {
+                match app.r2.upload_part(bucket, &object, &upload_id, part_number, payload.by_ref(), options).await {
                     Ok(part) => Ok(axum::Json(json!({"etag": part.etag})).into_response()),
                     Err(e) => Err(refused(payload, e).await),
                 }
             }
             BindingRequest::CompleteMultipartUpload { object, upload_id, parts } => {
                 let parts = parts.into_iter().map(|p| (p.part, p.etag)).collect();
-                let info = match app.r2.complete_multipart_upload(&bucket, &object, &upload_id, parts).await {
+                let info = match app.r2.complete_multipart_upload(bucket, &object, &upload_id, parts).await {
                     Ok(info) => info,
                     // workerd asserts on "not found" here; R2 says the upload does not exist.
                     Err(R2Error::NoSuchKey) => return Err(R2Error::NoSuchUpload.into()),
@@ -418,7 +471,7 @@ pub async fn write(State(app): State<AppState>, headers: HeaderMap, body: Body) 
                 Ok(axum::Json(head_json(&info, None, true, true)).into_response())
             }
             BindingRequest::AbortMultipartUpload { object, upload_id } => {
-                match app.r2.abort_multipart_upload(&bucket, &object, &upload_id).await {
+                match app.r2.abort_multipart_upload(bucket, &object, &upload_id).await {
                     Ok(()) | Err(R2Error::NoSuchUpload) => Ok(StatusCode::OK.into_response()),
                     Err(e) => Err(e.into()),
                 }
@@ -535,6 +588,11 @@ fn conditional(only_if: Option<OnlyIfJson>) -> Conditional {
 }
 
 /// The HeadResponse workerd builds an `R2Object` from (checksums in hex under `"0"`…`"4"`).
+/// An HTTP date (`Expires`, as kept) in Unix milliseconds.
+fn http_date_ms(text: &str) -> Option<i64> {
+    jiff::fmt::rfc2822::DateTimeParser::new().parse_timestamp(text).ok().map(|t| t.as_millisecond())
+}
+
 fn head_json(info: &ObjectInfo, range: Option<(u64, u64)>, http: bool, custom: bool) -> Json {
     let mut out = json!({
         "name": info.key,
@@ -558,13 +616,8 @@ fn head_json(info: &ObjectInfo, range: Option<(u64, u64)>, http: bool, custom: b
                 fields.insert(name.into(), json!(value));
             }
         }
-        let expiry = h
-            .expires
-            .as_deref()
-            .and_then(|t| jiff::fmt::strtime::parse(HTTP_DATE, t).ok())
-            .and_then(|t| t.to_timestamp().ok());
-        if let Some(expiry) = expiry {
-            fields.insert("cacheExpiry".into(), json!(expiry.as_millisecond()));
+        if let Some(expiry) = h.expires.as_deref().and_then(http_date_ms) {
+            fields.insert("cacheExpiry".into(), json!(expiry));
         }
         out["httpFields"] = Json::Object(fields);
     }
@@ -754,6 +807,8 @@ mod tests {
         let BindingRequest::Put { http_fields, md5, .. } = put else { panic!() };
         let http = http_metadata(http_fields);
         assert_eq!(http.expires.as_deref(), Some("Tue, 14 Nov 2023 22:13:20 GMT"));
+        // And back, as replies carry it.
+        assert_eq!(http.expires.as_deref().and_then(http_date_ms), Some(1_700_000_000_000));
         assert!(expected_digests(md5, [None, None, None, None]).unwrap().md5.is_some());
         assert!(parse_request(br#"{"method":"nope"}"#).is_err());
     }

@@ -16,6 +16,8 @@ enum Target<'a> {
     Database { account: Option<&'a str>, id: &'a str, binding: bool },
     /// One R2 bucket of the account, by name.
     Bucket { account: &'a str, name: &'a str },
+    /// One R2 bucket of the token's account, by name, for the R2 binding.
+    BindingBucket { name: &'a str },
     /// One Durable Object namespace of the account, by id or name.
     Namespace { account: &'a str, namespace: &'a str },
     /// A D1 export's download or import's upload, held by the node its token names.
@@ -45,6 +47,7 @@ fn classify<'a>(path: &'a str, headers: &'a HeaderMap) -> Target<'a> {
             None => Target::Anywhere,
         },
         ["binding", "d1", id, _] => Target::Database { account: None, id, binding: true },
+        ["binding", "r2", name] => Target::BindingBucket { name },
         ["query"] | ["execute"] => match headers.get(crate::binding::DATABASE_HEADER).and_then(|v| v.to_str().ok()) {
             Some(id) => Target::Database { account: None, id, binding: true },
             None => Target::Anywhere,
@@ -88,6 +91,17 @@ pub async fn place(State(app): State<AppState>, request: Request, next: Next) ->
             Ok(None) => return next.run(request).await,
             Err(e) => return Shape::V4.refuse(ApiError::internal(&e)),
         },
+        Target::BindingBucket { name } => {
+            let account = match crate::auth::Caller::from_headers(request.headers(), &app) {
+                Ok(caller) => caller.token.account_id,
+                Err(e) => return Shape::R2Binding.refuse(e),
+            };
+            match app.catalog.r2_bucket(&account, name) {
+                Ok(Some(bucket)) => (Placed::Bucket(bucket.id), Shape::R2Binding),
+                Ok(None) => return next.run(request).await,
+                Err(e) => return Shape::R2Binding.refuse(ApiError::internal(&e)),
+            }
+        }
     };
     serve_placed(&app, &forwarding, placed, shape, request, next).await
 }

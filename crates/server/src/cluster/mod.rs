@@ -86,6 +86,8 @@ enum Shape {
     Binding,
     /// S3's XML error.
     S3,
+    /// The R2 binding's `cf-r2-error` header.
+    R2Binding,
 }
 
 impl Shape {
@@ -104,6 +106,7 @@ impl Shape {
                 };
                 crate::s3::error_response(error.status(), code, error.message())
             }
+            Shape::R2Binding => crate::binding::r2_error_response(error.status(), error.code(), error.message()),
         }
     }
 }

@@ -6,7 +6,7 @@ pub mod durable_objects;
 pub(crate) mod extract;
 mod graphql;
 mod import_export;
-mod r2;
+pub(crate) mod r2;
 mod time_travel;
 mod user;
 pub mod workers;
@@ -246,6 +246,11 @@ impl ApiError {
     /// The status this error is answered with.
     pub fn status(&self) -> StatusCode {
         self.status
+    }
+
+    /// Cloudflare's code for it.
+    pub fn code(&self) -> u32 {
+        self.code
     }
 
     /// The message, as the envelope carries it.

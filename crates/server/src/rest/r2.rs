@@ -66,7 +66,7 @@ fn object_json(info: &ObjectInfo) -> serde_json::Value {
 }
 
 /// The caller's bucket `name`, if its token reaches it.
-fn find_bucket(app: &AppState, caller: &Caller, account_id: &str, name: &str) -> Result<R2Bucket, ApiError> {
+pub(crate) fn find_bucket(app: &AppState, caller: &Caller, account_id: &str, name: &str) -> Result<R2Bucket, ApiError> {
     let reaches = app
         .catalog
         .s3_credential(&caller.token.id)
