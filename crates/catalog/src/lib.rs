@@ -42,7 +42,7 @@ pub use d1::{D1Database, D1DatabaseList, NewD1Database, Usage, UsageDelta, is_va
 pub use durable_objects::{DoNamespace, NewDoNamespace, is_valid_namespace_name};
 pub use r2::{R2Bucket, S3Credential, is_valid_bucket_name};
 pub use replication::Replication;
-pub use token::{Scope, Token};
+pub use token::{Scope, Token, s3_secret_for};
 pub use workers::{
     HOST_KURA, HOST_WORKERD, NamespaceChange, NewWorkerVersion, RecordedVersion, WorkerDeployment, WorkerScript,
     WorkerVersion, is_valid_binding_name, is_valid_script_name,

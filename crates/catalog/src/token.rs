@@ -131,6 +131,12 @@ fn hash(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
+/// The secret access key of the S3 key R2 derives from a token: the SHA-256 (hex) of the
+/// token's secret; its access key id is the token's id.
+pub fn s3_secret_for(token_secret: &str) -> String {
+    hash(token_secret)
+}
+
 /// Secrets are sent in an HTTP header: printable ASCII without spaces, long enough to guess badly.
 fn check_secret(secret: &str) -> Result<()> {
     if secret.len() < 16 || secret.len() > 256 || !secret.bytes().all(|b| b.is_ascii_graphic()) {
@@ -166,6 +172,24 @@ impl Catalog {
         scope: Scope,
         secret: Option<&str>,
     ) -> Result<(Token, String)> {
+        self.create_limited_token(account_id, name, scope, secret, None)
+    }
+
+    /// Creates a token as [`Catalog::create_token`] does, limited to `buckets` (R2, and the S3
+    /// key derived from it) in the same transaction, so no crash leaves it unlimited.
+    pub fn create_limited_token(
+        &self,
+        account_id: &str,
+        name: &str,
+        scope: Scope,
+        secret: Option<&str>,
+        buckets: Option<&[String]>,
+    ) -> Result<(Token, String)> {
+        if let Some(names) = buckets
+            && (names.is_empty() || names.iter().any(|n| n.is_empty() || n.contains('\n')))
+        {
+            return Err(Error::Invalid("a bucket limit names one or more buckets".into()));
+        }
         let secret = match secret {
             Some(s) => {
                 check_secret(s)?;
@@ -180,7 +204,7 @@ impl Catalog {
             scope,
             created_at: now_iso(),
             revoked_at: None,
-            buckets: None,
+            buckets: buckets.map(<[String]>::to_vec),
         };
         self.write_checked(|tx| {
             let known: Option<String> = tx
@@ -199,8 +223,17 @@ impl Catalog {
                 return Err(Error::Conflict("that token secret is already in use".into()));
             }
             tx.execute(
-                "INSERT INTO tokens (id, account_id, name, secret_hash, scope, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                (&token.id, &token.account_id, &token.name, hash(&secret), token.scope.to_string(), &token.created_at),
+                "INSERT INTO tokens (id, account_id, name, secret_hash, scope, created_at, buckets) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                (
+                    &token.id,
+                    &token.account_id,
+                    &token.name,
+                    hash(&secret),
+                    token.scope.to_string(),
+                    &token.created_at,
+                    crate::r2::encode_buckets(buckets),
+                ),
             )
             .map_err(|e| self.storage(e))?;
             Ok(())

@@ -144,10 +144,8 @@ pub fn run_tokens(command: TokensCommand) -> anyhow::Result<()> {
             let catalog = open_catalog(&data)?;
             let account = resolve_account(&catalog, &account)?;
             let scope: Scope = scope.parse()?;
-            let (token, secret) = catalog.create_token(&account, &name, scope, None)?;
-            if !buckets.is_empty() {
-                catalog.set_token_buckets(&account, &token.id, Some(&buckets))?;
-            }
+            let limit = (!buckets.is_empty()).then_some(buckets.as_slice());
+            let (token, secret) = catalog.create_limited_token(&account, &name, scope, None, limit)?;
             println!("Created token {} ({scope}) for account {account}", token.id);
             println!("Secret (shown only this once): {secret}");
             print_s3_key(&catalog, &token.id)?;

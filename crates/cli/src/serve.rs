@@ -131,6 +131,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let s3_url = format!("http://{}", s3.local_addr()?);
 
     println!("kura {} serving {}", env!("CARGO_PKG_VERSION"), node.dir().display());
+    println!("  console:             http://{}/console/", api.local_addr()?);
     println!("  API (Cloudflare v4): {api_url}");
     println!("  S3:                  {s3_url}");
     println!("  Workers:             {workers_url}");

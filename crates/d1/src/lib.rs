@@ -469,6 +469,32 @@ impl D1 {
         Ok(found?)
     }
 
+    /// A database's newest commits and restores in the Time Travel window, newest first: at
+    /// most `limit`, before the bookmark `before` when given.
+    pub async fn timeline(
+        &self,
+        account_id: &str,
+        id_or_name: &str,
+        limit: usize,
+        before: Option<String>,
+    ) -> Result<Vec<kura_sqlite::Moment>> {
+        let database = self.get(account_id, id_or_name)?;
+        let found = self
+            .registry
+            .with_database(&database.uuid, move |db| {
+                let before = match before {
+                    Some(text) => Some(
+                        text.parse::<Bookmark>()
+                            .map_err(|e| kura_sqlite::Error::InvalidBookmark { message: e.to_string() })?,
+                    ),
+                    None => None,
+                };
+                db.timeline(limit, before.as_ref())
+            })
+            .await?;
+        Ok(found?)
+    }
+
     /// The current bookmark of a database whose owner is closing to reopen it: asked again
     /// until the reopened file answers.
     async fn bookmark_after_reopening(&self, uuid: &str) -> Result<Bookmark> {

@@ -22,6 +22,7 @@ pub mod auth;
 mod binding;
 pub mod buckets;
 pub mod cluster;
+mod console;
 pub mod metrics;
 mod node;
 pub mod observe;
@@ -66,6 +67,8 @@ pub struct AppState {
     pub forwarding: Option<cluster::Forwarding>,
     /// Requests answered, for `/metrics`.
     pub http: Arc<observe::HttpFigures>,
+    /// Where this server's S3 listener is, for the console's presigned URLs.
+    pub s3_address: Option<std::net::SocketAddr>,
 }
 
 /// The listeners a server serves on.
@@ -86,6 +89,7 @@ pub fn app(state: AppState) -> Router {
         .route("/d1-transfers/{token}", get(transfer::download).put(transfer::upload))
         .nest("/client/v4", rest::routes())
         .merge(binding::routes())
+        .merge(console::routes())
         .layer(axum::middleware::from_fn_with_state(state.clone(), cluster::place))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state.http), observe::observe_api))
@@ -134,6 +138,7 @@ pub async fn serve_all(
         workers: workers.clone(),
         forwarding: node.forwarding().cloned(),
         http: Arc::default(),
+        s3_address: listeners.s3.local_addr().ok(),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {

@@ -24,8 +24,12 @@ const SECONDS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 pub enum Surface {
     /// Cloudflare's v4 API.
     V4,
-    /// D1's binding protocol (workerd's `env.DB`).
+    /// D1's binding protocol (workerd's `env.DB`, kura-bindings' `d1()`).
     D1Binding,
+    /// R2's binding protocol from outside clients (kura-bindings' `r2()`, the console).
+    R2Binding,
+    /// The web console's files.
+    Console,
     /// D1 export downloads and import uploads.
     Transfer,
     /// S3.
@@ -39,9 +43,11 @@ pub enum Surface {
 }
 
 impl Surface {
-    const ALL: [Surface; 7] = [
+    const ALL: [Surface; 9] = [
         Surface::V4,
         Surface::D1Binding,
+        Surface::R2Binding,
+        Surface::Console,
         Surface::Transfer,
         Surface::S3,
         Surface::Workers,
@@ -54,6 +60,8 @@ impl Surface {
         match self {
             Surface::V4 => "v4",
             Surface::D1Binding => "d1_binding",
+            Surface::R2Binding => "r2_binding",
+            Surface::Console => "console",
             Surface::Transfer => "transfer",
             Surface::S3 => "s3",
             Surface::Workers => "workers",
@@ -66,8 +74,12 @@ impl Surface {
     fn of_api(path: &str) -> Surface {
         if path.starts_with("/client/v4/") {
             Surface::V4
+        } else if path.starts_with("/binding/r2/") {
+            Surface::R2Binding
         } else if path == "/query" || path == "/execute" || path.starts_with("/binding/") {
             Surface::D1Binding
+        } else if path == "/console" || path.starts_with("/console/") {
+            Surface::Console
         } else if path.starts_with("/d1-transfers/") {
             Surface::Transfer
         } else {

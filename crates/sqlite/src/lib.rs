@@ -49,8 +49,8 @@ pub use actor::Executed;
 pub use database::{COMPACT_CACHE_KIB, Database, DatabaseOptions};
 pub use error::{Error, Result, TRANSACTION_MESSAGE, code_name};
 pub use history::{
-    Bookmark, Follower, HistorySettings, LogShipper, LogView, MalformedBookmark, Restored, SegmentView, ShipError,
-    materialize, open_elsewhere, segment_file_name, snapshot_file_name,
+    Bookmark, Follower, HistorySettings, LogShipper, LogView, MalformedBookmark, Moment, Restored, SegmentView,
+    ShipError, materialize, open_elsewhere, segment_file_name, snapshot_file_name,
 };
 pub use placement::{Placement, PlacementError, ReleaseFile};
 pub use policy::Limits;

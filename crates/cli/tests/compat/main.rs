@@ -9,6 +9,7 @@ mod cluster;
 mod cluster_do;
 mod cluster_r2;
 mod common;
+mod console;
 mod crash;
 mod kura_cli;
 mod metrics;

@@ -8,6 +8,7 @@ mod graphql;
 mod import_export;
 pub(crate) mod r2;
 mod time_travel;
+mod tokens;
 mod user;
 pub mod workers;
 
@@ -30,6 +31,8 @@ pub fn routes() -> Router<AppState> {
         .route("/user", get(user::user_details))
         .route("/user/tokens/verify", get(user::verify_token))
         .route("/accounts/{account_id}/tokens/verify", get(user::verify_account_token))
+        .route("/accounts/{account_id}/tokens", get(tokens::list).post(tokens::create))
+        .route("/accounts/{account_id}/tokens/{token_id}", axum::routing::delete(tokens::revoke))
         .route("/accounts/{account_id}/d1/database", get(d1::list).post(d1::create))
         .route(
             "/accounts/{account_id}/d1/database/{database}",
@@ -41,6 +44,7 @@ pub fn routes() -> Router<AppState> {
         .route("/accounts/{account_id}/d1/database/{database}/import", post(import_export::import))
         .route("/accounts/{account_id}/d1/database/{database}/time_travel/bookmark", get(time_travel::bookmark))
         .route("/accounts/{account_id}/d1/database/{database}/time_travel/restore", post(time_travel::restore))
+        .route("/accounts/{account_id}/d1/database/{database}/time_travel/history", get(time_travel::history))
         .route("/accounts/{account_id}/r2/buckets", get(r2::list).post(r2::create))
         .route("/accounts/{account_id}/r2/buckets/{bucket}", get(r2::details).delete(r2::delete))
         .route("/accounts/{account_id}/r2/buckets/{bucket}/objects", get(r2::list_objects))

@@ -50,3 +50,36 @@ pub async fn restore(
         "message": "Database restored successfully",
     })))
 }
+
+/// Most entries one history page holds.
+const HISTORY_PAGE: u64 = 1000;
+
+/// `GET …/{database}/time_travel/history[?limit=&before=]` (kura's own): the newest commits
+/// and restores still restorable, newest first, each with its bookmark and time. `before` (a
+/// bookmark) pages further back. The console draws its timeline from this.
+pub async fn history(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, database)): V4Path<(String, String)>,
+    V4Query(query): V4Query,
+) -> Result<Response, ApiError> {
+    caller.require(&account_id, Need::D1Read)?;
+    let limit = super::query_number(&query, "limit")?.unwrap_or(100);
+    if limit == 0 || limit > HISTORY_PAGE {
+        return Err(ApiError::bad_request(format!("limit must be 1 to {HISTORY_PAGE}")));
+    }
+    let before = query.get("before").filter(|b| !b.is_empty()).cloned();
+    let moments = app.d1.timeline(&account_id, &database, limit as usize, before).await?;
+    let entries: Vec<_> = moments
+        .iter()
+        .map(|m| {
+            json!({
+                "bookmark": m.bookmark.to_string(),
+                "timestamp": jiff::Timestamp::from_millisecond(m.time_ms).map(|t| t.to_string()).unwrap_or_default(),
+                "kind": if m.restore { "restore" } else { "commit" },
+            })
+        })
+        .collect();
+    let current = app.d1.bookmark(&account_id, &database, None).await?;
+    Ok(ok(json!({ "current": current.to_string(), "entries": entries })))
+}

@@ -46,8 +46,12 @@ pub async fn user_details(_caller: Caller) -> Result<Response, ApiError> {
 }
 
 /// `GET /user/tokens/verify`
+/// Cloudflare answers `id` and `status`; kura adds what the token may do (its scope, bucket
+/// limit and account), which the console reads to show a read-only token a read-only console.
 pub async fn verify_token(caller: Caller) -> Result<Response, ApiError> {
-    Ok(ok(json!({ "id": caller.token.id, "status": "active" })))
+    let mut answer = super::tokens::token_json(&caller.token);
+    answer["account_id"] = json!(caller.token.account_id);
+    Ok(ok(answer))
 }
 
 /// `GET /accounts/{account_id}/tokens/verify`

@@ -104,6 +104,16 @@ impl Database {
         self.history.as_ref().ok_or(Error::NoHistory)?.bookmark_for_time(time_ms)
     }
 
+    /// The newest commits and restores still in the Time Travel window, newest first: at most
+    /// `limit`, before the bookmark `before` when given.
+    pub fn timeline(&self, limit: usize, before: Option<&Bookmark>) -> Result<Vec<crate::Moment>> {
+        let history = self.history.as_ref().ok_or(Error::NoHistory)?;
+        if let Some(b) = before {
+            history.check(b)?;
+        }
+        history.timeline(limit, before.map(|b| b.seq))
+    }
+
     /// Bytes the history occupies on disk (log and snapshots).
     pub fn history_bytes(&self) -> u64 {
         self.history.as_ref().map_or(0, |h| h.disk_bytes())

@@ -93,6 +93,17 @@ pub struct Restored {
     pub previous: Bookmark,
 }
 
+/// One entry of a history's timeline: a commit, or a restore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moment {
+    /// The state right after it.
+    pub bookmark: Bookmark,
+    /// When it was committed (Unix milliseconds).
+    pub time_ms: i64,
+    /// Whether it was a restore rather than a commit.
+    pub restore: bool,
+}
+
 /// The history of one database file.
 pub(crate) struct History {
     id: String,
@@ -832,6 +843,42 @@ impl History {
             Some((seq, t)) => Ok(Bookmark::new(&self.id, seq, t)),
             None => Err(Error::InvalidBookmark { message: "the database did not exist at that time".into() }),
         }
+    }
+
+    /// The newest entries, newest first: at most `limit`, before position `before` when given,
+    /// and none older than the oldest restorable one (the last at or before the start of the
+    /// retention window, which is still the state of that moment).
+    pub(crate) fn timeline(&self, limit: usize, before: Option<u64>) -> Result<Vec<Moment>> {
+        let window_start = now_ms() - self.settings.retention.as_millis() as i64;
+        let before = before.unwrap_or(u64::MAX);
+        let mut moments = Vec::new();
+        // Whether to go on to older entries.
+        let mut take = |entries: &mut dyn Iterator<Item = &Entry>| {
+            for e in entries.filter(|e| e.seq < before) {
+                if moments.len() == limit {
+                    return false;
+                }
+                moments.push(Moment {
+                    bookmark: Bookmark::new(&self.id, e.seq, e.time_ms),
+                    time_ms: e.time_ms,
+                    restore: e.kind == Kind::Restore,
+                });
+                if e.time_ms <= window_start {
+                    return false;
+                }
+            }
+            moments.len() < limit
+        };
+        if !take(&mut self.open.entries.iter().rev()) {
+            return Ok(moments);
+        }
+        for s in self.sealed.iter().rev().filter(|s| s.first_seq < before) {
+            let entries = s.entries().map_err(|e| read_error(e, &format!("reading {}", s.path.display())))?;
+            if !take(&mut entries.iter().rev()) {
+                break;
+            }
+        }
+        Ok(moments)
     }
 
     /// Checks that `bookmark` names a restorable point of this database.

@@ -475,3 +475,45 @@ async fn nothing_unshipped_is_served() {
     // The refused commit was in the WAL: it is shipped now, and so it shows.
     assert_eq!(count[0].rows[0][0], Value::Integer(2));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeline_lists_commits_and_restores_newest_first_across_segments() {
+    let cx = Context::with_history(small());
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
+    let mut commits = vec![bookmark(&cx).await];
+    // Enough commits of 1 KiB to seal several 24 KiB segments.
+    for i in 0..60 {
+        cx.ok(&format!("INSERT INTO t VALUES ({i}, printf('%.1000c', 'x'))")).await;
+        commits.push(bookmark(&cx).await);
+    }
+    assert!(log_files(&cx, ".seg").len() > 1, "the log has sealed segments");
+    let restored = restore(&cx, commits[10]).await.unwrap();
+    let timeline = |limit: usize, before: Option<Bookmark>| {
+        cx.registry.with_database("db", move |db| db.timeline(limit, before.as_ref()))
+    };
+
+    let newest = timeline(5, None).await.unwrap().unwrap();
+    assert_eq!(newest.len(), 5);
+    assert_eq!(newest[0].bookmark, restored.bookmark);
+    assert!(newest[0].restore, "the restore is the newest entry, marked as one");
+    let listed: Vec<Bookmark> = newest[1..].iter().map(|m| m.bookmark).collect();
+    assert_eq!(listed, [commits[60], commits[59], commits[58], commits[57]]);
+    assert!(newest[1..].iter().all(|m| !m.restore));
+    assert!(newest.windows(2).all(|w| w[0].time_ms >= w[1].time_ms));
+
+    // Paging back with `before` meets every commit once, to the first.
+    let mut all = Vec::new();
+    let mut before = None;
+    loop {
+        let page = timeline(7, before).await.unwrap().unwrap();
+        if page.is_empty() {
+            break;
+        }
+        before = page.last().map(|m| m.bookmark);
+        all.extend(page.into_iter().map(|m| m.bookmark));
+    }
+    let mut expected: Vec<Bookmark> = commits.iter().rev().copied().collect();
+    expected.insert(0, restored.bookmark);
+    // Anything older than the first bookmark taken (the file's creation) may follow.
+    assert_eq!(&all[..expected.len()], &expected[..]);
+}

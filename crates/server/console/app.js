@@ -1,0 +1,147 @@
+// The console's shell: sign-in, navigation and the hash router that hands each page to its
+// section (d1.js, r2.js, do.js, tokens.js).
+
+import { session, signIn, forget, can, v4, acct } from "./api.js";
+import { h, fill, field, form, heading, table, when, errorBox } from "./ui.js";
+import * as d1 from "./d1.js";
+import * as r2 from "./r2.js";
+import * as durable from "./do.js";
+import * as tokens from "./tokens.js";
+
+const main = document.getElementById("main");
+
+const SECTIONS = [
+  ["d1", "D1", () => can("d1:read")],
+  ["r2", "R2", () => can("r2:read")],
+  ["do", "Durable Objects", () => can("do:read")],
+  ["workers", "Workers", () => can("admin") && session.config?.workers],
+  ["tokens", "API tokens", () => can("admin")],
+];
+
+function renderNav(current) {
+  const nav = document.getElementById("nav");
+  const who = document.getElementById("who");
+  if (!session.tokenInfo) {
+    fill(nav);
+    fill(who);
+    return;
+  }
+  fill(
+    nav,
+    h(
+      "ul",
+      {},
+      SECTIONS.filter(([, , allowed]) => allowed()).map(([key, label]) =>
+        h("li", {}, h("a", { href: `#/${key}`, "aria-current": key === current ? "page" : null }, label)),
+      ),
+    ),
+  );
+  const readOnly = session.tokenInfo.scope.endsWith(":read");
+  fill(
+    who,
+    h("span", { class: "account", title: session.account.id }, session.account.name),
+    h("span", { class: `scope${readOnly ? " read-only" : ""}` }, readOnly ? `${session.tokenInfo.scope} · read-only` : session.tokenInfo.scope),
+    h("button", { type: "button", class: "link", onclick: () => { forget(); location.hash = "#/"; route(); } }, "Sign out"),
+  );
+}
+
+function signInPage() {
+  const input = h("input", { type: "password", name: "token", autocomplete: "off", required: true, spellcheck: "false" });
+  return h(
+    "section",
+    { class: "signin" },
+    h("h1", {}, "Sign in to kura"),
+    h("p", {}, "Use an API token of your account: the admin token ", h("code", {}, "kura serve"), " printed, or one from ", h("code", {}, "kura tokens create"), ". It stays in this browser tab only."),
+    form([field("API token", input)], "Sign in", async () => {
+      try {
+        await signIn(input.value.trim());
+      } catch (e) {
+        throw e.status === 401 || e.status === 403 ? new Error(`The token was refused: ${e.message}`) : e;
+      }
+      route();
+    }, { "aria-label": "Sign in" }),
+  );
+}
+
+function home() {
+  const first = SECTIONS.find(([, , allowed]) => allowed());
+  if (first) location.replace(`#/${first[0]}`);
+  return h("p", {}, "This token reaches nothing the console shows.");
+}
+
+async function workersPage() {
+  const scripts = await v4("GET", acct("/workers/scripts"));
+  return h(
+    "section",
+    {},
+    heading([], "Workers"),
+    h("p", { class: "muted" }, "Deployed with ", h("code", {}, "wrangler deploy"), "; served on kura's Workers listener by host name."),
+    table(
+      ["Name", "Created", "Modified"],
+      scripts.map((s) => [s.id, when(s.created_on), when(s.modified_on)]),
+      { empty: "No Workers deployed yet." },
+    ),
+  );
+}
+
+/** `#/section/part/part?query` split into its pieces. */
+function parseHash() {
+  const raw = location.hash.replace(/^#\/?/, "");
+  const [path, query = ""] = raw.split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  return { parts, query: new URLSearchParams(query) };
+}
+
+let routing = 0;
+export async function route() {
+  const mine = ++routing;
+  if (session.token && !session.tokenInfo) {
+    try {
+      await signIn(session.token);
+    } catch {
+      forget();
+    }
+  }
+  const { parts, query } = parseHash();
+  renderNav(parts[0]);
+  if (!session.tokenInfo) {
+    fill(main, signInPage());
+    main.querySelector("input")?.focus();
+    return;
+  }
+  fill(main, h("p", { class: "muted", "aria-busy": "true" }, "Loading…"));
+  let page;
+  try {
+    switch (parts[0]) {
+      case "d1":
+        page = await d1.page(parts.slice(1), query);
+        break;
+      case "r2":
+        page = await r2.page(parts.slice(1), query);
+        break;
+      case "do":
+        page = await durable.page(parts.slice(1), query);
+        break;
+      case "tokens":
+        page = await tokens.page();
+        break;
+      case "workers":
+        page = await workersPage();
+        break;
+      default:
+        page = home();
+    }
+  } catch (e) {
+    page = h("section", {}, h("h1", {}, "Something went wrong"), errorBox(e));
+  }
+  if (mine !== routing) return;
+  fill(main, page);
+  document.title = `${main.querySelector("h1")?.textContent ?? "kura"} · kura console`;
+}
+
+window.addEventListener("hashchange", async () => {
+  await route();
+  // A new page: keyboard and screen-reader users start at its top, as after a page load.
+  if (!main.contains(document.activeElement)) main.focus({ preventScroll: true });
+});
+route();
