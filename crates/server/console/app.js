@@ -18,14 +18,25 @@ const SECTIONS = [
   ["tokens", "API tokens", () => can("admin")],
 ];
 
+let drawnFor = null;
 function renderNav(current) {
   const nav = document.getElementById("nav");
   const who = document.getElementById("who");
   if (!session.tokenInfo) {
     fill(nav);
     fill(who);
+    drawnFor = null;
     return;
   }
+  // Drawn once per sign-in; later only the current section moves, so focus stays where it is.
+  if (drawnFor === session.tokenInfo.id) {
+    for (const a of nav.querySelectorAll("a")) {
+      if (a.getAttribute("href") === `#/${current}`) a.setAttribute("aria-current", "page");
+      else a.removeAttribute("aria-current");
+    }
+    return;
+  }
+  drawnFor = session.tokenInfo.id;
   fill(
     nav,
     h(
@@ -41,7 +52,7 @@ function renderNav(current) {
     who,
     h("span", { class: "account", title: session.account.id }, session.account.name),
     h("span", { class: `scope${readOnly ? " read-only" : ""}` }, readOnly ? `${session.tokenInfo.scope} · read-only` : session.tokenInfo.scope),
-    h("button", { type: "button", class: "link", onclick: () => { forget(); location.hash = "#/"; route(); } }, "Sign out"),
+    h("button", { type: "button", class: "link", onclick: () => { forget(); sessionStorage.clear(); location.hash = "#/"; route(); } }, "Sign out"),
   );
 }
 
@@ -58,7 +69,8 @@ function signInPage() {
       } catch (e) {
         throw e.status === 401 || e.status === 403 ? new Error(`The token was refused: ${e.message}`) : e;
       }
-      route();
+      await route();
+      main.focus({ preventScroll: true });
     }, { "aria-label": "Sign in" }),
   );
 }
@@ -138,6 +150,12 @@ export async function route() {
   fill(main, page);
   document.title = `${main.querySelector("h1")?.textContent ?? "kura"} · kura console`;
 }
+
+// The skip link moves focus to the content; it must not change the route.
+document.querySelector(".skip").addEventListener("click", (event) => {
+  event.preventDefault();
+  main.focus();
+});
 
 window.addEventListener("hashchange", async () => {
   await route();

@@ -121,6 +121,9 @@ async function tableView(details, name, pageNumber) {
   ]);
   const total = countResult.results[0].n;
   const pages = Math.max(1, Math.ceil(total / PAGE_ROWS));
+  if (pageIndex > pages) {
+    location.replace(`#/d1/${encodeURIComponent(details.uuid)}/table/${encodeURIComponent(name)}?page=${pages}`);
+  }
   const { columns, rows } = pageResult.results;
   const base = `#/d1/${encodeURIComponent(details.uuid)}/table/${encodeURIComponent(name)}`;
   const pager = h(
@@ -235,11 +238,15 @@ async function timeTravelView(details) {
           }),
         )
       : h("p", { class: "muted" }, "No commits in the Time Travel window.");
+    const span = minutes.length
+      ? h("p", { class: "muted chart-span" }, `${new Date(minutes[0] * 60_000).toLocaleString()} to ${new Date(minutes[minutes.length - 1] * 60_000).toLocaleString()}, one bar per minute with commits`)
+      : null;
     fill(
       overview,
       h("p", {}, "Current bookmark: ", h("code", { class: "bookmark current" }, history.current)),
       h("h2", {}, "Commits over time"),
       chart,
+      span,
     );
     const rows = entries.slice(0, 200).map((e) => [
       when(e.timestamp),
@@ -253,6 +260,10 @@ async function timeTravelView(details) {
   const preview = async (target) => {
     if (target.bookmark) {
       const found = entries.find((e) => e.bookmark === target.bookmark);
+      if (!found) {
+        // Not among the latest: the server checks it (malformed, unknown, or out of the window).
+        await v4("GET", dbPath(details.uuid, `/time_travel/history?limit=1&before=${encodeURIComponent(target.bookmark)}`));
+      }
       return { bookmark: target.bookmark, timestamp: found?.timestamp };
     }
     const { bookmark } = await v4("GET", dbPath(details.uuid, `/time_travel/bookmark?timestamp=${encodeURIComponent(target.timestamp)}`));
@@ -357,9 +368,15 @@ function transferView(details) {
           xhr.send(chosenFile);
         });
         upload.finish("Uploaded; running it…");
-        const outcome = await v4("POST", dbPath(details.uuid, "/import"), { action: "ingest", etag, filename: init.filename });
-        if (outcome.success === false || outcome.status === "error") throw new Error(outcome.error ?? "The import failed");
-        fill(importStatus, h("p", {}, (outcome.messages ?? []).join(" "), " Now at ", h("code", {}, outcome.at_bookmark), "."));
+        let outcome;
+        try {
+          outcome = await v4("POST", dbPath(details.uuid, "/import"), { action: "ingest", etag, filename: init.filename });
+          if (outcome.success === false || outcome.status === "error") throw new Error(outcome.error ?? "The import failed");
+        } catch (e) {
+          fill(importStatus);
+          throw e;
+        }
+        fill(importStatus, h("p", {}, `${(outcome.messages ?? []).join(" ")}; the database is now at `, h("code", {}, outcome.at_bookmark), "."));
       }, { "aria-label": "Import SQL" })
     : h("p", { class: "muted" }, "Read-only token: imports are not allowed.");
   return h("div", { class: "transfer" }, h("h2", {}, "Export"), h("p", {}, "D1's dump format: the schema and every row, as SQL."), exportButton, exportStatus, h("h2", {}, "Import"), importForm, importStatus);

@@ -10,15 +10,15 @@ function nsPath(ns, rest = "") {
   return acct(`/workers/durable_objects/namespaces/${encodeURIComponent(ns)}${rest}`);
 }
 
-function objectHref(ns, id) {
-  return `#/do/${encodeURIComponent(ns)}/${encodeURIComponent(id)}`;
+function objectHref(ns, id, name) {
+  return `#/do/${encodeURIComponent(ns)}/${encodeURIComponent(id)}${name ? `?${new URLSearchParams({ name })}` : ""}`;
 }
 
 export async function page(parts, q) {
   if (parts.length === 0) return namespaces();
   const namespace = await v4("GET", nsPath(parts[0]));
   if (parts.length === 1) return objects(namespace, q.get("cursor") ?? "", q.get("view") ?? "objects");
-  return objectPage(namespace, parts[1]);
+  return objectPage(namespace, parts[1], q.get("name"));
 }
 
 async function namespaces() {
@@ -49,7 +49,7 @@ async function objects(namespace, cursor, view) {
   if (cursor) q.set("cursor", cursor);
   const answer = await v4("GET", nsPath(namespace.id, `/objects?${q}`), undefined, { envelope: true });
   const rows = answer.result.map((o) => [
-    h("a", { href: objectHref(namespace.id, o.id) }, o.name ?? "(no name)"),
+    h("a", { href: objectHref(namespace.id, o.id, o.name) }, o.name ?? "(no name)"),
     h("code", { class: "object-id" }, o.id),
     bytes(o.stored_bytes),
     when(o.created_on),
@@ -82,7 +82,7 @@ function fanOut(namespace) {
           h(
             "div",
             { class: "result" },
-            h("h3", {}, h("a", { href: objectHref(namespace.id, o.id) }, o.name ?? o.id)),
+            h("h3", {}, h("a", { href: objectHref(namespace.id, o.id, o.name) }, o.name ?? o.id)),
             o.error ? errorBox(o.error) : resultTable(o.columns ?? [], o.rows ?? []),
           ),
         ),
@@ -92,7 +92,7 @@ function fanOut(namespace) {
   );
 }
 
-async function objectPage(namespace, id) {
+async function objectPage(namespace, id, name) {
   const path = (rest) => nsPath(namespace.id, `/objects/${encodeURIComponent(id)}${rest}`);
   const sql = h("textarea", { name: "sql", rows: 6, class: "code", spellcheck: "false", required: true });
   sql.value = "SELECT name, type FROM sqlite_master";
@@ -100,6 +100,7 @@ async function objectPage(namespace, id) {
   const run = async () => {
     try {
       const results = await v4("POST", path("/query"), { sql: sql.value });
+      showCurrent();
       fill(
         out,
         results.map((r) =>
@@ -118,13 +119,16 @@ async function objectPage(namespace, id) {
   });
 
   const pitr = h("div", { "aria-live": "polite" });
-  let current = "";
-  try {
-    current = (await v4("GET", path("/bookmark"))).bookmark;
-  } catch (e) {
-    current = "";
-    fill(pitr, errorBox(e));
-  }
+  /** The object's current bookmark, asked again after each change. */
+  const showCurrent = async () => {
+    try {
+      const { bookmark: current } = await v4("GET", path("/bookmark"));
+      fill(pitr, h("p", {}, "Current bookmark: ", h("code", { class: "bookmark" }, current)));
+    } catch (e) {
+      fill(pitr, e.status === 404 ? h("p", { class: "muted" }, "The object has stored nothing yet.") : errorBox(e));
+    }
+  };
+  await showCurrent();
   const bookmark = h("input", { name: "bookmark", class: "code", autocomplete: "off", spellcheck: "false", required: true });
   const minute = h("input", { name: "minute", type: "datetime-local", step: 60 });
   const restoreArea = h("div", { "aria-live": "polite" });
@@ -132,6 +136,7 @@ async function objectPage(namespace, id) {
     if (!confirmAction(`Restore this object to ${target}?`)) return;
     const restored = await v4("POST", path("/restore"), { bookmark: target });
     toast("Restored");
+    showCurrent();
     fill(
       restoreArea,
       h("p", {}, "Restored; now at ", h("code", { class: "bookmark" }, restored.bookmark), "."),
@@ -139,6 +144,7 @@ async function objectPage(namespace, id) {
       actionButton("Undo this restore", async () => {
         const undone = await v4("POST", path("/restore"), { bookmark: restored.previous_bookmark });
         toast("Restore undone");
+        showCurrent();
         fill(restoreArea, h("p", {}, "Undone; now at ", h("code", { class: "bookmark" }, undone.bookmark), "."));
       }),
     );
@@ -160,13 +166,12 @@ async function objectPage(namespace, id) {
   return h(
     "section",
     {},
-    heading([["Durable Objects", "#/do"], [namespace.name, `#/do/${encodeURIComponent(namespace.id)}`]], id.length > 24 ? `${id.slice(0, 12)}…` : id),
+    heading([["Durable Objects", "#/do"], [namespace.name, `#/do/${encodeURIComponent(namespace.id)}`]], name ?? (id.length > 24 ? `${id.slice(0, 12)}…` : id)),
     h("p", { class: "muted facts" }, h("code", {}, id)),
     h("h2", {}, "SQL"),
     form([field("SQL", sql, can("do:write") ? "Ctrl+Enter runs it; several statements are one transaction." : "Read-only token: statements that write are refused.")], "Run", run, { "aria-label": "Run SQL on this object" }),
     out,
     h("h2", {}, "Point-in-time restore"),
-    current ? h("p", {}, "Current bookmark: ", h("code", { class: "bookmark" }, current)) : null,
     pitr,
     restoreForms,
     restoreArea,

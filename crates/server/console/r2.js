@@ -59,7 +59,7 @@ async function browse(bucket, prefix, cursor) {
   if (cursor) q.set("cursor", cursor);
   const listing = await v4("GET", bucketPath(bucket, `/objects?${q}`), undefined, { envelope: true });
   const info = listing.result_info ?? {};
-  const folders = (info.delimited ?? []).map((p) => [h("a", { href: browseHref(bucket, p), class: "folder" }, `${p.slice(prefix.length)}`), "folder", "", ""]);
+  const folders = (info.delimited ?? []).map((p) => [h("a", { href: browseHref(bucket, p), class: "folder" }, `${p.slice(prefix.length)}`), "", "folder", ""]);
   const objects = listing.result.map((o) => [
     h("a", { href: objectHref(bucket, o.key) }, o.key.slice(prefix.length)),
     bytes(o.size),
@@ -92,7 +92,7 @@ async function browse(bucket, prefix, cursor) {
   const tools = [];
   if (can("r2:write")) tools.push(uploadPanel(bucket, prefix, relist));
   tools.push(presignPanel(bucket, prefix));
-  const actions = can("r2:write")
+  const actions = can("r2:write") && !prefix && !cursor
     ? actionButton("Delete bucket", async () => {
         if (!confirmAction(`Delete the bucket ${bucket}? It must be empty.`)) return;
         await v4("DELETE", bucketPath(bucket));

@@ -22,6 +22,14 @@ export async function page() {
   const scope = h("select", { name: "scope" }, SCOPES.map(([value, label]) => h("option", { value }, label)));
   const buckets = h("input", { name: "buckets", autocomplete: "off", spellcheck: "false", placeholder: "photos, backups" });
   const created = h("div", { "aria-live": "polite" });
+  // A bucket limit means something only to tokens that reach R2.
+  const reachesR2 = () => scope.value === "admin" || scope.value.startsWith("r2:");
+  const syncBuckets = () => {
+    buckets.disabled = !reachesR2();
+    if (buckets.disabled) buckets.value = "";
+  };
+  scope.addEventListener("change", syncBuckets);
+  syncBuckets();
   const create = form(
     [field("Name", name), field("Scope", scope), field("Limit to buckets", buckets, "Optional, comma-separated: the token (and its S3 key) reaches only these R2 buckets.")],
     "Create token",
@@ -44,6 +52,8 @@ export async function page() {
         ),
       );
       toast(`Created ${token.name}`);
+      name.value = "";
+      buckets.value = "";
       await drawList(listing);
     },
     { "aria-label": "Create a token" },
@@ -65,7 +75,7 @@ async function drawList(listing) {
     t.name,
     h("code", {}, t.id),
     t.scope,
-    t.buckets ? t.buckets.join(", ") : "all",
+    t.scope === "admin" || t.scope.startsWith("r2:") ? (t.buckets ? t.buckets.join(", ") : "all") : "—",
     when(t.issued_on),
     t.status === "revoked" ? `revoked ${when(t.revoked_on)}` : "active",
     t.status === "revoked"

@@ -73,9 +73,11 @@ export function toast(message, kind = "info") {
   setTimeout(() => el.remove(), kind === "error" ? 8000 : 4000);
 }
 
-/** An error box, as the API worded it. */
+/** An error box, as the API worded it; a refusal says it is about this token's reach. */
 export function errorBox(error) {
-  return h("div", { class: "error", role: "alert" }, error?.message ?? String(error));
+  const message = error?.message ?? String(error);
+  const refused = error?.status === 403 ? "This token may not do that: " : "";
+  return h("div", { class: "error", role: "alert" }, refused, message);
 }
 
 /** Asks before doing something that cannot be undone. */

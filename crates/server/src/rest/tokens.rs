@@ -76,6 +76,9 @@ pub async fn create(
     }
     let scope: Scope = body.scope.parse()?;
     let buckets = body.buckets.filter(|b| !b.is_empty());
+    if buckets.is_some() && !scope.can_read_r2() {
+        return Err(ApiError::bad_request(format!("A bucket limit needs a token that reaches R2; '{scope}' does not")));
+    }
     if let Some(names) = &buckets
         && let Some(bad) = names.iter().find(|n| !kura_catalog::is_valid_bucket_name(n))
     {

@@ -221,6 +221,14 @@ check((await d1Count(uuid)) === 0, "the rows are gone");
 await go(page, `#/d1/${uuid}/query`);
 await go(page, `#/d1/${uuid}/time-travel`);
 await page.waitForSelector(".chart .bar");
+// A bookmark that is not one is refused at preview, before any restore is offered.
+expected.add(`400 /client/v4/accounts/${KURA_ACCOUNT_ID}/d1/database/${uuid}/time_travel/history`);
+await page.type("form[aria-label='Choose a bookmark'] input[name=bookmark]", "not-a-bookmark");
+await page.click("form[aria-label='Choose a bookmark'] button[type=submit]");
+await page.waitForSelector(".chosen .error");
+check((await page.$(".chosen button")) === null, "a malformed bookmark offers no restore");
+expected.clear();
+await page.$eval("form[aria-label='Choose a bookmark'] input[name=bookmark]", (el) => (el.value = ""));
 await page.type("form[aria-label='Choose a bookmark'] input[name=bookmark]", before);
 await page.click("form[aria-label='Choose a bookmark'] button[type=submit]");
 await clickText(page, ".chosen button", "Restore to this point");
@@ -311,6 +319,10 @@ await shot(page, "11-r2-hostile-object");
 await go(page, "#/r2/media");
 await waitText(page, "td a", "videos/");
 await shot(page, "12-r2-bucket");
+// The skip link moves focus to the content and keeps the page.
+await page.focus(".skip");
+await page.keyboard.press("Enter");
+check(await page.evaluate(() => location.hash === "#/r2/media" && document.activeElement.id === "main"), "the skip link keeps the page and focuses its content");
 
 // ---- Durable Objects ----
 await go(page, "#/do");
@@ -381,7 +393,7 @@ check(afterRevoke.status === 401 || afterRevoke.status === 403, `the revoked tok
 const phone = await newPage(390, 844);
 current = phone;
 await signIn(phone, KURA_API_TOKEN);
-for (const [hash, name] of [[`#/d1/${uuid}`, "18-phone-d1"], ["#/r2/media", "19-phone-r2"], ["#/do/rooms", "20-phone-do"]]) {
+for (const [hash, name] of [[`#/d1/${uuid}`, "18-phone-d1"], ["#/r2/media", "19-phone-r2"], ["#/do/rooms", "20-phone-do"], ["#/tokens", "21-phone-tokens"], [`#/d1/${uuid}/time-travel`, "22-phone-time-travel"]]) {
   await go(phone, hash);
   await phone.waitForSelector("main h1");
   const overflow = await phone.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
