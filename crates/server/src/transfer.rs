@@ -246,7 +246,16 @@ pub async fn download(State(app): State<AppState>, UrlPath(token): UrlPath<Strin
         Ok(file) => {
             let len = file.metadata().await.map(|m| m.len()).unwrap_or(0);
             let body = Body::from_stream(tokio_util::io::ReaderStream::with_capacity(file, 256 * 1024));
-            ([(header::CONTENT_TYPE, "application/sql"), (header::CONTENT_LENGTH, &len.to_string())], body)
+            // A file to save, never a page to render (its SQL holds whatever the rows hold).
+            (
+                [
+                    (header::CONTENT_TYPE, "application/sql"),
+                    (header::CONTENT_LENGTH, &len.to_string()),
+                    (header::CONTENT_DISPOSITION, "attachment"),
+                    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                ],
+                body,
+            )
                 .into_response()
         }
         Err(_) => plain(StatusCode::NOT_FOUND, "This download link is unknown or has expired."),

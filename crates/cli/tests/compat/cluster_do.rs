@@ -163,6 +163,41 @@ fn three_nodes_serve_durable_objects_through_a_kill_with_alarms_adopted() {
             assert!(served_by.starts_with("node"), "{served_by}");
         }
     });
+    // A token made over HTTP through one node works through another at once (the catalog is
+    // the cluster's), within its scope; revoked through a third, it is refused everywhere soon.
+    runtime.block_on(async {
+        let made = post_ok(
+            &client,
+            format!("{}/accounts/{ACCOUNT}/tokens", apis[0]),
+            json!({ "name": "reader", "scope": "do:read" }),
+        )
+        .await;
+        let (id, secret) =
+            (made["result"]["id"].as_str().unwrap().to_owned(), made["result"]["value"].as_str().unwrap().to_owned());
+        let listed = client.get(namespaces(&apis[1])).bearer_auth(&secret).send().await.unwrap();
+        assert_eq!(listed.status(), 200, "the new token reads through another node");
+        let url = format!("{}/rooms/objects/room:0/batch", namespaces(&apis[2]));
+        let write = json!({ "operations": [{ "op": "sql", "sql": "CREATE TABLE t (x)" }] });
+        let refused = client.post(&url).bearer_auth(&secret).json(&write).send().await.unwrap();
+        assert_eq!(refused.status(), 403, "a do:read token may not write, through any node");
+        let revoked = client
+            .delete(format!("{}/accounts/{ACCOUNT}/tokens/{id}", apis[1]))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(revoked.status(), 200);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let status = client.get(namespaces(&apis[2])).bearer_auth(&secret).send().await.unwrap().status();
+            if status == 401 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the revoked token is still accepted by another node ({status})");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+
     let owner = runtime.block_on(async {
         let (_, served_by) = batch(&client, &apis[0], "room:0", json!([{ "op": "get_alarm" }])).await.unwrap();
         served_by.strip_prefix("node").unwrap().parse::<usize>().unwrap()
