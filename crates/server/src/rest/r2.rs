@@ -65,8 +65,8 @@ fn object_json(info: &ObjectInfo) -> serde_json::Value {
     })
 }
 
-/// The caller's bucket `name`, if its token reaches it.
-pub(crate) fn find_bucket(app: &AppState, caller: &Caller, account_id: &str, name: &str) -> Result<R2Bucket, ApiError> {
+/// Refuses a token whose bucket limit leaves out `name` (whether or not that bucket exists).
+fn require_reach(app: &AppState, caller: &Caller, name: &str) -> Result<(), ApiError> {
     let reaches = app
         .catalog
         .s3_credential(&caller.token.id)
@@ -75,6 +75,12 @@ pub(crate) fn find_bucket(app: &AppState, caller: &Caller, account_id: &str, nam
     if !reaches {
         return Err(ApiError::forbidden());
     }
+    Ok(())
+}
+
+/// The caller's bucket `name`, if its token reaches it.
+pub(crate) fn find_bucket(app: &AppState, caller: &Caller, account_id: &str, name: &str) -> Result<R2Bucket, ApiError> {
+    require_reach(app, caller, name)?;
     app.catalog
         .r2_bucket(account_id, name)
         .map_err(|e| ApiError::internal(&e))?
@@ -144,6 +150,8 @@ pub async fn create(
     let bytes = read_body(body).await?;
     let body: CreateBody = parse_json(&bytes)
         .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, 10040, "The JSON you provided was not well formed."))?;
+    // A bucket-limited token makes only buckets its limit names, as over S3.
+    require_reach(&app, &caller, &body.name)?;
     let location = body.location_hint.map(|l| l.to_ascii_lowercase());
     if let Some(l) = &location
         && !LOCATION_HINTS.contains(&l.as_str())

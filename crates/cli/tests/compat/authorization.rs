@@ -1,0 +1,744 @@
+//! The authorization matrix: every surface's endpoints (the v4 API, the D1 and R2 binding
+//! protocols, S3, the console and the open endpoints) against every kind of credential (none,
+//! malformed, unknown, revoked, each scope, a bucket-limited token, the admin, another
+//! account's admin), on the real server. What each credential may do is written once, as data
+//! ([`allowed`]); every cell is checked against it, and every denied write is checked to have
+//! changed nothing.
+
+use std::fmt;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::common::{ACCOUNT, KuraProcess, TOKEN, kura};
+
+const OTHER_ACCOUNT: &str = "other-account";
+/// The bucket the bucket-limited token reaches; [`CLOSED`] is another of the same account.
+const OPEN: &str = "open";
+const CLOSED: &str = "closed";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Credential {
+    None,
+    Malformed,
+    Unknown,
+    Revoked,
+    D1Read,
+    D1Write,
+    R2Read,
+    R2Write,
+    DoRead,
+    DoWrite,
+    /// `r2:write` limited to [`OPEN`].
+    BucketLimited,
+    Admin,
+    OtherAccountAdmin,
+}
+
+const CREDENTIALS: [Credential; 13] = [
+    Credential::None,
+    Credential::Malformed,
+    Credential::Unknown,
+    Credential::Revoked,
+    Credential::D1Read,
+    Credential::D1Write,
+    Credential::R2Read,
+    Credential::R2Write,
+    Credential::DoRead,
+    Credential::DoWrite,
+    Credential::BucketLimited,
+    Credential::Admin,
+    Credential::OtherAccountAdmin,
+];
+
+/// What an endpoint needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    Open,
+    D1Read,
+    D1Write,
+    /// R2 reads; `Some` names the bucket, `None` is account-wide (the list of buckets).
+    R2Read(Option<&'static str>),
+    R2Write(Option<&'static str>),
+    DoRead,
+    DoWrite,
+    /// Managing tokens: an admin token with no bucket limit.
+    TokenAdmin,
+    /// Workers: an admin token.
+    Admin,
+}
+
+/// The matrix, written once. Surfaces that do not name the account in their path (S3, the
+/// binding protocols) act in the credential's own account: there another account's admin may
+/// list and make buckets of its own, and never reaches this account's.
+fn allowed(credential: Credential, need: Need, surface: Surface) -> bool {
+    use Credential as C;
+    match need {
+        Need::Open => true,
+        Need::R2Read(None) | Need::R2Write(None) if credential == C::OtherAccountAdmin => surface != Surface::V4,
+        _ if credential == C::Admin => true,
+        Need::D1Read => matches!(credential, C::D1Read | C::D1Write),
+        Need::D1Write => credential == C::D1Write,
+        Need::R2Read(bucket) => match credential {
+            C::R2Read | C::R2Write => true,
+            C::BucketLimited => bucket.is_none_or(|b| b == OPEN),
+            _ => false,
+        },
+        // A bucket-limited token writes objects in its buckets only; it makes no buckets.
+        Need::R2Write(bucket) => match credential {
+            C::R2Write => true,
+            C::BucketLimited => bucket == Some(OPEN),
+            _ => false,
+        },
+        Need::DoRead => matches!(credential, C::DoRead | C::DoWrite),
+        Need::DoWrite => credential == C::DoWrite,
+        Need::TokenAdmin | Need::Admin => false,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Surface {
+    V4,
+    D1Binding,
+    R2Binding,
+    S3,
+    Plain,
+}
+
+/// One request of the matrix, with how to tell that a denied one changed nothing.
+#[derive(Clone)]
+struct Endpoint {
+    name: &'static str,
+    surface: Surface,
+    method: Method,
+    path: String,
+    body: Option<Vec<u8>>,
+    headers: Vec<(&'static str, String)>,
+    need: Need,
+    /// A probe (run with the admin token) whose answer must be the same before and after a
+    /// denied request.
+    unchanged: Option<Probe>,
+}
+
+#[derive(Clone)]
+struct Probe {
+    method: Method,
+    path: String,
+    body: Option<Value>,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({:?} {} {})", self.name, self.surface, self.method, self.path)
+    }
+}
+
+struct Secrets {
+    api: Vec<(Credential, String)>,
+    /// S3 key pairs (id, secret) by credential.
+    s3: Vec<(Credential, (String, String))>,
+}
+
+impl Secrets {
+    fn api(&self, c: Credential) -> Option<&str> {
+        self.api.iter().find(|(k, _)| *k == c).map(|(_, s)| s.as_str())
+    }
+
+    fn s3(&self, c: Credential) -> Option<&(String, String)> {
+        self.s3.iter().find(|(k, _)| *k == c).map(|(_, s)| s)
+    }
+}
+
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+async fn admin(
+    client: &reqwest::Client,
+    server: &KuraProcess,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Value {
+    let url = format!("{}{path}", server.api);
+    let mut request = client.request(method.clone(), &url).bearer_auth(TOKEN);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let answer = request.send().await.unwrap();
+    let status = answer.status();
+    let text = answer.text().await.unwrap();
+    assert!(status.is_success(), "{method} {path}: {status} {text}");
+    serde_json::from_str(&text).unwrap_or(Value::String(text))
+}
+
+async fn probe(client: &reqwest::Client, server: &KuraProcess, p: &Probe) -> Value {
+    let mut answer = admin(client, server, p.method.clone(), &p.path, p.body.clone()).await;
+    // Timings and bookmarks move with every read; what a probe compares is the data.
+    strip_volatile(&mut answer);
+    answer
+}
+
+fn strip_volatile(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for key in ["meta", "duration", "served_by", "timings"] {
+                map.remove(key);
+            }
+            map.values_mut().for_each(strip_volatile);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_volatile),
+        _ => {}
+    }
+}
+
+fn v4(path: &str) -> String {
+    format!("/accounts/{ACCOUNT}{path}")
+}
+
+fn binding_r2_write(method: &str, key: &str) -> (Vec<u8>, Vec<(&'static str, String)>) {
+    let metadata = serde_json::to_vec(&json!({ "version": 1, "method": method, "object": key })).unwrap();
+    let size = metadata.len().to_string();
+    let mut body = metadata;
+    body.extend_from_slice(b"written by the matrix");
+    (body, vec![("cf-r2-metadata-size", size)])
+}
+
+fn endpoints() -> Vec<Endpoint> {
+    let count = |table: &str| Probe {
+        method: Method::POST,
+        path: v4("/d1/database/fixture/query"),
+        body: Some(json!({ "sql": format!("SELECT count(*) AS n FROM {table}") })),
+    };
+    let d1_list = Probe { method: Method::GET, path: v4("/d1/database"), body: None };
+    let buckets = Probe { method: Method::GET, path: v4("/r2/buckets"), body: None };
+    let objects =
+        |bucket: &str| Probe { method: Method::GET, path: v4(&format!("/r2/buckets/{bucket}/objects")), body: None };
+    let do_rows = Probe {
+        method: Method::POST,
+        path: v4("/workers/durable_objects/namespaces/ns/objects/obj/query"),
+        body: Some(json!({ "sql": "SELECT count(*) FROM t" })),
+    };
+    let tokens = Probe { method: Method::GET, path: v4("/tokens"), body: None };
+    let json_body = |v: Value| Some(serde_json::to_vec(&v).unwrap());
+    let e = |name, surface, method, path: String, body, need, unchanged| Endpoint {
+        name,
+        surface,
+        method,
+        path,
+        body,
+        headers: Vec::new(),
+        need,
+        unchanged,
+    };
+    let (r2_put_open, r2_put_open_headers) = binding_r2_write("put", "binding-new");
+    let (r2_put_closed, r2_put_closed_headers) = binding_r2_write("put", "binding-new");
+    let select = json_body(json!({ "sql": "SELECT * FROM t" }));
+    let insert = json_body(json!({ "sql": "INSERT INTO t VALUES (99)" }));
+    vec![
+        e("healthz", Surface::Plain, Method::GET, "/healthz".into(), None, Need::Open, None),
+        e("metrics", Surface::Plain, Method::GET, "/metrics".into(), None, Need::Open, None),
+        e("console", Surface::Plain, Method::GET, "/console/".into(), None, Need::Open, None),
+        e("d1 list", Surface::V4, Method::GET, v4("/d1/database"), None, Need::D1Read, None),
+        e("d1 details", Surface::V4, Method::GET, v4("/d1/database/fixture"), None, Need::D1Read, None),
+        e(
+            "d1 create",
+            Surface::V4,
+            Method::POST,
+            v4("/d1/database"),
+            json_body(json!({ "name": "made-by-the-matrix" })),
+            Need::D1Write,
+            Some(d1_list.clone()),
+        ),
+        e("d1 select", Surface::V4, Method::POST, v4("/d1/database/fixture/query"), select.clone(), Need::D1Read, None),
+        e(
+            "d1 raw select",
+            Surface::V4,
+            Method::POST,
+            v4("/d1/database/fixture/raw"),
+            select.clone(),
+            Need::D1Read,
+            None,
+        ),
+        e(
+            "d1 insert",
+            Surface::V4,
+            Method::POST,
+            v4("/d1/database/fixture/query"),
+            insert.clone(),
+            Need::D1Write,
+            Some(count("t")),
+        ),
+        e(
+            "d1 bookmark",
+            Surface::V4,
+            Method::GET,
+            v4("/d1/database/fixture/time_travel/bookmark"),
+            None,
+            Need::D1Read,
+            None,
+        ),
+        e(
+            "d1 history",
+            Surface::V4,
+            Method::GET,
+            v4("/d1/database/fixture/time_travel/history"),
+            None,
+            Need::D1Read,
+            None,
+        ),
+        e(
+            "d1 export",
+            Surface::V4,
+            Method::POST,
+            v4("/d1/database/fixture/export"),
+            json_body(json!({ "output_format": "polling" })),
+            Need::D1Read,
+            None,
+        ),
+        e(
+            "d1 delete",
+            Surface::V4,
+            Method::DELETE,
+            v4("/d1/database/doomed"),
+            None,
+            Need::D1Write,
+            Some(d1_list.clone()),
+        ),
+        e("r2 buckets", Surface::V4, Method::GET, v4("/r2/buckets"), None, Need::R2Read(None), None),
+        e(
+            "r2 create bucket",
+            Surface::V4,
+            Method::POST,
+            v4("/r2/buckets"),
+            json_body(json!({ "name": "made-by-the-matrix" })),
+            Need::R2Write(None),
+            Some(buckets.clone()),
+        ),
+        e(
+            "r2 list open",
+            Surface::V4,
+            Method::GET,
+            v4(&format!("/r2/buckets/{OPEN}/objects")),
+            None,
+            Need::R2Read(Some(OPEN)),
+            None,
+        ),
+        e(
+            "r2 list closed",
+            Surface::V4,
+            Method::GET,
+            v4(&format!("/r2/buckets/{CLOSED}/objects")),
+            None,
+            Need::R2Read(Some(CLOSED)),
+            None,
+        ),
+        e(
+            "r2 get closed",
+            Surface::V4,
+            Method::GET,
+            v4(&format!("/r2/buckets/{CLOSED}/objects/k")),
+            None,
+            Need::R2Read(Some(CLOSED)),
+            None,
+        ),
+        e(
+            "r2 put closed",
+            Surface::V4,
+            Method::PUT,
+            v4(&format!("/r2/buckets/{CLOSED}/objects/v4-new")),
+            Some(b"x".to_vec()),
+            Need::R2Write(Some(CLOSED)),
+            Some(objects(CLOSED)),
+        ),
+        e(
+            "r2 put open",
+            Surface::V4,
+            Method::PUT,
+            v4(&format!("/r2/buckets/{OPEN}/objects/v4-new")),
+            Some(b"x".to_vec()),
+            Need::R2Write(Some(OPEN)),
+            Some(objects(OPEN)),
+        ),
+        e(
+            "r2 delete closed",
+            Surface::V4,
+            Method::DELETE,
+            v4(&format!("/r2/buckets/{CLOSED}/objects/k")),
+            None,
+            Need::R2Write(Some(CLOSED)),
+            Some(objects(CLOSED)),
+        ),
+        e(
+            "do namespaces",
+            Surface::V4,
+            Method::GET,
+            v4("/workers/durable_objects/namespaces"),
+            None,
+            Need::DoRead,
+            None,
+        ),
+        e(
+            "do objects",
+            Surface::V4,
+            Method::GET,
+            v4("/workers/durable_objects/namespaces/ns/objects"),
+            None,
+            Need::DoRead,
+            None,
+        ),
+        e(
+            "do select",
+            Surface::V4,
+            Method::POST,
+            v4("/workers/durable_objects/namespaces/ns/objects/obj/query"),
+            json_body(json!({ "sql": "SELECT * FROM t" })),
+            Need::DoRead,
+            None,
+        ),
+        e(
+            "do write",
+            Surface::V4,
+            Method::POST,
+            v4("/workers/durable_objects/namespaces/ns/objects/obj/batch"),
+            json_body(json!({ "operations": [{ "op": "sql", "sql": "INSERT INTO t VALUES (99)" }] })),
+            Need::DoWrite,
+            Some(do_rows.clone()),
+        ),
+        e(
+            "do fan-out",
+            Surface::V4,
+            Method::POST,
+            v4("/workers/durable_objects/namespaces/ns/fan_out"),
+            json_body(json!({ "sql": "SELECT count(*) FROM t" })),
+            Need::DoRead,
+            None,
+        ),
+        e(
+            "do create namespace",
+            Surface::V4,
+            Method::POST,
+            v4("/workers/durable_objects/namespaces"),
+            json_body(json!({ "name": "made-by-the-matrix" })),
+            Need::DoWrite,
+            Some(Probe { method: Method::GET, path: v4("/workers/durable_objects/namespaces"), body: None }),
+        ),
+        e("workers scripts", Surface::V4, Method::GET, v4("/workers/scripts"), None, Need::Admin, None),
+        e("tokens list", Surface::V4, Method::GET, v4("/tokens"), None, Need::TokenAdmin, None),
+        e(
+            "tokens create",
+            Surface::V4,
+            Method::POST,
+            v4("/tokens"),
+            json_body(json!({ "name": "made-by-the-matrix", "scope": "admin" })),
+            Need::TokenAdmin,
+            Some(tokens.clone()),
+        ),
+        e(
+            "tokens revoke",
+            Surface::V4,
+            Method::DELETE,
+            v4("/tokens/the-victim"),
+            None,
+            Need::TokenAdmin,
+            Some(tokens.clone()),
+        ),
+        e(
+            "d1 binding select",
+            Surface::D1Binding,
+            Method::POST,
+            "/binding/d1/fixture/query".into(),
+            select,
+            Need::D1Read,
+            None,
+        ),
+        e(
+            "d1 binding insert",
+            Surface::D1Binding,
+            Method::POST,
+            "/binding/d1/fixture/query".into(),
+            insert,
+            Need::D1Write,
+            Some(count("t")),
+        ),
+        Endpoint {
+            headers: vec![("cf-r2-request", json!({ "version": 1, "method": "head", "object": "k" }).to_string())],
+            ..e(
+                "r2 binding head closed",
+                Surface::R2Binding,
+                Method::GET,
+                format!("/binding/r2/{CLOSED}"),
+                None,
+                Need::R2Read(Some(CLOSED)),
+                None,
+            )
+        },
+        Endpoint {
+            headers: r2_put_closed_headers,
+            ..e(
+                "r2 binding put closed",
+                Surface::R2Binding,
+                Method::PUT,
+                format!("/binding/r2/{CLOSED}"),
+                Some(r2_put_closed),
+                Need::R2Write(Some(CLOSED)),
+                Some(objects(CLOSED)),
+            )
+        },
+        Endpoint {
+            headers: r2_put_open_headers,
+            ..e(
+                "r2 binding put open",
+                Surface::R2Binding,
+                Method::PUT,
+                format!("/binding/r2/{OPEN}"),
+                Some(r2_put_open),
+                Need::R2Write(Some(OPEN)),
+                Some(objects(OPEN)),
+            )
+        },
+        e("s3 list buckets", Surface::S3, Method::GET, "/".into(), None, Need::R2Read(None), None),
+        e("s3 get closed", Surface::S3, Method::GET, format!("/{CLOSED}/k"), None, Need::R2Read(Some(CLOSED)), None),
+        e("s3 get open", Surface::S3, Method::GET, format!("/{OPEN}/k"), None, Need::R2Read(Some(OPEN)), None),
+        e(
+            "s3 put closed",
+            Surface::S3,
+            Method::PUT,
+            format!("/{CLOSED}/s3-new"),
+            Some(b"x".to_vec()),
+            Need::R2Write(Some(CLOSED)),
+            Some(objects(CLOSED)),
+        ),
+        e(
+            "s3 delete closed",
+            Surface::S3,
+            Method::DELETE,
+            format!("/{CLOSED}/k"),
+            None,
+            Need::R2Write(Some(CLOSED)),
+            Some(objects(CLOSED)),
+        ),
+        e("s3 create bucket", Surface::S3, Method::PUT, "/made-by-s3".into(), None, Need::R2Write(None), Some(buckets)),
+    ]
+}
+
+/// Sends one cell's request; answers its status and body.
+async fn send(
+    client: &reqwest::Client,
+    server: &KuraProcess,
+    secrets: &Secrets,
+    e: &Endpoint,
+    c: Credential,
+) -> (u16, String) {
+    let base = match e.surface {
+        Surface::V4 => server.api.clone(),
+        Surface::S3 => server.s3.clone(),
+        _ => server.api.trim_end_matches("/client/v4").to_owned(),
+    };
+    let url = format!("{base}{}", e.path);
+    let mut request = client.request(e.method.clone(), &url);
+    for (name, value) in &e.headers {
+        request = request.header(*name, value);
+    }
+    if e.surface == Surface::S3 {
+        match c {
+            Credential::None => {}
+            Credential::Malformed => request = request.header("authorization", "AWS4-HMAC-SHA256 nonsense"),
+            _ => {
+                let (id, secret) = secrets.s3(c).expect("every signed credential has an S3 key pair");
+                let host = kura_server::sigv4::host_of(&url).to_owned();
+                for (name, value) in
+                    kura_server::sigv4::signed_headers(e.method.as_str(), &url, &[("host", &host)], id, secret).unwrap()
+                {
+                    request = request.header(name, value);
+                }
+            }
+        }
+    } else {
+        match c {
+            Credential::None => {}
+            Credential::Malformed => request = request.header("authorization", "Basic bm90IGEgdG9rZW4="),
+            _ => request = request.bearer_auth(secrets.api(c).expect("every bearer credential has a secret")),
+        }
+    }
+    if let Some(body) = &e.body {
+        request = request.body(body.clone());
+    }
+    let answer = request.send().await.unwrap();
+    let status = answer.status().as_u16();
+    (status, answer.text().await.unwrap_or_default())
+}
+
+#[test]
+fn every_endpoint_against_every_credential() {
+    let server = KuraProcess::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let client = reqwest::Client::new();
+
+    // Another account, with its own admin token, database, bucket and namespace.
+    let other = kura(server.dir.path(), &server.data, &["accounts", "create", "--id", OTHER_ACCOUNT], &[])
+        .expect_ok("kura accounts create");
+    let other_admin = other
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Admin API token (shown only this once): "))
+        .expect("the other account's token")
+        .trim()
+        .to_owned();
+
+    let secrets = runtime.block_on(async {
+        // Fixtures of the account under test.
+        admin(&client, &server, Method::POST, &v4("/d1/database"), Some(json!({ "name": "fixture" }))).await;
+        admin(&client, &server, Method::POST, &v4("/d1/database"), Some(json!({ "name": "doomed" }))).await;
+        admin(
+            &client,
+            &server,
+            Method::POST,
+            &v4("/d1/database/fixture/query"),
+            Some(json!({ "sql": "CREATE TABLE t (x); INSERT INTO t VALUES (1)" })),
+        )
+        .await;
+        for bucket in [OPEN, CLOSED] {
+            admin(&client, &server, Method::POST, &v4("/r2/buckets"), Some(json!({ "name": bucket }))).await;
+            let url = format!("{}{}", server.api, v4(&format!("/r2/buckets/{bucket}/objects/k")));
+            assert!(client.put(url).bearer_auth(TOKEN).body("fixture").send().await.unwrap().status().is_success());
+        }
+        admin(
+            &client,
+            &server,
+            Method::POST,
+            &v4("/workers/durable_objects/namespaces"),
+            Some(json!({ "name": "ns" })),
+        )
+        .await;
+        admin(
+            &client,
+            &server,
+            Method::POST,
+            &v4("/workers/durable_objects/namespaces/ns/objects/obj/query"),
+            Some(json!([{ "sql": "CREATE TABLE t (x)" }, { "sql": "INSERT INTO t VALUES (1)" }])),
+        )
+        .await;
+
+        let mut api = vec![(Credential::Admin, TOKEN.to_owned()), (Credential::OtherAccountAdmin, other_admin.clone())];
+        let mut s3 = Vec::new();
+        let scoped = [
+            (Credential::D1Read, "d1:read", None),
+            (Credential::D1Write, "d1:write", None),
+            (Credential::R2Read, "r2:read", None),
+            (Credential::R2Write, "r2:write", None),
+            (Credential::DoRead, "do:read", None),
+            (Credential::DoWrite, "do:write", None),
+            (Credential::BucketLimited, "r2:write", Some(json!([OPEN]))),
+            (Credential::Revoked, "admin", None),
+        ];
+        for (credential, scope, buckets) in scoped {
+            let mut body = json!({ "name": format!("{credential:?}"), "scope": scope });
+            if let Some(b) = buckets {
+                body["buckets"] = b;
+            }
+            let made = admin(&client, &server, Method::POST, &v4("/tokens"), Some(body)).await;
+            let (id, secret) = (
+                made["result"]["id"].as_str().unwrap().to_owned(),
+                made["result"]["value"].as_str().unwrap().to_owned(),
+            );
+            if credential == Credential::Revoked {
+                admin(&client, &server, Method::DELETE, &v4(&format!("/tokens/{id}")), None).await;
+            }
+            s3.push((credential, (id, sha256_hex(&secret))));
+            api.push((credential, secret));
+        }
+        api.push((Credential::Unknown, "an-unknown-token-0123456789abcdefghijklmn".to_owned()));
+        s3.push((Credential::Unknown, ("0123456789abcdef0123456789abcdef".to_owned(), sha256_hex("unknown"))));
+        // The admin's S3 key is the one R2 derives from its token; the other account's too.
+        let id_of = async |secret: &str| -> String {
+            let answer =
+                client.get(format!("{}/user/tokens/verify", server.api)).bearer_auth(secret).send().await.unwrap();
+            answer.json::<Value>().await.unwrap()["result"]["id"].as_str().unwrap().to_owned()
+        };
+        s3.push((Credential::Admin, (id_of(TOKEN).await, sha256_hex(TOKEN))));
+        s3.push((Credential::OtherAccountAdmin, (id_of(&other_admin).await, sha256_hex(&other_admin))));
+        Secrets { api, s3 }
+    });
+
+    let endpoints = endpoints();
+    let mut failures = Vec::new();
+    let mut cells = 0;
+    runtime.block_on(async {
+        for e in &endpoints {
+            for c in CREDENTIALS {
+                // The victim of "tokens revoke" must exist: the revoked token's id stands in.
+                let e = &match e.name {
+                    "tokens revoke" => Endpoint {
+                        path: v4(&format!("/tokens/{}", secrets.s3(Credential::D1Read).unwrap().0)),
+                        ..e.clone()
+                    },
+                    _ => e.clone(),
+                };
+                let should = allowed(c, e.need, e.surface);
+                // A write that is allowed would change the state the next cells are checked
+                // against; its allowance is seen on its own fixture below, so here only denials
+                // of writes are sent (reads are sent for every cell), and another account's
+                // writes in its own account, which must leave this one as it was.
+                let foreign = c == Credential::OtherAccountAdmin;
+                let before = match &e.unchanged {
+                    Some(p) if !should || foreign => Some(probe(&client, &server, p).await),
+                    Some(_) => continue,
+                    None => None,
+                };
+                cells += 1;
+                let (status, body) = send(&client, &server, &secrets, e, c).await;
+                let denied = matches!(status, 401 | 403)
+                    // S3 refuses an unsigned or malformed request in its own words, as R2 does:
+                    // 400 InvalidArgument "Authorization" or InvalidRequest.
+                    || (e.surface == Surface::S3 && status == 400 && matches!(c, Credential::None | Credential::Malformed))
+                    // Another account's credential looks in its own account, where these do not exist.
+                    || (foreign && e.surface != Surface::V4 && status == 404);
+                if should && !(200..300).contains(&status) {
+                    failures.push(format!("{e:?} with {c:?}: expected allowed, got {status} {}", cut(&body)));
+                } else if !should && !denied {
+                    failures.push(format!("{e:?} with {c:?}: expected denied, got {status} {}", cut(&body)));
+                }
+                if let (Some(p), Some(before)) = (&e.unchanged, before) {
+                    let after = probe(&client, &server, p).await;
+                    if after != before {
+                        failures.push(format!("{e:?} with {c:?}: a denied request changed {} {}", p.method, p.path));
+                    }
+                }
+                if c == Credential::OtherAccountAdmin && e.name == "s3 list buckets" && (body.contains(OPEN) || body.contains(CLOSED)) {
+                    failures.push("another account's S3 key listed this account's buckets".into());
+                }
+            }
+        }
+        // The allowed writes, each once, with the least credential the matrix allows.
+        for e in endpoints.iter().filter(|e| e.unchanged.is_some()) {
+            let least = CREDENTIALS.iter().copied().filter(|c| !matches!(c, Credential::Admin | Credential::OtherAccountAdmin));
+            let c = least.into_iter().find(|c| allowed(*c, e.need, e.surface)).unwrap_or(Credential::Admin);
+            let e = match e.name {
+                "tokens revoke" => Endpoint { path: v4(&format!("/tokens/{}", secrets.s3(Credential::D1Read).unwrap().0)), ..e.clone() },
+                _ => e.clone(),
+            };
+            cells += 1;
+            let (status, body) = send(&client, &server, &secrets, &e, c).await;
+            if !(200..300).contains(&status) {
+                failures.push(format!("{e:?} with {c:?}: expected allowed, got {status} {}", cut(&body)));
+            }
+        }
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {cells} cells differ from the matrix:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    eprintln!(
+        "authorization matrix: {} endpoints × {} credentials, {cells} cells checked",
+        endpoints.len(),
+        CREDENTIALS.len()
+    );
+}
+
+fn cut(body: &str) -> String {
+    body.chars().take(200).collect()
+}
