@@ -45,6 +45,13 @@ use tokio::net::TcpListener;
 
 pub use node::{Bootstrap, CredentialsConfig, Node, NodeError, NodeSettings, bootstrap};
 
+/// Cases each property test of an outside parser runs: a bounded number in `scripts/test`, more
+/// with `KURA_FUZZ_CASES` (the long mode).
+#[cfg(test)]
+pub(crate) fn fuzz_cases() -> u32 {
+    std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(2_000)
+}
+
 /// Largest request body accepted, in bytes: room for a batch of statements with 2 MB values.
 pub const MAX_BODY_BYTES: usize = 100 * 1024 * 1024;
 

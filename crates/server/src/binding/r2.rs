@@ -820,4 +820,39 @@ mod tests {
         assert_eq!(parse_range_header("bytes=0-1,3-4").ok().flatten(), None);
         assert!(parse_range_header("pages=1").is_err());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(crate::fuzz_cases()))]
+
+        /// Any `Range` header is a range, the whole object, or InvalidRange: never a panic.
+        #[test]
+        fn any_range_header_parses_or_is_refused(text in "(bytes=)?[0-9 ,-]{0,30}|.{0,40}") {
+            if let Ok(Some(ByteRange::From { start, end: Some(end) })) = parse_range_header(&text) {
+                proptest::prop_assert!(text.contains(&start.to_string()) && text.contains(&end.to_string()));
+            }
+        }
+
+        /// Any bytes as a binding request: parsed or refused with the protocol's error.
+        #[test]
+        fn any_request_parses_or_is_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            let _ = parse_request(&bytes);
+        }
+
+        /// Requests shaped like workerd's, with arbitrary field values, parse or are refused.
+        #[test]
+        fn shaped_requests_parse_or_are_refused(
+            method in "(get|head|put|delete|list|createMultipartUpload|uploadPart|completeMultipartUpload|abortMultipartUpload|[a-z]{1,8})",
+            object in ".{0,20}",
+            offset in "(-?[0-9]{0,25}|\"[0-9a-z-]{0,25}\"|null|true|\\[\\])",
+            length in "(-?[0-9]{0,25}|\"[0-9a-z-]{0,25}\"|null)",
+        ) {
+            let text = format!(
+                r#"{{"version":1,"method":"{method}","object":{},"range":{{"offset":{offset},"length":{length}}},"partNumber":{offset},"parts":[{{"part":{length},"etag":"e"}}],"limit":{length}}}"#,
+                serde_json::to_string(&object).unwrap(),
+            );
+            if let Ok(BindingRequest::Get { range, .. }) = parse_request(text.as_bytes()) {
+                let _ = byte_range(range, None);
+            }
+        }
+    }
 }

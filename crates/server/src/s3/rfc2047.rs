@@ -96,4 +96,29 @@ mod tests {
         }
         assert_eq!(encode("plain"), "plain");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(crate::fuzz_cases()))]
+
+        /// Any header value decodes without panicking; text without an encoded word is kept.
+        #[test]
+        fn any_value_decodes(value in ".*") {
+            let decoded = decode(&value);
+            if !value.contains("=?") {
+                proptest::prop_assert_eq!(decoded, value);
+            }
+        }
+
+        /// Encoded words built around arbitrary bytes (valid or not) decode without panicking.
+        #[test]
+        fn any_encoded_word_decodes(charset in "[A-Za-z0-9-]{0,12}", kind in "[BbQqXx]", text in "[ -~]{0,64}") {
+            let _ = decode(&format!("a =?{charset}?{kind}?{text}?= b =?{charset}?{kind}?{text}"));
+        }
+
+        /// Every string survives encoding and decoding, as R2 stores Unicode metadata.
+        #[test]
+        fn every_string_round_trips(value in "\\PC*") {
+            proptest::prop_assert_eq!(decode(&encode(&value)), value);
+        }
+    }
 }

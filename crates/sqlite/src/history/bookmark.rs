@@ -127,4 +127,29 @@ mod tests {
             assert!(bad.parse::<Bookmark>().is_err(), "{bad:?}");
         }
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(
+            std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(2_000)
+        ))]
+
+        /// Any text parses to a bookmark or an error, never a panic; what parses prints back
+        /// as itself (ignoring case).
+        #[test]
+        fn any_text_parses_or_is_refused(text in "[0-9a-fA-F-]{0,70}|.{0,80}") {
+            if let Ok(b) = text.parse::<Bookmark>() {
+                proptest::prop_assert_eq!(b.to_string(), text.to_ascii_lowercase());
+            }
+        }
+
+        /// Every bookmark round-trips, and one database's bookmarks never parse as another's.
+        #[test]
+        fn every_bookmark_round_trips(seq in proptest::prelude::any::<u64>(), time in 0i64..(1i64 << 47), db in "[a-z0-9-]{1,40}") {
+            let b = Bookmark::new(&db, seq, time);
+            proptest::prop_assert_eq!(b.to_string().parse::<Bookmark>().unwrap(), b);
+            proptest::prop_assert!(b.belongs_to(&db));
+            let other = format!("{}x", db);
+            proptest::prop_assert!(!b.belongs_to(&other));
+        }
+    }
 }

@@ -5,6 +5,7 @@ mod atomicity;
 mod authorizer;
 mod common;
 mod follow;
+mod fuzz;
 mod limits;
 mod meta;
 mod registry;
