@@ -16,6 +16,7 @@ mod kura_cli;
 mod metrics;
 mod node_bindings;
 mod s3_clients;
+mod s3_fuzz;
 mod workerd;
 mod workers;
 mod wrangler;

@@ -1,0 +1,208 @@
+//! Hostile S3 requests, fuzzed at the wire against the real S3 listener: methods, paths and
+//! query strings (subresources, continuation tokens, part numbers, presigned parameters),
+//! Authorization headers, dates, content hashes, ranges, RFC 2047 metadata and bodies (garbage,
+//! aws-chunked-shaped, multipart-complete XML), some signed with a real key so they reach the
+//! parsers behind authentication. Whatever arrives, kura answers in S3's shape without a 5xx
+//! (501 for what it does not implement), keeps serving, and leaves the fixture object as it
+//! was. `KURA_FUZZ_CASES` sets the number of requests (the long mode); `scripts/test` sends a
+//! bounded number.
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+use crate::common::{KuraProcess, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY};
+
+const BUCKET: &str = "fuzz";
+
+#[derive(Debug, Clone)]
+struct Hostile {
+    method: &'static str,
+    path: String,
+    query: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    signed: bool,
+}
+
+fn token() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        "[A-Za-z0-9+/=_.-]{0,40}",
+        "\\PC{0,12}",
+        Just("%ZZ".to_owned()),
+        Just("%00".to_owned()),
+        "[0-9]{1,25}",
+        Just("-1".to_owned()),
+    ]
+}
+
+fn hostile(upload_id: String) -> impl Strategy<Value = Hostile> {
+    let method = proptest::sample::select(vec!["GET", "PUT", "POST", "DELETE", "HEAD"]);
+    let path = prop_oneof![
+        Just("/".to_owned()),
+        Just(format!("/{BUCKET}")),
+        Just(format!("/{BUCKET}/")),
+        "[a-z0-9.-]{0,70}".prop_map(|b| format!("/{b}")),
+        token().prop_map(|k| format!("/{BUCKET}/w/{k}")),
+        Just(format!("/{BUCKET}/upload")),
+        Just(format!("/{BUCKET}/{}", "k".repeat(1100))),
+        Just(format!("/{BUCKET}/%2e%2e/fixture")),
+    ];
+    let id = upload_id.clone();
+    let query = prop_oneof![
+        Just(String::new()),
+        Just("uploads".to_owned()),
+        token().prop_map(|t| format!("list-type=2&continuation-token={t}")),
+        token().prop_map(|t| format!("list-type=2&start-after={t}&max-keys={t}")),
+        token().prop_map(|t| format!("delimiter={t}&prefix={t}&marker={t}")),
+        (token(), token()).prop_map(move |(n, u)| format!("partNumber={n}&uploadId={}", if u.is_empty() { id.clone() } else { u })),
+        Just(format!("uploadId={upload_id}")),
+        token().prop_map(|t| format!("partNumber={t}")),
+        Just("delete".to_owned()),
+        Just("cors".to_owned()),
+        Just("versioning".to_owned()),
+        (token(), token(), token()).prop_map(|(c, d, s)| format!(
+            "X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={c}&X-Amz-Date={d}&X-Amz-Expires={s}&X-Amz-SignedHeaders=host&X-Amz-Signature={s}"
+        )),
+        token().prop_map(|t| format!("X-Amz-Algorithm={t}")),
+        token().prop_map(|t| format!("response-content-type={t}&response-content-disposition={t}")),
+    ];
+    let authorization = prop_oneof![
+        Just(None),
+        (token(), token(), token()).prop_map(|(c, h, s)| Some(format!("AWS4-HMAC-SHA256 Credential={c}, SignedHeaders={h}, Signature={s}"))),
+        token().prop_map(|t| Some(format!("AWS4-HMAC-SHA256 Credential={S3_ACCESS_KEY_ID}/20260101/auto/s3/aws4_request, SignedHeaders=host;x-amz-date, Signature={t}"))),
+        token().prop_map(|t| Some(format!("AWS {t}:{t}"))),
+        "\\PC{0,30}".prop_map(Some),
+    ];
+    let header = prop_oneof![
+        token().prop_map(|t| ("x-amz-date".to_owned(), t)),
+        prop_oneof![
+            Just("UNSIGNED-PAYLOAD".to_owned()),
+            Just("STREAMING-AWS4-HMAC-SHA256-PAYLOAD".to_owned()),
+            Just("STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned()),
+            "[0-9a-f]{0,64}".prop_map(|h| h),
+        ]
+        .prop_map(|v| ("x-amz-content-sha256".to_owned(), v)),
+        token().prop_map(|t| ("range".to_owned(), format!("bytes={t}"))),
+        "[0-9 ,-]{0,12}".prop_map(|t| ("range".to_owned(), format!("bytes={t}"))),
+        token().prop_map(|t| ("x-amz-meta-note".to_owned(), format!("=?UTF-8?B?{t}?="))),
+        token().prop_map(|t| ("x-amz-meta-q".to_owned(), format!("=?utf-8?Q?{t}?="))),
+        Just(("content-encoding".to_owned(), "aws-chunked".to_owned())),
+        token().prop_map(|t| ("x-amz-decoded-content-length".to_owned(), t)),
+        token().prop_map(|t| ("x-amz-copy-source".to_owned(), format!("/{BUCKET}/{t}"))),
+        token().prop_map(|t| ("x-amz-copy-source-range".to_owned(), format!("bytes={t}"))),
+        token().prop_map(|t| ("if-match".to_owned(), t)),
+        token().prop_map(|t| ("if-none-match".to_owned(), t)),
+        token().prop_map(|t| ("if-modified-since".to_owned(), t)),
+        token().prop_map(|t| ("content-md5".to_owned(), t)),
+        token().prop_map(|t| ("x-amz-checksum-sha256".to_owned(), t)),
+        token().prop_map(|t| ("x-amz-trailer".to_owned(), t)),
+        token().prop_map(|t| ("x-amz-metadata-directive".to_owned(), t)),
+        token().prop_map(|t| ("x-amz-storage-class".to_owned(), t)),
+    ];
+    let body = prop_oneof![
+        Just(Vec::new()),
+        proptest::collection::vec(any::<u8>(), 0..300),
+        (token(), proptest::collection::vec(any::<u8>(), 0..60)).prop_map(|(size, data)| {
+            let mut b = format!("{size};chunk-signature={size}\r\n").into_bytes();
+            b.extend(data);
+            b.extend_from_slice(b"\r\n0;chunk-signature=00\r\nx-amz-checksum-crc32:AAAA\r\n\r\n");
+            b
+        }),
+        (token(), token()).prop_map(|(n, e)| format!(
+            "<CompleteMultipartUpload><Part><PartNumber>{n}</PartNumber><ETag>{e}</ETag></Part></CompleteMultipartUpload>"
+        )
+        .into_bytes()),
+        token().prop_map(|k| format!("<Delete><Object><Key>{k}</Key></Object><Quiet>true</Quiet></Delete>").into_bytes()),
+        Just(b"<CompleteMultipartUpload><Part>".to_vec()),
+        Just(format!("<!DOCTYPE x [<!ENTITY a \"{}\">]><Delete>&a;&a;&a;</Delete>", "a".repeat(1000)).into_bytes()),
+    ];
+    (method, path, query, authorization, proptest::collection::vec(header, 0..5), body, proptest::bool::weighted(0.5))
+        .prop_map(|(method, path, query, authorization, mut headers, body, signed)| {
+            if let Some(a) = authorization.filter(|_| !signed) {
+                headers.push(("authorization".to_owned(), a));
+            }
+            Hostile { method, path, query, headers, body, signed }
+        })
+}
+
+#[test]
+fn hostile_s3_requests_get_s3_answers_and_change_nothing() {
+    let server = KuraProcess::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let signed = |method: &str, url: &str, extra: &[(String, String)]| {
+        let host = kura_server::sigv4::host_of(url).to_owned();
+        let mut headers: Vec<(&str, &str)> = vec![("host", host.as_str())];
+        headers.extend(extra.iter().filter(|(n, _)| n != "authorization").map(|(n, v)| (n.as_str(), v.as_str())));
+        kura_server::sigv4::signed_headers(method, url, &headers, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY)
+    };
+    let send = async |method: &str, url: &str, headers: &[(String, String)], body: Vec<u8>, sign: bool| {
+        let mut request = client.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), url);
+        let mut all: Vec<(String, String)> = headers.to_vec();
+        if sign {
+            // A header value the signer cannot take is sent unsigned instead.
+            if let Ok(extra) = signed(method, url, headers) {
+                all.retain(|(n, _)| !extra.iter().any(|(m, _)| m.eq_ignore_ascii_case(n)));
+                all.extend(extra);
+            }
+        }
+        for (name, value) in &all {
+            if let (Ok(n), Ok(v)) = (
+                reqwest::header::HeaderName::from_bytes(name.as_bytes()),
+                reqwest::header::HeaderValue::from_bytes(value.as_bytes()),
+            ) {
+                request = request.header(n, v);
+            }
+        }
+        request.body(body).send().await
+    };
+
+    let (fixture_etag, upload_id) = runtime.block_on(async {
+        let base = &server.s3;
+        assert!(send("PUT", &format!("{base}/{BUCKET}"), &[], vec![], true).await.unwrap().status().is_success());
+        let put = send("PUT", &format!("{base}/{BUCKET}/fixture"), &[], b"the fixture".to_vec(), true).await.unwrap();
+        assert!(put.status().is_success());
+        let etag = put.headers()["etag"].to_str().unwrap().to_owned();
+        let created = send("POST", &format!("{base}/{BUCKET}/upload?uploads"), &[], vec![], true).await.unwrap();
+        let xml = created.text().await.unwrap();
+        let id = xml
+            .split("<UploadId>")
+            .nth(1)
+            .and_then(|r| r.split("</UploadId>").next())
+            .expect("an upload id")
+            .to_owned();
+        (etag, id)
+    });
+
+    let cases = std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(400);
+    let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
+    let statuses = std::cell::RefCell::new(std::collections::BTreeMap::<u16, u32>::new());
+    runner
+        .run(&hostile(upload_id), |h| {
+            runtime.block_on(async {
+                let url = format!("{}{}{}{}", server.s3, h.path, if h.query.is_empty() { "" } else { "?" }, h.query);
+                let Ok(answer) = send(h.method, &url, &h.headers, h.body.clone(), h.signed).await else {
+                    // reqwest refused to send it (an invalid URL): nothing reached the server.
+                    return Ok(());
+                };
+                let status = answer.status().as_u16();
+                *statuses.borrow_mut().entry(status).or_default() += 1;
+                let text = answer.text().await.unwrap_or_default();
+                prop_assert!(status < 500 || status == 501, "{h:?} answered {status}: {text}");
+                if status >= 400 && h.method != "HEAD" && !text.is_empty() {
+                    prop_assert!(text.contains("<Error>") && text.contains("<Code>"), "{h:?}: not an S3 error: {text}");
+                }
+                Ok(())
+            })
+        })
+        .unwrap();
+
+    runtime.block_on(async {
+        let health = client.get(format!("{}/healthz", server.api.trim_end_matches("/client/v4"))).send().await.unwrap();
+        assert!(health.status().is_success(), "the server stopped serving");
+        let head = send("HEAD", &format!("{}/{BUCKET}/fixture", server.s3), &[], vec![], true).await.unwrap();
+        assert_eq!(head.headers()["etag"].to_str().unwrap(), fixture_etag, "the fixture changed");
+    });
+    eprintln!("S3 fuzz: {cases} hostile requests, answers by status: {:?}", statuses.borrow());
+}
