@@ -115,7 +115,7 @@ async fn import_d1(
     }
     let d1 = local.node.d1();
     for (id, path) in object_files(&state.join("d1").join(D1_KEY)) {
-        let name = names.get(&id).cloned().unwrap_or_else(|| format!("imported-{}", &id[..12]));
+        let name = names.get(&id).cloned().unwrap_or_else(|| format!("imported-{}", id.get(..12).unwrap_or(&id)));
         if local.node.catalog().d1_database(&local.account, &name)?.is_some() {
             println!("D1 database {name}: already here, left alone");
             report.databases_skipped += 1;

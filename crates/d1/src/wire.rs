@@ -36,7 +36,9 @@ pub fn param_from_json(value: &serde_json::Value) -> Result<Value, String> {
 fn type_error(kind: &str, value: &serde_json::Value) -> String {
     let mut shown = value.to_string();
     if shown.len() > 100 {
-        shown.truncate(100);
+        // At a character's boundary: a value's text may be any Unicode.
+        let cut = (0..=100).rev().find(|&i| shown.is_char_boundary(i)).unwrap_or(0);
+        shown.truncate(cut);
         shown.push('…');
     }
     format!("D1_TYPE_ERROR: Type '{kind}' not supported for value '{shown}'")
@@ -377,6 +379,17 @@ pub fn database_details(details: &DatabaseDetails) -> Map<String, serde_json::Va
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the API fuzz test: a refused parameter whose text is cut for the message at a
+    /// byte inside a character panicked the request's task.
+    #[test]
+    fn a_long_unicode_value_in_a_type_error_is_cut_at_a_character() {
+        // `{"k":"a` is 7 bytes, so byte 100 falls inside an `é`.
+        let value = serde_json::json!({ "k": format!("a{}", "é".repeat(80)) });
+        let message = type_error("object", &value);
+        assert!(message.starts_with("D1_TYPE_ERROR: Type 'object' not supported for value '{\"k\":\"aé"), "{message}");
+        assert!(message.ends_with("…'"), "{message}");
+    }
     use serde_json::json;
 
     fn result(columns: &[&str], rows: Vec<Vec<Value>>) -> StatementResult {

@@ -5,6 +5,7 @@
 //! wrangler (and the workerd it depends on), the AWS CLI and boto3 are installed by the README's
 //! test command (`scripts/test`) when missing; these tests fail, rather than skip, without them.
 
+mod api_fuzz;
 mod authorization;
 mod cluster;
 mod cluster_do;

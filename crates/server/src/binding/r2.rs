@@ -305,7 +305,8 @@ enum BindingRequest {
 
 fn parse_request(bytes: &[u8]) -> Result<BindingRequest, BindingError> {
     serde_json::from_slice(bytes).map_err(|e| {
-        BindingError::new(StatusCode::INTERNAL_SERVER_ERROR, 10001, format!("the binding request is malformed: {e}"))
+        // Miniflare answers 500 (workerd never sends one); from outside clients it is their mistake.
+        BindingError::new(StatusCode::BAD_REQUEST, 10001, format!("the binding request is malformed: {e}"))
     })
 }
 
@@ -362,7 +363,7 @@ async fn read_from(app: &AppState, bucket: &str, headers: &HeaderMap) -> Respons
             BindingRequest::List { limit, prefix, cursor, delimiter, start_after, include } => {
                 list(app, bucket, limit, prefix, cursor, delimiter, start_after, include).await
             }
-            _ => Err(BindingError::new(StatusCode::INTERNAL_SERVER_ERROR, 10001, "that method is sent with PUT")),
+            _ => Err(BindingError::new(StatusCode::BAD_REQUEST, 10001, "that method is sent with PUT")),
         }
     };
     outcome.await.unwrap_or_else(IntoResponse::into_response)
@@ -476,7 +477,7 @@ async fn write_to(app: &AppState, bucket: &str, headers: &HeaderMap, body: Body)
                     Err(e) => Err(e.into()),
                 }
             }
-            _ => Err(BindingError::new(StatusCode::INTERNAL_SERVER_ERROR, 10001, "that method is sent with GET")),
+            _ => Err(BindingError::new(StatusCode::BAD_REQUEST, 10001, "that method is sent with GET")),
         }
     };
     outcome.await.unwrap_or_else(IntoResponse::into_response)
