@@ -366,7 +366,9 @@ impl ObjectWriter for LocalWriter {
     }
 
     async fn finish(self: Box<Self>) -> Result<(), StorageError> {
-        let LocalWriter { file, temp, path, dir } = *self;
+        let LocalWriter { mut file, temp, path, dir } = *self;
+        // A failed background write is reported by flush, not by sync_all.
+        tokio::io::AsyncWriteExt::flush(&mut file).await.map_err(io(&temp))?;
         file.sync_all().await.map_err(io(&temp))?;
         drop(file);
         blocking(move || {

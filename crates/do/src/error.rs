@@ -67,6 +67,7 @@ impl DoError {
             E::ReadOnly { sql } => DoError::ReadOnly { sql },
             E::Overloaded => DoError::Overloaded,
             E::Closed => DoError::Closed,
+            e @ E::Reopening => DoError::Unavailable(e.to_string()),
             E::InvalidBookmark { message } => DoError::InvalidBookmark(message),
             E::Superseded { .. } => {
                 DoError::Unavailable("another node took this namespace over; the request did not take effect".into())

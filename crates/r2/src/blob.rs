@@ -326,8 +326,18 @@ impl Blobs {
         let (md5, checksums) = digester.finish(digests)?;
         let (pending, out) = sink.take().expect("a blob is being written");
         match out {
-            Sink::File(file) => {
+            Sink::File(mut file) => {
+                // tokio writes in the background: a failed last write (a full disk) is reported
+                // by flush, never by sync_all, which would sync a shorter file and succeed.
+                file.flush().await.map_err(io_err)?;
                 file.sync_all().await.map_err(io_err)?;
+                let written = file.metadata().await.map_err(io_err)?.len();
+                if written != size {
+                    return Err(R2Error::storage(
+                        "writing a blob",
+                        io::Error::other(format!("{written} of {size} bytes reached the disk")),
+                    ));
+                }
                 drop(file);
                 let dir = self.blob_dir(bucket, &pending.id);
                 tokio::task::spawn_blocking(move || std::fs::File::open(dir)?.sync_all())

@@ -70,6 +70,9 @@ pub enum R2Error {
     /// The disk or the metadata file failed; nothing was changed.
     #[error("We encountered an internal error. Please try again.")]
     Storage(String),
+    /// The disk is full; nothing was changed. Writes succeed again once space is freed.
+    #[error("There is not enough space on the server's disk to store this. Free some and retry.")]
+    InsufficientStorage,
 }
 
 impl R2Error {
@@ -94,6 +97,7 @@ impl R2Error {
             R2Error::Busy => "SlowDown",
             R2Error::Unavailable(_) => "ServiceUnavailable",
             R2Error::Storage(_) => "InternalError",
+            R2Error::InsufficientStorage => "InsufficientStorage",
         }
     }
 
@@ -107,6 +111,7 @@ impl R2Error {
             R2Error::BucketNotEmpty => 409,
             R2Error::Busy | R2Error::Unavailable(_) => 503,
             R2Error::Storage(_) => 500,
+            R2Error::InsufficientStorage => 507,
             _ => 400,
         }
     }
@@ -131,7 +136,7 @@ impl R2Error {
             R2Error::IncompleteBody(_) => 10013,
             R2Error::Busy => 10058,
             R2Error::Unavailable(_) => 10043,
-            R2Error::Storage(_) => 10001,
+            R2Error::Storage(_) | R2Error::InsufficientStorage => 10001,
         }
     }
 
@@ -146,7 +151,8 @@ impl R2Error {
     /// A storage failure while `context`, logged as it is made.
     pub fn storage(context: &str, e: impl std::fmt::Display) -> Self {
         tracing::error!(%e, "{context}");
-        R2Error::Storage(format!("{context}: {e}"))
+        let text = format!("{context}: {e}");
+        if kura_sqlite::is_disk_full(&text) { R2Error::InsufficientStorage } else { R2Error::Storage(text) }
     }
 }
 
@@ -160,6 +166,7 @@ impl From<kura_sqlite::Error> for R2Error {
             }
             // A retired actor: the bucket was deleted under the request.
             kura_sqlite::Error::Closed => R2Error::NoSuchBucket,
+            e @ kura_sqlite::Error::Reopening => R2Error::Unavailable(e.to_string()),
             other => R2Error::storage("bucket metadata", other),
         }
     }

@@ -351,7 +351,10 @@ impl R2 {
                     Ok(answer)
                 }
                 Ok(Err(e)) => Err(e),
-                Err(e @ (kura_sqlite::Error::Overloaded | kura_sqlite::Error::Closed)) => Err(e.into()),
+                // Not run: the blob is no row's, and goes with `pending`.
+                Err(
+                    e @ (kura_sqlite::Error::Overloaded | kura_sqlite::Error::Closed | kura_sqlite::Error::Reopening),
+                ) => Err(e.into()),
                 Err(e) => {
                     if let Some(pending) = pending {
                         pending.abandon();

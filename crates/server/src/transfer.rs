@@ -328,6 +328,9 @@ async fn receive(body: Body, path: &Path) -> Result<String, (StatusCode, String)
             file.write_all(data).await.map_err(failed)?;
         }
     }
+    // tokio writes in the background: a failed last write (a full disk) is reported by flush,
+    // never by sync_all, and an import of a cut file would run what arrived.
+    file.flush().await.map_err(failed)?;
     file.sync_all().await.map_err(failed)?;
     Ok(hex::encode(hash.finalize()))
 }

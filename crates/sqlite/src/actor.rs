@@ -183,9 +183,9 @@ fn refuse_all(rx: &Receiver<Command>, error: &Error) {
 fn refuse(command: Command) {
     match command {
         Command::Execute { reply, .. } => {
-            let _ = reply.send(Err(Error::Closed));
+            let _ = reply.send(Err(Error::Reopening));
         }
-        Command::Work(work) => work.finish(Err(Error::Closed)),
+        Command::Work(work) => work.finish(Err(Error::Reopening)),
         Command::Exclusive(_) => {}
     }
 }
@@ -200,6 +200,7 @@ fn copy_error(error: &Error) -> Error {
         Error::Io { context, source } => {
             Error::Io { context: context.clone(), source: std::io::Error::new(source.kind(), source.to_string()) }
         }
+        Error::Reopening => Error::Reopening,
         _ => Error::Closed,
     }
 }
@@ -261,7 +262,7 @@ impl Actor {
     /// Runs work in a transaction of its own and commits it (when its group could not).
     fn work_alone(&mut self, mut work: Box<dyn GroupedWork>) {
         if self.db.is_poisoned() {
-            work.finish(Err(Error::Closed));
+            work.finish(Err(Error::Reopening));
             return;
         }
         if let Err(e) = self.db.begin() {
@@ -374,7 +375,7 @@ impl Actor {
             match pending {
                 Pending::Request { request, reply, .. } => {
                     let outcome = if self.db.is_poisoned() {
-                        Err(Error::Closed)
+                        Err(Error::Reopening)
                     } else {
                         self.db.execute_alone(&request).map(|r| self.executed(r))
                     };

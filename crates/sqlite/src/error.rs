@@ -43,6 +43,13 @@ pub enum Error {
     /// The database is closing or was deleted while the request waited; nothing was run.
     #[error("the database closed before the request ran")]
     Closed,
+    /// A write before this request failed on the disk (full, or an I/O error), so the
+    /// connection is being reopened; this request did not run. Retry: the reopened file
+    /// answers (with the disk's error, if it persists).
+    #[error(
+        "the database is reopening after a write failed on the disk (is it full?); the request did not run, retry it"
+    )]
+    Reopening,
     /// The database file could not be opened or configured.
     #[error("cannot open database {path}: {message}")]
     Open {
@@ -125,6 +132,15 @@ impl Error {
             None => Error::sql(ffi::SQLITE_ERROR, &err.to_string()),
         }
     }
+}
+
+/// Whether an error's text says the disk is full (SQLite's `SQLITE_FULL`, or `ENOSPC` from a
+/// write): the one storage failure a client can do something about, so the surfaces answer it
+/// as such (HTTP 507) rather than as an internal error.
+pub fn is_disk_full(message: &str) -> bool {
+    ["database or disk is full", "SQLITE_FULL", "No space left on device", "os error 28"]
+        .iter()
+        .any(|m| message.contains(m))
 }
 
 /// The symbolic name of SQLite's primary result code, as D1 prints it.

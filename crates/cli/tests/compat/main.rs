@@ -13,6 +13,7 @@ mod cluster_r2;
 mod common;
 mod console;
 mod crash;
+mod disk_full;
 mod kura_cli;
 mod metrics;
 mod node_bindings;

@@ -238,7 +238,20 @@ impl ApiError {
     pub fn internal(error: &dyn std::fmt::Display) -> Self {
         let reference = format!("{:016x}", jiff::Timestamp::now().as_nanosecond() as u64);
         tracing::error!(reference, error = %error, "internal error");
+        if kura_sqlite::is_disk_full(&error.to_string()) {
+            return ApiError::insufficient_storage();
+        }
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, 7500, format!("internal error; reference = {reference}"))
+    }
+
+    /// The server's disk is full: nothing was changed, and writes succeed again once space is
+    /// freed (no restart needed).
+    pub fn insufficient_storage() -> Self {
+        ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            7500,
+            "Insufficient storage: the server's disk is full; nothing was changed. Free some space and retry.",
+        )
     }
 
     /// A cluster that cannot serve this right now (an owner being replaced, the coordinator or
@@ -321,6 +334,7 @@ impl From<kura_d1::Error> for ApiError {
                 S::Overloaded => {
                     ApiError::new(StatusCode::TOO_MANY_REQUESTS, 7500, "D1 DB is overloaded. Too many requests queued.")
                 }
+                S::Reopening => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, 7500, S::Reopening.to_string()),
                 S::Closed => ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     7500,

@@ -1,0 +1,213 @@
+//! A disk that fills: kura on a size-limited tmpfs (mounted by the test; it needs root, as
+//! `scripts/test` has for its Debian packages). D1 writes, the history log behind them, R2
+//! uploads and bucket creation run into the limit: each answers a clear error in its protocol's
+//! shape, reads go on, nothing acknowledged is lost or cut, no partial blob is left behind, and
+//! once space is freed (the filesystem grown) writes succeed again without a restart.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+use crate::common::{ACCOUNT, KuraProcess, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, TOKEN};
+
+/// A tmpfs mounted for the test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(path: &Path, megabytes: u32) -> Tmpfs {
+        std::fs::create_dir_all(path).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={megabytes}m"), "tmpfs"])
+            .arg(path)
+            .output();
+        let out = out.expect("mount runs");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs needs root (scripts/test runs as root or with sudo): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(path.to_owned())
+    }
+
+    fn resize(&self, megabytes: u32) {
+        let out =
+            Command::new("mount").args(["-o", &format!("remount,size={megabytes}m")]).arg(&self.0).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn blob_files(data: &Path) -> Vec<(PathBuf, u64)> {
+    fn walk(dir: &Path, out: &mut Vec<(PathBuf, u64)>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.components().any(|c| c.as_os_str() == "blobs") {
+                out.push((path.clone(), entry.metadata().map(|m| m.len()).unwrap_or(0)));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&data.join("r2"), &mut out);
+    out
+}
+
+fn body(i: u32, size: usize) -> Vec<u8> {
+    (0..size).map(|j| (j as u32).wrapping_mul(2_654_435_761).wrapping_add(i) as u8).collect()
+}
+
+#[test]
+fn a_full_disk_refuses_writes_clearly_keeps_everything_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Tmpfs::mount(&dir.path().join("disk"), 24);
+    let data = disk.0.join("data");
+    let server = KuraProcess::start_on(tempfile::tempdir().unwrap(), data.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let client = reqwest::Client::new();
+    let v4 = |path: &str| format!("{}/accounts/{ACCOUNT}{path}", server.api);
+    let s3 = |method: reqwest::Method, path: &str| {
+        let url = format!("{}{path}", server.s3);
+        let host = kura_server::sigv4::host_of(&url).to_owned();
+        let signed = kura_server::sigv4::signed_headers(
+            method.as_str(),
+            &url,
+            &[("host", &host)],
+            S3_ACCESS_KEY_ID,
+            S3_SECRET_ACCESS_KEY,
+        )
+        .unwrap();
+        let mut request = client.request(method, &url);
+        for (name, value) in signed {
+            request = request.header(name, value);
+        }
+        request
+    };
+    let query = async |sql: &str| -> (u16, Value) {
+        let answer = client
+            .post(v4("/d1/database/full/query"))
+            .bearer_auth(TOKEN)
+            .json(&json!({ "sql": sql }))
+            .send()
+            .await
+            .unwrap();
+        (answer.status().as_u16(), answer.json().await.unwrap())
+    };
+
+    runtime.block_on(async {
+        let made =
+            client.post(v4("/d1/database")).bearer_auth(TOKEN).json(&json!({ "name": "full" })).send().await.unwrap();
+        assert!(made.status().is_success());
+        assert_eq!(query("CREATE TABLE b (i INTEGER, x BLOB)").await.0, 200);
+        assert!(s3(reqwest::Method::PUT, "/fill").send().await.unwrap().status().is_success());
+
+        // D1 until the disk refuses: every acknowledged row stays; the refusal is D1's error.
+        // A 503 says the connection is reopening after the failed write: retried, as clients do,
+        // it meets the disk's own error.
+        let mut acknowledged = 0;
+        let mut reopenings = 0;
+        let refusal = loop {
+            let (status, answer) = query(&format!("INSERT INTO b VALUES ({acknowledged}, randomblob(400000))")).await;
+            if status == 200 {
+                acknowledged += 1;
+                assert!(acknowledged < 200, "the disk never filled");
+                continue;
+            }
+            if status == 503 && reopenings < 5 {
+                let message = answer["errors"][0]["message"].as_str().unwrap_or_default();
+                assert!(message.contains("reopening"), "a 503 that does not say why: {answer}");
+                reopenings += 1;
+                continue;
+            }
+            break (status, answer);
+        };
+        let message = refusal.1["errors"][0]["message"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            refusal.1["success"] == false && (message.contains("SQLITE_FULL") || message.contains("disk is full")),
+            "a full disk is not a clear D1 error: {refusal:?}"
+        );
+        let (status, counted) = query("SELECT count(*) AS n, max(i) AS top FROM b").await;
+        assert_eq!(status, 200, "reads go on: {counted}");
+        assert_eq!(counted["result"][0]["results"][0]["n"], acknowledged, "an acknowledged row is missing");
+
+        // R2 until the disk refuses: S3's shape, 507, and no blob left by a refused upload.
+        let mut stored = Vec::new();
+        for i in 0..40u32 {
+            let answer = s3(reqwest::Method::PUT, &format!("/fill/o{i}")).body(body(i, 700_000)).send().await.unwrap();
+            let status = answer.status().as_u16();
+            let text = answer.text().await.unwrap();
+            if status == 200 {
+                stored.push(i);
+                continue;
+            }
+            assert_eq!(status, 507, "a full disk over S3: {text}");
+            assert!(text.contains("<Code>InsufficientStorage</Code>"), "{text}");
+        }
+        assert!(stored.len() < 40, "the disk never filled for R2");
+        // A bucket can no longer be made: the v4 envelope, 507.
+        let bucket =
+            client.post(v4("/r2/buckets")).bearer_auth(TOKEN).json(&json!({ "name": "another" })).send().await.unwrap();
+        let status = bucket.status().as_u16();
+        let answer: Value = bucket.json().await.unwrap();
+        assert!(status == 507 && answer["success"] == false, "a full disk over the v4 API: {status} {answer}");
+
+        // Every listed object reads back whole; refused uploads left nothing.
+        let listing = s3(reqwest::Method::GET, "/fill?list-type=2").send().await.unwrap().text().await.unwrap();
+        let listed = listing.matches("<Key>").count();
+        assert_eq!(listed, stored.len(), "{listing}");
+        for &i in &stored {
+            let read = s3(reqwest::Method::GET, &format!("/fill/o{i}")).send().await.unwrap().bytes().await.unwrap();
+            assert!(read == body(i, 700_000), "object o{i} does not read back whole");
+        }
+        let blobs = blob_files(&data);
+        assert_eq!(blobs.len(), stored.len(), "a refused upload left a blob behind: {blobs:?}");
+        assert!(blobs.iter().all(|(_, size)| *size == 700_000), "a blob was cut: {blobs:?}");
+
+        // Space freed: writes succeed again, no restart.
+        disk.resize(64);
+        assert_eq!(
+            query("INSERT INTO b VALUES (-1, randomblob(400000))").await.0,
+            200,
+            "D1 writes after space was freed"
+        );
+        let put = s3(reqwest::Method::PUT, "/fill/after").body(body(99, 700_000)).send().await.unwrap();
+        assert!(put.status().is_success(), "R2 writes after space was freed: {}", put.text().await.unwrap());
+        let bucket =
+            client.post(v4("/r2/buckets")).bearer_auth(TOKEN).json(&json!({ "name": "another" })).send().await.unwrap();
+        assert!(bucket.status().is_success(), "buckets after space was freed");
+        let (_, counted) = query("SELECT count(*) AS n FROM b").await;
+        assert_eq!(counted["result"][0]["results"][0]["n"], acknowledged + 1);
+        // The history kept up: the bookmark of now restores to exactly this state.
+        let bookmark: Value = client
+            .get(v4("/d1/database/full/time_travel/bookmark"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let bookmark = bookmark["result"]["bookmark"].as_str().unwrap().to_owned();
+        assert_eq!(query("DELETE FROM b").await.0, 200);
+        let restored = client
+            .post(v4(&format!("/d1/database/full/time_travel/restore?bookmark={bookmark}")))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert!(restored.status().is_success(), "{}", restored.text().await.unwrap());
+        let (_, counted) = query("SELECT count(*) AS n FROM b").await;
+        assert_eq!(
+            counted["result"][0]["results"][0]["n"],
+            acknowledged + 1,
+            "the history lost a commit made around the full disk"
+        );
+    });
+    drop(server);
+}
