@@ -38,7 +38,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::get;
-use axum::serve::ListenerExt;
 use kura_catalog::Catalog;
 use kura_d1::D1;
 use tokio::net::TcpListener;
@@ -152,9 +151,7 @@ pub async fn serve_all(
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let usage_flusher = tokio::spawn(flush_usage_periodically(Arc::clone(&state.d1), stopped(stop_rx.clone())));
-    let api = listeners.api.tap_io(no_delay);
-    let s3 = listeners.s3.tap_io(no_delay);
-    let api_server = axum::serve(api, app(state.clone())).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let api_server = serve_tcp(listeners.api, app(state.clone()), stopped(stop_rx.clone()));
     let sweeper = tokio::spawn(sweep_r2_periodically(
         Arc::clone(&state.catalog),
         Arc::clone(&state.r2),
@@ -171,7 +168,7 @@ pub async fn serve_all(
     let observed =
         |surface| axum::middleware::from_fn_with_state((Arc::clone(&state.http), surface), observe::observe_one);
     let s3_routes = s3_routes.layer(observed(observe::Surface::S3));
-    let s3_server = axum::serve(s3, s3_routes).with_graceful_shutdown(stopped(stop_rx.clone()));
+    let s3_server = serve_tcp(listeners.s3, s3_routes, stopped(stop_rx.clone()));
     let mut workers_servers = Vec::new();
     if let (Some(workers), Some(listener)) = (&workers, listeners.workers) {
         let socket = workers.bindings_socket().to_owned();
@@ -184,12 +181,12 @@ pub async fn serve_all(
         workers_servers.push(tokio::spawn(
             axum::serve(bindings, binding_routes).with_graceful_shutdown(stopped(stop_rx.clone())).into_future(),
         ));
-        let proxy = axum::serve(
-            listener.tap_io(no_delay),
+        let proxy = serve_tcp(
+            listener,
             kura_workers::proxy::app(workers.clone()).layer(observed(observe::Surface::Workers)),
-        )
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
-        workers_servers.push(tokio::spawn(proxy.into_future()));
+            stopped(stop_rx.clone()),
+        );
+        workers_servers.push(tokio::spawn(proxy));
         if let Err(e) = workers.start().await {
             tracing::error!(error = %e, "the deployed Workers could not be started");
         }
@@ -198,7 +195,7 @@ pub async fn serve_all(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let (api_result, s3_result) = tokio::join!(api_server.into_future(), s3_server.into_future());
+    let (api_result, s3_result) = tokio::join!(api_server, s3_server);
     for server in workers_servers {
         let _ = server.await;
     }
@@ -215,11 +212,49 @@ pub async fn serve_all(
     api_result.and(s3_result)
 }
 
-/// Responses go out as soon as they are written: API calls are small request/response pairs.
-fn no_delay(stream: &mut tokio::net::TcpStream) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+/// How long a client may take to send a request's headers (on a new connection, or between
+/// requests on a kept-alive one): a client that trickles them holds a connection no longer.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Serves `app` on a TCP listener until `stop` resolves, then lets the requests in flight
+/// finish. Unlike `axum::serve`, it bounds how long a client may take to send its headers.
+async fn serve_tcp(listener: TcpListener, app: Router, stop: impl Future<Output = ()>) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stop => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, or a connection reset before it was accepted: wait a
+                // moment rather than spin, and go on.
+                tracing::warn!(error = %e, "could not accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Responses go out as soon as they are written: API calls are small request/response pairs.
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
     }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// Sweeps every bucket at start-up (orphan blobs left by a crash, the files of buckets whose

@@ -14,6 +14,7 @@ mod common;
 mod console;
 mod crash;
 mod disk_full;
+mod hostile_clients;
 mod kura_cli;
 mod metrics;
 mod node_bindings;

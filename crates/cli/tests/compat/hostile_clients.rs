@@ -1,0 +1,86 @@
+//! Hostile clients at the socket: 2,000 connections held open at once, a client that trickles
+//! its headers (slowloris), oversized headers. The server keeps answering others, cuts the
+//! trickler after its header timeout, refuses what is too big with a status, and gives back
+//! every file descriptor once the connections close.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use crate::common::KuraProcess;
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+fn address(url: &str) -> String {
+    url.trim_start_matches("http://").split('/').next().unwrap().to_owned()
+}
+
+fn healthz(api: &str) -> (Duration, String) {
+    let started = Instant::now();
+    let mut s = TcpStream::connect(address(api)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: kura\r\nConnection: close\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    (started.elapsed(), answer)
+}
+
+#[test]
+fn held_trickled_and_oversized_connections_do_not_starve_the_server() {
+    let server = KuraProcess::start();
+    let pid = server.pid();
+    let baseline = open_fds(pid);
+
+    // 2,000 connections held open, idle: others are still answered at once.
+    let held: Vec<TcpStream> = (0..2_000).map(|_| TcpStream::connect(address(&server.api)).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let (took, answer) = healthz(&server.api);
+    assert!(answer.starts_with("HTTP/1.1 200") && took < Duration::from_secs(2), "{took:?} {answer}");
+
+    // A client that trickles its headers is cut once its header timeout passes.
+    let mut trickler = TcpStream::connect(address(&server.api)).unwrap();
+    trickler.write_all(b"GET /healthz HTTP/1.1\r\nHost: kura\r\n").unwrap();
+    let started = Instant::now();
+    let cut = loop {
+        std::thread::sleep(Duration::from_secs(1));
+        if trickler.write_all(b"X-Slow: 1\r\n").is_err() {
+            break started.elapsed();
+        }
+        trickler.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+        let mut byte = [0u8; 512];
+        if let Ok(n) = trickler.read(&mut byte) {
+            // Closed (0), or an error answer before closing.
+            if n == 0 || String::from_utf8_lossy(&byte[..n]).starts_with("HTTP/1.1 408") {
+                break started.elapsed();
+            }
+        }
+        assert!(
+            started.elapsed() < kura_server::HEADER_READ_TIMEOUT + Duration::from_secs(15),
+            "the trickler is never cut"
+        );
+    };
+    assert!(cut >= kura_server::HEADER_READ_TIMEOUT - Duration::from_secs(2), "cut too early: {cut:?}");
+
+    // Headers too big for the server get a status, not a hang or a crash.
+    let mut big = TcpStream::connect(address(&server.api)).unwrap();
+    big.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let header = format!("GET /healthz HTTP/1.1\r\nHost: kura\r\nX-Big: {}\r\n\r\n", "a".repeat(1 << 20));
+    let _ = big.write_all(header.as_bytes());
+    let mut answer = String::new();
+    let _ = big.read_to_string(&mut answer);
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 431") || answer.starts_with("HTTP/1.1 400"), "{answer}");
+
+    // Closing the held connections gives every descriptor back.
+    drop(held);
+    drop(trickler);
+    drop(big);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while open_fds(pid) > baseline + 5 {
+        assert!(Instant::now() < deadline, "descriptors leak: {} open, {baseline} at start", open_fds(pid));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, answer) = healthz(&server.api);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
