@@ -97,6 +97,7 @@ pub fn app(state: AppState) -> Router {
         .merge(binding::routes())
         .merge(console::routes())
         .layer(axum::middleware::from_fn_with_state(state.clone(), cluster::place))
+        .layer(axum::middleware::from_fn(retry_after))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn_with_state(Arc::clone(&state.http), observe::observe_api))
         .with_state(state)
@@ -167,7 +168,7 @@ pub async fn serve_all(
     }
     let observed =
         |surface| axum::middleware::from_fn_with_state((Arc::clone(&state.http), surface), observe::observe_one);
-    let s3_routes = s3_routes.layer(observed(observe::Surface::S3));
+    let s3_routes = s3_routes.layer(axum::middleware::from_fn(retry_after)).layer(observed(observe::Surface::S3));
     let s3_server = serve_tcp(listeners.s3, s3_routes, stopped(stop_rx.clone()));
     let mut workers_servers = Vec::new();
     if let (Some(workers), Some(listener)) = (&workers, listeners.workers) {
@@ -210,6 +211,17 @@ pub async fn serve_all(
     state.r2.shutdown().await;
     drop(node);
     api_result.and(s3_result)
+}
+
+/// Overload (429) and unavailability (503) answers tell a client when to come back, so an
+/// overloaded server sheds load instead of being asked again at once.
+async fn retry_after(request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use axum::http::{HeaderValue, StatusCode, header};
+    let mut response = next.run(request).await;
+    if matches!(response.status(), StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) {
+        response.headers_mut().entry(header::RETRY_AFTER).or_insert(HeaderValue::from_static("1"));
+    }
+    response
 }
 
 /// How long a client may take to send a request's headers (on a new connection, or between

@@ -84,3 +84,43 @@ fn held_trickled_and_oversized_connections_do_not_starve_the_server() {
     let (_, answer) = healthz(&server.api);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+#[test]
+fn an_overloaded_database_sheds_load_with_retry_after() {
+    use crate::common::{ACCOUNT, TOKEN};
+    let server = KuraProcess::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let url = format!("{}/accounts/{ACCOUNT}/d1/database", server.api);
+    let statuses = runtime.block_on(async {
+        let made = client.post(&url).bearer_auth(TOKEN).json(&serde_json::json!({ "name": "busy" })).send().await.unwrap();
+        assert!(made.status().is_success());
+        // Far more slow queries at once than one database queues (512): the rest are refused.
+        let slow = serde_json::json!({ "sql": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100000) SELECT count(*) FROM c" });
+        let flood = (0..1_500).map(|_| {
+            let (client, url, slow) = (client.clone(), format!("{url}/busy/query"), slow.clone());
+            tokio::spawn(async move {
+                let answer = client.post(url).bearer_auth(TOKEN).json(&slow).send().await.unwrap();
+                let retry_after = answer.headers().get("retry-after").is_some();
+                let status = answer.status().as_u16();
+                let body: serde_json::Value = answer.json().await.unwrap();
+                (status, retry_after, body)
+            })
+        });
+        let mut statuses = Vec::new();
+        for task in flood.collect::<Vec<_>>() {
+            statuses.push(task.await.unwrap());
+        }
+        statuses
+    });
+    let refused: Vec<_> = statuses.iter().filter(|(s, _, _)| *s != 200).collect();
+    assert!(!refused.is_empty(), "1,500 slow queries at once never filled the queue");
+    for (status, retry_after, body) in &refused {
+        assert_eq!(*status, 429, "an overload answers 429: {body}");
+        assert!(*retry_after, "a 429 without Retry-After");
+        assert_eq!(body["errors"][0]["message"], "D1 DB is overloaded. Too many requests queued.");
+    }
+    let served = statuses.len() - refused.len();
+    assert!(served >= 512, "only {served} of the queued queries were answered");
+    eprintln!("overload: {served} answered, {} refused with 429 and Retry-After", refused.len());
+}
