@@ -156,6 +156,12 @@ pub(crate) fn run(
             // After an I/O error at commit the page cache may not match the disk: close, and let
             // the next request reopen the file (SQLite recovers from the WAL on open).
             tracing::error!(key = %identity.key, "a commit failed with an I/O error; reopening the database");
+            // No new command reaches this connection; the queued ones did not run and are told
+            // so (not left to find their answer dropped).
+            if let Some(shared) = identity.registry.upgrade() {
+                shared.step_aside(&identity.key, identity.generation);
+            }
+            refuse_all(&rx, &Error::Reopening);
             break;
         }
     }

@@ -300,6 +300,16 @@ impl Shared {
         None
     }
 
+    /// Called by an actor that must reopen its file (a write failed on the disk): new commands
+    /// go to a successor, which waits for this actor to let go of the file first.
+    pub(crate) fn step_aside(&self, key: &str, generation: u64) {
+        let mut state = self.lock();
+        if state.actors.get(key).is_some_and(|e| e.generation == generation) {
+            let entry = state.actors.remove(key).expect("entry just seen");
+            state.closing.insert(key.to_owned(), entry.done);
+        }
+    }
+
     /// Called as an actor ends: drops whatever the registry still holds for it.
     pub(crate) fn forget(&self, key: &str, generation: u64, done: &Arc<DoneSignal>) {
         let mut state = self.lock();
