@@ -11,11 +11,13 @@
 //! cargo run --release -p kura-bench -- do [--seconds 5] [--on-disk 100000] [--no-peer]
 //! cargo run --release -p kura-bench -- workers [--seconds 5] [--no-peer]
 //! cargo build --release -p kura-cli && cargo run --release -p kura-bench -- cluster [--seconds 5]
+//! cargo run --release -p kura-bench -- fuzz [--cases 100000]
 //! ```
 
 mod cluster;
 mod d1;
 mod durable_objects;
+mod fuzz;
 mod limit;
 mod load;
 mod memory;
@@ -83,6 +85,12 @@ enum Suite {
     /// (RPO 0) beside one node and beside a PUT per commit; PUTs per commit; a takeover of a
     /// 100 MiB database.
     Cluster(Settings),
+    /// Fuzzing's long mode: every property-based target of outside input with many cases.
+    Fuzz {
+        /// Cases (requests, for the targets at the wire) per target.
+        #[arg(long, default_value_t = 100_000)]
+        cases: u64,
+    },
     /// (Internal) the memory measurement's fresh process: touches the objects under DIR.
     #[command(hide = true)]
     DoFootprint { dir: PathBuf, objects: u64 },
@@ -123,6 +131,7 @@ fn main() -> anyhow::Result<()> {
         Suite::Workers(settings) => workers::run(&settings),
         Suite::Cluster(settings) => cluster::run(&settings),
         Suite::Node(settings) => node::run(&settings),
+        Suite::Fuzz { cases } => fuzz::run(cases),
         Suite::DoFootprint { dir, objects } => durable_objects::footprint_child(dir, objects),
     }
 }
