@@ -142,10 +142,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
 async fn run_async(settings: &Settings) -> anyhow::Result<()> {
     eprintln!("starting a three-member etcd and a three-node Garage (replication 3, fsync on)…");
     let (etcd, garage) = (Etcd::start(), Garage::start());
-    let scratch = match &settings.scratch {
-        Some(dir) => tempfile::tempdir_in(dir)?,
-        None => tempfile::tempdir()?,
-    };
+    let scratch = settings.scratch_dir()?;
     let storage: SharedStorage = Arc::new(garage.storage(0, "bench"));
     let ttl = Duration::from_secs(5);
     let coordinator = Arc::new(EtcdCoordinator::new(EtcdClient::new(etcd.endpoints.clone()), "/kura/bench", ttl));

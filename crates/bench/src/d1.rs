@@ -40,14 +40,10 @@ impl Client {
 }
 
 pub fn run(settings: &Settings) -> anyhow::Result<()> {
-    let scratch = match &settings.scratch {
-        Some(dir) => tempfile::tempdir_in(dir)?,
-        None => tempfile::tempdir()?,
-    };
+    let scratch = settings.scratch_dir()?;
     let duration = Duration::from_secs_f64(settings.seconds);
     let kura = Kura::start(&scratch.path().join("kura"), true).context("starting kura")?;
-    let client_runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("load").enable_all().build()?;
+    let client_runtime = crate::load::client_runtime()?;
     let figures = client_runtime.block_on(measure_kura(&kura.base, duration, &settings.only))?;
     kura.shutdown();
     let log_cost = if settings.only.is_empty() {

@@ -74,10 +74,7 @@ fn tokio_runtime(name: &str) -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
-    let scratch = match &settings.scratch {
-        Some(dir) => tempfile::tempdir_in(dir)?,
-        None => tempfile::tempdir()?,
-    };
+    let scratch = settings.scratch_dir()?;
     let duration = Duration::from_secs_f64(settings.seconds);
     let wanted = |name: &str| settings.only.is_empty() || settings.only.iter().any(|o| o == name);
     let rt = tokio_runtime("load")?;

@@ -33,6 +33,12 @@ impl Stats {
     }
 }
 
+/// The runtime the load clients run on: two threads, as many as the machine's cores, so the
+/// clients and the server share them alike in every suite.
+pub fn client_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("load").enable_all().build()
+}
+
 /// Runs `clients` tasks for `duration`; each calls `op(client, n)` in a loop and reports how
 /// many units it did.
 pub async fn run<F, Fut>(clients: usize, duration: Duration, op: F) -> Stats

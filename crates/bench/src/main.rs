@@ -121,6 +121,16 @@ pub struct Settings {
     pub scratch: Option<PathBuf>,
 }
 
+impl Settings {
+    /// A fresh directory for a run's data files, under `--scratch` when given.
+    pub fn scratch_dir(&self) -> std::io::Result<tempfile::TempDir> {
+        match &self.scratch {
+            Some(dir) => tempfile::tempdir_in(dir),
+            None => tempfile::tempdir(),
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.suite {

@@ -94,14 +94,10 @@ fn combined(runs: &[Stats]) -> Stats {
 
 pub fn run(settings: &Settings) -> anyhow::Result<()> {
     build_package()?;
-    let scratch = match &settings.scratch {
-        Some(dir) => tempfile::tempdir_in(dir)?,
-        None => tempfile::tempdir()?,
-    };
+    let scratch = settings.scratch_dir()?;
     let duration = Duration::from_secs_f64(settings.seconds);
     let kura = Kura::start(&scratch.path().join("kura"), true).context("starting kura")?;
-    let client_runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("load").enable_all().build()?;
+    let client_runtime = crate::load::client_runtime()?;
     let client = client_runtime.block_on(d1::prepare(&kura.base))?;
     let api = format!("http://{}", kura.api_host());
     let binding = format!("{api}/binding/d1/{}/query?resultsFormat=ROWS_AND_COLUMNS", client.uuid);

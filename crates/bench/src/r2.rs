@@ -258,14 +258,10 @@ async fn measure(s3: S3, duration: Duration, gib: f64) -> anyhow::Result<Figures
 }
 
 pub fn run(settings: &Settings, gib: f64) -> anyhow::Result<()> {
-    let scratch = match &settings.scratch {
-        Some(dir) => tempfile::tempdir_in(dir)?,
-        None => tempfile::tempdir()?,
-    };
+    let scratch = settings.scratch_dir()?;
     let duration = Duration::from_secs_f64(settings.seconds);
     let kura = Kura::start(&scratch.path().join("kura"), true).context("starting kura")?;
-    let client_runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("load").enable_all().build()?;
+    let client_runtime = crate::load::client_runtime()?;
     let figures = client_runtime.block_on(measure(S3::new(&kura.s3), duration, gib))?;
     kura.shutdown();
 

@@ -32,10 +32,7 @@ fn mib(bytes: u64) -> f64 {
 }
 
 pub fn run_suite(settings: &Settings, gib: f64, transactions: u64) -> anyhow::Result<()> {
-    let scratch = match &settings.scratch {
-        Some(dir) => tempfile::tempdir_in(dir)?,
-        None => tempfile::tempdir()?,
-    };
+    let scratch = settings.scratch_dir()?;
     let dir = scratch.path().join("db");
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("db.sqlite");

@@ -203,14 +203,10 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
             "no workerd: run scripts/test once (it installs wrangler's workerd into target/compat), or set KURA_WORKERD"
         );
     };
-    let scratch = match &settings.scratch {
-        Some(dir) => tempfile::tempdir_in(dir)?,
-        None => tempfile::tempdir()?,
-    };
+    let scratch = settings.scratch_dir()?;
     let duration = Duration::from_secs_f64(settings.seconds);
     let kura = Kura::start_with_workers(&scratch.path().join("kura"), &workerd).context("starting kura")?;
-    let client_runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("load").enable_all().build()?;
+    let client_runtime = crate::load::client_runtime()?;
     let api = kura.base.split("/client/v4").next().unwrap_or_default().to_owned();
     let http = reqwest::Client::new();
     let kura_target =

@@ -1,18 +1,45 @@
-//! Signing outgoing S3 requests with SigV4 (headers, unsigned payload), as R2 checks them: what
-//! a cluster node reads a copy's source from another node with, and what the benchmark and the
-//! cluster tests send. `aws-sigv4` does the signing.
+//! Signing S3 requests with SigV4 (unsigned payload) as R2 checks them: in headers, what a
+//! cluster node reads a copy's source from another node with and what the benchmark and the
+//! tests send; in the query string, `kura r2 presign`'s URLs. `aws-sigv4` does the signing.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use aws_sigv4::http_request::{
-    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings, UriPathNormalizationMode,
-    sign,
+    PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SignatureLocation, SigningInstructions,
+    SigningSettings, UriPathNormalizationMode, sign,
 };
 use aws_sigv4::sign::v4;
 
+/// Signs `method url` (with `headers`, which must include `host`) as R2 checks it: region
+/// `auto`, service `s3`, the payload unsigned, the URL's path used as given (encode it once, as
+/// S3 expects). `settings` says where the signature goes.
+fn sign_for_r2(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    (access_key_id, secret): (&str, &str),
+    time: SystemTime,
+    mut settings: SigningSettings,
+) -> Result<SigningInstructions, String> {
+    let identity = aws_credential_types::Credentials::new(access_key_id, secret, None, None, "kura").into();
+    settings.percent_encoding_mode = PercentEncodingMode::Single;
+    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+    let params = v4::SigningParams::builder()
+        .identity(&identity)
+        .region("auto")
+        .name("s3")
+        .time(time)
+        .settings(settings)
+        .build()
+        .map_err(|e| e.to_string())?
+        .into();
+    let signable = SignableRequest::new(method, url, headers.iter().copied(), SignableBody::UnsignedPayload)
+        .map_err(|e| e.to_string())?;
+    Ok(sign(signable, &params).map_err(|e| e.to_string())?.into_parts().0)
+}
+
 /// The headers that sign `method url` (with `headers`, which must include `host`) for the key
-/// `access_key_id`/`secret`, region `auto`, service `s3`, the payload unsigned. The URL's path
-/// is used as given: encode it once, as S3 expects.
+/// `access_key_id`/`secret`, now.
 pub fn signed_headers(
     method: &str,
     url: &str,
@@ -20,24 +47,29 @@ pub fn signed_headers(
     access_key_id: &str,
     secret: &str,
 ) -> Result<Vec<(String, String)>, String> {
-    let identity = aws_credential_types::Credentials::new(access_key_id, secret, None, None, "kura").into();
     let mut settings = SigningSettings::default();
     settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    settings.percent_encoding_mode = PercentEncodingMode::Single;
-    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-    let params = v4::SigningParams::builder()
-        .identity(&identity)
-        .region("auto")
-        .name("s3")
-        .time(SystemTime::now())
-        .settings(settings)
-        .build()
-        .map_err(|e| e.to_string())?
-        .into();
-    let signable = SignableRequest::new(method, url, headers.iter().copied(), SignableBody::UnsignedPayload)
-        .map_err(|e| e.to_string())?;
-    let (instructions, _) = sign(signable, &params).map_err(|e| e.to_string())?.into_parts();
+    let instructions = sign_for_r2(method, url, headers, (access_key_id, secret), SystemTime::now(), settings)?;
     Ok(instructions.headers().map(|(n, v)| (n.to_owned(), v.to_owned())).collect())
+}
+
+/// `url` presigned at `time` for `method` (with `headers`, which must include `host`) until
+/// `expires` has passed: the signature in the query string, as `kura r2 presign` hands it out.
+pub fn presigned_url(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    (access_key_id, secret): (&str, &str),
+    expires: Duration,
+    time: SystemTime,
+) -> Result<String, String> {
+    let mut settings = SigningSettings::default();
+    settings.signature_location = SignatureLocation::QueryParams;
+    settings.expires_in = Some(expires);
+    let instructions = sign_for_r2(method, url, headers, (access_key_id, secret), time, settings)?;
+    let mut signed = axum::http::Request::builder().method(method).uri(url).body(()).map_err(|e| e.to_string())?;
+    instructions.apply_to_request_http1x(&mut signed);
+    Ok(signed.uri().to_string())
 }
 
 /// The `host` header value of `url` (`127.0.0.1:8781`).

@@ -464,20 +464,7 @@ async function splitBody(
     filled += take;
     if (take < value.length) leftover = value.subarray(take);
   }
-  const rest = new ReadableStream<Uint8Array>({
-    start(controller) {
-      if (leftover !== undefined) controller.enqueue(leftover);
-    },
-    async pull(controller) {
-      const { done, value } = await reader.read();
-      if (done) controller.close();
-      else controller.enqueue(value);
-    },
-    cancel(reason) {
-      return reader.cancel(reason);
-    },
-  });
-  return [head, rest];
+  return [head, prefixed(leftover, reader)];
 }
 
 function r2Error(op: string, error: R2ErrorJson): Error {
@@ -514,7 +501,7 @@ class Transport {
     if (payload === undefined) {
       body = metadata;
     } else if (payload instanceof ReadableStream) {
-      body = prefixStream(metadata, payload);
+      body = prefixed(metadata, payload.getReader());
     } else if (payload.size <= SMALL_PAYLOAD) {
       // Small values go in one piece: cheaper than streaming a Blob.
       body = new Uint8Array(metadata.length + payload.size);
@@ -527,11 +514,12 @@ class Transport {
   }
 }
 
-function prefixStream(prefix: Uint8Array, rest: ReadableStream<Uint8Array>): ReadableStream<Uint8Array> {
-  const reader = rest.getReader();
+/** `prefix` (if any), then what `reader` reads: a stream whose start was already taken, or
+ * that a header must precede. */
+function prefixed(prefix: Uint8Array | undefined, reader: ReadableStreamDefaultReader<Uint8Array>): ReadableStream<Uint8Array> {
   return new ReadableStream<Uint8Array>({
     start(controller) {
-      controller.enqueue(prefix);
+      if (prefix !== undefined) controller.enqueue(prefix);
     },
     async pull(controller) {
       const { done, value } = await reader.read();

@@ -4,11 +4,6 @@
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
-use aws_sigv4::http_request::{
-    PercentEncodingMode, SignableBody, SignableRequest, SignatureLocation, SigningSettings, UriPathNormalizationMode,
-    sign,
-};
-use aws_sigv4::sign::v4;
 use clap::Args;
 
 /// R2's longest presigned lifetime.
@@ -83,27 +78,9 @@ pub fn presigned_url(
     if let Some(ct) = content_type {
         headers.push(("content-type", ct));
     }
-    let identity = aws_credential_types::Credentials::new(access_key_id, secret_access_key, None, None, "kura").into();
-    let mut settings = SigningSettings::default();
-    settings.signature_location = SignatureLocation::QueryParams;
-    settings.expires_in = Some(expires);
-    settings.percent_encoding_mode = PercentEncodingMode::Single;
-    settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-    let params = v4::SigningParams::builder()
-        .identity(&identity)
-        .region("auto")
-        .name("s3")
-        .time(now)
-        .settings(settings)
-        .build()
-        .context("cannot build the signing parameters")?
-        .into();
-    let request = SignableRequest::new(method, url.as_str(), headers.into_iter(), SignableBody::UnsignedPayload)
-        .context("cannot sign that URL")?;
-    let (instructions, _signature) = sign(request, &params).context("cannot sign that URL")?.into_parts();
-    let mut signed = http::Request::builder().method(method).uri(&url).body(()).context("cannot sign that URL")?;
-    instructions.apply_to_request_http1x(&mut signed);
-    Ok(signed.uri().to_string())
+    kura_server::sigv4::presigned_url(method, &url, &headers, (access_key_id, secret_access_key), expires, now)
+        .map_err(anyhow::Error::msg)
+        .context("cannot sign that URL")
 }
 
 pub async fn run(args: PresignArgs) -> anyhow::Result<()> {
