@@ -265,18 +265,22 @@ impl Catalog {
         let Some(replication) = &self.replication else { return Ok(false) };
         let mut writer = self.lock_writer_shared(replication.as_ref());
         {
-            let mut looked = self.looked.lock().unwrap_or_else(|p| p.into_inner());
+            let looked = self.looked.lock().unwrap_or_else(|p| p.into_inner());
             if let (Some(missed_at), Some(looked)) = (missed_at, *looked)
                 && looked >= missed_at
             {
                 return Ok(true);
             }
-            *looked = Some(std::time::Instant::now());
         }
-        match replication.newer().map_err(Error::Replication)? {
-            Some(copy) => self.install(&mut writer, &copy).map(|()| true),
-            None => Ok(false),
-        }
+        // Recorded only once the look has succeeded: a failed one saw nothing, and a caller
+        // that skipped its own look on the strength of it would miss a write published before.
+        let started = std::time::Instant::now();
+        let installed = match replication.newer().map_err(Error::Replication)? {
+            Some(copy) => self.install(&mut writer, &copy).map(|()| true)?,
+            None => false,
+        };
+        *self.looked.lock().unwrap_or_else(|p| p.into_inner()) = Some(started);
+        Ok(installed)
     }
 
     /// Reads with `f` what a shared catalog holds now: a newer copy, if another node published
