@@ -19,18 +19,26 @@ const TARGETS: &[(&str, &[&str])] = &[
     ("hostile v4 JSON and binding frames at the wire", &["-p", "kura-cli", "--test", "compat", "api_fuzz::"]),
 ];
 
+/// `cargo test` in the workspace with `args`, the test binary's `test_args` after `--` (one
+/// test at a time), and `env`: the tests built as `scripts/test` builds them.
+pub fn cargo_test(args: &[&str], test_args: &[&str], env: &[(&str, String)]) -> Command {
+    let mut command = Command::new(env!("CARGO"));
+    command
+        .arg("test")
+        .args(args)
+        .args(["--", "--test-threads=1"])
+        .args(test_args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
+    command
+}
+
 pub fn run(cases: u64) -> anyhow::Result<()> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut failed = 0;
     println!("fuzz targets, {cases} cases each (KURA_FUZZ_CASES)");
     for (name, args) in TARGETS {
         let started = Instant::now();
-        let output = Command::new(env!("CARGO"))
-            .arg("test")
-            .args(*args)
-            .args(["--", "--test-threads=1"])
-            .env("KURA_FUZZ_CASES", cases.to_string())
-            .current_dir(&root)
+        let output = cargo_test(args, &[], &[("KURA_FUZZ_CASES", cases.to_string())])
             .output()
             .with_context(|| format!("running cargo test for {name}"))?;
         let took = started.elapsed().as_secs_f64();

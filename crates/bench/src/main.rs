@@ -12,9 +12,11 @@
 //! cargo run --release -p kura-bench -- workers [--seconds 5] [--no-peer]
 //! cargo build --release -p kura-cli && cargo run --release -p kura-bench -- cluster [--seconds 5]
 //! cargo run --release -p kura-bench -- fuzz [--cases 100000]
+//! cargo run --release -p kura-bench -- crash [--kills 200] [--seed N]
 //! ```
 
 mod cluster;
+mod crash;
 mod d1;
 mod durable_objects;
 mod fuzz;
@@ -91,6 +93,15 @@ enum Suite {
         #[arg(long, default_value_t = 100_000)]
         cases: u64,
     },
+    /// The crash test's long mode: kill -9 at random moments of a mixed workload, many times.
+    Crash {
+        /// Kills (each followed by a restart and a check against the model).
+        #[arg(long, default_value_t = 200)]
+        kills: u64,
+        /// Replays the run a failure named.
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// (Internal) the memory measurement's fresh process: touches the objects under DIR.
     #[command(hide = true)]
     DoFootprint { dir: PathBuf, objects: u64 },
@@ -142,6 +153,7 @@ fn main() -> anyhow::Result<()> {
         Suite::Cluster(settings) => cluster::run(&settings),
         Suite::Node(settings) => node::run(&settings),
         Suite::Fuzz { cases } => fuzz::run(cases),
+        Suite::Crash { kills, seed } => crash::run(kills, seed),
         Suite::DoFootprint { dir, objects } => durable_objects::footprint_child(dir, objects),
     }
 }

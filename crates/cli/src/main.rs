@@ -5,6 +5,7 @@
 
 mod admin;
 mod api;
+mod check;
 mod cluster;
 mod config;
 mod d1;
@@ -67,6 +68,9 @@ enum Command {
     /// Manage API tokens in the data directory.
     #[command(subcommand)]
     Tokens(admin::TokensCommand),
+    /// Check a stopped server's data directory for damage: SQLite integrity, history checksums
+    /// and positions, and that every R2 object's bytes are where its row says.
+    Check(check::CheckArgs),
     /// Look at a cluster node (the one CLOUDFLARE_API_BASE_URL names).
     #[command(subcommand)]
     Node(cluster::NodeCommand),
@@ -131,6 +135,7 @@ fn main() -> ExitCode {
             Command::Accounts(command) => admin::run_accounts(command),
             Command::Tokens(command) => admin::run_tokens(command),
             Command::Node(command) => cluster::run_node(command).await,
+            Command::Check(args) => check::run(args),
         }
     });
     match outcome {

@@ -52,6 +52,10 @@ pub struct ServeArgs {
     /// Days of history Time Travel keeps restorable.
     #[arg(long, env = "KURA_TIME_TRAVEL_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3650))]
     time_travel_days: u64,
+    /// Time Travel restores allowed per database in 10 minutes (D1's limit is 10; a test
+    /// environment that restores often may raise it).
+    #[arg(long, env = "KURA_D1_MAX_RESTORES", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    d1_max_restores: u64,
     #[command(flatten)]
     cluster: ClusterArgs,
 }
@@ -61,6 +65,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(history) = settings.d1.history.as_mut() {
         history.retention = std::time::Duration::from_secs(args.time_travel_days * 24 * 3600);
     }
+    settings.d1.max_restores = args.d1_max_restores as usize;
     let api = TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
     let s3 = TcpListener::bind(args.s3_listen).await.with_context(|| format!("cannot listen on {}", args.s3_listen))?;
     let joined = match args.cluster.enabled() {

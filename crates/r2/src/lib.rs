@@ -24,6 +24,7 @@
 #![deny(missing_docs)]
 
 mod blob;
+mod check;
 mod error;
 mod list;
 mod meta;
@@ -43,6 +44,7 @@ use kura_sqlite::{DatabaseOptions, HistorySettings, PlacementError, Registry, Re
 use rusqlite::Connection;
 
 use crate::blob::{Blobs, Expected, PendingBlob, Piece, Stored};
+pub use crate::check::{BucketCheck, BucketDamage, check_bucket};
 pub use crate::error::{R2Error, Result};
 pub use crate::list::{ListOptions, Listing, MAX_LIST_LIMIT};
 use crate::meta::{Data, Part, Upload};

@@ -42,7 +42,7 @@ use kura_catalog::Catalog;
 use kura_d1::D1;
 use tokio::net::TcpListener;
 
-pub use node::{Bootstrap, CredentialsConfig, Node, NodeError, NodeSettings, bootstrap};
+pub use node::{Bootstrap, CredentialsConfig, Node, NodeError, NodeSettings, bootstrap, lock_directory};
 
 /// Cases each property test of an outside parser runs: a bounded number in `scripts/test`, more
 /// with `KURA_FUZZ_CASES` (the long mode).

@@ -193,8 +193,9 @@ pub fn bootstrap(catalog: &Catalog, config: &CredentialsConfig) -> Result<Bootst
     Ok(Bootstrap { account, new_token })
 }
 
-/// Takes `<dir>/kura.lock` exclusively and writes our pid into it.
-fn lock_directory(dir: &Path) -> Result<File, NodeError> {
+/// Takes `<dir>/kura.lock` exclusively and writes our pid into it: while the file is held, no
+/// server or offline command runs on the directory. Released when the file is dropped.
+pub fn lock_directory(dir: &Path) -> Result<File, NodeError> {
     let path = dir.join("kura.lock");
     let io = |source| NodeError::Io { context: format!("opening {}", path.display()), source };
     let mut file = File::options().read(true).write(true).create(true).truncate(false).open(&path).map_err(io)?;

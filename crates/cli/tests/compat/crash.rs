@@ -250,7 +250,7 @@ fn kill_9_during_uploads_and_overwrites_keeps_every_acknowledged_object() {
 }
 
 /// A tiny HTTP receiver for alarm POSTs: answers 200 to each and keeps the JSON bodies.
-fn alarm_receiver() -> (String, Arc<std::sync::Mutex<Vec<Json>>>) {
+pub(crate) fn alarm_receiver() -> (String, Arc<std::sync::Mutex<Vec<Json>>>) {
     use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/alarm", listener.local_addr().unwrap());

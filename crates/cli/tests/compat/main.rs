@@ -13,6 +13,7 @@ mod cluster_r2;
 mod common;
 mod console;
 mod crash;
+mod crash_random;
 mod disk_full;
 mod hostile_clients;
 mod kura_cli;

@@ -20,6 +20,7 @@ mod record;
 mod segment;
 mod ship;
 mod snapshot;
+mod verify;
 mod wal;
 
 use std::fs::{File, OpenOptions};
@@ -34,6 +35,7 @@ use record::{HEADER_LEN, Header, Kind, ReadError};
 use segment::{Entry, OpenSegment, Sealed, sync_dir};
 pub use ship::{LogShipper, LogView, SegmentView, ShipError, segment_file_name, snapshot_file_name};
 use snapshot::SnapshotWriter;
+pub use verify::{LogCheck, LogDamage, verify};
 
 use crate::error::{Error, Result};
 

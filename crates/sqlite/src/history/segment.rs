@@ -90,7 +90,7 @@ fn entry(header: &Header, offset: u64) -> Entry {
     }
 }
 
-fn check_magic(file: &File, path: &Path) -> Result<(), ReadError> {
+pub(crate) fn check_magic(file: &File, path: &Path) -> Result<(), ReadError> {
     let mut magic = [0u8; 8];
     match file.read_exact_at(&mut magic, 0) {
         Ok(()) if &magic == MAGIC => Ok(()),

@@ -221,14 +221,21 @@ fn header_of(file: &File, path: &Path) -> Result<SnapshotHeader, ReadError> {
     Ok(header)
 }
 
-/// Checks a snapshot's image against its CRC, then copies it into `out` from offset 0.
-pub(crate) fn copy_image(path: &Path, out: &File) -> Result<SnapshotHeader, ReadError> {
+/// Checks a snapshot's header and image against their CRCs.
+pub(crate) fn verify(path: &Path) -> Result<SnapshotHeader, ReadError> {
     let file = File::open(path)?;
     let header = header_of(&file, path)?;
-    let total = header.db_pages as u64 * header.page_size as u64;
-    if crc_of(&file, HEADER_LEN, total)? != header.image_crc {
+    if crc_of(&file, HEADER_LEN, header.db_pages as u64 * header.page_size as u64)? != header.image_crc {
         return Err(ReadError::Corrupt(format!("snapshot {} fails its checksum", path.display())));
     }
+    Ok(header)
+}
+
+/// Checks a snapshot's image against its CRC, then copies it into `out` from offset 0.
+pub(crate) fn copy_image(path: &Path, out: &File) -> Result<SnapshotHeader, ReadError> {
+    let header = verify(path)?;
+    let file = File::open(path)?;
+    let total = header.db_pages as u64 * header.page_size as u64;
     // Snapshots are never written after they are renamed into place: what was checked is what
     // is copied.
     copy_range(&file, HEADER_LEN, out, 0, total)?;

@@ -113,6 +113,11 @@ async fn history_survives_reopening_and_segments_roll() {
     assert!(log_files(&cx, ".seg").len() >= 2, "small segments were sealed");
     assert!(log_files(&cx, ".snap").len() >= 2, "snapshots were taken");
     cx.registry.close("db").await;
+    let checked = kura_sqlite::verify_history(&cx.dir.path().join("db/db.sqlite")).unwrap().unwrap();
+    assert_eq!(checked.segments, log_files(&cx, ".seg").len() + 1);
+    assert_eq!(checked.snapshots, log_files(&cx, ".snap").len());
+    assert_eq!(checked.torn_tail_bytes, 0);
+    assert_eq!(checked.last_seq, Some(61), "the table and 60 rows");
     // As an older version could leave it: a crash after starting a segment, before sealing the
     // previous one. Opening seals it again.
     let last_sealed = log_files(&cx, ".seg").pop().unwrap();
@@ -146,6 +151,8 @@ async fn a_torn_or_lost_log_tail_is_dropped_and_recaptured_from_the_wal() {
     let mut torn = std::fs::OpenOptions::new().append(true).open(&open).unwrap();
     std::io::Write::write_all(&mut torn, &bytes[cut..cut + 100]).unwrap();
     drop(torn);
+    let checked = kura_sqlite::verify_history(&cx.dir.path().join("db/db.sqlite")).unwrap().unwrap();
+    assert!(checked.torn_tail_bytes >= 100, "the offline check counts the torn tail and accepts it");
 
     assert_eq!(ids(&rows(&cx).await), (0..8).collect::<Vec<_>>(), "the database itself lost nothing");
     assert_eq!(bookmark(&cx).await, *marks.last().unwrap(), "the WAL gave the lost records back");
@@ -171,6 +178,8 @@ async fn damage_is_reported_and_never_applied() {
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x5a;
     std::fs::write(victim, bytes).unwrap();
+    let found = kura_sqlite::verify_history(&cx.dir.path().join("db/db.sqlite")).unwrap_err().to_string();
+    assert!(found.contains("fails its checksum"), "the offline check finds the damage: {found}");
     let before = rows(&cx).await;
     let e = restore(&cx, marks[35]).await.unwrap_err();
     let message = e.to_string();
