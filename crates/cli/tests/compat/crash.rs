@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use serde_json::{Value as Json, json};
 
-use crate::common::{ACCOUNT, KuraProcess, TOKEN};
+use crate::common::{ACCOUNT, KuraProcess, TOKEN, kura};
 
 struct Api {
     http: reqwest::Client,
@@ -247,6 +247,21 @@ fn kill_9_during_uploads_and_overwrites_keeps_every_acknowledged_object() {
         assert_eq!(count_blobs(), with_blobs, "orphan blobs are swept at start-up");
         assert!(!shard.join("00ffffffffffffffffffffffffffffff").exists());
     });
+
+    // `kura check` finds the swept directory sound, and names a blob lost behind its back.
+    let (dir, data) = server.stop();
+    let checked = kura(dir.path(), &data, &["check", "--json"], &[]);
+    assert!(checked.ok, "{}{}", checked.stdout, checked.stderr);
+    assert_eq!(checked.json()["orphan_blobs"], 0);
+    let blob = std::fs::read_dir(bucket_dir.join("blobs"))
+        .unwrap()
+        .flatten()
+        .flat_map(|shard| std::fs::read_dir(shard.path()).unwrap().flatten())
+        .next()
+        .unwrap();
+    std::fs::remove_file(blob.path()).unwrap();
+    let checked = kura(dir.path(), &data, &["check"], &[]);
+    assert!(!checked.ok && checked.stdout.contains("is missing"), "{}{}", checked.stdout, checked.stderr);
 }
 
 /// A tiny HTTP receiver for alarm POSTs: answers 200 to each and keeps the JSON bodies.
