@@ -20,6 +20,7 @@ use kura_cluster::{
 use kura_sqlite::{DatabaseOptions, HistorySettings, Registry, RegistrySettings, Request, Statement, Value};
 
 use crate::Settings;
+use crate::child::KuraChild;
 use crate::load::{self, Stats};
 
 fn member(node: &str) -> Member {
@@ -371,68 +372,18 @@ async fn takeover(
 }
 
 /// A `kura serve` process joined to the benchmark's cluster.
-struct Node {
-    child: std::process::Child,
-    api: String,
-    s3: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The `kura` binary built beside this benchmark (`cargo build --release -p kura-cli`).
-fn kura_binary() -> anyhow::Result<std::path::PathBuf> {
-    let beside = std::env::current_exe()?.with_file_name("kura");
-    anyhow::ensure!(
-        beside.exists(),
-        "{} is missing: build it first with `cargo build --release -p kura-cli`",
-        beside.display()
-    );
-    Ok(beside)
-}
-
-fn start_node(etcd: &Etcd, garage: &Garage, i: usize, extra: &[&str]) -> anyhow::Result<Node> {
-    use std::io::BufRead;
-    let dir = tempfile::tempdir()?;
-    let mut child = std::process::Command::new(kura_binary()?)
-        .args(["serve", "--listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0"])
-        .arg("--data")
-        .arg(dir.path().join("data"))
-        .args(["--cluster-store", "s3://kura/bench-nodes", "--cluster-store-region", "garage"])
-        .args(["--cluster-store-endpoint", &garage.s3_endpoints[i]])
-        .args(["--etcd", &etcd.endpoints.join(","), "--node-id", &format!("bench{i}")])
-        .args(extra)
-        .env("KURA_CLUSTER_STORE_ACCESS_KEY_ID", kura_cluster::testbed::GARAGE_KEY_ID)
-        .env("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", kura_cluster::testbed::GARAGE_SECRET)
-        .env("KURA_ACCOUNT_ID", crate::server::ACCOUNT)
-        .env("KURA_API_TOKEN", crate::server::TOKEN)
-        .env("KURA_S3_ACCESS_KEY_ID", crate::server::S3_KEY)
-        .env("KURA_S3_SECRET_ACCESS_KEY", crate::server::S3_SECRET)
-        .env("KURA_LOG", "error")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()?;
-    let stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
-    let (mut api, mut s3) = (None, None);
-    for line in stdout.lines() {
-        let line = line?;
-        if let Some(url) = line.trim().strip_prefix("API (Cloudflare v4):") {
-            api = Some(url.trim().to_owned());
-        }
-        if let Some(url) = line.trim().strip_prefix("S3:") {
-            s3 = Some(url.trim().to_owned());
-        }
-        if line == "ready" {
-            break;
-        }
-    }
-    let (api, s3) = api.zip(s3).ok_or_else(|| anyhow::anyhow!("kura serve (cluster node {i}) did not start"))?;
-    Ok(Node { child, api, s3, _dir: dir })
+fn start_node(etcd: &Etcd, garage: &Garage, i: usize, extra: &[&str]) -> anyhow::Result<KuraChild> {
+    let (endpoints, node_id) = (etcd.endpoints.join(","), format!("bench{i}"));
+    let mut args = vec!["--cluster-store", "s3://kura/bench-nodes", "--cluster-store-region", "garage"];
+    args.extend(["--cluster-store-endpoint", &garage.s3_endpoints[i], "--etcd", &endpoints, "--node-id", &node_id]);
+    args.extend(extra);
+    KuraChild::start(
+        &args,
+        &[
+            ("KURA_CLUSTER_STORE_ACCESS_KEY_ID", kura_cluster::testbed::GARAGE_KEY_ID),
+            ("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", kura_cluster::testbed::GARAGE_SECRET),
+        ],
+    )
 }
 
 /// D1 over HTTP through cluster nodes: durable INSERTs through the owner and through another

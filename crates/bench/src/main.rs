@@ -13,8 +13,11 @@
 //! cargo build --release -p kura-cli && cargo run --release -p kura-bench -- cluster [--seconds 5]
 //! cargo run --release -p kura-bench -- fuzz [--cases 100000]
 //! cargo run --release -p kura-bench -- crash [--kills 200] [--seed N]
+//! cargo build --release -p kura-cli && cargo run --release -p kura-bench -- capacity [--connections 2000]
 //! ```
 
+mod capacity;
+mod child;
 mod cluster;
 mod crash;
 mod d1;
@@ -102,6 +105,22 @@ enum Suite {
         #[arg(long)]
         seed: Option<u64>,
     },
+    /// Capacity: resident memory and descriptors per idle connection, per idle open database and
+    /// per bucket, beside their limits; bounded after 10,000 databases and buckets are touched.
+    Capacity {
+        /// Idle kept-alive connections held at once.
+        #[arg(long, default_value_t = 2_000)]
+        connections: usize,
+        /// D1 databases created and written.
+        #[arg(long, default_value_t = 10_000)]
+        databases: usize,
+        /// Buckets created and written.
+        #[arg(long, default_value_t = 10_000)]
+        buckets: usize,
+    },
+    /// (Internal) the connection floor's process: one route through kura's serving loop.
+    #[command(hide = true)]
+    HttpFloor,
     /// (Internal) the memory measurement's fresh process: touches the objects under DIR.
     #[command(hide = true)]
     DoFootprint { dir: PathBuf, objects: u64 },
@@ -154,6 +173,8 @@ fn main() -> anyhow::Result<()> {
         Suite::Node(settings) => node::run(&settings),
         Suite::Fuzz { cases } => fuzz::run(cases),
         Suite::Crash { kills, seed } => crash::run(kills, seed),
+        Suite::Capacity { connections, databases, buckets } => capacity::run(connections, databases, buckets),
+        Suite::HttpFloor => capacity::http_floor_child(),
         Suite::DoFootprint { dir, objects } => durable_objects::footprint_child(dir, objects),
     }
 }

@@ -230,7 +230,7 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Serves `app` on a TCP listener until `stop` resolves, then lets the requests in flight
 /// finish. Unlike `axum::serve`, it bounds how long a client may take to send its headers.
-async fn serve_tcp(listener: TcpListener, app: Router, stop: impl Future<Output = ()>) -> std::io::Result<()> {
+pub async fn serve_tcp(listener: TcpListener, app: Router, stop: impl Future<Output = ()>) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
