@@ -214,53 +214,137 @@ impl Target {
     }
 }
 
-/// JSON with comments and trailing commas (JSONC) to plain JSON.
+/// JSON with comments and trailing commas (JSONC) to plain JSON. Comments go first, so a comma
+/// followed by a comment and then the closing bracket is seen as the trailing comma it is.
 fn strip_jsonc(text: &str) -> String {
-    let bytes = text.as_bytes();
+    let without_comments = outside_strings(text.as_bytes(), |bytes, i, out| match (bytes[i], bytes.get(i + 1)) {
+        (b'/', Some(b'/')) => bytes[i..].iter().position(|&b| b == b'\n').map_or(bytes.len(), |n| i + n),
+        (b'/', Some(b'*')) => {
+            let end = bytes[i + 2..].windows(2).position(|w| w == b"*/").map_or(bytes.len(), |n| i + 2 + n + 2);
+            // A block comment separates tokens as a space does.
+            out.push(b' ');
+            end
+        }
+        (b, _) => {
+            out.push(b);
+            i + 1
+        }
+    });
+    let plain = outside_strings(&without_comments, |bytes, i, out| {
+        let next = bytes[i + 1..].iter().find(|c| !c.is_ascii_whitespace());
+        if bytes[i] != b',' || !matches!(next, Some(b'}') | Some(b']')) {
+            out.push(bytes[i]);
+        }
+        i + 1
+    });
+    String::from_utf8(plain).unwrap_or_default()
+}
+
+/// Copies `bytes`, strings (with their escapes) as they are; everything else goes through
+/// `step`, which appends what it keeps at `i` and answers where to go on.
+fn outside_strings(bytes: &[u8], mut step: impl FnMut(&[u8], usize, &mut Vec<u8>) -> usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
-    let mut in_string = false;
     while i < bytes.len() {
-        let b = bytes[i];
-        if in_string {
+        if bytes[i] != b'"' {
+            i = step(bytes, i, &mut out);
+            continue;
+        }
+        // A string: copied through its closing quote (or the end of the text).
+        out.push(b'"');
+        i += 1;
+        while i < bytes.len() {
+            let b = bytes[i];
             out.push(b);
-            if b == b'\\' && i + 1 < bytes.len() {
-                out.push(bytes[i + 1]);
+            i += 1;
+            if b == b'\\' && i < bytes.len() {
+                out.push(bytes[i]);
                 i += 1;
             } else if b == b'"' {
-                in_string = false;
+                break;
             }
-        } else if b == b'"' {
-            in_string = true;
-            out.push(b);
-        } else if b == b'/' && bytes.get(i + 1) == Some(&b'/') {
-            while i < bytes.len() && bytes[i] != b'\n' {
-                i += 1;
-            }
-            continue;
-        } else if b == b'/' && bytes.get(i + 1) == Some(&b'*') {
-            i += 2;
-            while i + 1 < bytes.len() && !(bytes[i] == b'*' && bytes[i + 1] == b'/') {
-                i += 1;
-            }
-            i += 2;
-            continue;
-        } else if b == b',' {
-            let next = bytes[i + 1..].iter().find(|c| !c.is_ascii_whitespace());
-            if !matches!(next, Some(b'}') | Some(b']')) {
-                out.push(b);
-            }
-        } else {
-            out.push(b);
         }
-        i += 1;
     }
-    String::from_utf8(out).unwrap_or_default()
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            "(\\PC|[/*,\"\\\\])*".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map("(\\PC|[/*,])*", inner, 0..4)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// `value` as JSONC: every element followed by a comma (so the last one's trails), with
+    /// line and block comments between them.
+    fn jsonc(value: &serde_json::Value) -> String {
+        match value {
+            serde_json::Value::Array(items) => {
+                let inner: String = items.iter().map(|v| format!("{}, // item\n", jsonc(v))).collect();
+                format!("[ /* array */ {inner}]")
+            }
+            serde_json::Value::Object(map) => {
+                let inner: String = map
+                    .iter()
+                    .map(|(k, v)| {
+                        format!("{} /* key */ : {},\n// member\n", serde_json::to_string(k).unwrap(), jsonc(v))
+                    })
+                    .collect();
+                format!("{{\n{inner}}}")
+            }
+            leaf => serde_json::to_string(leaf).unwrap(),
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(
+            std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(1_000)
+        ))]
+
+        /// Any JSON, its strings holding `//`, `/*` and commas, with comments and trailing commas
+        /// added, reads back as the same JSON.
+        #[test]
+        fn jsonc_reads_back_as_the_json_it_decorates(value in json_value()) {
+            let decorated = jsonc(&value);
+            let read: serde_json::Value = serde_json::from_str(&strip_jsonc(&decorated)).unwrap();
+            proptest::prop_assert_eq!(read, value);
+        }
+
+        /// Any bytes in a wrangler.json, wrangler.jsonc or wrangler.toml give a configuration or
+        /// an error naming the file, never a panic.
+        #[test]
+        fn any_config_file_reads_or_is_refused(text in "\\PC{0,200}|[\\[\\]{}\"=,:/* a-z_0-9\n]{0,200}", ext in "json|jsonc|toml") {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(format!("wrangler.{ext}"));
+            std::fs::write(&path, &text).unwrap();
+            if let Err(e) = WranglerConfig::find(Some(&path)) {
+                proptest::prop_assert!(e.to_string().contains("wrangler."), "{e}");
+            }
+        }
+    }
+
+    /// Found by `jsonc_reads_back_as_the_json_it_decorates`: a trailing comma followed by a
+    /// comment was kept, so such a wrangler.jsonc was refused as invalid JSON.
+    #[test]
+    fn a_comment_after_a_trailing_comma_is_still_a_trailing_comma() {
+        let text = "{ \"d1_databases\": [ { \"binding\": \"DB\" }, // production\n ], /* end */ }";
+        let raw: RawConfig = serde_json::from_str(&strip_jsonc(text)).unwrap();
+        assert_eq!(raw.d1_databases[0].binding, "DB");
+    }
 
     #[test]
     fn jsonc_loses_comments_and_trailing_commas_only() {

@@ -88,6 +88,27 @@ fn body() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
+/// One Durable Object batch operation: each kind with its own fields, their values arbitrary
+/// (so most reach the object, not only the JSON parser), or an unknown kind or field.
+fn operation() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        (scalar(), value()).prop_map(|(sql, params)| json!({ "op": "sql", "sql": sql, "params": params })),
+        scalar().prop_map(|key| json!({ "op": "kv_get", "key": key })),
+        value().prop_map(|keys| json!({ "op": "kv_get", "keys": keys })),
+        (scalar(), value()).prop_map(|(key, value)| json!({ "op": "kv_put", "key": key, "value": value })),
+        value().prop_map(|entries| json!({ "op": "kv_put", "entries": entries })),
+        scalar().prop_map(|key| json!({ "op": "kv_delete", "key": key })),
+        value().prop_map(|keys| json!({ "op": "kv_delete", "keys": keys })),
+        (scalar(), scalar(), scalar(), scalar(), value(), value()).prop_map(|(start, after, end, prefix, reverse, limit)| {
+            json!({ "op": "kv_list", "start": start, "startAfter": after, "end": end, "prefix": prefix, "reverse": reverse, "limit": limit })
+        }),
+        scalar().prop_map(|time| json!({ "op": "set_alarm", "time": time })),
+        proptest::sample::select(vec!["get_alarm", "delete_alarm", "delete_all", "database_size", "nope"])
+            .prop_map(|op| json!({ "op": op })),
+        (scalar(), value()).prop_map(|(field, value)| json!({ "op": "kv_get", "key": "k", "extra": field, "more": value })),
+    ]
+}
+
 /// Bodies of the right shape for each endpoint, their fields arbitrary: these reach the
 /// handlers behind the JSON parser.
 fn shaped() -> impl Strategy<Value = (&'static str, String, Value)> {
@@ -102,38 +123,45 @@ fn shaped() -> impl Strategy<Value = (&'static str, String, Value)> {
         v4("/d1/database/fixture/import"),
         v4("/workers/durable_objects/namespaces/ns/objects/obj/restore"),
     );
-    let op = proptest::sample::select(vec![
-        "sql",
-        "get",
-        "get_many",
-        "put",
-        "put_many",
-        "delete",
-        "delete_many",
-        "list",
-        "get_alarm",
-        "set_alarm",
-        "delete_alarm",
-        "delete_all",
-        "database_size",
-        "nope",
-    ]);
     prop_oneof![
-        (scalar(), value()).prop_map(move |(sql, params)| ("POST", d1.clone(), json!({ "sql": sql, "params": params }))),
-        (scalar(), value()).prop_map(move |(sql, params)| ("POST", raw.clone(), json!([{ "sql": sql, "params": params }]))),
-        proptest::collection::vec((op, scalar(), scalar(), scalar(), value()), 0..4).prop_map(move |ops| {
-            let operations: Vec<Value> = ops
-                .into_iter()
-                .map(|(op, sql, key, time, value)| json!({ "op": op, "sql": sql, "key": key, "keys": [key.clone()], "value": value, "entries": { "k": value }, "time": time, "params": [] }))
-                .collect();
-            ("POST", batch.clone(), json!({ "operations": operations }))
-        }),
-        (scalar(), value()).prop_map(move |(sql, params)| ("POST", object_query.clone(), json!({ "sql": sql, "params": params }))),
-        (scalar(), value(), value()).prop_map(move |(sql, params, objects)| ("POST", fan_out.clone(), json!({ "sql": sql, "params": params, "objects": objects }))),
+        (scalar(), value()).prop_map(move |(sql, params)| (
+            "POST",
+            d1.clone(),
+            json!({ "sql": sql, "params": params })
+        )),
+        (scalar(), value()).prop_map(move |(sql, params)| (
+            "POST",
+            raw.clone(),
+            json!([{ "sql": sql, "params": params }])
+        )),
+        proptest::collection::vec(operation(), 0..4).prop_map(move |operations| (
+            "POST",
+            batch.clone(),
+            json!({ "operations": operations })
+        )),
+        (scalar(), value()).prop_map(move |(sql, params)| (
+            "POST",
+            object_query.clone(),
+            json!({ "sql": sql, "params": params })
+        )),
+        (scalar(), value(), value()).prop_map(move |(sql, params, objects)| (
+            "POST",
+            fan_out.clone(),
+            json!({ "sql": sql, "params": params, "objects": objects })
+        )),
         (scalar(), proptest::sample::select(vec!["admin", "d1:read", "r2:write", "do:read", "root", ""]), value())
-            .prop_map(move |(name, scope, buckets)| ("POST", tokens.clone(), json!({ "name": name, "scope": scope, "buckets": buckets }))),
-        (proptest::sample::select(vec!["init", "ingest", "poll", "other"]), scalar(), scalar())
-            .prop_map(move |(action, etag, filename)| ("POST", import.clone(), json!({ "action": action, "etag": etag, "filename": filename }))),
+            .prop_map(move |(name, scope, buckets)| (
+                "POST",
+                tokens.clone(),
+                json!({ "name": name, "scope": scope, "buckets": buckets })
+            )),
+        (proptest::sample::select(vec!["init", "ingest", "poll", "other"]), scalar(), scalar()).prop_map(
+            move |(action, etag, filename)| (
+                "POST",
+                import.clone(),
+                json!({ "action": action, "etag": etag, "filename": filename })
+            )
+        ),
         scalar().prop_map(move |bookmark| ("POST", restore.clone(), json!({ "bookmark": bookmark }))),
     ]
 }
