@@ -67,6 +67,7 @@ fn run_all(db: &mut Database, input: &mut dyn BufRead) -> Result<ImportOutcome, 
                 return Err(kura_sqlite::Error::Sql {
                     message: format!("statement too long (over {MAX_IMPORT_STATEMENT_BYTES} bytes)"),
                     code: rusqlite::ffi::SQLITE_TOOBIG,
+                    extended: rusqlite::ffi::SQLITE_TOOBIG,
                 }
                 .into());
             }

@@ -293,7 +293,7 @@ fn commit(db: &mut Database) -> Result<()> {
     }
     db.commit().map_err(|e| match e {
         // A deferred constraint left violated is the request's fault, reported as workerd does.
-        kura_sqlite::Error::Sql { message, code } if code == libsqlite3_sys::SQLITE_CONSTRAINT => {
+        kura_sqlite::Error::Sql { message, code, .. } if code == libsqlite3_sys::SQLITE_CONSTRAINT => {
             DoError::Reset(format!(
                 "Durable Object was reset and rolled back to its last known good state because the application left \
              the database in a state where constraints were violated: {message}"

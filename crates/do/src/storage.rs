@@ -109,7 +109,7 @@ impl<'a> Storage<'a> {
     fn exec_with(&mut self, sql: &str, params: Vec<Value>, access: Access) -> Result<Cursor> {
         self.used_pragma |= sql.as_bytes().windows(6).any(|w| w.eq_ignore_ascii_case(b"pragma"));
         let request =
-            Request { statements: vec![Statement::with_params(sql, params)], mode: ResultMode::LastStatement, access };
+            Request { statements: vec![Statement::with_params(sql, params)], mode: ResultMode::Cursor, access };
         let mut results = self.db.execute(&request).map_err(DoError::from_sql)?;
         self.check_transaction()?;
         Ok(results.pop().map(Cursor::from).unwrap_or_default())

@@ -200,7 +200,9 @@ fn refuse(command: Command) {
 fn copy_error(error: &Error) -> Error {
     match error {
         Error::Open { path, message } => Error::Open { path: path.clone(), message: message.clone() },
-        Error::Sql { message, code } => Error::Sql { message: message.clone(), code: *code },
+        Error::Sql { message, code, extended } => {
+            Error::Sql { message: message.clone(), code: *code, extended: *extended }
+        }
         // A failed commit's requests learn whether it may still take effect.
         Error::Superseded { message } => Error::Superseded { message: message.clone() },
         Error::Io { context, source } => {

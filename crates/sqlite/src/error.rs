@@ -27,6 +27,9 @@ pub enum Error {
         message: String,
         /// SQLite's primary result code (`SQLITE_CONSTRAINT`, `SQLITE_AUTH`, …).
         code: i32,
+        /// SQLite's extended result code (`SQLITE_CONSTRAINT_UNIQUE`, …); equal to `code` when
+        /// SQLite gave none, or the error is kura's own.
+        extended: i32,
     },
     /// The request held no statement, only whitespace or comments.
     #[error("No SQL statements detected.")]
@@ -106,7 +109,7 @@ impl Error {
 
     /// An SQL error from a result code and SQLite's message, without an offset.
     pub(crate) fn sql(code: i32, message: &str) -> Self {
-        Error::Sql { message: format!("{message}: {}", code_name(code)), code: code & 0xff }
+        Error::Sql { message: format!("{message}: {}", code_name(code)), code: code & 0xff, extended: code }
     }
 
     /// The connection's most recent error, worded as D1 words it.
@@ -122,7 +125,7 @@ impl Error {
         } else {
             format!("{message}: {}", code_name(code))
         };
-        Error::Sql { message, code }
+        Error::Sql { message, code, extended: rc }
     }
 
     /// Wraps a rusqlite failure that happened while running kura's own statements.
@@ -141,6 +144,39 @@ pub fn is_disk_full(message: &str) -> bool {
     ["database or disk is full", "SQLITE_FULL", "No space left on device", "os error 28"]
         .iter()
         .any(|m| message.contains(m))
+}
+
+/// How a statement given the wrong number of values is refused (D1 adds the counts in
+/// parentheses; workerd's Durable Objects end the sentence there).
+pub const WRONG_PARAMETER_COUNT: &str = "Wrong number of parameter bindings for SQL query";
+
+/// How parameters on any statement but the last of a multi-statement text are refused.
+pub const PARAMETERS_ON_LAST_STATEMENT_ONLY: &str =
+    "When executing multiple SQL statements in a single call, only the last statement can have parameters.";
+
+/// The symbolic name of an extended result code that says more than its primary code, as
+/// workerd appends it to a Durable Object's SQL errors (` (extended: SQLITE_CONSTRAINT_UNIQUE)`);
+/// `None` for a primary code, or one kura does not name.
+pub fn extended_code_name(extended: i32) -> Option<&'static str> {
+    Some(match extended {
+        ffi::SQLITE_CONSTRAINT_CHECK => "SQLITE_CONSTRAINT_CHECK",
+        ffi::SQLITE_CONSTRAINT_COMMITHOOK => "SQLITE_CONSTRAINT_COMMITHOOK",
+        ffi::SQLITE_CONSTRAINT_FOREIGNKEY => "SQLITE_CONSTRAINT_FOREIGNKEY",
+        ffi::SQLITE_CONSTRAINT_FUNCTION => "SQLITE_CONSTRAINT_FUNCTION",
+        ffi::SQLITE_CONSTRAINT_NOTNULL => "SQLITE_CONSTRAINT_NOTNULL",
+        ffi::SQLITE_CONSTRAINT_PINNED => "SQLITE_CONSTRAINT_PINNED",
+        ffi::SQLITE_CONSTRAINT_PRIMARYKEY => "SQLITE_CONSTRAINT_PRIMARYKEY",
+        ffi::SQLITE_CONSTRAINT_ROWID => "SQLITE_CONSTRAINT_ROWID",
+        ffi::SQLITE_CONSTRAINT_TRIGGER => "SQLITE_CONSTRAINT_TRIGGER",
+        ffi::SQLITE_CONSTRAINT_UNIQUE => "SQLITE_CONSTRAINT_UNIQUE",
+        ffi::SQLITE_CONSTRAINT_VTAB => "SQLITE_CONSTRAINT_VTAB",
+        ffi::SQLITE_CONSTRAINT_DATATYPE => "SQLITE_CONSTRAINT_DATATYPE",
+        ffi::SQLITE_ERROR_MISSING_COLLSEQ => "SQLITE_ERROR_MISSING_COLLSEQ",
+        ffi::SQLITE_ERROR_RETRY => "SQLITE_ERROR_RETRY",
+        ffi::SQLITE_ERROR_SNAPSHOT => "SQLITE_ERROR_SNAPSHOT",
+        ffi::SQLITE_AUTH_USER => "SQLITE_AUTH_USER",
+        _ => return None,
+    })
 }
 
 /// The symbolic name of SQLite's primary result code, as D1 prints it.

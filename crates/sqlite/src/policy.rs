@@ -104,8 +104,8 @@ pub(crate) struct StatementFacts {
     pub writes: Option<(WriteKind, String)>,
     /// Columns the statement itself updates.
     pub updated_columns: Vec<String>,
-    /// Schema objects created (`CREATE TABLE` counts two writes in D1, others one).
-    pub creates_table: bool,
+    /// The table a `CREATE TABLE` creates (D1 counts its schema writes).
+    pub created_table: Option<String>,
     /// Whether the statement creates, drops or alters schema objects.
     pub changes_schema: bool,
     /// Whether the statement is an ALTER TABLE, whose new name SQLite does not show us.
@@ -222,7 +222,7 @@ fn decide(ctx: &AuthContext<'_>, facts: &mut StatementFacts, top_level: bool) ->
         }
         AuthAction::CreateTable { table_name } => {
             facts.changes_schema = true;
-            facts.creates_table = true;
+            facts.created_table = Some(table_name.to_owned());
             allow_if(!is_reserved_name(table_name) && in_main(db))
         }
         AuthAction::CreateIndex { index_name, table_name } => {

@@ -59,6 +59,10 @@ pub enum ResultMode {
     /// Only the last statement of each text produces a result; earlier ones run and their rows
     /// are discarded (the Workers binding's `prepare("A; B")`).
     LastStatement,
+    /// As workerd's `sql.exec()` for Durable Objects: the last statement's rows and its own
+    /// `rows_read`/`rows_written` (not the sum), and text after the last statement must be
+    /// whitespace (a trailing comment is "SQL code did not contain a statement.").
+    Cursor,
 }
 
 /// What the caller is allowed to do.

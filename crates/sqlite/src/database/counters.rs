@@ -42,10 +42,19 @@ impl Database {
     }
 }
 
-/// Writes to `sqlite_schema` that D1's counters see: `CREATE TABLE` inserts its schema row and
-/// then updates it. Other DDL is counted as writing nothing (an approximation).
-pub(super) fn schema_writes(facts: &StatementFacts) -> u64 {
-    if facts.creates_table { 2 } else { 0 }
+/// Writes to `sqlite_schema` that D1's and workerd's counters see: `CREATE TABLE` inserts its
+/// schema row and then updates it, and inserts one row for each index its UNIQUE and PRIMARY
+/// KEY constraints make. Other DDL is counted as writing nothing (an approximation).
+pub(super) fn schema_writes(conn: &rusqlite::Connection, facts: &StatementFacts) -> u64 {
+    let Some(table) = &facts.created_table else { return 0 };
+    let automatic: u64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND tbl_name = ?1 AND sql IS NULL",
+            [table],
+            |r| r.get(0),
+        )
+        .unwrap_or(0);
+    2 + automatic
 }
 
 fn load_indexes(conn: &rusqlite::Connection, table: &str) -> rusqlite::Result<Vec<IndexColumns>> {

@@ -18,7 +18,7 @@ use libsqlite3_sys as ffi;
 use rusqlite::OpenFlags;
 use rusqlite::config::DbConfig;
 
-use crate::error::{Error, Result, TRANSACTION_MESSAGE};
+use crate::error::{Error, PARAMETERS_ON_LAST_STATEMENT_ONLY, Result, TRANSACTION_MESSAGE, WRONG_PARAMETER_COUNT};
 use crate::history::{self, History, HistorySettings, LogShipper};
 use crate::policy::{Authorizer, Limits, StatementFacts};
 use crate::raw::{RawStatement, SqlText};
@@ -369,15 +369,17 @@ impl Database {
             let facts = self.authorizer.take_facts();
             let prepared = prepared.map_err(|e| explain_prepare_error(e, &facts))?;
             let Some(mut raw) = prepared.statement else {
+                // workerd prepares whatever follows the last statement, and refuses a tail that
+                // holds no statement (a comment) as it refuses an empty text.
+                if request.mode == ResultMode::Cursor && count > 0 && !text.from(position).trim().is_empty() {
+                    return Err(Error::NoStatements);
+                }
                 break;
             };
             position = prepared.next;
             count += 1;
             if last.as_ref().is_some_and(|l| l.raw.parameter_count() > 0) {
-                return Err(Error::sql(
-                    ffi::SQLITE_ERROR,
-                    "When executing multiple SQL statements in a single call, only the last statement can have parameters.",
-                ));
+                return Err(Error::sql(ffi::SQLITE_ERROR, PARAMETERS_ON_LAST_STATEMENT_ONLY));
             }
             let sql = text.from(prepared.start);
             let result = if raw.parameter_count() > 0 {
@@ -389,6 +391,7 @@ impl Database {
             match request.mode {
                 ResultMode::EveryStatement => results.push(result),
                 ResultMode::LastStatement => combined = Some(merge(combined.take(), result)),
+                ResultMode::Cursor => combined = Some(merge_keeping_counts(combined.take(), result)),
             }
         }
         if !statement.params.is_empty() && last.as_ref().is_none_or(|l| l.raw.parameter_count() == 0) {
@@ -469,7 +472,8 @@ impl Database {
             self.indexes.clear();
         }
         let size_after = if readonly { size_before } else { self.measure_size()? };
-        let rows_written = changes + self.index_writes(facts, statement_changes) + schema_writes(facts);
+        let schema = self.with_internal(|c| schema_writes(c, facts));
+        let rows_written = changes + self.index_writes(facts, statement_changes) + schema;
         let rows_read = raw.rows_visited();
         Ok(StatementResult {
             columns,
@@ -567,7 +571,7 @@ impl Database {
 fn explain_prepare_error(error: Error, facts: &StatementFacts) -> Error {
     match error {
         Error::Sql { code: ffi::SQLITE_AUTH, .. } if facts.transaction => {
-            Error::Sql { message: TRANSACTION_MESSAGE.to_owned(), code: ffi::SQLITE_AUTH }
+            Error::Sql { message: TRANSACTION_MESSAGE.to_owned(), code: ffi::SQLITE_AUTH, extended: ffi::SQLITE_AUTH }
         }
         Error::Sql { code: ffi::SQLITE_TOOBIG, .. } => Error::sql(ffi::SQLITE_TOOBIG, "statement too long"),
         other => other,
@@ -575,10 +579,18 @@ fn explain_prepare_error(error: Error, facts: &StatementFacts) -> Error {
 }
 
 fn wrong_parameter_count(expected: usize, given: usize) -> Error {
-    Error::sql(
-        ffi::SQLITE_RANGE,
-        &format!("Wrong number of parameter bindings for SQL query (the statement takes {expected}, {given} given)"),
-    )
+    Error::sql(ffi::SQLITE_RANGE, &format!("{WRONG_PARAMETER_COUNT} (the statement takes {expected}, {given} given)"))
+}
+
+/// As [`merge`], but the counters reported are the last statement's own (workerd's cursor);
+/// whether anything was written still covers every statement.
+fn merge_keeping_counts(previous: Option<StatementResult>, mut last: StatementResult) -> StatementResult {
+    if let Some(p) = previous {
+        last.meta.duration_ms += p.meta.duration_ms;
+        last.meta.changed_db |= p.meta.changed_db;
+        last.meta.wrote |= p.meta.wrote;
+    }
+    last
 }
 
 /// Folds the statements of one multi-statement text into one result: rows of the last,
