@@ -97,6 +97,15 @@ pub(crate) enum WriteKind {
     Delete,
 }
 
+/// A schema object a statement creates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SchemaObject {
+    Table(String),
+    View,
+    Trigger,
+    Index { index: String, table: String },
+}
+
 /// What the authorizer learned about the statement it last saw prepared.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct StatementFacts {
@@ -104,8 +113,8 @@ pub(crate) struct StatementFacts {
     pub writes: Option<(WriteKind, String)>,
     /// Columns the statement itself updates.
     pub updated_columns: Vec<String>,
-    /// The table a `CREATE TABLE` creates (D1 counts its schema writes).
-    pub created_table: Option<String>,
+    /// What the statement creates in the schema, for counting the rows it writes there.
+    pub creates: Option<SchemaObject>,
     /// Whether the statement creates, drops or alters schema objects.
     pub changes_schema: bool,
     /// Whether the statement is an ALTER TABLE, whose new name SQLite does not show us.
@@ -222,18 +231,25 @@ fn decide(ctx: &AuthContext<'_>, facts: &mut StatementFacts, top_level: bool) ->
         }
         AuthAction::CreateTable { table_name } => {
             facts.changes_schema = true;
-            facts.created_table = Some(table_name.to_owned());
+            facts.creates = Some(SchemaObject::Table(table_name.to_owned()));
             allow_if(!is_reserved_name(table_name) && in_main(db))
         }
         AuthAction::CreateIndex { index_name, table_name } => {
             facts.changes_schema = true;
+            // CREATE TABLE also creates the indexes of its constraints; those count with it.
+            if facts.creates.is_none() {
+                facts.creates =
+                    Some(SchemaObject::Index { index: index_name.to_owned(), table: table_name.to_owned() });
+            }
             allow_if(!is_reserved_name(index_name) && !is_reserved_name(table_name) && in_main(db))
         }
         AuthAction::CreateTrigger { trigger_name, table_name } => {
             facts.changes_schema = true;
+            facts.creates = Some(SchemaObject::Trigger);
             allow_if(!is_reserved_name(trigger_name) && !is_reserved_name(table_name) && in_main(db))
         }
         AuthAction::CreateView { view_name } => {
+            facts.creates = Some(SchemaObject::View);
             facts.changes_schema = true;
             allow_if(!is_reserved_name(view_name) && in_main(db))
         }

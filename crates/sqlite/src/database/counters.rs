@@ -2,7 +2,7 @@
 //! loaded once and kept until the schema changes.
 
 use super::Database;
-use crate::policy::{StatementFacts, WriteKind};
+use crate::policy::{SchemaObject, StatementFacts, WriteKind};
 
 /// Index columns of one index; `None` when it indexes an expression, which any update may touch.
 pub(super) type IndexColumns = Option<Vec<String>>;
@@ -42,19 +42,48 @@ impl Database {
     }
 }
 
-/// Writes to `sqlite_schema` that D1's and workerd's counters see: `CREATE TABLE` inserts its
-/// schema row and then updates it, and inserts one row for each index its UNIQUE and PRIMARY
-/// KEY constraints make. Other DDL is counted as writing nothing (an approximation).
+/// Rows D1's and workerd's counters see written by DDL: `CREATE TABLE` and `CREATE VIEW`
+/// insert their schema row and then update it, and a table inserts one more row for each index
+/// its UNIQUE and PRIMARY KEY constraints make; `CREATE TRIGGER` inserts its row; `CREATE INDEX`
+/// its row and one entry per row it indexes. Other DDL is counted as writing nothing (an
+/// approximation; see docs/compatibility.md).
 pub(super) fn schema_writes(conn: &rusqlite::Connection, facts: &StatementFacts) -> u64 {
-    let Some(table) = &facts.created_table else { return 0 };
-    let automatic: u64 = conn
-        .query_row(
-            "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND tbl_name = ?1 AND sql IS NULL",
-            [table],
-            |r| r.get(0),
-        )
-        .unwrap_or(0);
-    2 + automatic
+    let count = |sql: &str, arg: &str| conn.query_row(sql, [arg], |r| r.get::<_, u64>(0)).unwrap_or(0);
+    match &facts.creates {
+        None => 0,
+        Some(SchemaObject::Table(table)) => {
+            2 + count(
+                "SELECT count(*) FROM sqlite_schema WHERE type = 'index' AND tbl_name = ?1 AND sql IS NULL",
+                table,
+            )
+        }
+        Some(SchemaObject::View) => 2,
+        Some(SchemaObject::Trigger) => 1,
+        Some(SchemaObject::Index { index, table }) => {
+            // A partial index holds only the rows its WHERE clause admits, which SQLite keeps
+            // in the index's own text.
+            let partial = conn
+                .query_row("SELECT partial FROM pragma_index_list(?1) WHERE name = ?2", [table, index], |r| r.get(0))
+                .unwrap_or(false);
+            let stored: Option<String> = conn
+                .query_row("SELECT sql FROM sqlite_schema WHERE type = 'index' AND name = ?1", [index], |r| r.get(0))
+                .ok()
+                .flatten()
+                .filter(|_| partial);
+            let predicate = stored.as_deref().and_then(partial_predicate).unwrap_or("1");
+            let quoted = table.replace('"', "\"\"");
+            let entries = format!("SELECT count(*) FROM \"{quoted}\" WHERE {predicate}");
+            1 + conn.query_row(&entries, [], |r| r.get::<_, u64>(0)).unwrap_or(0)
+        }
+    }
+}
+
+/// The WHERE clause of a `CREATE INDEX` text, if it has one.
+fn partial_predicate(sql: &str) -> Option<&str> {
+    // A partial index's WHERE clause comes last, and may hold no subquery: the last `WHERE`.
+    let upper = sql.to_ascii_uppercase();
+    let at = upper.rfind(" WHERE ").or_else(|| upper.rfind(")WHERE "))?;
+    Some(sql[at + " WHERE ".len()..].trim())
 }
 
 fn load_indexes(conn: &rusqlite::Connection, table: &str) -> rusqlite::Result<Vec<IndexColumns>> {
