@@ -19,8 +19,8 @@ interacts correctly with Durable Objects' automatic atomic write coalescing.";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A statement failed. `message` reads like D1's:
-    /// `<sqlite message>[ at offset N]: SQLITE_<CODE>`.
+    /// A statement failed. `message` reads like workerd's:
+    /// `<sqlite message>[ at offset N]: SQLITE_<CODE>[ (extended: SQLITE_<CODE>_<DETAIL>)]`.
     #[error("{message}")]
     Sql {
         /// The full, client-facing message.
@@ -120,11 +120,14 @@ impl Error {
         let message = unsafe { std::ffi::CStr::from_ptr(ffi::sqlite3_errmsg(db)) }.to_string_lossy();
         let offset = if with_offset { unsafe { ffi::sqlite3_error_offset(db) } } else { -1 };
         let code = rc & 0xff;
-        let message = if offset >= 0 {
+        let mut message = if offset >= 0 {
             format!("{message} at offset {offset}: {}", code_name(code))
         } else {
             format!("{message}: {}", code_name(code))
         };
+        if let Some(name) = extended_code_name(rc) {
+            message = format!("{message} (extended: {name})");
+        }
         Error::Sql { message, code, extended: rc }
     }
 
@@ -155,7 +158,7 @@ pub const PARAMETERS_ON_LAST_STATEMENT_ONLY: &str =
     "When executing multiple SQL statements in a single call, only the last statement can have parameters.";
 
 /// The symbolic name of an extended result code that says more than its primary code, as
-/// workerd appends it to a Durable Object's SQL errors (` (extended: SQLITE_CONSTRAINT_UNIQUE)`);
+/// workerd appends it to SQL errors since 2026-03 (` (extended: SQLITE_CONSTRAINT_UNIQUE)`);
 /// `None` for a primary code, or one kura does not name.
 pub fn extended_code_name(extended: i32) -> Option<&'static str> {
     Some(match extended {

@@ -1,9 +1,10 @@
-//! Differential tests against the oracle: the same SQL run on a SQLite-backed Durable Object in
-//! Miniflare (real workerd, as `scripts/test` installs it with wrangler) and on kura's Durable
-//! Objects over the v4 batch endpoint, in the same order on a fresh object each. Rows and error
-//! texts must be identical; `rows_read`/`rows_written` too, except in the cases marked here,
-//! which docs/compatibility.md lists with the reason (workerd counts rows in a patched SQLite
-//! virtual machine; kura derives them from stock SQLite's interfaces).
+//! Differential tests against the oracle: the same SQL run in Miniflare (real workerd, as
+//! `scripts/test` installs it with wrangler) and on kura, in the same order on a fresh object or
+//! database each: on a SQLite-backed Durable Object against kura's batch endpoint, and through
+//! a D1 binding against kura's D1 `/query`. Rows and error texts must be identical;
+//! `rows_read`/`rows_written` (and D1's `changes`) too, except in the cases marked here, which
+//! docs/compatibility.md lists with the reason (workerd counts rows in a patched SQLite virtual
+//! machine; kura derives them from stock SQLite's interfaces).
 
 use serde_json::{Value as Json, json};
 
@@ -128,8 +129,8 @@ fn on_kura(cases: &[Case]) -> Vec<Json> {
     })
 }
 
-/// Each case's outcome in Miniflare.
-fn on_workerd(cases: &[Case]) -> Vec<Json> {
+/// Each case's outcome in Miniflare, as the oracle script `script` (beside this file) reports it.
+fn on_workerd(script: &str, cases: &[Case]) -> Vec<Json> {
     let dir = tempfile::tempdir().unwrap();
     let input: Vec<Json> = cases
         .iter()
@@ -137,7 +138,7 @@ fn on_workerd(cases: &[Case]) -> Vec<Json> {
         .collect();
     let cases_path = dir.path().join("cases.json");
     std::fs::write(&cases_path, serde_json::to_vec(&input).unwrap()).unwrap();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/compat/fidelity/do_sql.mjs");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/compat/fidelity").join(script);
     let miniflare = installed("node_modules/miniflare/dist/src/index.js");
     let args = [script.to_str().unwrap(), miniflare.to_str().unwrap(), cases_path.to_str().unwrap()];
     let node = run(std::path::Path::new("node"), &args, dir.path(), &[]).expect_ok("Miniflare");
@@ -147,7 +148,7 @@ fn on_workerd(cases: &[Case]) -> Vec<Json> {
 #[test]
 fn durable_object_sql_matches_workerd() {
     let cases = cases();
-    let oracle = on_workerd(&cases);
+    let oracle = on_workerd("do_sql.mjs", &cases);
     let kura = on_kura(&cases);
     let mut differences = Vec::new();
     for ((c, want), got) in cases.iter().zip(&oracle).zip(&kura) {
@@ -164,4 +165,135 @@ fn durable_object_sql_matches_workerd() {
         }
     }
     assert!(differences.is_empty(), "kura differs from workerd in:\n  {}", differences.join("\n  "));
+}
+
+/// D1 cases: triggers' writes and changes, the PRAGMAs D1 allows and refuses, errors.
+fn d1_cases() -> Vec<Case> {
+    let mut cases = vec![
+        case("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT UNIQUE)"),
+        case("CREATE TABLE log (id INTEGER PRIMARY KEY, msg TEXT)"),
+        case(
+            "CREATE TRIGGER t_log AFTER INSERT ON t BEGIN INSERT INTO log (msg) VALUES (new.v); INSERT INTO log (msg) VALUES (new.v); END",
+        ),
+        with("INSERT INTO t (v) VALUES (?)", json!(["a"])),
+        with("UPDATE t SET v = ? WHERE id = 1", json!(["b"])),
+        case("SELECT id, msg FROM log ORDER BY id"),
+        with("INSERT INTO t (v) VALUES (?)", json!(["b"])),
+        case("DELETE FROM log WHERE id > 1"),
+        case("SELECT * FROM nope"),
+        case("SELEC 1"),
+        case("SELECT * FROM _cf_KV"),
+        case("CREATE TEMP TABLE tmp (x)"),
+        case("BEGIN TRANSACTION"),
+        case("SELECT 1 / 0, x'00ff' IS NOT NULL, 1.5, NULL, 'text'"),
+    ];
+    // Every PRAGMA here is answered (allowed) or refused with `not authorized: SQLITE_AUTH` alike.
+    for pragma in [
+        "foreign_keys",
+        "table_info(t)",
+        "table_xinfo(t)",
+        "index_list(t)",
+        "journal_mode",
+        "cache_size",
+        "user_version",
+        "user_version = 3",
+        "recursive_triggers",
+        "defer_foreign_keys = ON",
+        "legacy_alter_table",
+        "case_sensitive_like = 1",
+        "integrity_check",
+        "database_list",
+        "compile_options",
+        "page_count",
+        "reverse_unordered_selects",
+        "data_version",
+        "function_list",
+        "foreign_key_check",
+        "schema_version",
+        "encoding",
+        "busy_timeout",
+        "ignore_check_constraints",
+    ] {
+        cases.push(Case {
+            sql: Box::leak(format!("PRAGMA {pragma}").into_boxed_str()),
+            params: Json::Null,
+            counts: true,
+        });
+    }
+    // SQLite's checks read rows; D1 counts them.
+    cases.push(uncounted(case("PRAGMA quick_check")));
+    cases.push(uncounted(case("PRAGMA optimize")));
+    cases
+}
+
+/// Each case's outcome through kura's D1 `/query`, shaped as the oracle's.
+fn d1_on_kura(cases: &[Case]) -> Vec<Json> {
+    let server = KuraProcess::start();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let http = reqwest::Client::new();
+        let databases = format!("{}/accounts/{ACCOUNT}/d1/database", server.api);
+        let created: Json = http
+            .post(&databases)
+            .bearer_auth(TOKEN)
+            .json(&json!({ "name": "probe" }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let query = format!("{databases}/{}/query", created["result"]["uuid"].as_str().unwrap());
+        let mut outcomes = Vec::new();
+        for c in cases {
+            let params = if c.params.is_null() { json!([]) } else { c.params.clone() };
+            let answer: Json = http
+                .post(&query)
+                .bearer_auth(TOKEN)
+                .json(&json!({ "sql": c.sql, "params": params }))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let result = &answer["result"][0];
+            outcomes.push(match answer["success"] == true {
+                false => json!({ "error": answer["errors"][0]["message"] }),
+                true => json!({
+                    "rows": result["results"].as_array().unwrap().iter()
+                        .map(|row| Json::Array(row.as_object().unwrap().values().cloned().collect()))
+                        .collect::<Vec<_>>(),
+                    "rows_read": result["meta"]["rows_read"],
+                    "rows_written": result["meta"]["rows_written"],
+                    "changes": result["meta"]["changes"],
+                }),
+            });
+        }
+        outcomes
+    })
+}
+
+#[test]
+fn d1_sql_matches_workerd() {
+    let cases = d1_cases();
+    let oracle = on_workerd("d1_sql.mjs", &cases);
+    let kura = d1_on_kura(&cases);
+    let mut differences = Vec::new();
+    for ((c, want), got) in cases.iter().zip(&oracle).zip(&kura) {
+        let same = match (want.get("error"), got.get("error")) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => {
+                want["rows"] == got["rows"]
+                    && want["changes"] == got["changes"]
+                    && (!c.counts
+                        || (want["rows_read"] == got["rows_read"] && want["rows_written"] == got["rows_written"]))
+            }
+            _ => false,
+        };
+        if !same {
+            differences.push(format!("{}\n    workerd: {want}\n    kura:    {got}", c.sql));
+        }
+    }
+    assert!(differences.is_empty(), "kura's D1 differs from Miniflare's in:\n  {}", differences.join("\n  "));
 }

@@ -78,7 +78,10 @@ async fn batches_are_atomic() {
     ]});
     let (status, body) = server.call(Method::POST, &path, Some(failing)).await;
     assert_eq!((status, body["errors"][0]["code"].as_i64()), (StatusCode::BAD_REQUEST, Some(7500)));
-    assert_eq!(body["errors"][0]["message"], "NOT NULL constraint failed: t.v: SQLITE_CONSTRAINT");
+    assert_eq!(
+        body["errors"][0]["message"],
+        "NOT NULL constraint failed: t.v: SQLITE_CONSTRAINT (extended: SQLITE_CONSTRAINT_NOTNULL)"
+    );
     let (_, _, message) =
         server.fails(&db, "INSERT INTO t (id, v) VALUES (5, 'e'); INSERT INTO nope VALUES (1)", json!([])).await;
     assert_eq!(message, "no such table: nope: SQLITE_ERROR");

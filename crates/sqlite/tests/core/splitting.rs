@@ -65,5 +65,8 @@ async fn errors_read_like_d1() {
     assert_eq!(cx.err("SELECT * FROM nope").await, "no such table: nope: SQLITE_ERROR");
     assert_eq!(cx.err("SELEC 1").await, "near \"SELEC\": syntax error at offset 0: SQLITE_ERROR");
     cx.ok("CREATE TABLE u (email TEXT UNIQUE); INSERT INTO u VALUES ('a@b')").await;
-    assert_eq!(cx.err("INSERT INTO u VALUES ('a@b')").await, "UNIQUE constraint failed: u.email: SQLITE_CONSTRAINT");
+    assert_eq!(
+        cx.err("INSERT INTO u VALUES ('a@b')").await,
+        "UNIQUE constraint failed: u.email: SQLITE_CONSTRAINT (extended: SQLITE_CONSTRAINT_UNIQUE)"
+    );
 }
