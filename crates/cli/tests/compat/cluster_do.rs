@@ -178,11 +178,14 @@ fn three_nodes_serve_durable_objects_through_a_kill_with_alarms_adopted() {
         // brings the new copy in at once, but not always (a race under investigation), so the
         // bound checked is the refresh's.
         let deadline = Instant::now() + Duration::from_secs(2);
+        let made_at = Instant::now();
         loop {
             let status = client.get(namespaces(&apis[1])).bearer_auth(&secret).send().await.unwrap().status();
             if status == 200 {
+                eprintln!("the new token was accepted through another node after {:?}", made_at.elapsed());
                 break;
             }
+            eprintln!("the new token was refused through another node: {status}");
             assert!(Instant::now() < deadline, "the new token is refused through another node ({status})");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
