@@ -134,9 +134,9 @@ pub fn run(connections: usize, databases: usize, buckets: usize) -> anyhow::Resu
     println!(
         "{:<44} {:>14.2} {:>14.2} {:>8.2}×",
         "file descriptors",
-        (open_fp.fds - start.fds) as f64 / max_open.min(databases) as f64,
+        open_fp.fds.saturating_sub(start.fds) as f64 / max_open.min(databases) as f64,
         floor.1,
-        (open_fp.fds - start.fds) as f64 / max_open.min(databases) as f64 / floor.1.max(0.01)
+        open_fp.fds.saturating_sub(start.fds) as f64 / max_open.min(databases) as f64 / floor.1.max(0.01)
     );
     println!(
         "  limit: rusqlite connections with kura's settings (WAL, synchronous=FULL), a table and a row each, in this process"
@@ -166,13 +166,14 @@ pub fn run(connections: usize, databases: usize, buckets: usize) -> anyhow::Resu
             anyhow::Ok(())
         }
     };
-    let (open_b, all_b, rate_b) = rt.block_on(touch_all(kura.pid(), buckets, max_open, touch_bucket))?;
-    let per_bucket = (open_b.rss as f64 - before_buckets.rss as f64) / max_open.min(buckets) as f64;
+    let open_buckets = kura_r2::R2Settings::default().registry.max_open;
+    let (open_b, all_b, rate_b) = rt.block_on(touch_all(kura.pid(), buckets, open_buckets, touch_bucket))?;
+    let per_bucket = (open_b.rss as f64 - before_buckets.rss as f64) / open_buckets.min(buckets) as f64;
     println!();
     println!(
         "per bucket touched (its metadata open): {} resident, {:.2} descriptors; after {buckets} buckets ({rate_b:.0}/s, each created and written): {:.1} MiB resident, {} descriptors",
         kib(per_bucket),
-        (open_b.fds.saturating_sub(before_buckets.fds)) as f64 / max_open.min(buckets) as f64,
+        (open_b.fds.saturating_sub(before_buckets.fds)) as f64 / open_buckets.min(buckets) as f64,
         all_b.rss as f64 / 1048576.0,
         all_b.fds
     );

@@ -78,12 +78,19 @@ pub(super) fn schema_writes(conn: &rusqlite::Connection, facts: &StatementFacts)
     }
 }
 
-/// The WHERE clause of a `CREATE INDEX` text, if it has one.
+/// The WHERE clause of a partial index's `CREATE INDEX` text.
 fn partial_predicate(sql: &str) -> Option<&str> {
-    // A partial index's WHERE clause comes last, and may hold no subquery: the last `WHERE`.
+    // The clause comes last and may hold no subquery: the last `WHERE` standing as a word
+    // (after whitespace or the column list's `)`, before whitespace or `(`).
     let upper = sql.to_ascii_uppercase();
-    let at = upper.rfind(" WHERE ").or_else(|| upper.rfind(")WHERE "))?;
-    Some(sql[at + " WHERE ".len()..].trim())
+    let bytes = upper.as_bytes();
+    let at = upper.match_indices("WHERE").map(|(i, _)| i).filter(|&i| {
+        let before = i.checked_sub(1).map(|j| bytes[j]);
+        let after = bytes.get(i + 5).copied();
+        before.is_some_and(|b| b.is_ascii_whitespace() || b == b')')
+            && after.is_some_and(|b| b.is_ascii_whitespace() || b == b'(')
+    });
+    Some(sql[at.last()? + 5..].trim())
 }
 
 fn load_indexes(conn: &rusqlite::Connection, table: &str) -> rusqlite::Result<Vec<IndexColumns>> {

@@ -442,6 +442,8 @@ impl Database {
             None => self.measure_size()?,
         };
         let reserved_before = if facts.alters_table { self.count_reserved_names()? } else { 0 };
+        // `IF NOT EXISTS` on an object that exists creates nothing and writes no schema row.
+        let schema_before = if facts.creates.is_some() { Some(self.schema_version()?) } else { None };
         let columns = raw.column_names();
         let mut rows = Vec::new();
         while raw.step()? {
@@ -472,7 +474,11 @@ impl Database {
             self.indexes.clear();
         }
         let size_after = if readonly { size_before } else { self.measure_size()? };
-        let schema = self.with_internal(|c| schema_writes(c, facts));
+        let created = match schema_before {
+            Some(before) => self.schema_version()? != before,
+            None => false,
+        };
+        let schema = if created { self.with_internal(|c| schema_writes(c, facts)) } else { 0 };
         let rows_written = changes + self.index_writes(facts, statement_changes) + schema;
         let rows_read = raw.rows_visited();
         Ok(StatementResult {
@@ -494,6 +500,10 @@ impl Database {
     /// Schema objects with reserved names. `ALTER TABLE … RENAME TO _cf_x` passes the
     /// authorizer (SQLite shows it the old name only), so ALTER compares this before and after;
     /// the caller's savepoint undoes a rename that added one.
+    fn schema_version(&mut self) -> Result<i64> {
+        self.with_internal(|c| c.query_row("PRAGMA schema_version", [], |r| r.get(0))).map_err(Error::internal)
+    }
+
     fn count_reserved_names(&mut self) -> Result<i64> {
         self.with_internal(|c| {
             c.prepare_cached("SELECT count(*) FROM sqlite_schema WHERE lower(substr(name, 1, 4)) = '_cf_'")?

@@ -115,7 +115,10 @@ pub fn verify(db_path: &Path) -> Result<Option<LogCheck>, LogDamage> {
     check.segments = sealed.len() + open.len();
     check.records = positions.len() as u64;
     for pair in positions.windows(2) {
-        if pair[1].0 != pair[0].0 + 1 {
+        // After damage is cut out of a log, the history starts again from a new base: a
+        // restore entry (with its snapshot, checked below) a few positions on.
+        let rebased = pair[1].1 == Kind::Restore && pair[1].0 > pair[0].0;
+        if pair[1].0 != pair[0].0 + 1 && !rebased {
             return Err(LogDamage::Damaged(format!(
                 "{}: the log jumps from position {} to {}",
                 dir.display(),
@@ -124,8 +127,11 @@ pub fn verify(db_path: &Path) -> Result<Option<LogCheck>, LogDamage> {
             )));
         }
     }
+    // Snapshots older than the retention window go, while the segments that hold their restore
+    // entries may stay: only restores from the oldest snapshot on can still be rebuilt.
+    let oldest_snapshot = snapshots.first().copied().unwrap_or(0);
     for (seq, kind) in &positions {
-        if *kind == Kind::Restore && snapshots.binary_search(seq).is_err() {
+        if *kind == Kind::Restore && *seq >= oldest_snapshot && snapshots.binary_search(seq).is_err() {
             return Err(LogDamage::Damaged(format!("{}: restore {seq} has no snapshot", dir.display())));
         }
     }
@@ -175,7 +181,15 @@ fn records(path: &Path, tail_may_tear: bool) -> Result<Records, LogDamage> {
             }
             Ok(None) => return Ok(Records { records: found, torn_tail_bytes: 0 }),
             Err(ReadError::Io(e)) => return Err(damage(ReadError::Io(e))),
-            Err(_) if tail_may_tear => return Ok(Records { records: found, torn_tail_bytes: len - offset }),
+            // A crash tears only the last record being appended: a whole, valid record after the
+            // bad one means the bad one was damaged where it lay.
+            Err(e) if tail_may_tear => {
+                let next = record::header_at(&file, offset, len).ok().map(|h| offset + h.record_len());
+                if next.is_some_and(|next| matches!(record::verify_at(&file, next, len), Ok(Some(_)))) {
+                    return Err(damage(e));
+                }
+                return Ok(Records { records: found, torn_tail_bytes: len - offset });
+            }
             Err(e) => return Err(damage(e)),
         }
     }
