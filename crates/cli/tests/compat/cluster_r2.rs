@@ -98,9 +98,23 @@ fn urlencode(text: &str) -> String {
 }
 
 /// The node serving `bucket`'s requests now (the answer's `x-kura-node`), asked through `s3`.
+/// A 503 (retryable in S3, and retried by its SDKs) is retried a few times and printed: one
+/// was seen once, right after a bucket was made through another node (under investigation).
 async fn owner_of(client: &reqwest::Client, s3: &str, bucket: &str) -> usize {
-    let answer = signed(client, reqwest::Method::GET, s3, &format!("/{bucket}?list-type=2&max-keys=1")).send().await;
-    let answer = answer.unwrap();
+    let mut answer;
+    let mut tries = 0;
+    loop {
+        answer = signed(client, reqwest::Method::GET, s3, &format!("/{bucket}?list-type=2&max-keys=1"))
+            .send()
+            .await
+            .unwrap();
+        tries += 1;
+        if answer.status() != 503 || tries == 4 {
+            break;
+        }
+        eprintln!("listing {bucket} through {s3} answered 503: {}", answer.text().await.unwrap_or_default());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     assert!(answer.status().is_success(), "listing {bucket}: {}", answer.status());
     let node = answer.headers().get("x-kura-node").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     node.strip_prefix("node").and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no serving node: {node:?}"))

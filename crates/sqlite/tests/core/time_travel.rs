@@ -231,9 +231,15 @@ async fn damage_inside_the_open_segment_keeps_what_is_sound_and_never_reuses_a_p
     let at = bytes.len() / 3;
     bytes[at] ^= 0x5a;
     std::fs::write(&open, bytes).unwrap();
+    let db_path = cx.dir.path().join("db/db.sqlite");
+    let found = kura_sqlite::verify_history(&db_path).unwrap_err().to_string();
+    assert!(found.contains("fails its checksum"), "damage inside the open segment is no torn tail: {found}");
 
     assert_eq!(ids(&rows(&cx).await), (0..40).collect::<Vec<_>>(), "the database itself lost nothing");
     let after = bookmark(&cx).await;
+    cx.registry.close("db").await;
+    let repaired = kura_sqlite::verify_history(&db_path).unwrap().unwrap();
+    assert_eq!(repaired.last_seq, Some(after.seq), "the repaired log, from its new base, checks sound");
     assert!(after.seq > marks.last().unwrap().seq + 1, "the damaged positions are skipped, never reused");
     assert_eq!(log_files(&cx, ".damaged").len(), 1, "the damaged bytes are kept aside");
     let mut sound = 0;
