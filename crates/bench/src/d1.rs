@@ -39,6 +39,20 @@ impl Client {
     }
 }
 
+/// The floor of a one-client durable write over HTTP: one round trip on this server (its
+/// `/healthz` at one client) followed by one durable commit (the limit's INSERT), back to back.
+fn round_trip_and_fsync(round_trip: &Stats, commit: &Stats) -> Stats {
+    let each =
+        round_trip.elapsed.div_f64(round_trip.units.max(1) as f64) + commit.elapsed.div_f64(commit.units.max(1) as f64);
+    let elapsed = Duration::from_secs(1);
+    Stats {
+        units: (elapsed.as_secs_f64() / each.as_secs_f64().max(1e-9)) as u64,
+        elapsed,
+        p50: round_trip.p50 + commit.p50,
+        p99: round_trip.p99 + commit.p99,
+    }
+}
+
 pub fn run(settings: &Settings) -> anyhow::Result<()> {
     let scratch = settings.scratch_dir()?;
     let duration = Duration::from_secs_f64(settings.seconds);
@@ -140,6 +154,15 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
             peer: peer_rate("d1_insert_single"),
             limit: Some(limit_insert),
             target: Some(2_500.0),
+        },
+        Row {
+            workload: "INSERT vs 1 round trip + 1 fsync".into(),
+            clients: 1,
+            unit: "rows",
+            kura: figures.insert_1,
+            peer: None,
+            limit: Some(round_trip_and_fsync(&figures.floor_1, &limit_insert)),
+            target: None,
         },
         Row {
             workload: "INSERT, durable".into(),
