@@ -113,7 +113,7 @@ pub fn run(connections: usize, databases: usize, buckets: usize) -> anyhow::Resu
     // Databases and buckets: touched one after another, 16 at a time.
     let http = reqwest::Client::builder().pool_max_idle_per_host(32).build()?;
     let account = format!("{}/accounts/{ACCOUNT}", kura.api);
-    let start = settled_blocking(&rt, kura.pid());
+    let start = rt.block_on(settled(kura.pid()));
     let max_open = kura_sqlite::RegistrySettings::default().max_open;
     let touch_database = |i: usize| {
         let (http, account) = (http.clone(), account.clone());
@@ -150,7 +150,7 @@ pub fn run(connections: usize, databases: usize, buckets: usize) -> anyhow::Resu
         open_fp.fds
     );
 
-    let before_buckets = settled_blocking(&rt, kura.pid());
+    let before_buckets = rt.block_on(settled(kura.pid()));
     let touch_bucket = |i: usize| {
         let (http, account) = (http.clone(), account.clone());
         async move {
@@ -180,10 +180,6 @@ pub fn run(connections: usize, databases: usize, buckets: usize) -> anyhow::Resu
     Ok(())
 }
 
-fn settled_blocking(rt: &tokio::runtime::Runtime, pid: u32) -> Footprint {
-    rt.block_on(settled(pid))
-}
-
 async fn call(http: &reqwest::Client, url: &str, body: serde_json::Value) -> anyhow::Result<serde_json::Value> {
     let answer: serde_json::Value = http.post(url).bearer_auth(TOKEN).json(&body).send().await?.json().await?;
     anyhow::ensure!(answer["success"] == true, "{url}: {answer}");
@@ -198,23 +194,14 @@ where
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
     use futures_util::StreamExt;
+    let touch_range = |range: std::ops::Range<usize>| {
+        futures_util::stream::iter(range).map(&touch).buffer_unordered(16).collect::<Vec<_>>()
+    };
     let first = open.min(n);
-    futures_util::stream::iter(0..first)
-        .map(&touch)
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<anyhow::Result<Vec<()>>>()?;
+    touch_range(0..first).await.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
     let at_open = settled(pid).await;
     let started = Instant::now();
-    futures_util::stream::iter(first..n)
-        .map(&touch)
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<anyhow::Result<Vec<()>>>()?;
+    touch_range(first..n).await.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
     let rate = (n - first) as f64 / started.elapsed().as_secs_f64().max(1e-9);
     Ok((at_open, settled(pid).await, rate))
 }

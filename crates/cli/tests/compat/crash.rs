@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use serde_json::{Value as Json, json};
 
-use crate::common::{ACCOUNT, KuraProcess, TOKEN, kura};
+use crate::common::{ACCOUNT, KuraProcess, TOKEN, kura, post_json};
 
 struct Api {
     http: reqwest::Client,
@@ -307,16 +307,7 @@ fn durable_object_alarms_survive_kill_9() {
     let call = |base: String, path: String, body: Json| {
         let http = http.clone();
         async move {
-            let answer: Json = http
-                .post(format!("{base}{path}"))
-                .bearer_auth(TOKEN)
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let answer = post_json(&http, &format!("{base}{path}"), &body).await;
             assert_eq!(answer["success"], true, "{answer}");
             answer["result"].clone()
         }

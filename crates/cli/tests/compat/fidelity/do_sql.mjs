@@ -16,7 +16,7 @@ export class Probe {
         // Blobs as arrays of bytes, as kura's JSON carries them.
         const rows = cursor.raw().toArray().map((row) =>
           row.map((v) => (v instanceof ArrayBuffer ? Array.from(new Uint8Array(v)) : v)));
-        out.push({ rows, rowsRead: cursor.rowsRead, rowsWritten: cursor.rowsWritten });
+        out.push({ rows, rows_read: cursor.rowsRead, rows_written: cursor.rowsWritten });
       } catch (e) {
         out.push({ error: e.message });
       }
