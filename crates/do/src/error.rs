@@ -59,14 +59,6 @@ impl DoError {
     pub(crate) fn from_sql(e: kura_sqlite::Error) -> Self {
         use kura_sqlite::Error as E;
         match e {
-            // workerd's own checks read without a result code.
-            E::Sql { message, .. } if message.starts_with(kura_sqlite::WRONG_PARAMETER_COUNT) => DoError::Sql {
-                message: format!("{}.", kura_sqlite::WRONG_PARAMETER_COUNT),
-                code: libsqlite3_sys::SQLITE_RANGE,
-            },
-            E::Sql { message, code, .. } if message.starts_with(kura_sqlite::PARAMETERS_ON_LAST_STATEMENT_ONLY) => {
-                DoError::Sql { message: kura_sqlite::PARAMETERS_ON_LAST_STATEMENT_ONLY.to_owned(), code }
-            }
             E::Sql { message, code, .. } => DoError::Sql { message, code },
             E::NoStatements => DoError::Sql {
                 message: "SQL code did not contain a statement.".into(),

@@ -29,8 +29,14 @@ pub(crate) fn new_id() -> String {
     hex::encode(bytes)
 }
 
+/// The directory a local blob `id` of the bucket in `bucket_dir` lies in (its id's first two
+/// characters shard the bucket's blobs).
+pub(crate) fn shard_dir(bucket_dir: &Path, id: &str) -> PathBuf {
+    bucket_dir.join("blobs").join(&id[..2])
+}
+
 /// Blob ids are only ever kura's own hex ids; anything else is refused before it reaches a path.
-fn is_blob_id(id: &str) -> bool {
+pub(crate) fn is_blob_id(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
@@ -234,7 +240,7 @@ impl Blobs {
     }
 
     fn blob_dir(&self, bucket: &str, id: &str) -> PathBuf {
-        self.root.join(bucket).join("blobs").join(&id[..2])
+        shard_dir(&self.root.join(bucket), id)
     }
 
     pub(crate) fn path(&self, bucket: &str, id: &str) -> PathBuf {

@@ -8,6 +8,8 @@ use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags};
 
+use crate::blob::{is_blob_id, shard_dir};
+
 /// What a bucket holds, once checked.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BucketCheck {
@@ -39,8 +41,8 @@ pub fn check_bucket(bucket_dir: &Path) -> Result<BucketCheck, BucketDamage> {
     let sql = |e| BucketDamage::Sqlite(meta.display().to_string(), e);
     let conn = Connection::open_with_flags(&meta, OpenFlags::SQLITE_OPEN_READ_ONLY).map_err(sql)?;
     let blob_size = |id: &str| -> Option<u64> {
-        let valid = id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
-        valid.then(|| std::fs::metadata(bucket_dir.join("blobs").join(&id[..2]).join(id)).ok().map(|m| m.len()))?
+        let path = is_blob_id(id).then(|| shard_dir(bucket_dir, id).join(id))?;
+        std::fs::metadata(path).ok().map(|m| m.len())
     };
     let mut check = BucketCheck::default();
     let mut named = HashSet::new();

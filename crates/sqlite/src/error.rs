@@ -151,10 +151,10 @@ pub fn is_disk_full(message: &str) -> bool {
 
 /// How a statement given the wrong number of values is refused (D1 adds the counts in
 /// parentheses; workerd's Durable Objects end the sentence there).
-pub const WRONG_PARAMETER_COUNT: &str = "Wrong number of parameter bindings for SQL query";
+pub(crate) const WRONG_PARAMETER_COUNT: &str = "Wrong number of parameter bindings for SQL query";
 
 /// How parameters on any statement but the last of a multi-statement text are refused.
-pub const PARAMETERS_ON_LAST_STATEMENT_ONLY: &str =
+pub(crate) const PARAMETERS_ON_LAST_STATEMENT_ONLY: &str =
     "When executing multiple SQL statements in a single call, only the last statement can have parameters.";
 
 /// The symbolic name of an extended result code that says more than its primary code, as

@@ -47,10 +47,7 @@ pub mod stats;
 
 pub use actor::Executed;
 pub use database::{COMPACT_CACHE_KIB, Database, DatabaseOptions};
-pub use error::{
-    Error, PARAMETERS_ON_LAST_STATEMENT_ONLY, Result, TRANSACTION_MESSAGE, WRONG_PARAMETER_COUNT, code_name,
-    extended_code_name, is_disk_full,
-};
+pub use error::{Error, Result, TRANSACTION_MESSAGE, code_name, extended_code_name, is_disk_full};
 pub use history::{
     Bookmark, Follower, HistorySettings, LogCheck, LogDamage, LogShipper, LogView, MalformedBookmark, Moment, Restored,
     SegmentView, ShipError, materialize, open_elsewhere, segment_file_name, snapshot_file_name,

@@ -379,7 +379,7 @@ impl Database {
             position = prepared.next;
             count += 1;
             if last.as_ref().is_some_and(|l| l.raw.parameter_count() > 0) {
-                return Err(Error::sql(ffi::SQLITE_ERROR, PARAMETERS_ON_LAST_STATEMENT_ONLY));
+                return Err(own_check(request.mode, ffi::SQLITE_ERROR, PARAMETERS_ON_LAST_STATEMENT_ONLY.to_owned()));
             }
             let sql = text.from(prepared.start);
             let result = if raw.parameter_count() > 0 {
@@ -395,7 +395,7 @@ impl Database {
             }
         }
         if !statement.params.is_empty() && last.as_ref().is_none_or(|l| l.raw.parameter_count() == 0) {
-            return Err(wrong_parameter_count(0, statement.params.len()));
+            return Err(wrong_parameter_count(request.mode, 0, statement.params.len()));
         }
         results.extend(combined);
         if let (1, Some(mut single)) = (count, last) {
@@ -418,7 +418,7 @@ impl Database {
         sql: &str,
     ) -> Result<StatementResult> {
         if raw.parameter_count() != statement.params.len() {
-            return Err(wrong_parameter_count(raw.parameter_count(), statement.params.len()));
+            return Err(wrong_parameter_count(request.mode, raw.parameter_count(), statement.params.len()));
         }
         raw.bind_all(&statement.params)?;
         if request.access == Access::ReadOnly && !raw.is_readonly() {
@@ -588,8 +588,21 @@ fn explain_prepare_error(error: Error, facts: &StatementFacts) -> Error {
     }
 }
 
-fn wrong_parameter_count(expected: usize, given: usize) -> Error {
-    Error::sql(ffi::SQLITE_RANGE, &format!("{WRONG_PARAMETER_COUNT} (the statement takes {expected}, {given} given)"))
+/// An error of the checks kura makes itself, worded as the caller's API words it: D1 ends its
+/// texts with a result code, workerd's `sql.exec()` ([`ResultMode::Cursor`]) does not.
+fn own_check(mode: ResultMode, code: i32, message: String) -> Error {
+    match mode {
+        ResultMode::Cursor => Error::Sql { message, code, extended: code },
+        ResultMode::EveryStatement | ResultMode::LastStatement => Error::sql(code, &message),
+    }
+}
+
+fn wrong_parameter_count(mode: ResultMode, expected: usize, given: usize) -> Error {
+    let message = match mode {
+        ResultMode::Cursor => format!("{WRONG_PARAMETER_COUNT}."),
+        _ => format!("{WRONG_PARAMETER_COUNT} (the statement takes {expected}, {given} given)"),
+    };
+    own_check(mode, ffi::SQLITE_RANGE, message)
 }
 
 /// As [`merge`], but the counters reported are the last statement's own (workerd's cursor);
