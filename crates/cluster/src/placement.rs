@@ -316,6 +316,9 @@ impl Placement for ClusterPlacement {
         // From here nothing opens the file (the opener finds no claim) until this one settles.
         let previous = self.claims().remove(key);
         let resource = self.kind.resource(key);
+        if previous.is_some() {
+            tracing::warn!(%resource, "this node's lease lapsed (a renewal came late); claiming it again");
+        }
         if self.is_draining() {
             if let Some(previous) = previous {
                 previous.lease.end();

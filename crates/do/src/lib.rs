@@ -335,12 +335,20 @@ impl DurableObjects {
         }
     }
 
-    /// In a cluster, refuses work on a namespace this node does not serve (its lease ended
-    /// since the request was placed).
-    fn check_serving(&self, ns: &Namespace) -> Result<()> {
-        match self.serves_namespace(&ns.storage_id) {
-            true => Ok(()),
-            false => Err(DoError::Unavailable("this node no longer serves the namespace; retry".into())),
+    /// In a cluster, refuses work on a namespace this node no longer serves. A lease that
+    /// lapsed since the request was placed (a renewal late on a loaded machine) is claimed
+    /// again first, as the client's retry would: the coordinator still decides, so a namespace
+    /// another node took meanwhile is refused.
+    async fn check_serving(&self, ns: &Namespace) -> Result<()> {
+        if self.serves_namespace(&ns.storage_id) {
+            return Ok(());
+        }
+        match self.claim_namespace(&ns.storage_id).await {
+            Ok(()) => {
+                tracing::info!(namespace = %ns.storage_id, "the namespace's lease had lapsed; claimed again");
+                Ok(())
+            }
+            Err(_) => Err(DoError::Unavailable("this node no longer serves the namespace; retry".into())),
         }
     }
 
@@ -348,7 +356,7 @@ impl DurableObjects {
     /// is this node's (rebuilt from the store when it is first reached here).
     async fn claim_object(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
         let Some(cluster) = &self.inner.settings.cluster else { return Ok(()) };
-        self.check_serving(ns)?;
+        self.check_serving(ns).await?;
         let key = ns.object_key(id);
         if cluster.objects.is_current(&key) {
             return Ok(());
@@ -369,7 +377,7 @@ impl DurableObjects {
         ns: &Namespace,
         mut f: impl FnMut(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T> {
-        self.check_serving(ns)?;
+        self.check_serving(ns).await?;
         let fresh = !self.inner.indexed.lock().unwrap_or_else(|p| p.into_inner()).contains(&ns.storage_id);
         let outcome = self
             .inner

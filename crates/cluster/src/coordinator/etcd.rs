@@ -374,6 +374,9 @@ impl EtcdCoordinator {
     async fn keep(client: Arc<EtcdClient>, lease: i64, clock: Arc<LeaseClock>, ttl: Duration) {
         loop {
             tokio::time::sleep(ttl / 3).await;
+            if !clock.is_valid() {
+                tracing::warn!(lease, "the etcd session's renewal is late: this node's leases lapsed meanwhile");
+            }
             let sent = Instant::now();
             match client.keep_alive(lease).await {
                 Ok(Some(granted)) => clock.renewed(sent, granted),
