@@ -11,8 +11,8 @@
 //! The catalog is small and written rarely: one connection reads and another writes, each
 //! behind a mutex, so reads (every request authenticates) never wait behind a write that waits
 //! for another process. It is safe to open from two processes at once (a running server and
-//! `kura tokens create`): SQLite's own locking orders their writes, and nothing is cached across
-//! calls.
+//! `kura tokens create`): SQLite's own locking orders their writes, and the one thing cached
+//! across calls (authenticated tokens) is dropped as soon as any writer marks a change.
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), kura_catalog::Error> {
@@ -102,6 +102,53 @@ pub struct Catalog {
     /// When the last look for a newer copy began: lookups that missed before it need not look
     /// again (one look serves every miss waiting behind it).
     looked: Mutex<Option<std::time::Instant>>,
+    /// Live tokens lately authenticated, as of one version of the file (see
+    /// [`Catalog::version`]): every request authenticates, and reading the token back costs
+    /// more than the rest of a point SELECT.
+    tokens_seen: Mutex<token::Seen>,
+    /// See [`ChangeMark`].
+    changes: ChangeMark,
+}
+
+/// A small file beside the catalog (`catalog.sqlite-changed`) whose eight bytes every kura
+/// process that writes the catalog (a server, `kura tokens revoke`) sets to a new random value
+/// after each write: one `pread` tells a reader whether anything it remembers may have changed.
+/// A writer that dies between its commit and the mark, or a writer that is not kura, is caught
+/// by the short life of what is remembered ([`token::SEEN_FOR`]).
+#[derive(Debug)]
+struct ChangeMark {
+    file: Option<std::fs::File>,
+}
+
+impl ChangeMark {
+    fn open(catalog: &Path) -> Self {
+        let mut path = catalog.as_os_str().to_owned();
+        path.push("-changed");
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path);
+        let mark = ChangeMark { file: file.inspect_err(|e| tracing::warn!(error = %e, "no catalog change mark")).ok() };
+        if mark.read().is_none() {
+            mark.touch();
+        }
+        mark
+    }
+
+    fn read(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut bytes = [0u8; 8];
+        self.file.as_ref()?.read_exact_at(&mut bytes, 0).ok()?;
+        Some(u64::from_le_bytes(bytes))
+    }
+
+    fn touch(&self) {
+        use std::os::unix::fs::FileExt;
+        let mut bytes = [0u8; 8];
+        getrandom::fill(&mut bytes).expect("the operating system's random source failed");
+        if let Some(file) = &self.file
+            && let Err(e) = file.write_all_at(&bytes, 0)
+        {
+            tracing::warn!(error = %e, "cannot mark a catalog change");
+        }
+    }
 }
 
 /// The catalog's schema, one entry per version; applied in order, never edited once shipped.
@@ -236,12 +283,14 @@ impl Catalog {
         let path = path.to_owned();
         let reader = connect(&path)?;
         let catalog = Catalog {
+            changes: ChangeMark::open(&path),
             reader: Mutex::new(reader),
             writer: Mutex::new(connect(&path)?),
             path,
             replication: None,
             installs: Default::default(),
             looked: Mutex::new(None),
+            tokens_seen: Mutex::default(),
         };
         catalog.migrate()?;
         Ok(Catalog { replication, ..catalog })
@@ -251,6 +300,14 @@ impl Catalog {
     /// read before may have changed without this process writing it.
     pub fn installs(&self) -> u64 {
         self.installs.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Which version of the catalog a read sees, without a SQLite transaction (which costs as
+    /// much as the read it would save): this process's installs of newer copies, and the change
+    /// mark every kura process writing the catalog rewrites after each commit. `None` if the
+    /// mark cannot be read: nothing read then may be reused.
+    fn version(&self) -> Option<(u64, u64)> {
+        Some((self.installs(), self.changes.read()?))
     }
 
     /// Brings in the newest published copy of a shared catalog if this node's is behind;
@@ -354,6 +411,13 @@ impl Catalog {
     /// and commits only once a copy with it is published: a write that fails changes nothing,
     /// and no reader sees a write before it is published.
     fn write_checked<T>(&self, f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
+        let written = self.write_unmarked(f);
+        // Whatever the outcome: a failed write changed nothing, and a spare mark costs a read.
+        self.changes.touch();
+        written
+    }
+
+    fn write_unmarked<T>(&self, f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
         let Some(replication) = &self.replication else { return self.transact(&mut self.lock_writer(), f) };
         let mut conn = self.lock_writer_shared(replication.as_ref());
         if let Some(copy) = replication.begin_write().map_err(Error::Replication)?
@@ -466,6 +530,7 @@ impl Catalog {
         *writer = connect(&self.path)?;
         swapped?;
         self.installs.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.changes.touch();
         Ok(())
     }
 }

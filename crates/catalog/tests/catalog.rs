@@ -32,6 +32,14 @@ fn tokens_authenticate_until_revoked_and_only_for_their_account() {
     assert!(other.revoke_token(&a.id, &token.id).unwrap());
     assert!(catalog.authenticate(&secret).unwrap().is_none());
     assert!(catalog.tokens(&a.id).unwrap()[0].revoked_at.is_some());
+
+    // Authenticated tokens are remembered, never past a revocation through this catalog.
+    let (second, secret) = catalog.create_token(&a.id, "ci-2", Scope::Admin, None).unwrap();
+    for _ in 0..3 {
+        assert_eq!(catalog.authenticate(&secret).unwrap().unwrap().id, second.id);
+    }
+    assert!(catalog.revoke_token(&a.id, &second.id).unwrap());
+    assert!(catalog.authenticate(&secret).unwrap().is_none());
 }
 
 #[test]

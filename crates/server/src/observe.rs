@@ -98,10 +98,20 @@ impl Surface {
 pub struct RequestId(pub String);
 
 impl RequestId {
+    /// Unique, not secret: eight random bytes drawn once per process, then a counter (a call
+    /// to the system's random source per request cost more than the rest of the id).
     fn new() -> Self {
+        static PREFIX: std::sync::OnceLock<[u8; 8]> = std::sync::OnceLock::new();
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let prefix = PREFIX.get_or_init(|| {
+            let mut bytes = [0u8; 8];
+            getrandom::fill(&mut bytes).expect("the operating system's random source failed");
+            bytes
+        });
         let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).expect("the operating system's random source failed");
-        RequestId(hex::encode(bytes).to_ascii_uppercase())
+        bytes[..8].copy_from_slice(prefix);
+        bytes[8..].copy_from_slice(&COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed).to_be_bytes());
+        RequestId(hex::encode_upper(bytes))
     }
 }
 

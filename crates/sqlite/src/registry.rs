@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::actor::{self, Command, Executed, Identity, Tuning};
+use crate::actor::{self, Command, Executed, Identity, Lender, Tuning};
 use crate::database::{Database, DatabaseOptions};
 use crate::error::{Error, Result};
 use crate::request::{Request, StatementResult};
@@ -37,8 +37,23 @@ impl Default for RegistrySettings {
     }
 }
 
+/// How long a read may run on its caller's thread (an async runtime's worker) before it is
+/// interrupted and sent to the database's actor instead: a point SELECT takes microseconds,
+/// and a worker must not be held for long.
+const INLINE_READ_BUDGET: Duration = Duration::from_millis(1);
+
 /// Maps a database key to the options its file opens with (`None`: no such database).
 pub type Opener = dyn Fn(&str) -> Option<DatabaseOptions> + Send + Sync;
+
+/// What an actor whose queue sat idle does next.
+pub(crate) enum Idle {
+    /// Runs the command that arrived meanwhile.
+    Work(Command),
+    /// Keeps waiting: its database was used lately without its queue.
+    Stay,
+    /// Closes its database and ends.
+    Retire,
+}
 
 /// Set once when an actor has closed its file.
 pub(crate) struct DoneSignal {
@@ -66,6 +81,8 @@ impl DoneSignal {
 
 struct Entry {
     sender: SyncSender<Command>,
+    /// The actor's open database, for reads served on the caller's thread.
+    lender: Arc<Lender>,
     generation: u64,
     last_used: Instant,
     done: Arc<DoneSignal>,
@@ -120,6 +137,11 @@ impl Registry {
     /// Runs a request as [`Registry::execute`] does, and answers with the bookmark of a state
     /// that includes it as well.
     pub async fn execute_with_bookmark(&self, key: &str, request: Request) -> Result<Executed> {
+        if let Some(lender) = self.shared.lender(key)
+            && let Some(outcome) = lender.try_read(&request, INLINE_READ_BUDGET)
+        {
+            return outcome;
+        }
         let (reply, answer) = oneshot::channel();
         self.shared.send(key, Command::Execute { request, reply })?;
         answer.await.unwrap_or(Err(Error::Closed))
@@ -238,6 +260,14 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The open actor's database of `key`, to try a read on (marked used, as a send is).
+    fn lender(&self, key: &str) -> Option<Arc<Lender>> {
+        let mut state = self.lock();
+        let entry = state.actors.get_mut(key)?;
+        entry.last_used = Instant::now();
+        Some(Arc::clone(&entry.lender))
+    }
+
     fn send(self: &Arc<Self>, key: &str, command: Command) -> Result<()> {
         let mut state = self.lock();
         if state.shut_down || state.retired.contains(key) {
@@ -279,25 +309,34 @@ impl Shared {
         let identity =
             Identity { key: key.to_owned(), generation, registry: Arc::downgrade(self), done: Arc::clone(&done) };
         let tuning = Tuning { idle_timeout: self.settings.idle_timeout, max_group: self.settings.max_group.max(1) };
+        let lender = Lender::new();
+        let lent = Arc::clone(&lender);
         std::thread::Builder::new()
             .name(format!("kura-db-{}", &key[..key.len().min(8)]))
-            .spawn(move || actor::run(identity, previous_owner, options, tuning, rx))
+            .spawn(move || actor::run(identity, previous_owner, options, tuning, rx, lent))
             .map_err(|source| Error::Io { context: "cannot start a database thread".into(), source })?;
-        state.actors.insert(key.to_owned(), Entry { sender, generation, last_used: Instant::now(), done });
+        state.actors.insert(key.to_owned(), Entry { sender, lender, generation, last_used: Instant::now(), done });
         Ok(())
     }
 
-    /// Called by an idle actor: retires it unless work arrived meanwhile, which it returns.
-    pub(crate) fn retire(&self, key: &str, generation: u64, rx: &Receiver<Command>) -> Option<Command> {
+    /// Called by an actor whose queue sat idle: retires it unless work arrived meanwhile
+    /// (returned) or its database served reads on callers' threads lately (it stays).
+    pub(crate) fn retire(&self, key: &str, generation: u64, rx: &Receiver<Command>) -> Idle {
         let mut state = self.lock();
         if let Ok(command) = rx.try_recv() {
-            return Some(command);
+            return Idle::Work(command);
         }
-        if state.actors.get(key).is_some_and(|e| e.generation == generation) {
-            let entry = state.actors.remove(key).expect("entry just seen");
-            state.closing.insert(key.to_owned(), entry.done);
+        match state.actors.get(key) {
+            Some(entry) if entry.generation == generation => {
+                if entry.last_used.elapsed() < self.settings.idle_timeout {
+                    return Idle::Stay;
+                }
+                let entry = state.actors.remove(key).expect("entry just seen");
+                state.closing.insert(key.to_owned(), entry.done);
+            }
+            _ => {}
         }
-        None
+        Idle::Retire
     }
 
     /// Called by an actor that must reopen its file (a write failed on the disk): new commands

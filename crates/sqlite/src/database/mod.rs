@@ -6,7 +6,7 @@ mod time_travel;
 mod transaction;
 
 use counters::{IndexColumns, schema_writes};
-pub(crate) use transaction::Grouped;
+pub(crate) use transaction::{Grouped, Inline};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -118,7 +118,8 @@ const STATEMENT_CACHE_SIZE: usize = 128;
 
 /// An open database: the connection that owns the file's writes, and D1's execution rules.
 ///
-/// Not thread-safe by design: it lives on its actor's thread (see [`crate::Actor`]).
+/// Not `Sync`: its actor holds it behind a lock, and lends it between commands to a caller that
+/// only reads (see `actor::Lender`).
 pub struct Database {
     /// Prepared statements by SQL text; declared before `conn` so they are finalized first.
     statements: HashMap<String, CachedStatement>,
@@ -138,6 +139,9 @@ pub struct Database {
     /// Bytes of results the running request may still collect.
     result_budget: usize,
     max_result_bytes: usize,
+    /// Set while a request is tried on its caller's thread: a statement that would write stops
+    /// it before it runs (see [`Database::execute_read`]).
+    reads_only: bool,
     poisoned: bool,
     /// The Time Travel history, if the database keeps one.
     history: Option<History>,
@@ -146,6 +150,12 @@ pub struct Database {
     options: DatabaseOptions,
     path: PathBuf,
 }
+
+// SAFETY: the connection is opened with SQLITE_OPEN_NO_MUTEX ("multi-thread" mode), in which a
+// connection and its statements may be used from any thread, one thread at a time. Its prepared
+// statements (raw pointers, hence not `Send` alone) never leave the `Database`, so they move
+// only together with their connection; the actor's lock makes their use one thread at a time.
+unsafe impl Send for Database {}
 
 /// Opens and configures the read-write connection: WAL, `synchronous=FULL`, foreign keys,
 /// defensive mode, D1's limits and authorizer, the request deadline, and (with a history) the
@@ -264,6 +274,7 @@ impl Database {
             indexes: HashMap::new(),
             result_budget: options.limits.max_result_bytes,
             max_result_bytes: options.limits.max_result_bytes,
+            reads_only: false,
             poisoned: false,
             history,
             wal_frames,
@@ -324,7 +335,12 @@ impl Database {
     /// Runs every statement of a request on the connection as it stands (the caller owns the
     /// transaction). Returns one result per statement, as `request.mode` says.
     pub fn execute(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
-        let deadline = self.epoch.elapsed() + self.request_timeout;
+        self.execute_for(request, self.request_timeout)
+    }
+
+    /// [`Database::execute`], interrupted after `limit` (at most the request timeout).
+    fn execute_for(&mut self, request: &Request, limit: Duration) -> Result<Vec<StatementResult>> {
+        let deadline = self.epoch.elapsed() + limit.min(self.request_timeout);
         self.deadline.store(deadline.as_nanos() as u64, Ordering::Relaxed);
         self.result_budget = self.max_result_bytes;
         let outcome = self.execute_statements(request);
@@ -421,7 +437,7 @@ impl Database {
             return Err(wrong_parameter_count(request.mode, raw.parameter_count(), statement.params.len()));
         }
         raw.bind_all(&statement.params)?;
-        if request.access == Access::ReadOnly && !raw.is_readonly() {
+        if (request.access == Access::ReadOnly || self.reads_only) && !raw.is_readonly() {
             return Err(Error::ReadOnly { sql: sql.trim().to_owned() });
         }
         let outcome = self.run(raw, facts);

@@ -21,6 +21,17 @@ pub(crate) enum Grouped {
     Lost(Option<Error>),
 }
 
+/// What became of a request tried on its caller's thread ([`Database::execute_read`]).
+pub(crate) enum Inline {
+    /// It only read, and finished within its budget.
+    Done(Vec<StatementResult>),
+    /// It failed as it would have in a group (a SQL error, a read-only caller's write).
+    Failed(Error),
+    /// It must go to the actor: it would write, may change the connection's state (a PRAGMA),
+    /// or ran past its budget. Nothing of it remains.
+    Declined,
+}
+
 const SAVEPOINT: &str = "SAVEPOINT _cf_kura_request";
 const RELEASE: &str = "RELEASE _cf_kura_request";
 const ROLLBACK_TO: &str = "ROLLBACK TO _cf_kura_request";
@@ -174,6 +185,32 @@ impl Database {
     /// after which the page cache may not match the disk): the owner must close and reopen it.
     pub fn is_poisoned(&self) -> bool {
         self.poisoned
+    }
+
+    /// Runs a request that only reads, in a read transaction of its own, if it finishes within
+    /// `budget`: a statement that would write is refused before it runs, and a request still
+    /// running at the budget is interrupted; either way it is declined and nothing remains of
+    /// it. Reads see every commit acknowledged before (they were committed under the lock the
+    /// caller holds) and nothing not yet committed.
+    pub(crate) fn execute_read(&mut self, request: &Request, budget: std::time::Duration) -> Inline {
+        if self.poisoned || self.in_transaction() || request.needs_own_transaction() || self.begin().is_err() {
+            return Inline::Declined;
+        }
+        let started = self.epoch.elapsed();
+        self.reads_only = true;
+        let outcome = self.execute_for(request, budget);
+        self.reads_only = false;
+        let over_budget = self.epoch.elapsed() >= started + budget;
+        // Nothing was written, so the size measured stays true past the rollback.
+        let size = self.size;
+        self.rollback();
+        self.size = size;
+        match outcome {
+            Ok(results) => Inline::Done(results),
+            Err(Error::ReadOnly { .. }) if request.access != crate::request::Access::ReadOnly => Inline::Declined,
+            Err(Error::Sql { code: ffi::SQLITE_INTERRUPT, .. }) if over_budget => Inline::Declined,
+            Err(e) => Inline::Failed(e),
+        }
     }
 
     /// Runs a request in a transaction of its own and commits it.

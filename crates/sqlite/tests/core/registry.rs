@@ -53,3 +53,57 @@ async fn a_full_queue_answers_overloaded() {
     }
     assert!(overloaded > 0);
 }
+
+/// Reads run on the caller's thread while the actor is idle; one that runs past its budget
+/// there is interrupted and finishes on the actor with the same answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_past_the_callers_budget_finishes_on_the_actor() {
+    let cx = Context::new();
+    cx.ok("CREATE TABLE t (x); INSERT INTO t VALUES (1)").await;
+    let long =
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 400000) SELECT count(*) FROM n";
+    let started = std::time::Instant::now();
+    assert_eq!(cx.scalar(long).await, Value::Integer(400_000));
+    assert!(started.elapsed() > Duration::from_millis(2), "the read is long enough to pass the budget");
+    assert_eq!(cx.scalar("SELECT count(*) FROM t").await, Value::Integer(1));
+}
+
+/// Reads served on callers' threads see every acknowledged request whole and nothing of one
+/// not yet acknowledged, while writes go through the actor's group commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_beside_the_actor_never_see_half_a_request() {
+    let cx = Arc::new(Context::new());
+    cx.ok("CREATE TABLE t (x)").await;
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let cx = Arc::clone(&cx);
+            tokio::spawn(async move {
+                for i in 0..100 {
+                    let pair = Request::new(vec![
+                        Statement::new(format!("INSERT INTO t VALUES ({w}{i}0)")),
+                        Statement::new(format!("INSERT INTO t VALUES ({w}{i}1)")),
+                    ]);
+                    cx.registry.execute("db", pair).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let cx = Arc::clone(&cx);
+            tokio::spawn(async move {
+                let mut last = 0;
+                for _ in 0..300 {
+                    let Value::Integer(n) = cx.scalar("SELECT count(*) FROM t").await else { panic!("a count") };
+                    assert_eq!(n % 2, 0, "a request's two rows are seen together");
+                    assert!(n >= last, "no read goes back in time");
+                    last = n;
+                }
+            })
+        })
+        .collect();
+    for task in writers.into_iter().chain(readers) {
+        task.await.unwrap();
+    }
+    assert_eq!(cx.scalar("SELECT count(*) FROM t").await, Value::Integer(800));
+}
