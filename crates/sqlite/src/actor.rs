@@ -7,9 +7,9 @@
 //! are run again one by one, each in its own transaction.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -51,30 +51,50 @@ pub(crate) trait GroupedWork: Send {
     fn finish(self: Box<Self>, committed: Result<()>);
 }
 
-/// The actor's open database, behind a lock the actor holds while it works: between its
-/// commands, a caller that finds the lock free may run a request that only reads on its own
-/// thread ([`Lender::try_read`]) instead of waking the actor and being woken back — two thread
-/// hand-offs that cost more than a point SELECT itself. Writes always go through the queue.
+/// The actor's open database, behind a lock the actor holds while it works. Between its
+/// commands, a caller that finds the lock free runs its request on its own thread instead of
+/// waking the actor and being woken back — two thread hand-offs that cost more than a point
+/// SELECT, and a third of a one-client durable INSERT: a read ([`Lender::try_read`]) within a
+/// budget, a write ([`Lender::try_write`]) alone in its transaction, committed as the actor
+/// would. Whatever finds the database busy goes through the queue, where group commit serves it.
 pub(crate) struct Lender {
     db: Mutex<Option<Database>>,
-    /// Set while the actor wants the lock or holds it: a caller that finds the lock taken
-    /// waits only when another caller's read holds it (microseconds), never behind the actor.
-    actor_working: AtomicBool,
+    /// Writers (the actor, or a caller writing) holding or waiting for the lock: a reader that
+    /// finds it taken waits only when another reader holds it (microseconds), never behind a
+    /// commit.
+    writers: AtomicUsize,
+}
+
+/// A writer's claim on the lock, counted in [`Lender::writers`] while it lives.
+struct WriterLock<'a> {
+    guard: MutexGuard<'a, Option<Database>>,
+    writers: &'a AtomicUsize,
+}
+
+impl Drop for WriterLock<'_> {
+    fn drop(&mut self) {
+        self.writers.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Lender {
     pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Lender { db: Mutex::new(None), actor_working: AtomicBool::new(false) })
+        Arc::new(Lender { db: Mutex::new(None), writers: AtomicUsize::new(0) })
     }
 
-    /// The lock, for the actor.
-    fn lock_for_actor(&self) -> ActorLock<'_> {
-        self.actor_working.store(true, Ordering::SeqCst);
-        ActorLock { guard: self.lock(), working: &self.actor_working }
+    /// The lock, for the actor (waiting for it).
+    fn lock_for_actor(&self) -> WriterLock<'_> {
+        self.writers.fetch_add(1, Ordering::SeqCst);
+        WriterLock { guard: self.lock(), writers: &self.writers }
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Database>> {
         self.db.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether no writer holds or wants the lock.
+    pub(crate) fn may_write(&self) -> bool {
+        self.writers.load(Ordering::SeqCst) == 0
     }
 
     /// Runs `request` here if the database is open, idle and the request only reads; `None`
@@ -82,9 +102,9 @@ impl Lender {
     pub(crate) fn try_read(&self, request: &Request, budget: Duration) -> Option<Result<Executed>> {
         let mut guard = match self.db.try_lock() {
             Ok(guard) => guard,
-            Err(std::sync::TryLockError::WouldBlock) if self.actor_working.load(Ordering::SeqCst) => return None,
-            Err(std::sync::TryLockError::WouldBlock) => self.lock(),
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) if !self.may_write() => return None,
+            Err(TryLockError::WouldBlock) => self.lock(),
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
         };
         let db = guard.as_mut()?;
         match db.execute_read(request, budget) {
@@ -93,17 +113,33 @@ impl Lender {
             Inline::Declined => None,
         }
     }
-}
 
-/// The actor's hold on its database; lets callers' reads in again when dropped.
-struct ActorLock<'a> {
-    guard: MutexGuard<'a, Option<Database>>,
-    working: &'a AtomicBool,
-}
-
-impl Drop for ActorLock<'_> {
-    fn drop(&mut self) {
-        self.working.store(false, Ordering::SeqCst);
+    /// Runs `request` here, alone in a transaction it commits, if the database is open and
+    /// idle and its commits need no shipping; `None` if it must go to the actor. Blocks on the
+    /// commit's fsync. With the answer, whether the commit failed in a way that needs the actor
+    /// to reopen the file (it is told through its queue).
+    pub(crate) fn try_write(&self, request: &Request) -> Option<(Result<Executed>, bool)> {
+        self.writers.fetch_add(1, Ordering::SeqCst);
+        let mut held = match self.db.try_lock() {
+            Ok(guard) => WriterLock { guard, writers: &self.writers },
+            Err(TryLockError::Poisoned(p)) => WriterLock { guard: p.into_inner(), writers: &self.writers },
+            Err(TryLockError::WouldBlock) => {
+                self.writers.fetch_sub(1, Ordering::SeqCst);
+                return None;
+            }
+        };
+        let db = held.guard.as_mut()?;
+        if db.is_poisoned() || db.in_transaction() || db.options().shipper.is_some() {
+            return None;
+        }
+        let outcome = db.execute_alone(request);
+        if outcome.is_ok()
+            && let Some((stats, _)) = &db.options().stats
+        {
+            stats.group_sizes.observe(1.0);
+        }
+        let bookmark = if db.is_poisoned() { None } else { db.bookmark().ok() };
+        Some((outcome.map(|results| Executed { results, bookmark }), db.is_poisoned()))
     }
 }
 

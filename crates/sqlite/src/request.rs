@@ -103,6 +103,20 @@ impl Request {
     }
 }
 
+impl Request {
+    /// Whether the first statement plainly writes (its text starts with INSERT, UPDATE,
+    /// DELETE, REPLACE, CREATE, DROP or ALTER): such a request is not tried as a read first.
+    /// Only a hint: a write it misses is found when its statement is prepared.
+    pub(crate) fn plainly_writes(&self) -> bool {
+        let Some(first) = self.statements.first() else { return false };
+        let text = first.sql.trim_start().as_bytes();
+        let word = &text[..text.iter().position(|b| !b.is_ascii_alphabetic()).unwrap_or(text.len())];
+        ["INSERT", "UPDATE", "DELETE", "REPLACE", "CREATE", "DROP", "ALTER"]
+            .iter()
+            .any(|keyword| word.eq_ignore_ascii_case(keyword.as_bytes()))
+    }
+}
+
 fn contains_ignore_ascii_case(haystack: &str, needle: &str) -> bool {
     haystack.as_bytes().windows(needle.len()).any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
@@ -142,6 +156,14 @@ pub struct Meta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_writes_are_recognised_by_their_first_word() {
+        let plain = |sql: &str| Request::new(vec![Statement::new(sql)]).plainly_writes();
+        assert!(plain("INSERT INTO t VALUES (1)") && plain("  delete from t") && plain("Create table x (y)"));
+        assert!(!plain("SELECT 1") && !plain("WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x"));
+        assert!(!plain("/* c */ INSERT INTO t VALUES (1)") && !plain("INSERTED") && !plain(""));
+    }
 
     #[test]
     fn only_pragmas_need_their_own_transaction() {

@@ -368,10 +368,12 @@ impl Database {
     ) -> Result<()> {
         // Text seen before as exactly one statement runs its prepared statement again.
         if let Some((sql, mut cached)) = self.statements.remove_entry(&statement.sql) {
-            let result = self.run_prepared(&mut cached.raw, &cached.facts, statement, request, &statement.sql)?;
+            let result = self.run_prepared(&mut cached.raw, &cached.facts, statement, request, &statement.sql);
+            // Kept whether it succeeded or not: a failed run (a constraint, a read-only
+            // caller's write) leaves the statement reusable once reset.
             cached.raw.reset();
             self.statements.insert(sql, cached);
-            results.push(result);
+            results.push(result?);
             return Ok(());
         }
         let text = SqlText::new(&statement.sql)?;
