@@ -147,6 +147,24 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
             target: None,
         },
         Row {
+            workload: "point SELECT vs HTTP floor (>= 0.70x)".into(),
+            clients: 16,
+            unit: "queries",
+            kura: figures.select_16,
+            peer: None,
+            limit: Some(figures.floor_16),
+            target: None,
+        },
+        Row {
+            workload: "point SELECT vs HTTP floor".into(),
+            clients: 1,
+            unit: "queries",
+            kura: figures.select_1,
+            peer: None,
+            limit: Some(figures.floor_1),
+            target: None,
+        },
+        Row {
             workload: "INSERT, durable".into(),
             clients: 1,
             unit: "rows",
@@ -156,7 +174,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
             target: Some(2_500.0),
         },
         Row {
-            workload: "INSERT vs 1 round trip + 1 fsync".into(),
+            workload: "INSERT vs 1 round trip + 1 fsync (>= 0.80x)".into(),
             clients: 1,
             unit: "rows",
             kura: figures.insert_1,
