@@ -97,49 +97,78 @@ impl Lender {
         self.writers.load(Ordering::SeqCst) == 0
     }
 
-    /// Runs `request` here if the database is open, idle and the request only reads; `None`
-    /// if it must go to the actor (busy, not open yet, a write, over `budget`).
-    pub(crate) fn try_read(&self, request: &Request, budget: Duration) -> Option<Result<Executed>> {
+    /// Runs `request` here if the database is open, idle and the request only reads.
+    pub(crate) fn try_read(&self, request: &Request, budget: Duration) -> Tried {
         let mut guard = match self.db.try_lock() {
             Ok(guard) => guard,
-            Err(TryLockError::WouldBlock) if !self.may_write() => return None,
+            Err(TryLockError::WouldBlock) if !self.may_write() => return Tried::NotRun,
             Err(TryLockError::WouldBlock) => self.lock(),
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
         };
-        let db = guard.as_mut()?;
-        match db.execute_read(request, budget) {
-            Inline::Done(results) => Some(Ok(Executed { results, bookmark: db.bookmark().ok() })),
-            Inline::Failed(e) => Some(Err(e)),
-            Inline::Declined => None,
+        let Some(db) = guard.as_mut() else { return Tried::NotRun };
+        match beside_the_actor(db, |db| db.execute_read(request, budget)) {
+            Err(reopen) => reopen,
+            Ok(Inline::Done(results)) => Tried::Answered(Ok(Executed { results, bookmark: db.bookmark().ok() }), false),
+            Ok(Inline::Failed(e)) => Tried::Answered(Err(e), false),
+            Ok(Inline::Declined) => Tried::NotRun,
+            Ok(Inline::TooLong) => Tried::TooLong,
         }
     }
 
     /// Runs `request` here, alone in a transaction it commits, if the database is open and
-    /// idle and its commits need no shipping; `None` if it must go to the actor. Blocks on the
-    /// commit's fsync. With the answer, whether the commit failed in a way that needs the actor
-    /// to reopen the file (it is told through its queue).
-    pub(crate) fn try_write(&self, request: &Request) -> Option<(Result<Executed>, bool)> {
+    /// idle, its commits need no shipping and this one will not checkpoint the WAL (that work
+    /// stays on the actor's thread). Blocks on the commit's fsync.
+    pub(crate) fn try_write(&self, request: &Request) -> Tried {
         self.writers.fetch_add(1, Ordering::SeqCst);
         let mut held = match self.db.try_lock() {
             Ok(guard) => WriterLock { guard, writers: &self.writers },
             Err(TryLockError::Poisoned(p)) => WriterLock { guard: p.into_inner(), writers: &self.writers },
             Err(TryLockError::WouldBlock) => {
                 self.writers.fetch_sub(1, Ordering::SeqCst);
-                return None;
+                return Tried::NotRun;
             }
         };
-        let db = held.guard.as_mut()?;
-        if db.is_poisoned() || db.in_transaction() || db.options().shipper.is_some() {
-            return None;
+        let Some(db) = held.guard.as_mut() else { return Tried::NotRun };
+        if db.is_poisoned() || db.in_transaction() || db.options().shipper.is_some() || !db.commit_stays_light() {
+            return Tried::NotRun;
         }
-        let outcome = db.execute_alone(request);
+        let outcome = match beside_the_actor(db, |db| db.execute_alone(request)) {
+            Ok(outcome) => outcome,
+            Err(reopen) => return reopen,
+        };
         if outcome.is_ok()
             && let Some((stats, _)) = &db.options().stats
         {
             stats.group_sizes.observe(1.0);
         }
         let bookmark = if db.is_poisoned() { None } else { db.bookmark().ok() };
-        Some((outcome.map(|results| Executed { results, bookmark }), db.is_poisoned()))
+        Tried::Answered(outcome.map(|results| Executed { results, bookmark }), db.is_poisoned())
+    }
+}
+
+/// What became of a request tried on its caller's thread.
+pub(crate) enum Tried {
+    /// It ran; with its answer, whether the file must now be reopened (a commit failed on the
+    /// disk, or the request panicked): the actor is told through its queue.
+    Answered(Result<Executed>, bool),
+    /// It did not run (the database was busy or closed, the request writes or may change the
+    /// connection's state): the caller may try it otherwise.
+    NotRun,
+    /// It ran past a read's budget and was interrupted: only the actor may run it.
+    TooLong,
+}
+
+/// Runs `f` on a caller's thread as the actor would run it inside its own guard: a panic
+/// leaves the connection in no known state (a transaction open, flags set), so it is marked
+/// for reopening and nothing more runs on it.
+fn beside_the_actor<T>(db: &mut Database, f: impl FnOnce(&mut Database) -> T) -> std::result::Result<T, Tried> {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| f(&mut *db))) {
+        Ok(outcome) => Ok(outcome),
+        Err(_) => {
+            tracing::error!(path = %db.path().display(), "a request panicked beside the actor; reopening the database");
+            db.mark_for_reopening();
+            Err(Tried::Answered(Err(Error::Reopening), true))
+        }
     }
 }
 

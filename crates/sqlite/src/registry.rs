@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::actor::{self, Command, Executed, Identity, Lender, Tuning};
+use crate::actor::{self, Command, Executed, Identity, Lender, Tried, Tuning};
 use crate::database::{Database, DatabaseOptions};
 use crate::error::{Error, Result};
 use crate::request::{Request, StatementResult};
@@ -148,11 +148,10 @@ impl Registry {
     pub async fn execute_with_bookmark(&self, key: &str, request: Request) -> Result<Executed> {
         let arrived = InFlight::arriving(&self.shared);
         if let Some(lender) = self.shared.lender(key) {
-            if !request.plainly_writes()
-                && let Some(outcome) = lender.try_read(&request, INLINE_READ_BUDGET)
-            {
-                return outcome;
-            }
+            let tried = match request.plainly_writes() {
+                true => Tried::NotRun,
+                false => lender.try_read(&request, INLINE_READ_BUDGET),
+            };
             // A write runs on the caller's thread only while the registry serves one request
             // at a time: alone, the hand-offs to and from the actor are a third of its time;
             // with company, the actor's group commit (one fsync for all, and each database's
@@ -160,14 +159,15 @@ impl Registry {
             // would hold up the requests arriving behind it. It holds the caller's async worker
             // for one commit (the runtime's other workers take its other work meanwhile);
             // `block_in_place` would free the worker, but its hand-off costs a tenth of the
-            // write.
-            if arrived.alone()
-                && lender.may_write()
-                && let Some((outcome, reopen)) = lender.try_write(&request)
-            {
+            // write. A read past its budget goes to the actor whatever the company.
+            let tried = match tried {
+                Tried::NotRun if arrived.alone() && lender.may_write() => lender.try_write(&request),
+                other => other,
+            };
+            if let Tried::Answered(outcome, reopen) = tried {
                 if reopen {
-                    // The commit failed on the disk: an empty command has the actor see it
-                    // and hand the file to a successor that reopens it.
+                    // The file must be reopened: an empty command has the actor see it and
+                    // hand the file to a successor that reopens it.
                     let _ = self.shared.send(key, Command::Exclusive(Box::new(|_| {})));
                 }
                 return outcome;

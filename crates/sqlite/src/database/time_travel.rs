@@ -34,6 +34,17 @@ impl Database {
         self.ship()
     }
 
+    /// Whether a small commit now would stay light: no checkpoint of the WAL after it (with a
+    /// history, one is due at a number of WAL frames; this leaves room for a request's worth).
+    pub(crate) fn commit_stays_light(&self) -> bool {
+        /// Frames a request may add without being expected to reach the checkpoint.
+        const ROOM: u32 = 256;
+        match &self.history {
+            Some(history) => !history.wants_checkpoint(self.wal_frames.load(Ordering::Relaxed).saturating_add(ROOM)),
+            None => true,
+        }
+    }
+
     /// With a shipper, a commit the history could not take cannot be shipped: it fails.
     fn ship_required(&self) -> Result<()> {
         match &self.options.shipper {

@@ -27,9 +27,11 @@ pub(crate) enum Inline {
     Done(Vec<StatementResult>),
     /// It failed as it would have in a group (a SQL error, a read-only caller's write).
     Failed(Error),
-    /// It must go to the actor: it would write, may change the connection's state (a PRAGMA),
-    /// or ran past its budget. Nothing of it remains.
+    /// It must go elsewhere: it would write or may change the connection's state (a PRAGMA).
+    /// Nothing of it remains.
     Declined,
+    /// It ran past its budget and was interrupted; nothing of it remains.
+    TooLong,
 }
 
 const SAVEPOINT: &str = "SAVEPOINT _cf_kura_request";
@@ -181,6 +183,11 @@ impl Database {
         rc == ffi::SQLITE_OK && current > 0
     }
 
+    /// Marks the connection untrustworthy: its owner closes and reopens the file.
+    pub(crate) fn mark_for_reopening(&mut self) {
+        self.poisoned = true;
+    }
+
     /// Whether a commit failed in a way that leaves the connection untrustworthy (an I/O error
     /// after which the page cache may not match the disk): the owner must close and reopen it.
     pub fn is_poisoned(&self) -> bool {
@@ -208,7 +215,7 @@ impl Database {
         match outcome {
             Ok(results) => Inline::Done(results),
             Err(Error::ReadOnly { .. }) if request.access != crate::request::Access::ReadOnly => Inline::Declined,
-            Err(Error::Sql { code: ffi::SQLITE_INTERRUPT, .. }) if over_budget => Inline::Declined,
+            Err(Error::Sql { code: ffi::SQLITE_INTERRUPT, .. }) if over_budget => Inline::TooLong,
             Err(e) => Inline::Failed(e),
         }
     }
