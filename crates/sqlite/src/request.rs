@@ -101,9 +101,7 @@ impl Request {
     pub(crate) fn needs_own_transaction(&self) -> bool {
         self.statements.iter().any(|s| contains_ignore_ascii_case(&s.sql, "pragma"))
     }
-}
 
-impl Request {
     /// Whether the first statement plainly writes (its text starts with INSERT, UPDATE,
     /// DELETE, REPLACE, CREATE, DROP or ALTER): such a request is not tried as a read first.
     /// Only a hint: a write it misses is found when its statement is prepared.
