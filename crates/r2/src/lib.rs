@@ -688,18 +688,23 @@ impl R2 {
     /// Completes an upload from the named parts (`(number, etag)`), by R2's rules: every named
     /// part must exist with that ETag, numbers must not repeat, every part but the last must be
     /// at least the minimum size, and all but the last must be of one size, the last no larger.
+    /// `conditional` is checked against the object the upload would replace, in the same
+    /// transaction (S3's conditional writes); an upload refused by it stays open.
     pub async fn complete_multipart_upload(
         self: &Arc<Self>,
         bucket: &str,
         key: &str,
         upload_id: &str,
         requested: Vec<(u32, String)>,
+        conditional: Conditional,
     ) -> Result<ObjectInfo> {
         let this = self.clone();
         let (id, k) = (upload_id.to_owned(), key.to_owned());
         let min_part = self.settings.min_part_size;
         self.commit(bucket, None, move |tx| {
             let upload = this.live_upload(tx, &id, &k)?;
+            let current = meta::get_object(tx, &k)?;
+            conditional.check_write(current.as_ref().map(|c| &c.info))?;
             if requested.is_empty() {
                 return Err(R2Error::InvalidArgument("a multipart upload needs at least one part".into()));
             }

@@ -86,7 +86,7 @@ async fn a_bucket_moves_to_another_node_with_every_object_and_its_blobs_in_the_s
         let info = a.r2.upload_part(BUCKET, "multi", &upload, number, body(part.clone()), options).await.unwrap();
         named.push((number, info.etag));
     }
-    let multi = a.r2.complete_multipart_upload(BUCKET, "multi", &upload, named).await.unwrap();
+    let multi = a.r2.complete_multipart_upload(BUCKET, "multi", &upload, named, Default::default()).await.unwrap();
     put(&a.r2, "overwritten", pattern(2 * MIB, 6)).await;
     put(&a.r2, "overwritten", pattern(3 * MIB, 7)).await;
     a.r2.delete_object(BUCKET, "small").await.unwrap();

@@ -463,7 +463,11 @@ async fn write_to(app: &AppState, bucket: &str, headers: &HeaderMap, body: Body)
             }
             BindingRequest::CompleteMultipartUpload { object, upload_id, parts } => {
                 let parts = parts.into_iter().map(|p| (p.part, p.etag)).collect();
-                let info = match app.r2.complete_multipart_upload(bucket, &object, &upload_id, parts).await {
+                let info = match app
+                    .r2
+                    .complete_multipart_upload(bucket, &object, &upload_id, parts, Default::default())
+                    .await
+                {
                     Ok(info) => info,
                     // workerd asserts on "not found" here; R2 says the upload does not exist.
                     Err(R2Error::NoSuchKey) => return Err(R2Error::NoSuchUpload.into()),

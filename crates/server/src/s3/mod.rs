@@ -4,6 +4,7 @@
 //! presigned-URL expiry cap, and the operations themselves ([`ops`]).
 
 mod access;
+mod length;
 mod ops;
 mod post_object;
 mod preflight;
@@ -127,6 +128,10 @@ async fn answer(service: Arc<S3Service>, request: Request) -> Response {
         return refusal;
     }
     let is_head = request.method() == Method::HEAD;
+    let (request, _reading) = match length::with_length(request).await {
+        Ok(sized) => sized,
+        Err(refusal) => return refusal,
+    };
     let signed = signature_debug::Signed::keep(request.method(), request.uri(), request.headers());
     let (parts, body) = request.into_parts();
     let request = s3s::HttpRequest::from_parts(parts, s3s::Body::http_body_unsync(body));

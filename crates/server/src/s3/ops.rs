@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use base64::Engine as _;
 use kura_catalog::{Catalog, R2Bucket};
 use kura_r2::{
@@ -325,6 +325,8 @@ struct Served {
     headers: ObjectHeaders,
     info: ObjectInfo,
     checksums: bool,
+    /// Whether the request named a part (`partNumber`): only then is the part count sent.
+    part_asked: bool,
 }
 
 impl Served {
@@ -349,8 +351,11 @@ macro_rules! object_output {
             metadata: $served.headers.metadata.clone(),
             e_tag: Some(etag(&$served.info.etag)),
             last_modified: Some(timestamp($served.info.uploaded_ms)),
-            storage_class: Some(StorageClass::from(storage_class_out(&$served.info.storage_class).to_owned())),
-            parts_count: $served.info.parts.map(|n| n as i32),
+            // As S3 and R2 send them: the class only when it is not the standard one, the part
+            // count only to a request that named a part.
+            storage_class: (storage_class_out(&$served.info.storage_class) != "STANDARD")
+                .then(|| StorageClass::from(storage_class_out(&$served.info.storage_class).to_owned())),
+            parts_count: $served.info.parts.filter(|_| $served.part_asked).map(|n| n as i32),
             checksum_crc32: $served.checksum("crc32"),
             checksum_crc32c: $served.checksum("crc32c"),
             checksum_crc64nvme: $served.checksum("crc64nvme"),
@@ -406,6 +411,27 @@ impl KuraS3 {
         Ok(Listed { bucket, listing, url })
     }
 
+    /// A 304, with the validators and caching headers of the object as it is now (RFC 9110
+    /// 15.4.5), as R2 sends them.
+    async fn not_modified(&self, bucket: &R2Bucket, key: &str) -> S3Error {
+        let mut refusal = engine_error(R2Error::NotModified);
+        if let Ok(Some(info)) = self.r2.head_object(&bucket.id, key).await {
+            let mut headers = HeaderMap::new();
+            let mut set = |name: header::HeaderName, value: Option<String>| {
+                if let Some(value) = value.and_then(|v| HeaderValue::from_str(&v).ok()) {
+                    headers.insert(name, value);
+                }
+            };
+            set(header::ETAG, Some(format!("\"{}\"", info.etag)));
+            set(header::LAST_MODIFIED, http_date(&timestamp(info.uploaded_ms)));
+            set(header::ACCEPT_RANGES, Some("bytes".into()));
+            set(header::CACHE_CONTROL, info.http.cache_control.clone());
+            set(header::EXPIRES, info.http.expires.clone());
+            refusal.set_headers(headers);
+        }
+        refusal
+    }
+
     /// Reads an object for GET or HEAD: preconditions, a range or a part, and its headers.
     async fn read(
         &self,
@@ -425,7 +451,11 @@ impl KuraS3 {
             conditional: conditional(headers, ""),
             part_number: read.part_number.map(|n| n.max(0) as u32),
         };
-        let object = self.r2.get_object(&bucket.id, key, options).await.map_err(engine_error)?;
+        let object = match self.r2.get_object(&bucket.id, key, options).await {
+            Ok(object) => object,
+            Err(R2Error::NotModified) => return Err(self.not_modified(&bucket, key).await),
+            Err(e) => return Err(engine_error(e)),
+        };
         let content_range = object
             .range
             .map(|(offset, length)| format!("bytes {}-{}/{}", offset, offset + length - 1, object.info.size));
@@ -435,6 +465,7 @@ impl KuraS3 {
             content_range,
             headers: object_headers(&object.info),
             checksums: checksums_wanted(read.checksum_mode, object.range.is_some()),
+            part_asked: read.part_number.is_some(),
             info: object.info,
             body: object.body,
         };
@@ -803,7 +834,8 @@ impl S3 for KuraS3 {
             delimiter: input.delimiter.filter(|d| !d.is_empty()).map(|d| listed.encode(d)),
             start_after: input.start_after.map(|a| listed.encode(a)),
             continuation_token: input.continuation_token,
-            next_continuation_token: listed.listing.cursor.clone(),
+            // A page of no keys has nothing to continue from (R2 sends no token there).
+            next_continuation_token: listed.listing.cursor.clone().filter(|_| input.max_keys != Some(0)),
             max_keys: Some(input.max_keys.unwrap_or(1000)),
             key_count: Some(key_count),
             is_truncated: Some(listed.listing.truncated),
@@ -996,6 +1028,7 @@ impl S3 for KuraS3 {
         let caller = caller(&req)?;
         let bucket = self.bucket(caller, &req.input.bucket)?;
         let host = req.headers.get("host").and_then(|h| h.to_str().ok()).unwrap_or("localhost").to_owned();
+        let conditional = conditional(&req.headers, "");
         let input = req.input;
         let malformed = || {
             error(
@@ -1018,7 +1051,7 @@ impl S3 for KuraS3 {
         }
         let info = self
             .r2
-            .complete_multipart_upload(&bucket.id, &input.key, &input.upload_id, requested)
+            .complete_multipart_upload(&bucket.id, &input.key, &input.upload_id, requested, conditional)
             .await
             .map_err(engine_error)?;
         Ok(S3Response::new(CompleteMultipartUploadOutput {
