@@ -2,7 +2,9 @@
 //! `scripts/test` has for its Debian packages). D1 writes, the history log behind them, R2
 //! uploads and bucket creation run into the limit: each answers a clear error in its protocol's
 //! shape, reads go on, nothing acknowledged is lost or cut, no partial blob is left behind, and
-//! once space is freed (the filesystem grown) writes succeed again without a restart.
+//! once space is freed (the filesystem grown) writes succeed again without a restart. The same
+//! for a database's Time Travel history alone, on a filesystem of its own: the database is served
+//! read-only while its history cannot grow, and every commit reaches the history once it can.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -210,4 +212,146 @@ fn a_full_disk_refuses_writes_clearly_keeps_everything_and_recovers() {
         );
     });
     drop(server);
+}
+
+/// Copies the files of `from` into `to` (one level: a history's log directory has no others).
+fn copy_files(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// The D1 database `hist` of one server, over the v4 API.
+struct HistDb {
+    client: reqwest::Client,
+    account: String,
+}
+
+impl HistDb {
+    fn new(api: &str) -> HistDb {
+        HistDb { client: reqwest::Client::new(), account: format!("{api}/accounts/{ACCOUNT}") }
+    }
+
+    async fn query(&self, sql: &str) -> (u16, Value) {
+        let answer = self
+            .client
+            .post(format!("{}/d1/database/hist/query", self.account))
+            .bearer_auth(TOKEN)
+            .json(&json!({ "sql": sql }))
+            .send()
+            .await
+            .unwrap();
+        (answer.status().as_u16(), answer.json().await.unwrap())
+    }
+
+    async fn count(&self) -> Value {
+        let (status, counted) = self.query("SELECT count(*) AS n FROM b").await;
+        assert_eq!(status, 200, "reads go on: {counted}");
+        counted["result"][0]["results"][0]["n"].clone()
+    }
+
+    async fn bookmark(&self) -> String {
+        let url = format!("{}/d1/database/hist/time_travel/bookmark", self.account);
+        let answer: Value = self.client.get(url).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap();
+        answer["result"]["bookmark"].as_str().unwrap().to_owned()
+    }
+
+    async fn restore(&self, bookmark: &str) {
+        let url = format!("{}/d1/database/hist/time_travel/restore?bookmark={bookmark}", self.account);
+        let answer = self.client.post(url).bearer_auth(TOKEN).send().await.unwrap();
+        assert!(answer.status().is_success(), "{}", answer.text().await.unwrap());
+    }
+}
+
+#[test]
+fn a_history_log_that_cannot_grow_refuses_writes_clearly_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = KuraProcess::start_on(tempfile::tempdir().unwrap(), data.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let db = HistDb::new(&server.api);
+    // A database with three rows and a bookmark of them, then its history moved onto a small
+    // filesystem of its own (the database file stays where it was, with room to spare).
+    let (uuid, before) = runtime.block_on(async {
+        let made: Value = db
+            .client
+            .post(format!("{}/d1/database", db.account))
+            .bearer_auth(TOKEN)
+            .json(&json!({ "name": "hist" }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(db.query("CREATE TABLE b (i INTEGER, x BLOB)").await.0, 200);
+        assert_eq!(db.query("INSERT INTO b VALUES (1, 1), (2, 2), (3, 3)").await.0, 200);
+        (made["result"]["uuid"].as_str().unwrap().to_owned(), db.bookmark().await)
+    });
+    let (server_dir, data) = server.stop();
+    let log = data.join("d1").join(&uuid).join("log");
+    let kept = dir.path().join("log-before");
+    std::fs::rename(&log, &kept).unwrap();
+    let disk = Tmpfs::mount(&log, 2);
+    copy_files(&kept, &log);
+    let server = KuraProcess::start_on(server_dir, data.clone());
+    let db = HistDb::new(&server.api);
+    runtime.block_on(async {
+        // Writes until the history cannot take one. The commit whose capture failed was
+        // acknowledged (it is durable in the WAL, which keeps it until the log has it); every
+        // write after it is refused as a full disk is, in the v4 envelope, and changes nothing.
+        let mut acknowledged = 0;
+        let mut refused = 0;
+        for i in 0..200 {
+            let (status, answer) = db.query(&format!("INSERT INTO b VALUES ({}, randomblob(100000))", 10 + i)).await;
+            match status {
+                200 => {
+                    assert_eq!(refused, 0, "a write was acknowledged after the history refused one");
+                    acknowledged += 1;
+                }
+                503 => {}
+                _ => {
+                    assert_eq!(status, 507, "a history that cannot grow: {answer}");
+                    assert_eq!(answer["success"], false);
+                    refused += 1;
+                    if refused == 3 {
+                        break;
+                    }
+                }
+            }
+        }
+        assert!(refused == 3 && acknowledged > 0, "the history never filled ({acknowledged} writes)");
+        // Reads go on, and every acknowledged write is there.
+        assert_eq!(db.count().await, 3 + acknowledged);
+        let (status, answer) = db.query("SELECT max(i) AS top FROM b").await;
+        assert_eq!((status, &answer["result"][0]["results"][0]["top"]), (200, &json!(10 + acknowledged - 1)));
+
+        // Room again: writes resume without a restart (the database reopens within a second
+        // of a refused write and captures what the WAL held).
+        disk.resize(64);
+        let started = std::time::Instant::now();
+        loop {
+            let (status, answer) = db.query("INSERT INTO b VALUES (-1, 1)").await;
+            if status == 200 {
+                break;
+            }
+            assert!(started.elapsed() < std::time::Duration::from_secs(10), "writes never resumed: {answer}");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        assert_eq!(db.count().await, 3 + acknowledged + 1);
+
+        // The history kept every commit: the bookmark of now restores exactly, and so does the
+        // one taken before the history was moved.
+        let now = db.bookmark().await;
+        assert_eq!(db.query("DELETE FROM b").await.0, 200);
+        db.restore(&now).await;
+        assert_eq!(db.count().await, 3 + acknowledged + 1, "the history lost a commit made while it was full");
+        db.restore(&before).await;
+        assert_eq!(db.count().await, 3);
+    });
+    let (_, data) = server.stop();
+    let checked = crate::common::kura(dir.path(), &data, &["check"], &[]);
+    assert!(checked.ok, "kura check after the history filled: {}", checked.all());
+    drop(disk);
 }

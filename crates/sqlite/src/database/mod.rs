@@ -18,7 +18,9 @@ use libsqlite3_sys as ffi;
 use rusqlite::OpenFlags;
 use rusqlite::config::DbConfig;
 
-use crate::error::{Error, PARAMETERS_ON_LAST_STATEMENT_ONLY, Result, TRANSACTION_MESSAGE, WRONG_PARAMETER_COUNT};
+use crate::error::{
+    Error, PARAMETERS_ON_LAST_STATEMENT_ONLY, Result, TRANSACTION_MESSAGE, WRONG_PARAMETER_COUNT, is_disk_full,
+};
 use crate::history::{self, History, HistorySettings, LogShipper};
 use crate::policy::{Authorizer, Limits, StatementFacts};
 use crate::raw::{RawStatement, SqlText};
@@ -145,6 +147,10 @@ pub struct Database {
     poisoned: bool,
     /// The Time Travel history, if the database keeps one.
     history: Option<History>,
+    /// Since when the history could not be opened for lack of space (its log could not take
+    /// what the WAL holds beyond it). The database is then served read-only (`query_only`):
+    /// the WAL keeps every commit, and the next open, once there is room, captures them.
+    history_full_since: Option<Instant>,
     /// WAL frames after the last commit, as the WAL hook reported them.
     wal_frames: Arc<AtomicU32>,
     options: DatabaseOptions,
@@ -255,10 +261,20 @@ impl Database {
         let epoch = Instant::now();
         let wal_frames = Arc::new(AtomicU32::new(0));
         let (conn, page_size) = connect(options, &authorizer, &deadline, epoch, &wal_frames)?;
+        let mut history_full_since = None;
         let history = match &options.history {
-            Some(settings) => Some(authorizer.internal(|| {
+            Some(settings) => match authorizer.internal(|| {
                 History::open(&options.identity, &options.path, &conn, settings.clone(), restore_interrupted)
-            })?),
+            }) {
+                Ok(history) => Some(history),
+                Err(e) if !options.read_only && options.shipper.is_none() && is_disk_full(&e.to_string()) => {
+                    tracing::error!(path = %options.path.display(), error = %e, "the history cannot grow; serving the database read-only until it can");
+                    authorizer.internal(|| conn.pragma_update(None, "query_only", true)).map_err(Error::internal)?;
+                    history_full_since = Some(Instant::now());
+                    None
+                }
+                Err(e) => return Err(e),
+            },
             None => None,
         };
         let mut database = Database {
@@ -277,6 +293,7 @@ impl Database {
             reads_only: false,
             poisoned: false,
             history,
+            history_full_since,
             wal_frames,
             options: options.clone(),
             path: options.path.clone(),
@@ -345,7 +362,37 @@ impl Database {
         self.result_budget = self.max_result_bytes;
         let outcome = self.execute_statements(request);
         self.deadline.store(0, Ordering::Relaxed);
-        outcome.map_err(|e| self.explain_interrupt(e, deadline))
+        outcome.map_err(|e| self.explain_history_full(self.explain_interrupt(e, deadline)))
+    }
+
+    /// While the history cannot grow, a write is refused as a full disk is (it changed
+    /// nothing); one a second also marks the connection for reopening, which tries the history
+    /// again, so writes resume without a restart once there is room.
+    fn explain_history_full(&mut self, error: Error) -> Error {
+        match (error, self.history_full_since) {
+            (Error::Sql { code: ffi::SQLITE_READONLY, .. }, Some(since)) => {
+                if since.elapsed() >= HISTORY_RETRY {
+                    self.poisoned = true;
+                }
+                self.history_full()
+            }
+            (other, _) => other,
+        }
+    }
+
+    /// Why the history is unavailable: no room for it, or none kept.
+    fn no_history(&self) -> Error {
+        match self.history_full_since {
+            Some(_) => self.history_full(),
+            None => Error::NoHistory,
+        }
+    }
+
+    fn history_full(&self) -> Error {
+        Error::Io {
+            context: "the Time Travel history cannot grow; the database is read-only until there is room".into(),
+            source: std::io::Error::from_raw_os_error(28),
+        }
     }
 
     fn execute_statements(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
@@ -592,6 +639,9 @@ impl Database {
         }
     }
 }
+
+/// How often a write refused for a full history tries the history again.
+const HISTORY_RETRY: Duration = Duration::from_secs(1);
 
 /// Rewords two preparation failures: a denied BEGIN/SAVEPOINT gets D1's explanation instead of
 /// SQLite's bare "not authorized", and a statement over the length limit, which SQLite's

@@ -107,18 +107,18 @@ impl Database {
 
     /// The bookmark of the current state.
     pub fn bookmark(&self) -> Result<Bookmark> {
-        Ok(self.history.as_ref().ok_or(Error::NoHistory)?.current())
+        Ok(self.history.as_ref().ok_or_else(|| self.no_history())?.current())
     }
 
     /// The bookmark of the last commit at or before `time_ms` (Unix milliseconds).
     pub fn bookmark_for_time(&self, time_ms: i64) -> Result<Bookmark> {
-        self.history.as_ref().ok_or(Error::NoHistory)?.bookmark_for_time(time_ms)
+        self.history.as_ref().ok_or_else(|| self.no_history())?.bookmark_for_time(time_ms)
     }
 
     /// The newest commits and restores still in the Time Travel window, newest first: at most
     /// `limit`, before the bookmark `before` when given.
     pub fn timeline(&self, limit: usize, before: Option<&Bookmark>) -> Result<Vec<crate::Moment>> {
-        let history = self.history.as_ref().ok_or(Error::NoHistory)?;
+        let history = self.history.as_ref().ok_or_else(|| self.no_history())?;
         if let Some(b) = before {
             history.check(b)?;
         }
@@ -134,7 +134,7 @@ impl Database {
     /// byte checked), becomes a new entry in it, and replaces the file. Call between
     /// transactions. Returns the new bookmark and the previous one (the undo point).
     pub fn restore(&mut self, bookmark: &Bookmark) -> Result<Restored> {
-        self.history.as_ref().ok_or(Error::NoHistory)?.check(bookmark)?;
+        self.history.as_ref().ok_or_else(|| self.no_history())?.check(bookmark)?;
         self.rollback();
         let history = self.history.as_mut().ok_or(Error::NoHistory)?;
         // Close the file (finalizing every statement first); the history swaps it.
