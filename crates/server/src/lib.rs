@@ -29,6 +29,7 @@ pub mod observe;
 pub mod rest;
 mod s3;
 pub mod sigv4;
+mod stall;
 pub mod transfer;
 
 use std::future::Future;
@@ -241,9 +242,11 @@ async fn retry_after(request: axum::extract::Request, next: axum::middleware::Ne
 /// How long a client may take to send a request's headers (on a new connection, or between
 /// requests on a kept-alive one): a client that trickles them holds a connection no longer.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(20);
+pub use stall::BODY_IDLE_TIMEOUT;
 
 /// Serves `app` on a TCP listener until `stop` resolves, then lets the requests in flight
-/// finish. Unlike `axum::serve`, it bounds how long a client may take to send its headers.
+/// finish. Unlike `axum::serve`, it bounds how long a client may take to send its headers,
+/// and how long a request's body may stall ([`BODY_IDLE_TIMEOUT`]).
 pub async fn serve_tcp(listener: TcpListener, app: Router, stop: impl Future<Output = ()>) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -269,7 +272,10 @@ pub async fn serve_tcp(listener: TcpListener, app: Router, stop: impl Future<Out
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let app = tower::ServiceExt::map_request(app.clone(), |request: axum::http::Request<hyper::body::Incoming>| {
+            request.map(stall::StallLimited::new)
+        });
+        let service = hyper_util::service::TowerToHyperService::new(app);
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {

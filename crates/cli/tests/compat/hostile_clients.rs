@@ -1,13 +1,14 @@
 //! Hostile clients at the socket: 2,000 connections held open at once, a client that trickles
-//! its headers (slowloris), oversized headers. The server keeps answering others, cuts the
-//! trickler after its header timeout, refuses what is too big with a status, and gives back
-//! every file descriptor once the connections close.
+//! its headers (slowloris), one that stalls in its body, oversized headers. The server keeps
+//! answering others, cuts the trickler after its header timeout and the staller after its body
+//! timeout, refuses what is too big with a status, and gives back every file descriptor once
+//! the connections close.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use crate::common::KuraProcess;
+use crate::common::{ACCOUNT, KuraProcess, TOKEN};
 
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
@@ -39,6 +40,19 @@ fn held_trickled_and_oversized_connections_do_not_starve_the_server() {
     let (took, answer) = healthz(&server.api);
     assert!(answer.starts_with("HTTP/1.1 200") && took < Duration::from_secs(2), "{took:?} {answer}");
 
+    // A client that sends its headers and then stalls in its body is answered (and cut) once
+    // the body has stalled for its timeout; it runs beside the header trickler below.
+    let mut staller = TcpStream::connect(address(&server.api)).unwrap();
+    let api_path =
+        server.api.trim_start_matches("http://").split_once('/').map_or(String::new(), |(_, p)| format!("/{p}"));
+    let stalled_request = format!(
+        "POST {api_path}/accounts/{ACCOUNT}/d1/database/none/query HTTP/1.1\r\nHost: kura\r\n\
+         Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n\
+         {{\"sql\": \"SELECT"
+    );
+    staller.write_all(stalled_request.as_bytes()).unwrap();
+    let stalled_at = Instant::now();
+
     // A client that trickles its headers is cut once its header timeout passes.
     let mut trickler = TcpStream::connect(address(&server.api)).unwrap();
     trickler.write_all(b"GET /healthz HTTP/1.1\r\nHost: kura\r\n").unwrap();
@@ -63,6 +77,19 @@ fn held_trickled_and_oversized_connections_do_not_starve_the_server() {
     };
     assert!(cut >= kura_server::HEADER_READ_TIMEOUT - Duration::from_secs(2), "cut too early: {cut:?}");
 
+    // The staller was answered 400 (its body never came whole) once its body had stalled for
+    // the timeout, and the connection closed.
+    staller.set_read_timeout(Some(kura_server::BODY_IDLE_TIMEOUT + Duration::from_secs(15))).unwrap();
+    let mut answer = String::new();
+    let _ = staller.read_to_string(&mut answer);
+    let stalled_for = stalled_at.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 400"), "a stalled body: {answer:?} after {stalled_for:?}");
+    assert!(
+        stalled_for >= kura_server::BODY_IDLE_TIMEOUT - Duration::from_secs(2)
+            && stalled_for < kura_server::BODY_IDLE_TIMEOUT + Duration::from_secs(15),
+        "a stalled body was cut after {stalled_for:?}"
+    );
+
     // Headers too big for the server get a status, not a hang or a crash.
     let mut big = TcpStream::connect(address(&server.api)).unwrap();
     big.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -75,6 +102,7 @@ fn held_trickled_and_oversized_connections_do_not_starve_the_server() {
     // Closing the held connections gives every descriptor back.
     drop(held);
     drop(trickler);
+    drop(staller);
     drop(big);
     let deadline = Instant::now() + Duration::from_secs(10);
     while open_fds(pid) > baseline + 5 {
@@ -87,7 +115,6 @@ fn held_trickled_and_oversized_connections_do_not_starve_the_server() {
 
 #[test]
 fn an_overloaded_database_sheds_load_with_retry_after() {
-    use crate::common::{ACCOUNT, TOKEN};
     let server = KuraProcess::start();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let client = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();

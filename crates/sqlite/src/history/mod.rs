@@ -1113,7 +1113,10 @@ fn copy_pages(conn: &rusqlite::Connection, writer: &mut SnapshotWriter, page_siz
 /// processes out).
 #[cfg(not(kura_dbpage))]
 fn copy_pages(conn: &rusqlite::Connection, writer: &mut SnapshotWriter, page_size: u32) -> Result<u32> {
-    let path = conn.path().map(PathBuf::from).ok_or_else(|| Error::internal("the database has no file"))?;
+    let path = conn.path().map(PathBuf::from).ok_or_else(|| Error::Io {
+        context: "taking a snapshot".into(),
+        source: io::Error::other("the database has no file"),
+    })?;
     let image = File::open(&path).map_err(io_error("opening the database file"))?;
     let len = image.metadata().map_err(io_error("reading the database file"))?.len();
     let mut buf = vec![0u8; 1 << 20];
