@@ -17,7 +17,7 @@ const TARGETS: &[(&str, &[&str])] = &[
     ("R2 binding: Range header, request JSON", &["-p", "kura-server", "--lib", "binding::r2::tests::"]),
     ("listing cursors and continuation tokens", &["-p", "kura-r2", "--lib", "list::tests::"]),
     ("wrangler config files (JSON, JSONC, TOML)", &["-p", "kura-cli", "--bin", "kura", "config::tests::"]),
-    ("hostile S3 requests at the wire", &["-p", "kura-cli", "--test", "compat", "s3_fuzz::"]),
+    ("hostile S3 requests and aws-chunked uploads at the wire", &["-p", "kura-cli", "--test", "compat", "s3_fuzz::"]),
     ("hostile v4 JSON and binding frames at the wire", &["-p", "kura-cli", "--test", "compat", "api_fuzz::"]),
 ];
 

@@ -20,6 +20,7 @@ fn sign_for_r2(
     (access_key_id, secret): (&str, &str),
     time: SystemTime,
     mut settings: SigningSettings,
+    body: SignableBody<'_>,
 ) -> Result<SigningInstructions, String> {
     let identity = aws_credential_types::Credentials::new(access_key_id, secret, None, None, "kura").into();
     settings.percent_encoding_mode = PercentEncodingMode::Single;
@@ -33,8 +34,7 @@ fn sign_for_r2(
         .build()
         .map_err(|e| e.to_string())?
         .into();
-    let signable = SignableRequest::new(method, url, headers.iter().copied(), SignableBody::UnsignedPayload)
-        .map_err(|e| e.to_string())?;
+    let signable = SignableRequest::new(method, url, headers.iter().copied(), body).map_err(|e| e.to_string())?;
     Ok(sign(signable, &params).map_err(|e| e.to_string())?.into_parts().0)
 }
 
@@ -47,9 +47,26 @@ pub fn signed_headers(
     access_key_id: &str,
     secret: &str,
 ) -> Result<Vec<(String, String)>, String> {
+    signed_headers_for(method, url, headers, (access_key_id, secret), false)
+}
+
+/// As [`signed_headers`]; with `streaming_trailer`, for an aws-chunked body with a trailer and
+/// no chunk signatures (`STREAMING-UNSIGNED-PAYLOAD-TRAILER`, what the AWS SDKs send when they
+/// checksum an upload).
+pub fn signed_headers_for(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    key: (&str, &str),
+    streaming_trailer: bool,
+) -> Result<Vec<(String, String)>, String> {
     let mut settings = SigningSettings::default();
     settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-    let instructions = sign_for_r2(method, url, headers, (access_key_id, secret), SystemTime::now(), settings)?;
+    let body = match streaming_trailer {
+        true => SignableBody::StreamingUnsignedPayloadTrailer,
+        false => SignableBody::UnsignedPayload,
+    };
+    let instructions = sign_for_r2(method, url, headers, key, SystemTime::now(), settings, body)?;
     Ok(instructions.headers().map(|(n, v)| (n.to_owned(), v.to_owned())).collect())
 }
 
@@ -66,7 +83,8 @@ pub fn presigned_url(
     let mut settings = SigningSettings::default();
     settings.signature_location = SignatureLocation::QueryParams;
     settings.expires_in = Some(expires);
-    let instructions = sign_for_r2(method, url, headers, (access_key_id, secret), time, settings)?;
+    let instructions =
+        sign_for_r2(method, url, headers, (access_key_id, secret), time, settings, SignableBody::UnsignedPayload)?;
     let mut signed = axum::http::Request::builder().method(method).uri(url).body(()).map_err(|e| e.to_string())?;
     instructions.apply_to_request_http1x(&mut signed);
     Ok(signed.uri().to_string())

@@ -227,6 +227,17 @@ async fn reshape_error(
             };
             (StatusCode::BAD_REQUEST, "InvalidArgument", text.to_owned())
         }
+        // s3s reads the body of an XML operation whole before the operation runs; when that
+        // read fails (malformed aws-chunked framing, a body that ended early or stalled) it
+        // answers a bare InternalError. The fault is the request's.
+        "InternalError" if message.is_empty() => {
+            tracing::warn!("a request body could not be read whole");
+            (
+                StatusCode::BAD_REQUEST,
+                "IncompleteBody",
+                "The request body could not be read: it ended early or its framing is malformed.".to_owned(),
+            )
+        }
         "RequestTimeTooSkewed" => (
             StatusCode::FORBIDDEN,
             "RequestTimeTooSkewed",
