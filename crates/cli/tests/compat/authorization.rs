@@ -16,6 +16,8 @@ const OTHER_ACCOUNT: &str = "other-account";
 /// The bucket the bucket-limited token reaches; [`CLOSED`] is another of the same account.
 const OPEN: &str = "open";
 const CLOSED: &str = "closed";
+/// An empty bucket, for the bucket deletion.
+const SPARE: &str = "spare";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Credential {
@@ -205,7 +207,14 @@ fn binding_r2_write(method: &str, key: &str) -> (Vec<u8>, Vec<(&'static str, Str
     (body, vec![("cf-r2-metadata-size", size)])
 }
 
-fn endpoints() -> Vec<Endpoint> {
+/// The bookmarks the restores go back to: the fixture database's and the object's, as they
+/// were once the fixtures were made.
+struct Bookmarks {
+    d1: String,
+    object: String,
+}
+
+fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
     let count = |table: &str| Probe {
         method: Method::POST,
         path: v4("/d1/database/fixture/query"),
@@ -234,6 +243,20 @@ fn endpoints() -> Vec<Endpoint> {
     };
     let (r2_put_open, r2_put_open_headers) = binding_r2_write("put", "binding-new");
     let (r2_put_closed, r2_put_closed_headers) = binding_r2_write("put", "binding-new");
+    let binding_read = |method: &str| {
+        let mut request = json!({ "version": 1, "method": method });
+        if method != "list" {
+            request["object"] = json!("k");
+        }
+        vec![("cf-r2-request", request.to_string())]
+    };
+    let (r2_delete_closed, r2_delete_closed_headers) = binding_r2_write("delete", "k");
+    let delete_xml = "<Delete><Object><Key>k</Key></Object></Delete>";
+    let delete_md5 = {
+        use base64::Engine as _;
+        use md5::Digest as _;
+        base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(delete_xml.as_bytes()))
+    };
     let select = json_body(json!({ "sql": "SELECT * FROM t" }));
     let insert = json_body(json!({ "sql": "INSERT INTO t VALUES (99)" }));
     vec![
@@ -519,7 +542,174 @@ fn endpoints() -> Vec<Endpoint> {
             Need::R2Write(Some(CLOSED)),
             Some(objects(CLOSED)),
         ),
-        e("s3 create bucket", Surface::S3, Method::PUT, "/made-by-s3".into(), None, Need::R2Write(None), Some(buckets)),
+        e(
+            "s3 create bucket",
+            Surface::S3,
+            Method::PUT,
+            "/made-by-s3".into(),
+            None,
+            Need::R2Write(None),
+            Some(buckets.clone()),
+        ),
+        e(
+            "s3 head closed bucket",
+            Surface::S3,
+            Method::HEAD,
+            format!("/{CLOSED}"),
+            None,
+            Need::R2Read(Some(CLOSED)),
+            None,
+        ),
+        e(
+            "s3 list closed",
+            Surface::S3,
+            Method::GET,
+            format!("/{CLOSED}?list-type=2"),
+            None,
+            Need::R2Read(Some(CLOSED)),
+            None,
+        ),
+        e(
+            "s3 start an upload in closed",
+            Surface::S3,
+            Method::POST,
+            format!("/{CLOSED}/multipart?uploads"),
+            None,
+            Need::R2Write(Some(CLOSED)),
+            Some(objects(CLOSED)),
+        ),
+        Endpoint {
+            headers: vec![("x-amz-copy-source", format!("/{OPEN}/k"))],
+            ..e(
+                "s3 copy into closed",
+                Surface::S3,
+                Method::PUT,
+                format!("/{CLOSED}/copied"),
+                None,
+                Need::R2Write(Some(CLOSED)),
+                Some(objects(CLOSED)),
+            )
+        },
+        Endpoint {
+            headers: vec![("content-md5", delete_md5)],
+            ..e(
+                "s3 delete objects in closed",
+                Surface::S3,
+                Method::POST,
+                format!("/{CLOSED}?delete"),
+                Some(delete_xml.as_bytes().to_vec()),
+                Need::R2Write(Some(CLOSED)),
+                Some(objects(CLOSED)),
+            )
+        },
+        e(
+            "d1 restore",
+            Surface::V4,
+            Method::POST,
+            v4(&format!("/d1/database/fixture/time_travel/restore?bookmark={}", bookmarks.d1)),
+            None,
+            Need::D1Write,
+            Some(count("t")),
+        ),
+        e(
+            "d1 import",
+            Surface::V4,
+            Method::POST,
+            v4("/d1/database/fixture/import"),
+            json_body(json!({ "action": "init", "etag": "0123456789abcdef0123456789abcdef" })),
+            Need::D1Write,
+            Some(count("t")),
+        ),
+        e(
+            "r2 bucket details closed",
+            Surface::V4,
+            Method::GET,
+            v4(&format!("/r2/buckets/{CLOSED}")),
+            None,
+            Need::R2Read(Some(CLOSED)),
+            None,
+        ),
+        e(
+            "r2 delete bucket",
+            Surface::V4,
+            Method::DELETE,
+            v4(&format!("/r2/buckets/{SPARE}")),
+            None,
+            Need::R2Write(Some(SPARE)),
+            Some(buckets),
+        ),
+        e(
+            "do namespace details",
+            Surface::V4,
+            Method::GET,
+            v4("/workers/durable_objects/namespaces/ns"),
+            None,
+            Need::DoRead,
+            None,
+        ),
+        e(
+            "do export",
+            Surface::V4,
+            Method::GET,
+            v4("/workers/durable_objects/namespaces/ns/objects/obj/export"),
+            None,
+            Need::DoRead,
+            None,
+        ),
+        e(
+            "do bookmark",
+            Surface::V4,
+            Method::GET,
+            v4("/workers/durable_objects/namespaces/ns/objects/obj/bookmark"),
+            None,
+            Need::DoRead,
+            None,
+        ),
+        e(
+            "do restore",
+            Surface::V4,
+            Method::POST,
+            v4("/workers/durable_objects/namespaces/ns/objects/obj/restore"),
+            json_body(json!({ "bookmark": bookmarks.object })),
+            Need::DoWrite,
+            Some(do_rows.clone()),
+        ),
+        Endpoint {
+            headers: binding_read("get"),
+            ..e(
+                "r2 binding get closed",
+                Surface::R2Binding,
+                Method::GET,
+                format!("/binding/r2/{CLOSED}"),
+                None,
+                Need::R2Read(Some(CLOSED)),
+                None,
+            )
+        },
+        Endpoint {
+            headers: binding_read("list"),
+            ..e(
+                "r2 binding list closed",
+                Surface::R2Binding,
+                Method::GET,
+                format!("/binding/r2/{CLOSED}"),
+                None,
+                Need::R2Read(Some(CLOSED)),
+                None,
+            )
+        },
+        Endpoint {
+            headers: r2_delete_closed_headers,
+            ..e(
+                "r2 binding delete closed",
+                Surface::R2Binding,
+                Method::PUT,
+                format!("/binding/r2/{CLOSED}"),
+                Some(r2_delete_closed),
+                Need::R2Write(Some(CLOSED)),
+                Some(objects(CLOSED)),
+            )
+        },
     ]
 }
 
@@ -599,6 +789,7 @@ fn every_endpoint_against_every_credential() {
             Some(json!({ "sql": "CREATE TABLE t (x); INSERT INTO t VALUES (1)" })),
         )
         .await;
+        admin(&client, &server, Method::POST, &v4("/r2/buckets"), Some(json!({ "name": SPARE }))).await;
         for bucket in [OPEN, CLOSED] {
             admin(&client, &server, Method::POST, &v4("/r2/buckets"), Some(json!({ "name": bucket }))).await;
             let url = format!("{}{}", server.api, v4(&format!("/r2/buckets/{bucket}/objects/k")));
@@ -662,7 +853,16 @@ fn every_endpoint_against_every_credential() {
         Secrets { api, s3 }
     });
 
-    let endpoints = endpoints();
+    let bookmarks = runtime.block_on(async {
+        let d1 = admin(&client, &server, Method::GET, &v4("/d1/database/fixture/time_travel/bookmark"), None).await;
+        let object = v4("/workers/durable_objects/namespaces/ns/objects/obj/bookmark");
+        let object = admin(&client, &server, Method::GET, &object, None).await;
+        Bookmarks {
+            d1: d1["result"]["bookmark"].as_str().unwrap().to_owned(),
+            object: object["result"]["bookmark"].as_str().unwrap().to_owned(),
+        }
+    });
+    let endpoints = endpoints(&bookmarks);
     let mut failures = Vec::new();
     let mut cells = 0;
     runtime.block_on(async {
