@@ -49,8 +49,8 @@ pub use crate::error::{R2Error, Result};
 pub use crate::list::{ListOptions, Listing, MAX_LIST_LIMIT};
 use crate::meta::{Data, Part, Upload};
 pub use crate::object::{
-    ByteRange, ChecksumAlgorithm, Conditional, EtagCondition, ExpectedDigests, HttpMetadata, ObjectInfo,
-    TrailingChecksum,
+    ByteRange, ChecksumAlgorithm, Conditional, DeclaredChecksum, EtagCondition, ExpectedDigests, HttpMetadata,
+    ObjectInfo, TrailingChecksum,
 };
 use crate::object::{MAX_PARTS, MAX_UPLOAD_BYTES, check_custom_metadata, check_key, multipart_etag};
 pub use crate::shared::{BlobStore, BlobWriter, Shared, byte_stream};
@@ -190,6 +190,18 @@ pub struct PartInfo {
     pub size: u64,
     /// When it was uploaded, milliseconds since the epoch.
     pub uploaded_ms: i64,
+    /// The checksums it was sent with, and the upload's declared one (name to base64).
+    pub checksums: BTreeMap<String, String>,
+}
+
+/// How a multipart upload is completed beyond the parts it names.
+#[derive(Debug, Clone, Default)]
+pub struct CompleteOptions {
+    /// Checked against the object the upload would replace (S3's conditional writes).
+    pub conditional: Conditional,
+    /// The parts' checksums as the client names them (part number, algorithm, base64): those
+    /// of the upload's declared algorithm must be the parts'.
+    pub part_checksums: Vec<(u32, ChecksumAlgorithm, String)>,
 }
 
 /// A page of parts.
@@ -609,6 +621,7 @@ impl R2 {
         http: HttpMetadata,
         custom: BTreeMap<String, String>,
         storage_class: Option<&str>,
+        checksum: Option<DeclaredChecksum>,
     ) -> Result<String> {
         check_key(key)?;
         check_custom_metadata(&custom)?;
@@ -619,6 +632,7 @@ impl R2 {
             http,
             custom,
             storage_class: check_storage_class(storage_class)?,
+            checksum,
         };
         let upload_id = format!("{}{}", blob::new_id(), blob::new_id());
         let id = upload_id.clone();
@@ -660,9 +674,11 @@ impl R2 {
         }
         let this = self.clone();
         let (id, k) = (upload_id.to_owned(), key.to_owned());
-        self.on_bucket(bucket, move |conn| this.live_upload(conn, &id, &k).map(|_| ())).await?;
-        let expected =
-            Expected { size: options.size, max_size: MAX_UPLOAD_BYTES, inline_max: None, digests: &options.digests };
+        let upload = self.on_bucket(bucket, move |conn| this.live_upload(conn, &id, &k)).await?;
+        let mut digests = options.digests;
+        // The upload's declared checksum is kept for every part, sent or not.
+        digests.computed.extend(upload.checksum.map(|c| c.algorithm));
+        let expected = Expected { size: options.size, max_size: MAX_UPLOAD_BYTES, inline_max: None, digests: &digests };
         let received = self.blobs.receive(bucket, body, &expected).await?;
         let Stored::Blob(pending) = received.stored else {
             return Err(R2Error::storage("receiving a part", "a part was kept inline"));
@@ -673,8 +689,15 @@ impl R2 {
             size: received.size,
             md5: hex::encode(received.md5),
             uploaded_ms: now_ms(),
+            checksums: received.checksums,
         };
-        let info = PartInfo { number, etag: part.md5.clone(), size: part.size, uploaded_ms: part.uploaded_ms };
+        let info = PartInfo {
+            number,
+            etag: part.md5.clone(),
+            size: part.size,
+            uploaded_ms: part.uploaded_ms,
+            checksums: part.checksums.clone(),
+        };
         let this = self.clone();
         let (id, k) = (upload_id.to_owned(), key.to_owned());
         self.commit(bucket, Some(pending), move |tx| {
@@ -688,15 +711,16 @@ impl R2 {
     /// Completes an upload from the named parts (`(number, etag)`), by R2's rules: every named
     /// part must exist with that ETag, numbers must not repeat, every part but the last must be
     /// at least the minimum size, and all but the last must be of one size, the last no larger.
-    /// `conditional` is checked against the object the upload would replace, in the same
-    /// transaction (S3's conditional writes); an upload refused by it stays open.
+    /// `options.conditional` is checked against the object the upload would replace, in the
+    /// same transaction (S3's conditional writes); an upload refused by it stays open. An upload
+    /// created with a checksum gives its object that checksum ([`DeclaredChecksum`]).
     pub async fn complete_multipart_upload(
         self: &Arc<Self>,
         bucket: &str,
         key: &str,
         upload_id: &str,
         requested: Vec<(u32, String)>,
-        conditional: Conditional,
+        options: CompleteOptions,
     ) -> Result<ObjectInfo> {
         let this = self.clone();
         let (id, k) = (upload_id.to_owned(), key.to_owned());
@@ -704,7 +728,7 @@ impl R2 {
         self.commit(bucket, None, move |tx| {
             let upload = this.live_upload(tx, &id, &k)?;
             let current = meta::get_object(tx, &k)?;
-            conditional.check_write(current.as_ref().map(|c| &c.info))?;
+            options.conditional.check_write(current.as_ref().map(|c| &c.info))?;
             if requested.is_empty() {
                 return Err(R2Error::InvalidArgument("a multipart upload needs at least one part".into()));
             }
@@ -714,11 +738,20 @@ impl R2 {
             }
             let stored = meta::parts(tx, &id)?;
             let mut chosen = Vec::with_capacity(requested.len());
+            let declared = upload.checksum;
+            let algorithm = declared.map(|d| d.algorithm);
             for (number, etag) in &requested {
                 let etag = etag.trim().trim_matches('"').to_ascii_lowercase();
                 match stored.iter().find(|p| p.number == *number) {
                     Some(p) if p.md5 == etag => chosen.push(p.clone()),
                     _ => return Err(R2Error::InvalidPart),
+                }
+                if let (Some(algorithm), Some(part)) = (algorithm, chosen.last()) {
+                    let kept = part.checksums.get(algorithm.name());
+                    let named = options.part_checksums.iter().filter(|(n, a, _)| n == number && *a == algorithm);
+                    if named.into_iter().any(|(_, _, value)| Some(value) != kept) {
+                        return Err(R2Error::InvalidPart);
+                    }
                 }
             }
             if chosen[..chosen.len() - 1].iter().any(|p| p.size < min_part) {
@@ -738,6 +771,13 @@ impl R2 {
                 removed.push(part.blob.clone());
             }
             let md5s: Vec<&str> = chosen.iter().map(|p| p.md5.as_str()).collect();
+            let mut checksums = BTreeMap::new();
+            if let Some(declared) = declared {
+                let name = declared.algorithm.name();
+                let parts: Vec<(Option<&str>, u64)> =
+                    chosen.iter().map(|p| (p.checksums.get(name).map(String::as_str), p.size)).collect();
+                checksums.extend(object::multipart_checksum(declared, &parts).map(|c| (name.to_owned(), c)));
+            }
             let info = ObjectInfo {
                 key: k.clone(),
                 version: blob::new_id(),
@@ -746,7 +786,7 @@ impl R2 {
                 uploaded_ms: now_ms(),
                 http: upload.http,
                 custom: upload.custom,
-                checksums: BTreeMap::new(),
+                checksums,
                 storage_class: upload.storage_class,
                 parts: Some(chosen.len() as u32),
             };
@@ -787,7 +827,13 @@ impl R2 {
             let all: Vec<PartInfo> = meta::parts(conn, &id)?
                 .into_iter()
                 .filter(|p| p.number > marker)
-                .map(|p| PartInfo { number: p.number, etag: p.md5, size: p.size, uploaded_ms: p.uploaded_ms })
+                .map(|p| PartInfo {
+                    number: p.number,
+                    etag: p.md5,
+                    size: p.size,
+                    uploaded_ms: p.uploaded_ms,
+                    checksums: p.checksums,
+                })
                 .collect();
             let truncated = all.len() > max;
             Ok(PartListing {

@@ -33,7 +33,8 @@ const SCHEMA: &str = "
         state         INTEGER NOT NULL,
         http_metadata TEXT NOT NULL,
         custom        TEXT NOT NULL,
-        storage_class TEXT NOT NULL
+        storage_class TEXT NOT NULL,
+        checksum      TEXT
     );
     CREATE INDEX IF NOT EXISTS uploads_by_key ON uploads (key, created) WHERE state = 0;
     CREATE TABLE IF NOT EXISTS bucket_state (
@@ -47,9 +48,13 @@ const SCHEMA: &str = "
         size        INTEGER NOT NULL,
         md5         TEXT NOT NULL,
         uploaded    INTEGER NOT NULL,
+        checksums   TEXT,
         PRIMARY KEY (upload_id, part_number)
     ) WITHOUT ROWID;
 ";
+
+/// Columns added after a table was first made: (table, column, declaration).
+const ADDED_COLUMNS: [(&str, &str, &str); 2] = [("uploads", "checksum", "TEXT"), ("parts", "checksums", "TEXT")];
 
 /// Upload states.
 pub(crate) const IN_PROGRESS: i64 = 0;
@@ -58,6 +63,16 @@ pub(crate) const ABORTED: i64 = 2;
 
 pub(crate) fn ensure_schema(conn: &Connection) -> Result<()> {
     conn.execute_batch(SCHEMA)?;
+    for (table, column, declaration) in ADDED_COLUMNS {
+        let present: bool = conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2)",
+            [table, column],
+            |r| r.get(0),
+        )?;
+        if !present {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {declaration}"))?;
+        }
+    }
     Ok(())
 }
 
@@ -197,12 +212,15 @@ pub(crate) struct Upload {
     pub http: HttpMetadata,
     pub custom: BTreeMap<String, String>,
     pub storage_class: String,
+    /// The checksum the completed object carries (`x-amz-checksum-algorithm` at creation).
+    pub checksum: Option<crate::object::DeclaredChecksum>,
 }
 
 pub(crate) fn get_upload(conn: &Connection, upload_id: &str) -> Result<Option<Upload>> {
     let row = conn
         .prepare_cached(
-            "SELECT key, created, state, http_metadata, custom, storage_class FROM uploads WHERE upload_id = ?1",
+            "SELECT key, created, state, http_metadata, custom, storage_class, checksum FROM uploads \
+             WHERE upload_id = ?1",
         )?
         .query_row([upload_id], |r| {
             let http: String = r.get(3)?;
@@ -214,6 +232,10 @@ pub(crate) fn get_upload(conn: &Connection, upload_id: &str) -> Result<Option<Up
                 http: serde_json::from_str(&http).map_err(|e| json_error(3, e))?,
                 custom: serde_json::from_str(&custom).map_err(|e| json_error(4, e))?,
                 storage_class: r.get(5)?,
+                checksum: r
+                    .get::<_, Option<String>>(6)?
+                    .as_deref()
+                    .and_then(crate::object::DeclaredChecksum::from_text),
             })
         })
         .optional()?;
@@ -222,8 +244,8 @@ pub(crate) fn get_upload(conn: &Connection, upload_id: &str) -> Result<Option<Up
 
 pub(crate) fn insert_upload(conn: &Connection, upload_id: &str, upload: &Upload) -> Result<()> {
     conn.prepare_cached(
-        "INSERT INTO uploads (upload_id, key, created, state, http_metadata, custom, storage_class) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO uploads (upload_id, key, created, state, http_metadata, custom, storage_class, checksum) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
         upload_id,
@@ -233,6 +255,7 @@ pub(crate) fn insert_upload(conn: &Connection, upload_id: &str, upload: &Upload)
         serde_json::to_string(&upload.http).unwrap_or_default(),
         serde_json::to_string(&upload.custom).unwrap_or_default(),
         upload.storage_class,
+        upload.checksum.map(|c| c.to_text()),
     ])?;
     Ok(())
 }
@@ -250,20 +273,28 @@ pub(crate) struct Part {
     pub size: u64,
     pub md5: String,
     pub uploaded_ms: i64,
+    /// The checksums it was sent or computed with (name to base64).
+    pub checksums: BTreeMap<String, String>,
 }
 
 pub(crate) fn parts(conn: &Connection, upload_id: &str) -> Result<Vec<Part>> {
     Ok(conn
         .prepare_cached(
-            "SELECT part_number, blob, size, md5, uploaded FROM parts WHERE upload_id = ?1 ORDER BY part_number",
+            "SELECT part_number, blob, size, md5, uploaded, checksums FROM parts WHERE upload_id = ?1 \
+             ORDER BY part_number",
         )?
         .query_map([upload_id], |r| {
+            let checksums: Option<String> = r.get(5)?;
             Ok(Part {
                 number: r.get::<_, i64>(0)? as u32,
                 blob: r.get(1)?,
                 size: r.get::<_, i64>(2)? as u64,
                 md5: r.get(3)?,
                 uploaded_ms: r.get(4)?,
+                checksums: match checksums {
+                    Some(text) => serde_json::from_str(&text).map_err(|e| json_error(5, e))?,
+                    None => BTreeMap::new(),
+                },
             })
         })?
         .collect::<rusqlite::Result<_>>()?)
@@ -276,9 +307,18 @@ pub(crate) fn put_part(conn: &Connection, upload_id: &str, part: &Part) -> Resul
         .query_row(params![upload_id, part.number], |r| r.get(0))
         .optional()?;
     conn.prepare_cached(
-        "INSERT OR REPLACE INTO parts (upload_id, part_number, blob, size, md5, uploaded) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT OR REPLACE INTO parts (upload_id, part_number, blob, size, md5, uploaded, checksums) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?
-    .execute(params![upload_id, part.number, part.blob, part.size as i64, part.md5, part.uploaded_ms])?;
+    .execute(params![
+        upload_id,
+        part.number,
+        part.blob,
+        part.size as i64,
+        part.md5,
+        part.uploaded_ms,
+        (!part.checksums.is_empty()).then(|| serde_json::to_string(&part.checksums).unwrap_or_default()),
+    ])?;
     Ok(old)
 }
 
@@ -323,4 +363,39 @@ pub(crate) fn set_deleted(conn: &Connection, deleted: bool) -> Result<()> {
 /// Whether the bucket holds any object.
 pub(crate) fn has_objects(conn: &Connection) -> Result<bool> {
     Ok(conn.query_row("SELECT EXISTS (SELECT 1 FROM objects)", [], |r| r.get(0))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_made_before_multipart_checksums_gains_their_columns() {
+        let conn = Connection::open_in_memory().unwrap();
+        let before: String = SCHEMA.replace("checksum      TEXT", "").replace("checksums   TEXT,", "");
+        let before =
+            before.replace("storage_class TEXT NOT NULL,\n        \n    );", "storage_class TEXT NOT NULL\n    );");
+        conn.execute_batch(&before).unwrap();
+        let columns = |table: &str| -> Vec<String> {
+            let mut statement = conn.prepare("SELECT name FROM pragma_table_info(?1)").unwrap();
+            statement.query_map([table], |r| r.get(0)).unwrap().map(Result::unwrap).collect()
+        };
+        assert!(!columns("parts").contains(&"checksums".to_owned()), "the old schema: {:?}", columns("parts"));
+        assert!(!columns("uploads").contains(&"checksum".to_owned()), "the old schema: {:?}", columns("uploads"));
+        ensure_schema(&conn).unwrap();
+        ensure_schema(&conn).unwrap();
+        assert!(columns("uploads").contains(&"checksum".to_owned()));
+        assert!(columns("parts").contains(&"checksums".to_owned()));
+        let upload = Upload {
+            key: "k".into(),
+            created_ms: 1,
+            state: IN_PROGRESS,
+            http: HttpMetadata::default(),
+            custom: BTreeMap::new(),
+            storage_class: "Standard".into(),
+            checksum: crate::object::DeclaredChecksum::new(crate::object::ChecksumAlgorithm::Sha256, None),
+        };
+        insert_upload(&conn, "u", &upload).unwrap();
+        assert_eq!(get_upload(&conn, "u").unwrap().unwrap().checksum, upload.checksum);
+    }
 }

@@ -282,6 +282,31 @@ pub enum ChecksumAlgorithm {
 }
 
 impl ChecksumAlgorithm {
+    /// The algorithm of a lowercase name ([`ChecksumAlgorithm::name`]).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [
+            ChecksumAlgorithm::Crc32,
+            ChecksumAlgorithm::Crc32c,
+            ChecksumAlgorithm::Crc64Nvme,
+            ChecksumAlgorithm::Sha1,
+            ChecksumAlgorithm::Sha256,
+            ChecksumAlgorithm::Sha384,
+            ChecksumAlgorithm::Sha512,
+        ]
+        .into_iter()
+        .find(|a| a.name() == name)
+    }
+
+    /// The CRC of this algorithm, if it is one (the ones whose values combine).
+    fn crc(self) -> Option<crc_fast::CrcAlgorithm> {
+        match self {
+            ChecksumAlgorithm::Crc32 => Some(crc_fast::CrcAlgorithm::Crc32IsoHdlc),
+            ChecksumAlgorithm::Crc32c => Some(crc_fast::CrcAlgorithm::Crc32Iscsi),
+            ChecksumAlgorithm::Crc64Nvme => Some(crc_fast::CrcAlgorithm::Crc64Nvme),
+            _ => None,
+        }
+    }
+
     /// The lowercase name used in header names and stored checksums.
     pub fn name(self) -> &'static str {
         match self {
@@ -306,6 +331,43 @@ impl ChecksumAlgorithm {
             ChecksumAlgorithm::Sha384 => "SHA-384",
             ChecksumAlgorithm::Sha512 => "SHA-512",
         }
+    }
+}
+
+/// The checksum a multipart upload declares its object will carry: of the whole object (CRCs
+/// only, whose values combine), or of its parts' checksums (S3's "composite", CRC-64/NVME
+/// excepted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeclaredChecksum {
+    /// The algorithm.
+    pub algorithm: ChecksumAlgorithm,
+    /// Whether it covers the whole object.
+    pub full_object: bool,
+}
+
+impl DeclaredChecksum {
+    /// `algorithm` of the kind asked for (`Some(true)` for the whole object), or of S3's
+    /// default kind for it; `None` for a combination S3 does not offer.
+    pub fn new(algorithm: ChecksumAlgorithm, full_object: Option<bool>) -> Option<Self> {
+        let full_object = full_object.unwrap_or(algorithm == ChecksumAlgorithm::Crc64Nvme);
+        let offered = match full_object {
+            true => algorithm.crc().is_some(),
+            false => algorithm != ChecksumAlgorithm::Crc64Nvme,
+        };
+        offered.then_some(DeclaredChecksum { algorithm, full_object })
+    }
+
+    /// How it is kept: the algorithm's name, with `/full` for a whole-object one.
+    pub(crate) fn to_text(self) -> String {
+        format!("{}{}", self.algorithm.name(), if self.full_object { "/full" } else { "" })
+    }
+
+    pub(crate) fn from_text(text: &str) -> Option<Self> {
+        let (name, full_object) = match text.strip_suffix("/full") {
+            Some(name) => (name, true),
+            None => (text, false),
+        };
+        Some(DeclaredChecksum { algorithm: ChecksumAlgorithm::from_name(name)?, full_object })
     }
 }
 
@@ -334,6 +396,8 @@ pub struct ExpectedDigests {
     pub checksums: Vec<(ChecksumAlgorithm, Vec<u8>)>,
     /// A checksum sent as a trailer after the body.
     pub trailing: Option<TrailingChecksum>,
+    /// Checksums to compute and keep though none was sent (a multipart upload's declared one).
+    pub computed: Vec<ChecksumAlgorithm>,
 }
 
 enum Running {
@@ -354,6 +418,7 @@ impl Digester {
     pub(crate) fn new(expected: &ExpectedDigests) -> Self {
         let mut algorithms: Vec<ChecksumAlgorithm> = expected.checksums.iter().map(|(a, _)| *a).collect();
         algorithms.extend(expected.trailing.as_ref().map(|t| t.algorithm));
+        algorithms.extend(expected.computed.iter().copied());
         algorithms.sort();
         algorithms.dedup();
         let others = algorithms
@@ -438,6 +503,33 @@ impl Digester {
     }
 }
 
+/// A multipart object's checksum from its parts' (base64, in order, with their sizes): the
+/// parts' CRCs combined into the whole object's, or the checksum of the parts' binary
+/// checksums followed by `-N`. `None` if a part lacks one.
+pub(crate) fn multipart_checksum(declared: DeclaredChecksum, parts: &[(Option<&str>, u64)]) -> Option<String> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let decoded: Vec<Vec<u8>> = parts.iter().map(|(c, _)| c.and_then(|c| b64.decode(c).ok())).collect::<Option<_>>()?;
+    if declared.full_object {
+        let crc = declared.algorithm.crc()?;
+        let width = decoded.first().map_or(8, Vec::len);
+        let mut whole: Option<u64> = None;
+        for (bytes, (_, size)) in decoded.iter().zip(parts) {
+            let mut wide = [0u8; 8];
+            wide[8 - bytes.len().min(8)..].copy_from_slice(&bytes[..bytes.len().min(8)]);
+            let part = u64::from_be_bytes(wide);
+            whole = Some(whole.map_or(part, |so_far| crc_fast::checksum_combine(crc, so_far, part, *size)));
+        }
+        let whole = whole.unwrap_or_else(|| crc_fast::checksum(crc, b""));
+        return Some(b64.encode(&whole.to_be_bytes()[8 - width..]));
+    }
+    let algorithm = declared.algorithm;
+    let mut digester = Digester::new(&ExpectedDigests { computed: vec![algorithm], ..Default::default() });
+    decoded.iter().for_each(|d| digester.update(d));
+    let (_, mut computed) = digester.finish(&ExpectedDigests::default()).ok()?;
+    computed.remove(algorithm.name()).map(|c| format!("{c}-{}", parts.len()))
+}
+
 /// The ETag of a multipart object: MD5 over the parts' binary MD5s, then `-N`.
 pub(crate) fn multipart_etag(part_md5s: &[&str]) -> String {
     let mut hasher = md5::Md5::new();
@@ -519,11 +611,48 @@ mod tests {
     }
 
     #[test]
+    fn multipart_checksums_cover_the_object_or_its_parts() {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
+        let cuts = [0, 1, 4096, 4097, 9_999, 10_000];
+        for algorithm in [ChecksumAlgorithm::Crc32, ChecksumAlgorithm::Crc32c, ChecksumAlgorithm::Crc64Nvme] {
+            let sum = |bytes: &[u8]| {
+                let mut d = Digester::new(&ExpectedDigests { computed: vec![algorithm], ..Default::default() });
+                d.update(bytes);
+                d.finish(&ExpectedDigests::default()).unwrap().1.remove(algorithm.name()).unwrap()
+            };
+            let sums: Vec<String> = cuts.windows(2).map(|w| sum(&data[w[0]..w[1]])).collect();
+            let parts: Vec<(Option<&str>, u64)> =
+                sums.iter().zip(cuts.windows(2)).map(|(s, w)| (Some(s.as_str()), (w[1] - w[0]) as u64)).collect();
+            let whole = DeclaredChecksum::new(algorithm, Some(true)).unwrap();
+            assert_eq!(multipart_checksum(whole, &parts), Some(sum(&data)), "{algorithm:?}");
+        }
+        let sha = |bytes: &[u8]| sha2::Sha256::digest(bytes).to_vec();
+        let (a, b) = (sha(b"first"), sha(b"second"));
+        let parts = [(Some(b64.encode(&a)), 5u64), (Some(b64.encode(&b)), 6)];
+        let parts: Vec<(Option<&str>, u64)> = parts.iter().map(|(s, n)| (s.as_deref(), *n)).collect();
+        let composite = DeclaredChecksum::new(ChecksumAlgorithm::Sha256, None).unwrap();
+        let expected = format!("{}-2", b64.encode(sha(&[a, b].concat())));
+        assert_eq!(multipart_checksum(composite, &parts), Some(expected));
+        assert_eq!(multipart_checksum(composite, &[(None, 1)]), None, "a part without one");
+        assert_eq!(DeclaredChecksum::new(ChecksumAlgorithm::Sha256, Some(true)), None);
+        assert_eq!(DeclaredChecksum::new(ChecksumAlgorithm::Crc64Nvme, Some(false)), None);
+        for declared in [whole_crc32(), composite] {
+            assert_eq!(DeclaredChecksum::from_text(&declared.to_text()), Some(declared));
+        }
+    }
+
+    fn whole_crc32() -> DeclaredChecksum {
+        DeclaredChecksum::new(ChecksumAlgorithm::Crc32, Some(true)).unwrap()
+    }
+
+    #[test]
     fn digests_check_what_the_client_sent() {
         let expected = ExpectedDigests {
             md5: Some(hex::decode("5d41402abc4b2a76b9719d911017c592").unwrap().try_into().unwrap()),
             checksums: vec![(ChecksumAlgorithm::Crc32, 0x3610a686u32.to_be_bytes().to_vec())],
-            trailing: None,
+            ..Default::default()
         };
         let mut d = Digester::new(&expected);
         d.update(b"hel");

@@ -3,7 +3,9 @@
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use kura_r2::{Conditional, EtagCondition, GetOptions, ListOptions, PutOptions, R2, R2Error, R2Settings};
+use kura_r2::{
+    CompleteOptions, Conditional, EtagCondition, GetOptions, ListOptions, PutOptions, R2, R2Error, R2Settings,
+};
 
 const BUCKET: &str = "00112233445566778899aabbccddeeff";
 
@@ -214,7 +216,8 @@ async fn a_deleted_bucket_takes_no_more_writes_and_a_full_one_is_not_deleted() {
     r2.put_object(BUCKET, "again", body(b"z"), PutOptions::default()).await.unwrap();
 
     // An empty part is a whole, empty answer.
-    let upload = r2.create_multipart_upload(BUCKET, "m", Default::default(), Default::default(), None).await.unwrap();
+    let upload =
+        r2.create_multipart_upload(BUCKET, "m", Default::default(), Default::default(), None, None).await.unwrap();
     let part = r2.upload_part(BUCKET, "m", &upload, 1, body(b""), Default::default()).await.unwrap();
     r2.complete_multipart_upload(BUCKET, "m", &upload, vec![(1, part.etag)], Default::default()).await.unwrap();
     let got = r2.get_object(BUCKET, "m", GetOptions { part_number: Some(1), ..Default::default() }).await.unwrap();
@@ -227,19 +230,21 @@ async fn a_conditional_completion_is_checked_against_the_object_it_replaces() {
     let r2 = std::sync::Arc::new(R2::open(dir.path().join("r2"), R2Settings::default()).unwrap());
     r2.create_bucket(BUCKET).await.unwrap();
     let old = r2.put_object(BUCKET, "k", body(b"old"), PutOptions::default()).await.unwrap();
-    let upload = r2.create_multipart_upload(BUCKET, "k", Default::default(), Default::default(), None).await.unwrap();
+    let upload =
+        r2.create_multipart_upload(BUCKET, "k", Default::default(), Default::default(), None, None).await.unwrap();
     let part = r2.upload_part(BUCKET, "k", &upload, 1, body(b"new"), Default::default()).await.unwrap();
     let parts = || vec![(1, part.etag.clone())];
     let only_new = Conditional { if_none_match: Some(vec![EtagCondition::Any]), ..Default::default() };
-    let refused = r2.complete_multipart_upload(BUCKET, "k", &upload, parts(), only_new).await;
+    let with = |conditional| CompleteOptions { conditional, ..Default::default() };
+    let refused = r2.complete_multipart_upload(BUCKET, "k", &upload, parts(), with(only_new)).await;
     assert!(matches!(refused, Err(R2Error::PreconditionFailed)), "{refused:?}");
     let other = Conditional { if_match: Some(vec![EtagCondition::parse("\"nope\"")]), ..Default::default() };
-    let refused = r2.complete_multipart_upload(BUCKET, "k", &upload, parts(), other).await;
+    let refused = r2.complete_multipart_upload(BUCKET, "k", &upload, parts(), with(other)).await;
     assert!(matches!(refused, Err(R2Error::PreconditionFailed)), "{refused:?}");
     // Refused, the object is the old one and the upload is still open.
     assert_eq!(r2.head_object(BUCKET, "k").await.unwrap().unwrap().etag, old.etag);
     let current =
         Conditional { if_match: Some(vec![EtagCondition::parse(&format!("\"{}\"", old.etag))]), ..Default::default() };
-    let done = r2.complete_multipart_upload(BUCKET, "k", &upload, parts(), current).await.unwrap();
+    let done = r2.complete_multipart_upload(BUCKET, "k", &upload, parts(), with(current)).await.unwrap();
     assert_eq!(r2.head_object(BUCKET, "k").await.unwrap().unwrap().etag, done.etag);
 }

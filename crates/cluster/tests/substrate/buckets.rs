@@ -77,7 +77,7 @@ async fn a_bucket_moves_to_another_node_with_every_object_and_its_blobs_in_the_s
     put(&a.r2, "small", small.clone()).await;
     let large_etag = put(&a.r2, "dir/large", large.clone()).await;
     let upload =
-        a.r2.create_multipart_upload(BUCKET, "multi", Default::default(), BTreeMap::new(), None).await.unwrap();
+        a.r2.create_multipart_upload(BUCKET, "multi", Default::default(), BTreeMap::new(), None, None).await.unwrap();
     let parts = [pattern(MIB, 3), pattern(MIB, 4), pattern(1234, 5)];
     let mut named = Vec::new();
     for (i, part) in parts.iter().enumerate() {

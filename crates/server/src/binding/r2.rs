@@ -448,6 +448,7 @@ async fn write_to(app: &AppState, bucket: &str, headers: &HeaderMap, body: Body)
                         http_metadata(http_fields),
                         custom,
                         storage_class.as_deref(),
+                        None,
                     )
                     .await?;
                 Ok(axum::Json(json!({"uploadId": id})).into_response())

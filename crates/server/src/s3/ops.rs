@@ -9,8 +9,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use base64::Engine as _;
 use kura_catalog::{Catalog, R2Bucket};
 use kura_r2::{
-    ByteRange, ChecksumAlgorithm, Conditional, EtagCondition, ExpectedDigests, GetOptions, HttpMetadata, ListOptions,
-    MetadataDirective, ObjectBody, ObjectInfo, PartOptions, PutOptions, R2, R2Error, TrailingChecksum,
+    ByteRange, ChecksumAlgorithm, Conditional, DeclaredChecksum, EtagCondition, ExpectedDigests, GetOptions,
+    HttpMetadata, ListOptions, MetadataDirective, ObjectBody, ObjectInfo, PartOptions, PutOptions, R2, R2Error,
+    TrailingChecksum,
 };
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3Request, S3Response, S3Result};
@@ -198,6 +199,70 @@ fn checksum_out(info: &ObjectInfo, name: &str) -> Option<String> {
     info.checksums.get(name).cloned()
 }
 
+/// Whether a stored checksum is of the whole object or (with a `-N` suffix) of its parts'.
+fn checksum_type_of(checksums: &BTreeMap<String, String>) -> Option<ChecksumType> {
+    let value = checksums.iter().find(|(name, _)| *name != "md5")?.1;
+    Some(ChecksumType::from_static(if value.contains('-') {
+        ChecksumType::COMPOSITE
+    } else {
+        ChecksumType::FULL_OBJECT
+    }))
+}
+
+/// A multipart upload's declared checksum (`x-amz-checksum-algorithm`, `x-amz-checksum-type`):
+/// CRCs of the whole object (CRC-64/NVME's default) or checksums of the parts' checksums (the
+/// others' default); a combination S3 does not offer is refused as S3 refuses it.
+fn declared_checksum(
+    algorithm: Option<&s3s::dto::ChecksumAlgorithm>,
+    kind: Option<&ChecksumType>,
+) -> S3Result<Option<DeclaredChecksum>> {
+    let invalid = |message: String| error(StatusCode::BAD_REQUEST, "InvalidRequest", message);
+    let Some(algorithm) = algorithm else {
+        return match kind {
+            Some(_) => Err(invalid(
+                "The x-amz-checksum-type header can only be used with the x-amz-checksum-algorithm header.".into(),
+            )),
+            None => Ok(None),
+        };
+    };
+    let Some(ours) = ChecksumAlgorithm::from_name(&algorithm.as_str().to_ascii_lowercase()) else {
+        return Err(invalid("Checksum algorithm provided is unsupported.".into()));
+    };
+    let full_object = match kind.map(ChecksumType::as_str) {
+        None => None,
+        Some(ChecksumType::FULL_OBJECT) => Some(true),
+        Some(ChecksumType::COMPOSITE) => Some(false),
+        Some(other) => return Err(invalid(format!("Value for x-amz-checksum-type header is invalid: {other}."))),
+    };
+    match DeclaredChecksum::new(ours, full_object) {
+        Some(declared) => Ok(Some(declared)),
+        None => Err(invalid(format!(
+            "The {} checksum type cannot be used with the {} checksum algorithm.",
+            kind.map_or("", ChecksumType::as_str),
+            algorithm.as_str().to_ascii_lowercase()
+        ))),
+    }
+}
+
+/// S3's name for the kind of a declared checksum.
+fn checksum_type(declared: DeclaredChecksum) -> ChecksumType {
+    ChecksumType::from_static(if declared.full_object { ChecksumType::FULL_OBJECT } else { ChecksumType::COMPOSITE })
+}
+
+/// The checksums a part or completed-part list names, as the engine takes them.
+fn named_part_checksums(number: u32, part: &CompletedPart) -> Vec<(u32, ChecksumAlgorithm, String)> {
+    [
+        (ChecksumAlgorithm::Crc32, &part.checksum_crc32),
+        (ChecksumAlgorithm::Crc32c, &part.checksum_crc32c),
+        (ChecksumAlgorithm::Crc64Nvme, &part.checksum_crc64nvme),
+        (ChecksumAlgorithm::Sha1, &part.checksum_sha1),
+        (ChecksumAlgorithm::Sha256, &part.checksum_sha256),
+    ]
+    .into_iter()
+    .filter_map(|(algorithm, value)| value.clone().map(|v| (number, algorithm, v)))
+    .collect()
+}
+
 /// Reads send stored checksums only when asked (`x-amz-checksum-mode: ENABLED`) and only for the
 /// whole object: a client checks them against the bytes it receives.
 fn checksums_wanted(mode: Option<&ChecksumMode>, ranged: bool) -> bool {
@@ -335,34 +400,52 @@ impl Served {
     }
 }
 
+/// An S3 output struct with the five `x-amz-checksum-*` fields S3 has taken from `$sum` (a
+/// name such as `"sha256"` to its base64 value), the others as given.
+macro_rules! with_checksums {
+    ($output:ident { $($field:ident: $value:expr),* $(,)? }, $sum:expr) => {{
+        let sum = $sum;
+        // Some outputs have no other fields (ListParts' Part).
+        #[allow(clippy::needless_update)]
+        let output = $output {
+            $($field: $value,)*
+            checksum_crc32: sum("crc32"),
+            checksum_crc32c: sum("crc32c"),
+            checksum_crc64nvme: sum("crc64nvme"),
+            checksum_sha1: sum("sha1"),
+            checksum_sha256: sum("sha256"),
+            ..Default::default()
+        };
+        output
+    }};
+}
+
 /// GetObjectOutput and HeadObjectOutput carry the same object headers.
 macro_rules! object_output {
     ($output:ident, $served:ident) => {
-        $output {
-            accept_ranges: Some("bytes".into()),
-            content_length: Some($served.length as i64),
-            content_range: $served.content_range.clone(),
-            content_type: Some($served.headers.content_type.clone()),
-            cache_control: $served.headers.cache_control.clone(),
-            content_disposition: $served.headers.content_disposition.clone(),
-            content_encoding: $served.headers.content_encoding.clone(),
-            content_language: $served.headers.content_language.clone(),
-            expires: $served.headers.expires.clone(),
-            metadata: $served.headers.metadata.clone(),
-            e_tag: Some(etag(&$served.info.etag)),
-            last_modified: Some(timestamp($served.info.uploaded_ms)),
-            // As S3 and R2 send them: the class only when it is not the standard one, the part
-            // count only to a request that named a part.
-            storage_class: (storage_class_out(&$served.info.storage_class) != "STANDARD")
-                .then(|| StorageClass::from(storage_class_out(&$served.info.storage_class).to_owned())),
-            parts_count: $served.info.parts.filter(|_| $served.part_asked).map(|n| n as i32),
-            checksum_crc32: $served.checksum("crc32"),
-            checksum_crc32c: $served.checksum("crc32c"),
-            checksum_crc64nvme: $served.checksum("crc64nvme"),
-            checksum_sha1: $served.checksum("sha1"),
-            checksum_sha256: $served.checksum("sha256"),
-            ..Default::default()
-        }
+        with_checksums!(
+            $output {
+                accept_ranges: Some("bytes".into()),
+                content_length: Some($served.length as i64),
+                content_range: $served.content_range.clone(),
+                content_type: Some($served.headers.content_type.clone()),
+                cache_control: $served.headers.cache_control.clone(),
+                content_disposition: $served.headers.content_disposition.clone(),
+                content_encoding: $served.headers.content_encoding.clone(),
+                content_language: $served.headers.content_language.clone(),
+                expires: $served.headers.expires.clone(),
+                metadata: $served.headers.metadata.clone(),
+                e_tag: Some(etag(&$served.info.etag)),
+                last_modified: Some(timestamp($served.info.uploaded_ms)),
+                // As S3 and R2 send them: the class only when it is not the standard one, the part
+                // count only to a request that named a part.
+                storage_class: (storage_class_out(&$served.info.storage_class) != "STANDARD")
+                    .then(|| StorageClass::from(storage_class_out(&$served.info.storage_class).to_owned())),
+                parts_count: $served.info.parts.filter(|_| $served.part_asked).map(|n| n as i32),
+                checksum_type: if $served.checksums { checksum_type_of(&$served.info.checksums) } else { None },
+            },
+            |name| $served.checksum(name)
+        )
     };
 }
 
@@ -658,15 +741,9 @@ impl S3 for KuraS3 {
             StreamingBlob::wrap(futures_util::stream::empty::<Result<bytes::Bytes, std::io::Error>>())
         });
         let info = self.r2.put_object(&bucket.id, &input.key, body, options).await.map_err(engine_error)?;
-        Ok(S3Response::new(PutObjectOutput {
-            e_tag: Some(etag(&info.etag)),
-            checksum_crc32: checksum_out(&info, "crc32"),
-            checksum_crc32c: checksum_out(&info, "crc32c"),
-            checksum_crc64nvme: checksum_out(&info, "crc64nvme"),
-            checksum_sha1: checksum_out(&info, "sha1"),
-            checksum_sha256: checksum_out(&info, "sha256"),
-            ..Default::default()
-        }))
+        Ok(S3Response::new(with_checksums!(PutObjectOutput { e_tag: Some(etag(&info.etag)) }, |name| checksum_out(
+            &info, name
+        ))))
     }
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
@@ -949,15 +1026,25 @@ impl S3 for KuraS3 {
             expires: input.expires.as_ref().and_then(http_date),
         };
         let class = storage_class_in(input.storage_class.as_ref().map(|s| s.as_str()))?;
+        let checksum = declared_checksum(input.checksum_algorithm.as_ref(), input.checksum_type.as_ref())?;
         let upload_id = self
             .r2
-            .create_multipart_upload(&bucket.id, &input.key, http, custom_metadata(input.metadata), class.as_deref())
+            .create_multipart_upload(
+                &bucket.id,
+                &input.key,
+                http,
+                custom_metadata(input.metadata),
+                class.as_deref(),
+                checksum,
+            )
             .await
             .map_err(engine_error)?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
             bucket: Some(bucket.name),
             key: Some(input.key),
             upload_id: Some(upload_id),
+            checksum_algorithm: input.checksum_algorithm,
+            checksum_type: checksum.map(checksum_type),
             ..Default::default()
         }))
     }
@@ -983,7 +1070,10 @@ impl S3 for KuraS3 {
             )
             .await
             .map_err(engine_error)?;
-        Ok(S3Response::new(UploadPartOutput { e_tag: Some(etag(&part.etag)), ..Default::default() }))
+        Ok(S3Response::new(with_checksums!(UploadPartOutput { e_tag: Some(etag(&part.etag)) }, |name: &str| part
+            .checksums
+            .get(name)
+            .cloned())))
     }
 
     async fn upload_part_copy(
@@ -1042,25 +1132,36 @@ impl S3 for KuraS3 {
             return Err(malformed());
         }
         let mut requested = Vec::with_capacity(parts.len());
+        let mut part_checksums = Vec::new();
         for part in parts {
-            let (Some(number), Some(tag)) = (part.part_number, part.e_tag) else { return Err(malformed()) };
+            let (Some(number), Some(tag)) = (part.part_number, part.e_tag.as_ref()) else { return Err(malformed()) };
             if !(1..=10_000).contains(&number) {
                 return Err(engine_error(R2Error::InvalidPart));
             }
             requested.push((number as u32, tag.value().to_owned()));
+            part_checksums.extend(named_part_checksums(number as u32, &part));
         }
         let info = self
             .r2
-            .complete_multipart_upload(&bucket.id, &input.key, &input.upload_id, requested, conditional)
+            .complete_multipart_upload(
+                &bucket.id,
+                &input.key,
+                &input.upload_id,
+                requested,
+                kura_r2::CompleteOptions { conditional, part_checksums },
+            )
             .await
             .map_err(engine_error)?;
-        Ok(S3Response::new(CompleteMultipartUploadOutput {
-            bucket: Some(bucket.name.clone()),
-            key: Some(input.key.clone()),
-            e_tag: Some(etag(&info.etag)),
-            location: Some(format!("http://{host}/{}/{}", bucket.name, uri_encode(&input.key).replace("%2F", "/"))),
-            ..Default::default()
-        }))
+        Ok(S3Response::new(with_checksums!(
+            CompleteMultipartUploadOutput {
+                bucket: Some(bucket.name.clone()),
+                key: Some(input.key.clone()),
+                e_tag: Some(etag(&info.etag)),
+                location: Some(format!("http://{host}/{}/{}", bucket.name, uri_encode(&input.key).replace("%2F", "/"))),
+                checksum_type: checksum_type_of(&info.checksums),
+            },
+            |name| checksum_out(&info, name)
+        )))
     }
 
     async fn abort_multipart_upload(
@@ -1095,12 +1196,16 @@ impl S3 for KuraS3 {
                 listing
                     .parts
                     .into_iter()
-                    .map(|p| Part {
-                        part_number: Some(p.number as i32),
-                        e_tag: Some(etag(&p.etag)),
-                        size: Some(p.size as i64),
-                        last_modified: Some(timestamp(p.uploaded_ms)),
-                        ..Default::default()
+                    .map(|p| {
+                        with_checksums!(
+                            Part {
+                                part_number: Some(p.number as i32),
+                                e_tag: Some(etag(&p.etag)),
+                                size: Some(p.size as i64),
+                                last_modified: Some(timestamp(p.uploaded_ms)),
+                            },
+                            |name: &str| p.checksums.get(name).cloned()
+                        )
                     })
                     .collect(),
             ),

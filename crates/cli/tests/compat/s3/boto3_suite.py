@@ -6,6 +6,7 @@ default since boto3 1.36, CRC32 on every upload) or when_required. With KURA_S3_
 kura cluster's nodes, comma-separated; cluster.rs), each call goes to the next node in turn.
 """
 
+import base64
 import hashlib
 import os
 import sys
@@ -362,6 +363,62 @@ s3.complete_multipart_upload(
 assert s3.head_object(Bucket=bucket, Key="order")["ContentLength"] == 2 * five + 10
 part3 = s3.get_object(Bucket=bucket, Key="order", PartNumber=3)
 assert part3["Body"].read() == b"3" * 10 and part3["PartsCount"] == 3
+
+# Multipart checksums, as R2 gives them: SHA-256 of the parts' SHA-256s ("-N", COMPOSITE), and
+# CRC-64/NVME of the whole object (FULL_OBJECT), which the server keeps for every part even
+# when the client sends none (botocore cannot compute CRC-64/NVME without awscrt).
+upload = s3.create_multipart_upload(Bucket=bucket, Key="summed", ChecksumAlgorithm="SHA256")
+assert upload["ChecksumAlgorithm"] == "SHA256" and upload["ChecksumType"] == "COMPOSITE", upload
+first, second = b"s" * five, b"tail of the summed object"
+parts = []
+for number, data in [(1, first), (2, second)]:
+    part = s3.upload_part(
+        Bucket=bucket, Key="summed", UploadId=upload["UploadId"], PartNumber=number, Body=data, ChecksumAlgorithm="SHA256"
+    )
+    assert part["ChecksumSHA256"] == base64.b64encode(hashlib.sha256(data).digest()).decode(), part
+    parts.append({"PartNumber": number, "ETag": part["ETag"], "ChecksumSHA256": part["ChecksumSHA256"]})
+wrong = [dict(parts[0], ChecksumSHA256=base64.b64encode(b"\0" * 32).decode()), parts[1]]
+expect_error(
+    "InvalidPart", 400, s3.complete_multipart_upload, Bucket=bucket, Key="summed", UploadId=upload["UploadId"],
+    MultipartUpload={"Parts": wrong},
+)
+done = s3.complete_multipart_upload(
+    Bucket=bucket, Key="summed", UploadId=upload["UploadId"], MultipartUpload={"Parts": parts}
+)
+composite = base64.b64encode(
+    hashlib.sha256(hashlib.sha256(first).digest() + hashlib.sha256(second).digest()).digest()
+).decode() + "-2"
+assert (done["ChecksumSHA256"], done["ChecksumType"]) == (composite, "COMPOSITE"), done
+head = s3.head_object(Bucket=bucket, Key="summed", ChecksumMode="ENABLED")
+assert (head["ChecksumSHA256"], head["ChecksumType"]) == (composite, "COMPOSITE"), head
+
+
+def crc64nvme(data):
+    table = []
+    for i in range(256):
+        crc = i
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x9A6C9329AC4BC9B5 if crc & 1 else 0)
+        table.append(crc)
+    crc = 0xFFFFFFFFFFFFFFFF
+    for byte in data:
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return base64.b64encode((crc ^ 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big")).decode()
+
+
+upload = s3.create_multipart_upload(Bucket=bucket, Key="crc", ChecksumAlgorithm="CRC64NVME")
+assert upload["ChecksumType"] == "FULL_OBJECT", upload
+parts = []
+for number, data in [(1, first), (2, second)]:
+    part = s3.upload_part(Bucket=bucket, Key="crc", UploadId=upload["UploadId"], PartNumber=number, Body=data)
+    assert part["ChecksumCRC64NVME"] == crc64nvme(data), part
+    parts.append({"PartNumber": number, "ETag": part["ETag"]})
+done = s3.complete_multipart_upload(Bucket=bucket, Key="crc", UploadId=upload["UploadId"], MultipartUpload={"Parts": parts})
+assert (done["ChecksumCRC64NVME"], done["ChecksumType"]) == (crc64nvme(first + second), "FULL_OBJECT"), done
+expect_error(
+    "InvalidRequest", 400, s3.create_multipart_upload, Bucket=bucket, Key="crc", ChecksumAlgorithm="SHA256",
+    ChecksumType="FULL_OBJECT",
+)
 
 # Presigned GET and PUT (content-type signed), and tampering.
 url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "docs/readme.txt"}, ExpiresIn=300)
