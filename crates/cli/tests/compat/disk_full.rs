@@ -1,6 +1,6 @@
 //! A disk that fills: kura on a size-limited tmpfs (mounted by the test; it needs root, as
 //! `scripts/test` has for its Debian packages). D1 writes, the history log behind them, R2
-//! uploads and bucket creation run into the limit: each answers a clear error in its protocol's
+//! uploads, bucket creation and Durable Object writes run into the limit: each answers a clear error in its protocol's
 //! shape, reads go on, nothing acknowledged is lost or cut, no partial blob is left behind, and
 //! once space is freed (the filesystem grown) writes succeed again without a restart. The same
 //! for a database's Time Travel history alone, on a filesystem of its own: the database is served
@@ -108,6 +108,18 @@ fn a_full_disk_refuses_writes_clearly_keeps_everything_and_recovers() {
         assert!(made.status().is_success());
         assert_eq!(query("CREATE TABLE b (i INTEGER, x BLOB)").await.0, 200);
         assert!(s3(reqwest::Method::PUT, "/fill").send().await.unwrap().status().is_success());
+        // A Durable Object with a row, while there is room.
+        let namespaces = v4("/workers/durable_objects/namespaces");
+        let made = client.post(&namespaces).bearer_auth(TOKEN).json(&json!({ "name": "FULL" })).send().await.unwrap();
+        assert!(made.status().is_success());
+        let object = format!("{namespaces}/FULL/objects/room");
+        let batch = async |sql: &str| -> (u16, Value) {
+            let body = json!({ "operations": [{ "op": "sql", "sql": sql }] });
+            let answer = client.post(format!("{object}/batch")).bearer_auth(TOKEN).json(&body).send().await.unwrap();
+            (answer.status().as_u16(), answer.json().await.unwrap())
+        };
+        assert_eq!(batch("CREATE TABLE r (x BLOB)").await.0, 200);
+        assert_eq!(batch("INSERT INTO r VALUES (randomblob(1000))").await.0, 200);
 
         // D1 until the disk refuses: every acknowledged row stays; the refusal is D1's error.
         // A 503 says the connection is reopening after the failed write: retried, as clients do,
@@ -159,6 +171,27 @@ fn a_full_disk_refuses_writes_clearly_keeps_everything_and_recovers() {
         let answer: Value = bucket.json().await.unwrap();
         assert!(status == 507 && answer["success"] == false, "a full disk over the v4 API: {status} {answer}");
 
+        // A Durable Object's write is refused in the v4 envelope, changing nothing, and its
+        // reads go on. (A 503 says its file is reopening after the failed write: retried.)
+        let mut object_refusal = batch("INSERT INTO r VALUES (randomblob(1500000))").await;
+        for _ in 0..5 {
+            if object_refusal.0 != 503 {
+                break;
+            }
+            object_refusal = batch("INSERT INTO r VALUES (randomblob(1500000))").await;
+        }
+        // SQLite's own error, as workerd reports it to a Worker, or the envelope's 507 when the
+        // refusal comes from outside SQLite.
+        let (status, answer) = object_refusal;
+        let message = answer["errors"][0]["message"].as_str().unwrap_or_default();
+        assert!(
+            answer["success"] == false && (status == 507 || message.contains("SQLITE_FULL")),
+            "a full disk for a Durable Object: {status} {answer}"
+        );
+        let (status, answer) = batch("SELECT count(*) AS n FROM r").await;
+        assert_eq!(status, 200, "an object's reads go on: {answer}");
+        assert_eq!(answer["result"]["results"][0]["rows"][0][0], 1, "{answer}");
+
         // Every listed object reads back whole; refused uploads left nothing.
         let listing = s3(reqwest::Method::GET, "/fill?list-type=2").send().await.unwrap().text().await.unwrap();
         let listed = listing.matches("<Key>").count();
@@ -185,6 +218,14 @@ fn a_full_disk_refuses_writes_clearly_keeps_everything_and_recovers() {
         assert!(bucket.status().is_success(), "buckets after space was freed");
         let (_, counted) = query("SELECT count(*) AS n FROM b").await;
         assert_eq!(counted["result"][0]["results"][0]["n"], acknowledged + 1);
+        let mut object_write = batch("INSERT INTO r VALUES (randomblob(1000))").await;
+        for _ in 0..5 {
+            if object_write.0 != 503 {
+                break;
+            }
+            object_write = batch("INSERT INTO r VALUES (randomblob(1000))").await;
+        }
+        assert_eq!(object_write.0, 200, "Durable Object writes after space was freed: {}", object_write.1);
         // The history kept up: the bookmark of now restores to exactly this state.
         let bookmark: Value = client
             .get(v4("/d1/database/full/time_travel/bookmark"))
@@ -211,7 +252,11 @@ fn a_full_disk_refuses_writes_clearly_keeps_everything_and_recovers() {
             "the history lost a commit made around the full disk"
         );
     });
-    drop(server);
+    // Nothing half-written is left behind: every history, database and blob checks out.
+    let (_, data) = server.stop();
+    let checked = crate::common::kura(dir.path(), &data, &["check"], &[]);
+    assert!(checked.ok, "kura check after the disk filled: {}", checked.all());
+    drop(disk);
 }
 
 /// Copies the files of `from` into `to` (one level: a history's log directory has no others).
