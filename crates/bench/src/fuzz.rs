@@ -19,6 +19,7 @@ const TARGETS: &[(&str, &[&str])] = &[
     ("wrangler config files (JSON, JSONC, TOML)", &["-p", "kura-cli", "--bin", "kura", "config::tests::"]),
     ("hostile S3 requests and aws-chunked uploads at the wire", &["-p", "kura-cli", "--test", "compat", "s3_fuzz::"]),
     ("hostile v4 JSON and binding frames at the wire", &["-p", "kura-cli", "--test", "compat", "api_fuzz::"]),
+    ("hostile Worker uploads at the wire", &["-p", "kura-cli", "--test", "compat", "workers_fuzz::"]),
 ];
 
 /// `cargo test` in the workspace with `args`, the test binary's `test_args` after `--` (one

@@ -24,4 +24,5 @@ mod s3_clients;
 mod s3_fuzz;
 mod workerd;
 mod workers;
+mod workers_fuzz;
 mod wrangler;

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use axum::extract::multipart::MultipartRejection;
 use axum::extract::{Multipart, State};
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -199,10 +200,14 @@ async fn receive<'a>(
     caller: &Caller,
     (account_id, name): (&str, &str),
     query: &HashMap<String, String>,
-    form: Multipart,
+    form: Result<Multipart, MultipartRejection>,
     deploy: bool,
 ) -> Result<(&'a Workers, kura_workers::Uploaded), ApiError> {
     let workers = workers(app, caller, account_id)?;
+    // Cloudflare also takes a bare script as application/javascript; kura, modules only.
+    let form = form.map_err(|_| {
+        ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, 10001, "Content-Type must be one of: multipart/form-data")
+    })?;
     let upload = read_upload(form).await?;
     let strict_inherit = query.get("bindings_inherit").is_some_and(|v| v == "strict");
     let options = UploadOptions { deploy, strict_inherit, source: "wrangler".into() };
@@ -215,7 +220,7 @@ pub async fn put_script(
     caller: Caller,
     V4Path((account_id, name)): V4Path<(String, String)>,
     V4Query(query): V4Query,
-    form: Multipart,
+    form: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let (_, uploaded) = receive(&app, &caller, (&account_id, &name), &query, form, true).await?;
     Ok(ok(upload_result(&uploaded)))
@@ -227,7 +232,7 @@ pub async fn upload_version(
     caller: Caller,
     V4Path((account_id, name)): V4Path<(String, String)>,
     V4Query(query): V4Query,
-    form: Multipart,
+    form: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let (workers, uploaded) = receive(&app, &caller, (&account_id, &name), &query, form, false).await?;
     Ok(ok(version_json(workers, &uploaded.script, &uploaded.version)?))
