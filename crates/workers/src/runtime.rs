@@ -375,15 +375,10 @@ async fn spawn(binary: &WorkerdBinary, dir: &Path, config: &WorkerdConfig) -> Re
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    // workerd must not outlive kura, even one killed with SIGKILL.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    let mut child =
-        command.spawn().map_err(|e| WorkersError::Runtime(format!("cannot start {}: {e}", binary.path.display())))?;
+    die_with_kura(&mut command);
+    let mut child = spawn_from_lasting_thread(command)
+        .await
+        .map_err(|e| WorkersError::Runtime(format!("cannot start {}: {e}", binary.path.display())))?;
     let stderr: StderrTail = Arc::default();
     if let Some(out) = child.stdout.take() {
         tokio::spawn(forward(BufReader::new(out), None));
@@ -392,6 +387,49 @@ async fn spawn(binary: &WorkerdBinary, dir: &Path, config: &WorkerdConfig) -> Re
         tokio::spawn(forward(BufReader::new(err), Some(Arc::clone(&stderr))));
     }
     Ok(Running { child, stderr, started: Instant::now() })
+}
+
+/// Makes the child die with kura, even a kura killed with SIGKILL.
+fn die_with_kura(command: &mut Command) {
+    let kura = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec and calls only async-signal-safe
+    // functions (prctl, getppid).
+    unsafe {
+        command.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            // kura may have died between the fork and the prctl: then no signal comes.
+            if libc::getppid() as u32 != kura {
+                return Err(std::io::Error::other("kura exited while starting workerd"));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Starts `command` from a thread that lives as long as kura. Linux sends the parent-death
+/// signal when the *thread* that forked the child ends, not the process: started from a tokio
+/// thread that retires (a blocking-pool thread, or a worker once handed to `block_in_place`, as
+/// the cluster's catalog does), workerd would be killed with that thread.
+async fn spawn_from_lasting_thread(command: Command) -> std::io::Result<Child> {
+    type Job = (Command, tokio::runtime::Handle, oneshot::Sender<std::io::Result<Child>>);
+    static SPAWNER: std::sync::OnceLock<std::io::Result<std::sync::mpsc::Sender<Job>>> = std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (jobs, received) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new().name("kura-workerd-spawner".into()).spawn(move || {
+            for (mut command, runtime, reply) in received {
+                // tokio reaps the child with the runtime's own driver.
+                let _entered = runtime.enter();
+                let _ = reply.send(command.spawn());
+            }
+        })?;
+        Ok(jobs)
+    });
+    let spawner = spawner.as_ref().map_err(|e| std::io::Error::new(e.kind(), e.to_string()))?;
+    let (reply, spawned) = oneshot::channel();
+    spawner
+        .send((command, tokio::runtime::Handle::current(), reply))
+        .map_err(|_| std::io::Error::other("the workerd spawner thread is gone"))?;
+    spawned.await.map_err(|_| std::io::Error::other("the workerd spawner thread is gone"))?
 }
 
 /// Copies workerd's output into kura's log, keeping stderr's last lines.
@@ -457,5 +495,31 @@ async fn stop(running: &mut Running) {
     if tokio::time::timeout(Duration::from_secs(10), running.child.wait()).await.is_err() {
         tracing::warn!("workerd did not stop within 10 s of SIGTERM; killing it");
         let _ = running.child.kill().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Linux's parent-death signal follows the thread that forked: a child started for a thread
+    /// that then ends goes on living (that it dies with the process a test cannot show).
+    #[test]
+    fn a_child_outlives_the_thread_that_started_it() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let handle = runtime.handle().clone();
+        let mut child = std::thread::spawn(move || {
+            handle.block_on(async {
+                let mut command = Command::new("sleep");
+                command.arg("30").kill_on_drop(true);
+                die_with_kura(&mut command);
+                spawn_from_lasting_thread(command).await.unwrap()
+            })
+        })
+        .join()
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let exited = runtime.block_on(async { child.try_wait() }).unwrap();
+        assert!(exited.is_none(), "the child was killed with the thread that started it: {exited:?}");
     }
 }
