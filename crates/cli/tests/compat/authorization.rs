@@ -1,9 +1,10 @@
-//! The authorization matrix: every surface's endpoints (the v4 API, the D1 and R2 binding
-//! protocols, S3, the console and the open endpoints) against every kind of credential (none,
-//! malformed, unknown, revoked, each scope, a bucket-limited token, the admin, another
-//! account's admin), on the real server. What each credential may do is written once, as data
-//! ([`allowed`]); every cell is checked against it, and every denied write is checked to have
-//! changed nothing.
+//! The authorization matrix: every surface's endpoints (the v4 API with its Workers and cluster
+//! routes, the D1 and R2 binding protocols, S3, a deployed Worker, the console and the open
+//! endpoints) against every kind of credential (none, malformed, unknown, revoked, each scope,
+//! a bucket-limited token, the admin, another account's admin), on the real server. What each
+//! credential may do is written once, as data ([`allowed`]); every cell is checked against it,
+//! and every denied write is checked to have changed nothing. The Workers' binding socket,
+//! whose one credential is this run's secret, is checked to refuse everyone else.
 
 use std::fmt;
 
@@ -66,8 +67,12 @@ enum Need {
     DoWrite,
     /// Managing tokens: an admin token with no bucket limit.
     TokenAdmin,
-    /// Workers: an admin token.
+    /// Workers and the cluster: an admin token.
     Admin,
+    /// Any valid token, of any account: it answers about the token's own account.
+    AnyToken,
+    /// Any valid token of this account.
+    AccountToken,
 }
 
 /// The matrix, written once. Surfaces that do not name the account in their path (S3, the
@@ -75,8 +80,11 @@ enum Need {
 /// list and make buckets of its own, and never reaches this account's.
 fn allowed(credential: Credential, need: Need, surface: Surface) -> bool {
     use Credential as C;
+    let valid = !matches!(credential, C::None | C::Malformed | C::Unknown | C::Revoked);
     match need {
         Need::Open => true,
+        Need::AnyToken => valid,
+        Need::AccountToken => valid && credential != C::OtherAccountAdmin,
         Need::R2Read(None) | Need::R2Write(None) if credential == C::OtherAccountAdmin => surface != Surface::V4,
         _ if credential == C::Admin => true,
         Need::D1Read => matches!(credential, C::D1Read | C::D1Write),
@@ -105,6 +113,25 @@ enum Surface {
     R2Binding,
     S3,
     Plain,
+    /// The Workers listener, reaching a deployed Worker by its host name.
+    Worker,
+}
+
+/// What an allowed request answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admitted {
+    Success,
+    /// Past authorization, a node that runs alone says so: 404 with code 7404.
+    RunsAlone,
+}
+
+impl Admitted {
+    fn holds(self, status: u16, body: &str) -> bool {
+        match self {
+            Admitted::Success => (200..300).contains(&status),
+            Admitted::RunsAlone => status == 404 && body.contains("7404"),
+        }
+    }
 }
 
 /// One request of the matrix, with how to tell that a denied one changed nothing.
@@ -117,6 +144,7 @@ struct Endpoint {
     body: Option<Vec<u8>>,
     headers: Vec<(&'static str, String)>,
     need: Need,
+    admitted: Admitted,
     /// A probe (run with the admin token) whose answer must be the same before and after a
     /// denied request.
     unchanged: Option<Probe>,
@@ -207,6 +235,17 @@ fn binding_r2_write(method: &str, key: &str) -> (Vec<u8>, Vec<(&'static str, Str
     (body, vec![("cf-r2-metadata-size", size)])
 }
 
+/// The Worker the Workers endpoints act on, deployed with the fixtures.
+const WORKER: &str = "fixture-worker";
+
+/// An upload of a Worker answering `text`, with its headers.
+fn worker_upload(text: &str) -> (Vec<u8>, Vec<(&'static str, String)>) {
+    let metadata = json!({ "main_module": "worker.js", "compatibility_date": "2025-01-01" });
+    let module = format!("export default {{ fetch() {{ return new Response({text:?}); }} }};");
+    let (body, content_type) = crate::common::worker_upload(&metadata, &[("worker.js", &module)]);
+    (body, vec![("content-type", content_type)])
+}
+
 /// The bookmarks the restores go back to: the fixture database's and the object's, as they
 /// were once the fixtures were made.
 struct Bookmarks {
@@ -230,6 +269,11 @@ fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
         body: Some(json!({ "sql": "SELECT count(*) FROM t" })),
     };
     let tokens = Probe { method: Method::GET, path: v4("/tokens"), body: None };
+    let scripts = Probe { method: Method::GET, path: v4("/workers/scripts"), body: None };
+    let script = |tail: &str| v4(&format!("/workers/scripts/{WORKER}{tail}"));
+    let script_probe = |tail: &str| Probe { method: Method::GET, path: script(tail), body: None };
+    let (upload, upload_headers) = worker_upload("made by the matrix");
+    let (version, version_headers) = worker_upload("a version made by the matrix");
     let json_body = |v: Value| Some(serde_json::to_vec(&v).unwrap());
     let e = |name, surface, method, path: String, body, need, unchanged| Endpoint {
         name,
@@ -239,6 +283,7 @@ fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
         body,
         headers: Vec::new(),
         need,
+        admitted: Admitted::Success,
         unchanged,
     };
     let (r2_put_open, r2_put_open_headers) = binding_r2_write("put", "binding-new");
@@ -710,6 +755,113 @@ fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
                 Some(objects(CLOSED)),
             )
         },
+        e("accounts", Surface::V4, Method::GET, "/accounts".into(), None, Need::AnyToken, None),
+        e("memberships", Surface::V4, Method::GET, "/memberships".into(), None, Need::AnyToken, None),
+        e("token verify", Surface::V4, Method::GET, "/user/tokens/verify".into(), None, Need::AnyToken, None),
+        e("account token verify", Surface::V4, Method::GET, v4("/tokens/verify"), None, Need::AccountToken, None),
+        e("kv namespaces", Surface::V4, Method::GET, v4("/storage/kv/namespaces"), None, Need::AccountToken, None),
+        e(
+            "d1 analytics",
+            Surface::V4,
+            Method::POST,
+            "/graphql".into(),
+            json_body(json!({
+                "query": "query ($accountTag: string) { viewer { accounts(filter: { accountTag: $accountTag }) { d1AnalyticsAdaptiveGroups(limit: 10) { sum { readQueries } } } } }",
+                "variables": { "accountTag": ACCOUNT },
+            })),
+            Need::D1Read,
+            None,
+        ),
+        e(
+            "do explorer select",
+            Surface::V4,
+            Method::POST,
+            v4("/workers/durable_objects/namespaces/ns/query"),
+            json_body(json!({ "durable_object_name": "obj", "queries": [{ "sql": "SELECT * FROM t" }] })),
+            Need::DoRead,
+            None,
+        ),
+        e(
+            "do explorer write",
+            Surface::V4,
+            Method::POST,
+            v4("/workers/durable_objects/namespaces/ns/query"),
+            json_body(json!({ "durable_object_name": "obj", "queries": [{ "sql": "INSERT INTO t VALUES (98)" }] })),
+            Need::DoWrite,
+            Some(do_rows.clone()),
+        ),
+        e("worker fetch", Surface::Worker, Method::GET, "/".into(), None, Need::Open, None),
+        e("workers script", Surface::V4, Method::GET, script(""), None, Need::Admin, None),
+        e(
+            "workers service",
+            Surface::V4,
+            Method::GET,
+            v4(&format!("/workers/services/{WORKER}")),
+            None,
+            Need::Admin,
+            None,
+        ),
+        e("workers settings", Surface::V4, Method::GET, script("/settings"), None, Need::Admin, None),
+        e("workers subdomain", Surface::V4, Method::GET, script("/subdomain"), None, Need::Admin, None),
+        e("workers account subdomain", Surface::V4, Method::GET, v4("/workers/subdomain"), None, Need::Admin, None),
+        e("workers versions", Surface::V4, Method::GET, script("/versions"), None, Need::Admin, None),
+        e("workers deployments", Surface::V4, Method::GET, script("/deployments"), None, Need::Admin, None),
+        e("workers secrets", Surface::V4, Method::GET, script("/secrets"), None, Need::Admin, None),
+        e("workers logs", Surface::V4, Method::GET, script("/logs"), None, Need::Admin, None),
+        e("workers references", Surface::V4, Method::GET, script("/references"), None, Need::Admin, None),
+        e("workers schedules", Surface::V4, Method::PUT, script("/schedules"), json_body(json!([])), Need::Admin, None),
+        Endpoint {
+            headers: upload_headers,
+            ..e(
+                "workers upload",
+                Surface::V4,
+                Method::PUT,
+                v4("/workers/scripts/made-by-the-matrix"),
+                Some(upload),
+                Need::Admin,
+                Some(scripts.clone()),
+            )
+        },
+        Endpoint {
+            headers: version_headers,
+            ..e(
+                "workers version upload",
+                Surface::V4,
+                Method::POST,
+                script("/versions"),
+                Some(version),
+                Need::Admin,
+                Some(script_probe("/versions")),
+            )
+        },
+        e(
+            "workers secret put",
+            Surface::V4,
+            Method::PUT,
+            script("/secrets"),
+            json_body(json!({ "name": "MADE_BY_THE_MATRIX", "text": "s", "type": "secret_text" })),
+            Need::Admin,
+            Some(script_probe("/secrets")),
+        ),
+        e(
+            "workers secret delete",
+            Surface::V4,
+            Method::DELETE,
+            script("/secrets/FIXTURE_SECRET"),
+            None,
+            Need::Admin,
+            Some(script_probe("/secrets")),
+        ),
+        Endpoint {
+            admitted: Admitted::RunsAlone,
+            ..e("cluster status", Surface::V4, Method::GET, v4("/kura/cluster"), None, Need::Admin, None)
+        },
+        Endpoint {
+            admitted: Admitted::RunsAlone,
+            ..e("cluster drain", Surface::V4, Method::POST, v4("/kura/cluster/drain"), None, Need::Admin, None)
+        },
+        // Last: the allowed writes run in this order, and the ones above use the Worker.
+        e("workers delete", Surface::V4, Method::DELETE, script(""), None, Need::Admin, Some(scripts.clone())),
     ]
 }
 
@@ -724,10 +876,14 @@ async fn send(
     let base = match e.surface {
         Surface::V4 => server.api.clone(),
         Surface::S3 => server.s3.clone(),
+        Surface::Worker => server.workers.clone(),
         _ => server.api.trim_end_matches("/client/v4").to_owned(),
     };
     let url = format!("{base}{}", e.path);
     let mut request = client.request(e.method.clone(), &url);
+    if e.surface == Surface::Worker {
+        request = request.header("host", format!("{WORKER}.localhost"));
+    }
     for (name, value) in &e.headers {
         request = request.header(*name, value);
     }
@@ -809,6 +965,23 @@ fn every_endpoint_against_every_credential() {
             Method::POST,
             &v4("/workers/durable_objects/namespaces/ns/objects/obj/query"),
             Some(json!([{ "sql": "CREATE TABLE t (x)" }, { "sql": "INSERT INTO t VALUES (1)" }])),
+        )
+        .await;
+
+        let (upload, headers) = worker_upload("the fixture");
+        let mut request =
+            client.put(format!("{}{}", server.api, v4(&format!("/workers/scripts/{WORKER}")))).bearer_auth(TOKEN);
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let deployed = request.body(upload).send().await.unwrap();
+        assert!(deployed.status().is_success(), "deploying the fixture Worker: {}", deployed.text().await.unwrap());
+        admin(
+            &client,
+            &server,
+            Method::PUT,
+            &v4(&format!("/workers/scripts/{WORKER}/secrets")),
+            Some(json!({ "name": "FIXTURE_SECRET", "text": "s", "type": "secret_text" })),
         )
         .await;
 
@@ -895,7 +1068,7 @@ fn every_endpoint_against_every_credential() {
                     || (e.surface == Surface::S3 && status == 400 && matches!(c, Credential::None | Credential::Malformed))
                     // Another account's credential looks in its own account, where these do not exist.
                     || (foreign && e.surface != Surface::V4 && status == 404);
-                if should && !(200..300).contains(&status) {
+                if should && !e.admitted.holds(status, &body) {
                     failures.push(format!("{e:?} with {c:?}: expected allowed, got {status} {}", cut(&body)));
                 } else if !should && !denied {
                     failures.push(format!("{e:?} with {c:?}: expected denied, got {status} {}", cut(&body)));
@@ -905,6 +1078,9 @@ fn every_endpoint_against_every_credential() {
                     if after != before {
                         failures.push(format!("{e:?} with {c:?}: a denied request changed {} {}", p.method, p.path));
                     }
+                }
+                if foreign && (200..300).contains(&status) && body.contains(ACCOUNT) {
+                    failures.push(format!("{e:?} with {c:?}: another account's admin was told of this account"));
                 }
                 if c == Credential::OtherAccountAdmin && e.name == "s3 list buckets" && (body.contains(OPEN) || body.contains(CLOSED)) {
                     failures.push("another account's S3 key listed this account's buckets".into());
@@ -921,10 +1097,11 @@ fn every_endpoint_against_every_credential() {
             };
             cells += 1;
             let (status, body) = send(&client, &server, &secrets, &e, c).await;
-            if !(200..300).contains(&status) {
+            if !e.admitted.holds(status, &body) {
                 failures.push(format!("{e:?} with {c:?}: expected allowed, got {status} {}", cut(&body)));
             }
         }
+        cells += binding_socket_refuses_outsiders(&client, &server, &mut failures).await;
     });
     assert!(
         failures.is_empty(),
@@ -937,6 +1114,109 @@ fn every_endpoint_against_every_credential() {
         endpoints.len(),
         CREDENTIALS.len()
     );
+}
+
+/// The Workers' binding socket serves the workerd kura runs, which sends this run's secret with
+/// every request; D1, R2, Durable Object announcements and logs there refuse anyone else — no
+/// secret, an API token, a wrong secret — and change nothing. Answers the cells checked.
+async fn binding_socket_refuses_outsiders(
+    client: &reqwest::Client,
+    server: &KuraProcess,
+    failures: &mut Vec<String>,
+) -> usize {
+    use kura_workers::config::headers;
+    let socket =
+        find_file(&server.data, "bindings.sock").expect("the Workers' binding socket is in the data directory");
+    let details = admin(client, server, Method::GET, &v4("/d1/database/fixture"), None).await;
+    let uuid = details["result"]["uuid"].as_str().expect("the fixture's uuid").to_owned();
+    let rows = Probe {
+        method: Method::POST,
+        path: v4("/d1/database/fixture/query"),
+        body: Some(json!({ "sql": "SELECT count(*) AS n FROM t" })),
+    };
+    let objects = Probe { method: Method::GET, path: v4(&format!("/r2/buckets/{CLOSED}/objects")), body: None };
+    let (put, put_headers) = binding_r2_write("put", "made-through-the-socket");
+    let insert = serde_json::to_vec(&json!({ "sql": "INSERT INTO t VALUES (97)" })).unwrap();
+    let get = json!({ "version": 1, "method": "get", "object": "k" }).to_string();
+    // (method, path, headers, body)
+    type SocketRequest<'a> = (&'a str, &'a str, Vec<(&'a str, String)>, Vec<u8>);
+    let requests: Vec<SocketRequest> = vec![
+        ("POST", "/query", vec![(headers::D1_DATABASE, uuid.clone())], insert),
+        ("GET", "/", vec![(headers::R2_BUCKET, CLOSED.into()), ("cf-r2-request", get)], Vec::new()),
+        ("PUT", "/", [vec![(headers::R2_BUCKET, CLOSED.to_owned())], put_headers].concat(), put),
+        ("POST", "/objects", vec![(headers::SCRIPT, WORKER.into())], br#"{"class":"C","id":"00"}"#.to_vec()),
+        ("POST", "/logs", vec![(headers::SCRIPT, WORKER.into())], b"[]".to_vec()),
+    ];
+    let outsiders: [(&str, Option<(&str, String)>); 3] = [
+        ("no secret", None),
+        ("an API token", Some(("authorization", format!("Bearer {TOKEN}")))),
+        ("a wrong secret", Some((headers::SECRET, "0".repeat(64)))),
+    ];
+    let (rows_before, objects_before) = (probe(client, server, &rows).await, probe(client, server, &objects).await);
+    let mut cells = 0;
+    for (method, path, fields, body) in &requests {
+        for (who, credential) in &outsiders {
+            cells += 1;
+            let mut sent = vec![(headers::ACCOUNT, ACCOUNT.to_owned())];
+            sent.extend(fields.iter().cloned());
+            sent.extend(credential.iter().cloned());
+            let (status, answer) = unix_request(&socket, method, path, &sent, body).await;
+            if status != 403 || answer.contains("fixture") {
+                failures.push(format!(
+                    "binding socket {method} {path} with {who}: expected 403, got {status} {}",
+                    cut(&answer)
+                ));
+            }
+        }
+    }
+    if probe(client, server, &rows).await != rows_before || probe(client, server, &objects).await != objects_before {
+        failures.push("a refused request on the binding socket changed the database or the bucket".into());
+    }
+    cells
+}
+
+fn find_file(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.file_name().is_some_and(|n| n == name) {
+            return Some(path);
+        }
+        if entry.file_type().is_ok_and(|t| t.is_dir())
+            && let Some(found) = find_file(&path, name)
+        {
+            return Some(found);
+        }
+    }
+    None
+}
+
+/// One HTTP/1.1 request over a Unix socket; answers its status and body.
+async fn unix_request(
+    socket: &std::path::Path,
+    method: &str,
+    path: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::UnixStream::connect(socket).await.expect("the binding socket accepts");
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: bindings\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    // A refusal may come, and the connection close, before the body is read.
+    let _ = stream.write_all(body).await;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    let status = answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
 }
 
 fn cut(body: &str) -> String {

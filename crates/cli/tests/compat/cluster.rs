@@ -387,6 +387,37 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
     assert_eq!(seen["node"], format!("node{other}"));
     assert_eq!(seen["members"].as_array().map(Vec::len), Some(2), "{seen}");
     assert_eq!(seen["databases"][0]["id"], uuid.as_str(), "{seen}");
+    // The cluster's own routes are an admin's: no token, a malformed one and a d1:write token
+    // are refused, and the node drains nothing for them.
+    runtime.block_on(async {
+        let made: Value = client
+            .post(format!("{}/accounts/{ACCOUNT}/tokens", apis[other]))
+            .bearer_auth(TOKEN)
+            .json(&json!({ "name": "writer", "scope": "d1:write" }))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let writer = made["result"]["value"].as_str().expect("a d1:write token").to_owned();
+        for route in ["kura/cluster", "kura/cluster/drain"] {
+            let url = format!("{}/accounts/{ACCOUNT}/{route}", apis[other]);
+            let method = if route.ends_with("drain") { reqwest::Method::POST } else { reqwest::Method::GET };
+            for (who, credential) in
+                [("no token", None), ("a malformed token", Some("nonsense")), ("d1:write", Some(&*writer))]
+            {
+                let mut request = client.request(method.clone(), &url);
+                if let Some(c) = credential {
+                    request = request.bearer_auth(c);
+                }
+                let status = request.send().await.unwrap().status().as_u16();
+                assert!(matches!(status, 401 | 403), "{route} with {who}: {status}");
+            }
+        }
+    });
+    assert_eq!(status(other)["draining"], false, "a refused drain drained nothing");
+    assert_eq!(status(other)["databases"][0]["id"], uuid.as_str(), "a refused drain gave nothing up");
     let env = cluster.node(other).remote_env();
     let drained = crate::common::run(
         std::path::Path::new(crate::common::kura_bin()),

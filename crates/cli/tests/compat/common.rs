@@ -149,6 +149,24 @@ pub async fn post_json(http: &reqwest::Client, url: &str, body: &serde_json::Val
     answer.json().await.unwrap()
 }
 
+/// A Worker upload as wrangler sends it to `PUT …/workers/scripts/{name}`: a multipart form of
+/// the `metadata` part and one ES module per `(name, source)`. Answers the body and its
+/// content type.
+pub fn worker_upload(metadata: &serde_json::Value, modules: &[(&str, &str)]) -> (Vec<u8>, String) {
+    let boundary = "kura-compat-upload-boundary";
+    let mut body = format!(
+        "--{boundary}\r\ncontent-disposition: form-data; name=\"metadata\"\r\ncontent-type: application/json\r\n\r\n{metadata}\r\n"
+    );
+    for (name, source) in modules {
+        body.push_str(&format!(
+            "--{boundary}\r\ncontent-disposition: form-data; name=\"{name}\"; filename=\"{name}\"\r\n\
+             content-type: application/javascript+module\r\n\r\n{source}\r\n"
+        ));
+    }
+    body.push_str(&format!("--{boundary}--\r\n"));
+    (body.into_bytes(), format!("multipart/form-data; boundary={boundary}"))
+}
+
 /// What a command did.
 pub struct Run {
     pub ok: bool,
