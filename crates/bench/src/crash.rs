@@ -1,5 +1,5 @@
-//! The crash test's long mode: `crash_random` (kill -9 at random moments of a mixed D1, R2 and
-//! Durable Objects workload, each restart checked against a model of what was acknowledged, and
+//! The crash test's long mode: `crash_random` (kill -9 at random moments of a mixed D1, R2,
+//! Durable Objects and Workers workload, each restart checked against a model of what was acknowledged, and
 //! the stopped directory by `kura check`), bounded in `scripts/test`, run here for many kills.
 //! Its progress streams as it runs; a failure names the seed that replays it.
 

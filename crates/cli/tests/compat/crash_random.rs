@@ -10,6 +10,8 @@
 //!   listed object reads back whole, with the bytes and ETag acknowledged.
 //! - Durable Objects: atomic batches of KV and SQL on three objects, and alarms, which must fire
 //!   once due and never unless set.
+//! - A Worker (in the workerd kura supervises, killed with it): writes through its D1 and R2
+//!   bindings and to its own Durable Object's SQL storage, each checked after the restart.
 //!
 //! After each kill, before the restart, `kura check` reads the stopped directory: SQLite
 //! integrity, every history's checksums and positions, every R2 row against its blob.
@@ -67,6 +69,7 @@ struct Server {
     http: reqwest::Client,
     api: String,
     s3: String,
+    workers: String,
 }
 
 type Answer = Result<Json, String>;
@@ -74,7 +77,12 @@ type Answer = Result<Json, String>;
 impl Server {
     fn of(process: &KuraProcess) -> Server {
         let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
-        Server { http, api: format!("{}/accounts/{ACCOUNT}", process.api), s3: process.s3.clone() }
+        Server {
+            http,
+            api: format!("{}/accounts/{ACCOUNT}", process.api),
+            s3: process.s3.clone(),
+            workers: process.workers.clone(),
+        }
     }
 
     /// A v4 call: its `result`, or why not (a refusal, or the server gone).
@@ -113,6 +121,18 @@ impl Server {
         let etag = response.headers().get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
         let text = response.text().await.map_err(|e| format!("gone: {e}"))?;
         Ok((status, etag.trim_matches('"').to_owned(), text))
+    }
+
+    /// A request to the crash test's Worker: its JSON answer, or why not.
+    async fn worker(&self, method: reqwest::Method, path: &str, body: Vec<u8>) -> Answer {
+        let request = self.http.request(method, format!("{}{path}", self.workers)).header("host", WORKER_HOST);
+        let response = request.body(body).send().await.map_err(|e| format!("gone: {e}"))?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| format!("gone: {e}"))?;
+        match status.is_success() {
+            true => serde_json::from_str(&text).map_err(|e| format!("{path}: {e}: {text}")),
+            false => Err(format!("{path}: {status}: {text}")),
+        }
     }
 }
 
@@ -309,6 +329,7 @@ struct Object {
 }
 
 /// One uploader, alone on its keys (`u<n>/…`) of the shared bucket.
+#[derive(Default)]
 struct R2Client {
     prefix: String,
     objects: BTreeMap<String, Object>,
@@ -404,7 +425,7 @@ impl R2Client {
 
 /// Every listed object of the bucket, each read back whole; then each uploader's keys against
 /// what it was acknowledged.
-async fn verify_bucket(server: &Server, clients: &mut [R2Client]) {
+async fn verify_bucket(server: &Server, clients: Vec<&mut R2Client>) {
     let mut listed: BTreeMap<String, (u64, String)> = BTreeMap::new();
     let mut cursor: Option<String> = None;
     loop {
@@ -426,7 +447,7 @@ async fn verify_bucket(server: &Server, clients: &mut [R2Client]) {
             _ => break,
         }
     }
-    for client in clients.iter_mut() {
+    for client in clients {
         let mine: BTreeMap<&String, &(u64, String)> =
             listed.iter().filter(|(k, _)| k.starts_with(&client.prefix)).collect();
         let keys: BTreeSet<String> = mine.keys().map(|k| (*k).clone()).chain(client.objects.keys().cloned()).collect();
@@ -565,12 +586,192 @@ impl DoClient {
     }
 }
 
+// ---- A Worker ----------------------------------------------------------------------------
+
+const WORKER_HOST: &str = "crash-worker.localhost";
+
+/// The Worker: its D1 and R2 bindings reach kura over the binding socket, its Durable Object's
+/// SQL storage is workerd's own file in the data directory. Each answer comes once the write is
+/// acknowledged (for the object, once workerd's output gate opened).
+const WORKER_SOURCE: &str = r#"
+export class Log {
+  constructor(state) {
+    this.sql = state.storage.sql;
+    this.sql.exec("CREATE TABLE IF NOT EXISTS log (k INTEGER PRIMARY KEY, n INTEGER NOT NULL)");
+  }
+  async fetch(request) {
+    const params = new URL(request.url).searchParams;
+    if (request.method === "POST") {
+      this.sql.exec("INSERT OR REPLACE INTO log VALUES (?, ?)", Number(params.get("k")), Number(params.get("n")));
+      return Response.json({ ok: true });
+    }
+    return Response.json(this.sql.exec("SELECT k, n FROM log ORDER BY k").toArray());
+  }
+}
+
+export default {
+  async fetch(request, env) {
+    const url = new URL(request.url);
+    const params = url.searchParams;
+    switch (url.pathname) {
+      case "/d1":
+        await env.DB.prepare("INSERT OR REPLACE INTO t VALUES (?, ?)")
+          .bind(Number(params.get("id")), Number(params.get("n")))
+          .run();
+        return Response.json({ ok: true });
+      case "/d1/rows":
+        return Response.json((await env.DB.prepare("SELECT id, n FROM t ORDER BY id").all()).results);
+      case "/r2": {
+        const object = await env.BUCKET.put(params.get("key"), await request.arrayBuffer());
+        return Response.json({ etag: object.etag });
+      }
+      case "/do": {
+        const stub = env.LOG.get(env.LOG.idFromName("log"));
+        return stub.fetch(new Request("http://log/" + url.search, { method: request.method }));
+      }
+    }
+    return new Response("no such path", { status: 404 });
+  }
+};
+"#;
+
+/// The one client of the Worker, alone on its database, its keys (`w/…`) and its object.
+#[derive(Default)]
+struct WorkerClient {
+    uuid: String,
+    rows: Rows,
+    log: Rows,
+    /// The database's rows or the object's log if the write in flight at the crash happened.
+    in_flight: Option<(Place, Rows)>,
+    /// The Worker's objects, checked with the uploaders'.
+    r2: R2Client,
+    ops: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Place {
+    Database,
+    Object,
+}
+
+impl WorkerClient {
+    /// Makes the Worker's database and deploys it.
+    async fn deploy(server: &Server) -> WorkerClient {
+        let created =
+            server.v4(reqwest::Method::POST, "/d1/database", Some(json!({ "name": "crash-w" }))).await.unwrap();
+        let uuid = created["uuid"].as_str().unwrap().to_owned();
+        let sql = "CREATE TABLE t (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)";
+        let path = format!("/d1/database/{uuid}/query");
+        server.v4(reqwest::Method::POST, &path, Some(json!({ "sql": sql }))).await.unwrap();
+        let metadata = json!({
+            "main_module": "worker.js",
+            "compatibility_date": "2025-01-01",
+            "bindings": [
+                { "name": "DB", "type": "d1", "id": uuid },
+                { "name": "BUCKET", "type": "r2_bucket", "bucket_name": BUCKET },
+                { "name": "LOG", "type": "durable_object_namespace", "class_name": "Log" },
+            ],
+            "migrations": { "new_tag": "v1", "steps": [{ "new_sqlite_classes": ["Log"] }] },
+        });
+        let (body, content_type) = crate::common::worker_upload(&metadata, &[("worker.js", WORKER_SOURCE)]);
+        let url = format!("{}/workers/scripts/crash-worker", server.api);
+        let deployed = server.http.put(url).bearer_auth(TOKEN).header("content-type", content_type).body(body);
+        let deployed = deployed.send().await.unwrap();
+        assert!(
+            deployed.status().is_success(),
+            "deploying the crash test's Worker: {}",
+            deployed.text().await.unwrap()
+        );
+        let r2 = R2Client { prefix: "w/".into(), objects: BTreeMap::new(), in_flight: None, ops: 0 };
+        WorkerClient { uuid, rows: Rows::new(), log: Rows::new(), in_flight: None, r2, ops: 0 }
+    }
+
+    async fn step(&mut self, server: &Server, rng: &mut Rng) -> Result<(), String> {
+        self.ops += 1;
+        let roll = rng.below(100);
+        let (k, n) = (rng.below(60) as i64, rng.below(1_000_000) as i64);
+        if roll < 40 {
+            let mut after = self.rows.clone();
+            after.insert(k, n);
+            self.in_flight = Some((Place::Database, after.clone()));
+            server.worker(reqwest::Method::POST, &format!("/d1?id={k}&n={n}"), Vec::new()).await?;
+            self.rows = after;
+        } else if roll < 70 {
+            let key = format!("{}key-{:02}", self.r2.prefix, rng.below(12));
+            let seed = rng.next();
+            let len = [0, 7, 1000, 70_000][rng.below(4) as usize];
+            let body = bytes(seed, len);
+            let md5 = md5_hex(&body);
+            let object = Object { md5: md5.clone(), len, etag: md5.clone(), seed };
+            self.r2.in_flight = Some((key.clone(), Some(object.clone())));
+            let put = server.worker(reqwest::Method::PUT, &format!("/r2?key={key}"), body).await?;
+            if put["etag"] != md5.as_str() {
+                return Err(format!("the Worker's put of {key}: {put} (sent {md5})"));
+            }
+            self.r2.objects.insert(key, object);
+            self.r2.in_flight = None;
+        } else {
+            let mut after = self.log.clone();
+            after.insert(k, n);
+            self.in_flight = Some((Place::Object, after.clone()));
+            server.worker(reqwest::Method::POST, &format!("/do?k={k}&n={n}"), Vec::new()).await?;
+            self.log = after;
+        }
+        self.in_flight = None;
+        Ok(())
+    }
+
+    /// After a restart, through the Worker: its database and its object hold what was
+    /// acknowledged (or that plus the write in flight). Its objects are checked with the bucket.
+    /// workerd starts with kura: the first requests may find it starting.
+    async fn verify(&mut self, server: &Server) {
+        let read = |path: &'static str| async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                match server.worker(reqwest::Method::GET, path, Vec::new()).await {
+                    Ok(rows) => break rows,
+                    Err(e) if std::time::Instant::now() < deadline => {
+                        eprintln!("the Worker after the restart: {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(e) => panic!("the Worker never answered after the restart: {e}"),
+                }
+            }
+        };
+        let rows_of = |answer: Json, (a, b): (&str, &str)| -> Rows {
+            answer.as_array().unwrap().iter().map(|r| (r[a].as_i64().unwrap(), r[b].as_i64().unwrap())).collect()
+        };
+        let found = [
+            (Place::Database, rows_of(read("/d1/rows").await, ("id", "n"))),
+            (Place::Object, rows_of(read("/do").await, ("k", "n"))),
+        ];
+        for (place, found) in found {
+            let model = match place {
+                Place::Database => &mut self.rows,
+                Place::Object => &mut self.log,
+            };
+            if found != *model {
+                let in_flight = self.in_flight.as_ref().filter(|(p, _)| *p == place).map(|(_, rows)| rows);
+                assert_eq!(
+                    Some(&found),
+                    in_flight,
+                    "the Worker's {place:?} (database {}): neither acknowledged nor in flight",
+                    self.uuid
+                );
+                *model = found;
+            }
+        }
+        self.in_flight = None;
+    }
+}
+
 // ---- The run --------------------------------------------------------------------------------
 
 struct Clients {
     d1: Vec<D1Client>,
     r2: Vec<R2Client>,
     durable: DoClient,
+    worker: WorkerClient,
 }
 
 fn setting(name: &str, default: u64) -> u64 {
@@ -614,7 +815,8 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
             alarms_set: vec![BTreeSet::new(); 3],
             ops: 0,
         };
-        Clients { d1, r2, durable }
+        let worker = WorkerClient::deploy(&server).await;
+        Clients { d1, r2, durable, worker }
     });
 
     let fired = || -> Vec<(usize, i64)> {
@@ -634,7 +836,7 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
         let stop = Arc::new(AtomicBool::new(false));
         let life = Duration::from_millis(100 + rng.below(1_900));
         // Every client runs until the kill, each with its own generator.
-        let (d1, r2, durable) = runtime.block_on(async {
+        let (d1, r2, durable, worker) = runtime.block_on(async {
             let spawn_seed = rng.next();
             let mut tasks_d1 = Vec::new();
             for (i, mut client) in std::mem::take(&mut clients.d1).into_iter().enumerate() {
@@ -681,8 +883,22 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
                     durable
                 })
             };
+            let task_worker = {
+                let (server, stop) = (server.clone(), stop.clone());
+                let mut rng = Rng(spawn_seed ^ 2000);
+                let mut worker = std::mem::take(&mut clients.worker);
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::SeqCst) {
+                        if let Err(e) = worker.step(&server, &mut rng).await {
+                            assert!(e.starts_with("gone"), "the Worker: refused while serving: {e}");
+                            break;
+                        }
+                    }
+                    worker
+                })
+            };
             tokio::time::sleep(life).await;
-            (tasks_d1, tasks_r2, task_do)
+            (tasks_d1, tasks_r2, task_do, task_worker)
         });
         // kill -9 mid-workload.
         let (dir, data) = process.stop();
@@ -695,10 +911,12 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
                 clients.r2.push(task.await.expect("an R2 client failed"));
             }
             clients.durable = durable.await.expect("the Durable Objects client failed");
+            clients.worker = worker.await.expect("the Worker's client failed");
         });
         let ops: u64 = clients.d1.iter().map(|c| c.ops).sum::<u64>()
             + clients.r2.iter().map(|c| c.ops).sum::<u64>()
-            + clients.durable.ops;
+            + clients.durable.ops
+            + clients.worker.ops;
         requests = ops;
 
         // The stopped directory, as the crash left it.
@@ -721,7 +939,9 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
             for client in &mut clients.d1 {
                 client.verify(&server, &mut rng).await;
             }
-            verify_bucket(&server, &mut clients.r2).await;
+            // The Worker first: its answer shows workerd up again.
+            clients.worker.verify(&server).await;
+            verify_bucket(&server, clients.r2.iter_mut().chain([&mut clients.worker.r2]).collect()).await;
             clients.durable.verify(&server, &fired).await;
         });
     }
@@ -761,7 +981,11 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
     });
     let bookmarks: usize = clients.d1.iter().map(|c| c.marks.len()).sum();
     println!(
-        "crash test: {iterations} kills, {requests} requests, {bookmarks} bookmarks ({restored} restored at the end), {} alarms fired: nothing acknowledged lost",
+        "crash test: {iterations} kills, {requests} requests ({} through the Worker: {} rows, {} objects, {} object rows), {bookmarks} bookmarks ({restored} restored at the end), {} alarms fired: nothing acknowledged lost",
+        clients.worker.ops,
+        clients.worker.rows.len(),
+        clients.worker.r2.objects.len(),
+        clients.worker.log.len(),
         fired().len()
     );
 }
