@@ -62,6 +62,16 @@ impl Caller {
     pub fn scope(&self) -> Scope {
         self.token.scope
     }
+
+    /// Checks that the caller is an admin of `account_id` with no bucket limit: what managing
+    /// tokens (a limited admin could mint itself an unlimited one), Workers (whose R2 bindings
+    /// reach any bucket of the account) and the cluster's own routes need.
+    pub fn require_unlimited_admin(&self, account_id: &str) -> Result<(), ApiError> {
+        if self.token.account_id != account_id || self.token.scope != Scope::Admin || self.token.buckets.is_some() {
+            return Err(ApiError::forbidden());
+        }
+        Ok(())
+    }
 }
 
 impl Caller {

@@ -34,11 +34,14 @@ enum Credential {
     DoWrite,
     /// `r2:write` limited to [`OPEN`].
     BucketLimited,
+    /// `admin` limited to [`OPEN`]: everything but other buckets, tokens, Workers (whose R2
+    /// bindings would reach every bucket) and the cluster.
+    BucketLimitedAdmin,
     Admin,
     OtherAccountAdmin,
 }
 
-const CREDENTIALS: [Credential; 13] = [
+const CREDENTIALS: [Credential; 14] = [
     Credential::None,
     Credential::Malformed,
     Credential::Unknown,
@@ -50,6 +53,7 @@ const CREDENTIALS: [Credential; 13] = [
     Credential::DoRead,
     Credential::DoWrite,
     Credential::BucketLimited,
+    Credential::BucketLimitedAdmin,
     Credential::Admin,
     Credential::OtherAccountAdmin,
 ];
@@ -87,17 +91,18 @@ fn allowed(credential: Credential, need: Need, surface: Surface) -> bool {
         Need::AccountToken => valid && credential != C::OtherAccountAdmin,
         Need::R2Read(None) | Need::R2Write(None) if credential == C::OtherAccountAdmin => surface != Surface::V4,
         _ if credential == C::Admin => true,
+        Need::D1Read | Need::D1Write | Need::DoRead | Need::DoWrite if credential == C::BucketLimitedAdmin => true,
         Need::D1Read => matches!(credential, C::D1Read | C::D1Write),
         Need::D1Write => credential == C::D1Write,
         Need::R2Read(bucket) => match credential {
             C::R2Read | C::R2Write => true,
-            C::BucketLimited => bucket.is_none_or(|b| b == OPEN),
+            C::BucketLimited | C::BucketLimitedAdmin => bucket.is_none_or(|b| b == OPEN),
             _ => false,
         },
         // A bucket-limited token writes objects in its buckets only; it makes no buckets.
         Need::R2Write(bucket) => match credential {
             C::R2Write => true,
-            C::BucketLimited => bucket == Some(OPEN),
+            C::BucketLimited | C::BucketLimitedAdmin => bucket == Some(OPEN),
             _ => false,
         },
         Need::DoRead => matches!(credential, C::DoRead | C::DoWrite),
@@ -251,6 +256,8 @@ fn worker_upload(text: &str) -> (Vec<u8>, Vec<(&'static str, String)>) {
 struct Bookmarks {
     d1: String,
     object: String,
+    /// The version the fixture Worker runs, for the deployment.
+    worker_version: String,
 }
 
 fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
@@ -810,6 +817,36 @@ fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
         e("workers logs", Surface::V4, Method::GET, script("/logs"), None, Need::Admin, None),
         e("workers references", Surface::V4, Method::GET, script("/references"), None, Need::Admin, None),
         e("workers schedules", Surface::V4, Method::PUT, script("/schedules"), json_body(json!([])), Need::Admin, None),
+        e(
+            "workers settings change",
+            Surface::V4,
+            Method::PATCH,
+            script("/settings"),
+            json_body(json!({ "logpush": true })),
+            Need::Admin,
+            Some(script_probe("/settings")),
+        ),
+        e(
+            "workers subdomain change",
+            Surface::V4,
+            Method::POST,
+            script("/subdomain"),
+            json_body(json!({ "enabled": false })),
+            Need::Admin,
+            Some(script_probe("/subdomain")),
+        ),
+        e(
+            "workers deploy a version",
+            Surface::V4,
+            Method::POST,
+            script("/deployments"),
+            json_body(json!({
+                "strategy": "percentage",
+                "versions": [{ "version_id": bookmarks.worker_version, "percentage": 100 }],
+            })),
+            Need::Admin,
+            Some(script_probe("/deployments")),
+        ),
         Endpoint {
             headers: upload_headers,
             ..e(
@@ -995,6 +1032,7 @@ fn every_endpoint_against_every_credential() {
             (Credential::DoRead, "do:read", None),
             (Credential::DoWrite, "do:write", None),
             (Credential::BucketLimited, "r2:write", Some(json!([OPEN]))),
+            (Credential::BucketLimitedAdmin, "admin", Some(json!([OPEN]))),
             (Credential::Revoked, "admin", None),
         ];
         for (credential, scope, buckets) in scoped {
@@ -1030,9 +1068,15 @@ fn every_endpoint_against_every_credential() {
         let d1 = admin(&client, &server, Method::GET, &v4("/d1/database/fixture/time_travel/bookmark"), None).await;
         let object = v4("/workers/durable_objects/namespaces/ns/objects/obj/bookmark");
         let object = admin(&client, &server, Method::GET, &object, None).await;
+        let deployments = v4(&format!("/workers/scripts/{WORKER}/deployments"));
+        let deployments = admin(&client, &server, Method::GET, &deployments, None).await;
         Bookmarks {
             d1: d1["result"]["bookmark"].as_str().unwrap().to_owned(),
             object: object["result"]["bookmark"].as_str().unwrap().to_owned(),
+            worker_version: deployments["result"]["deployments"][0]["versions"][0]["version_id"]
+                .as_str()
+                .expect("the fixture Worker's version")
+                .to_owned(),
         }
     });
     let endpoints = endpoints(&bookmarks);
@@ -1125,8 +1169,18 @@ async fn binding_socket_refuses_outsiders(
     failures: &mut Vec<String>,
 ) -> usize {
     use kura_workers::config::headers;
-    let socket =
-        find_file(&server.data, "bindings.sock").expect("the Workers' binding socket is in the data directory");
+    // The socket and the secret, as the configuration kura wrote for workerd names them.
+    let config = find_file(&server.data, "workerd.capnp").expect("kura wrote workerd's configuration");
+    let config = std::fs::read_to_string(config).unwrap();
+    let marker = format!("\"{}\", value = \"", headers::SECRET);
+    let secret =
+        config.split(&marker).nth(1).and_then(|rest| rest.split('"').next()).expect("the secret in the configuration");
+    let socket = std::path::PathBuf::from(
+        config
+            .split('"')
+            .find_map(|s| s.strip_prefix("unix:").filter(|p| p.ends_with("bindings.sock")))
+            .expect("the binding socket's address in workerd's configuration"),
+    );
     let details = admin(client, server, Method::GET, &v4("/d1/database/fixture"), None).await;
     let uuid = details["result"]["uuid"].as_str().expect("the fixture's uuid").to_owned();
     let rows = Probe {
@@ -1152,6 +1206,15 @@ async fn binding_socket_refuses_outsiders(
         ("an API token", Some(("authorization", format!("Bearer {TOKEN}")))),
         ("a wrong secret", Some((headers::SECRET, "0".repeat(64)))),
     ];
+    // The control: with the secret, the socket serves (so a refusal below is the secret's).
+    let select = serde_json::to_vec(&json!({ "sql": "SELECT count(*) AS n FROM t" })).unwrap();
+    let with_secret = [
+        (headers::ACCOUNT, ACCOUNT.to_owned()),
+        (headers::D1_DATABASE, uuid.clone()),
+        (headers::SECRET, secret.to_owned()),
+    ];
+    let (status, answer) = unix_request(&socket, "POST", "/query", &with_secret, &select).await;
+    assert_eq!(status, 200, "the binding socket with this run's secret: {answer}");
     let (rows_before, objects_before) = (probe(client, server, &rows).await, probe(client, server, &objects).await);
     let mut cells = 0;
     for (method, path, fields, body) in &requests {

@@ -384,15 +384,13 @@ pub async fn drain(
     Ok(crate::rest::ok(cluster_for(&app, &caller, &account_id)?.status.drain().await))
 }
 
-/// The node's cluster side, for an admin token of `account_id`.
+/// The node's cluster side, for an admin token of `account_id` with no bucket limit.
 fn cluster_for<'a>(
     app: &'a AppState,
     caller: &crate::auth::Caller,
     account_id: &str,
 ) -> Result<&'a Forwarding, ApiError> {
-    if caller.token.account_id != account_id || caller.scope() != kura_catalog::Scope::Admin {
-        return Err(ApiError::forbidden());
-    }
+    caller.require_unlimited_admin(account_id)?;
     app.forwarding
         .as_ref()
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, 7404, "this kura node runs alone, not in a cluster"))

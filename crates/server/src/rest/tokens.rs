@@ -19,10 +19,7 @@ use crate::auth::Caller;
 /// Tokens are managed by the account's unlimited admin tokens only: an admin token limited to
 /// some buckets could otherwise mint itself an unlimited one.
 fn require_admin(caller: &Caller, account_id: &str) -> Result<(), ApiError> {
-    if caller.token.account_id != account_id || caller.scope() != Scope::Admin || caller.token.buckets.is_some() {
-        return Err(ApiError::forbidden());
-    }
-    Ok(())
+    caller.require_unlimited_admin(account_id)
 }
 
 /// A token as the API shows it: Cloudflare's fields (`status`, `issued_on`) and kura's single

@@ -39,11 +39,10 @@ impl From<WorkersError> for ApiError {
     }
 }
 
-/// The Workers layer, for an admin of the account.
+/// The Workers layer, for an admin of the account with no bucket limit: a Worker's R2 bindings
+/// reach any bucket.
 fn workers<'a>(app: &'a AppState, caller: &Caller, account_id: &str) -> Result<&'a Workers, ApiError> {
-    if caller.token.account_id != account_id || caller.scope() != kura_catalog::Scope::Admin {
-        return Err(ApiError::forbidden());
-    }
+    caller.require_unlimited_admin(account_id)?;
     app.workers.as_ref().ok_or_else(|| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
