@@ -392,14 +392,16 @@ async fn spawn(binary: &WorkerdBinary, dir: &Path, config: &WorkerdConfig) -> Re
 /// Makes the child die with kura, even a kura killed with SIGKILL.
 fn die_with_kura(command: &mut Command) {
     let kura = std::process::id();
-    // SAFETY: the closure runs in the forked child before exec and calls only async-signal-safe
-    // functions (prctl, getppid).
+    // SAFETY: the closure runs in the forked child before exec; it calls only async-signal-safe
+    // functions (prctl, getppid) and allocates nothing (its errors are raw OS errors).
     unsafe {
         command.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             // kura may have died between the fork and the prctl: then no signal comes.
             if libc::getppid() as u32 != kura {
-                return Err(std::io::Error::other("kura exited while starting workerd"));
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
             Ok(())
         });
@@ -417,6 +419,11 @@ async fn spawn_from_lasting_thread(command: Command) -> std::io::Result<Child> {
         let (jobs, received) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new().name("kura-workerd-spawner".into()).spawn(move || {
             for (mut command, runtime, reply) in received {
+                // Nobody waits for a child asked for by a caller since gone (its runtime may have
+                // shut down, and the child would run unsupervised).
+                if reply.is_closed() {
+                    continue;
+                }
                 // tokio reaps the child with the runtime's own driver.
                 let _entered = runtime.enter();
                 let _ = reply.send(command.spawn());
@@ -502,10 +509,9 @@ async fn stop(running: &mut Running) {
 mod tests {
     use super::*;
 
-    /// Linux's parent-death signal follows the thread that forked: a child started for a thread
-    /// that then ends goes on living (that it dies with the process a test cannot show).
-    #[test]
-    fn a_child_outlives_the_thread_that_started_it() {
+    /// Starts `sleep 30` made to die with kura, from a thread that ends at once, either
+    /// through the lasting thread or directly; answers how it exited 300 ms later, if it did.
+    fn started_from_a_passing_thread(through_the_lasting_thread: bool) -> Option<std::process::ExitStatus> {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let handle = runtime.handle().clone();
         let mut child = std::thread::spawn(move || {
@@ -513,13 +519,32 @@ mod tests {
                 let mut command = Command::new("sleep");
                 command.arg("30").kill_on_drop(true);
                 die_with_kura(&mut command);
-                spawn_from_lasting_thread(command).await.unwrap()
+                match through_the_lasting_thread {
+                    true => spawn_from_lasting_thread(command).await.unwrap(),
+                    false => command.spawn().unwrap(),
+                }
             })
         })
         .join()
         .unwrap();
         std::thread::sleep(Duration::from_millis(300));
-        let exited = runtime.block_on(async { child.try_wait() }).unwrap();
+        runtime.block_on(async { child.try_wait() }).unwrap()
+    }
+
+    /// Linux's parent-death signal follows the thread that forked: a child started for a thread
+    /// that then ends goes on living (that it dies with the process a test cannot show).
+    #[test]
+    fn a_child_outlives_the_thread_that_started_it() {
+        let exited = started_from_a_passing_thread(true);
         assert!(exited.is_none(), "the child was killed with the thread that started it: {exited:?}");
+    }
+
+    /// The control: started directly from that thread, the child dies with it — so the signal is
+    /// set, and the lasting thread is what keeps the child alive above.
+    #[test]
+    fn a_child_started_directly_dies_with_its_thread() {
+        use std::os::unix::process::ExitStatusExt;
+        let exited = started_from_a_passing_thread(false);
+        assert_eq!(exited.and_then(|e| e.signal()), Some(libc::SIGKILL), "{exited:?}");
     }
 }

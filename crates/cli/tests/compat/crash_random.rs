@@ -682,7 +682,7 @@ impl WorkerClient {
             "deploying the crash test's Worker: {}",
             deployed.text().await.unwrap()
         );
-        let r2 = R2Client { prefix: "w/".into(), objects: BTreeMap::new(), in_flight: None, ops: 0 };
+        let r2 = R2Client { prefix: "w/".into(), ..Default::default() };
         WorkerClient { uuid, rows: Rows::new(), log: Rows::new(), in_flight: None, r2, ops: 0 }
     }
 
@@ -763,6 +763,16 @@ impl WorkerClient {
         }
         self.in_flight = None;
     }
+}
+
+/// Processes whose working directory is under `dir` (workerd runs in the data directory).
+fn processes_in(dir: &std::path::Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir)))
+        .collect()
 }
 
 // ---- The run --------------------------------------------------------------------------------
@@ -901,7 +911,14 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
             (tasks_d1, tasks_r2, task_do, task_worker)
         });
         // kill -9 mid-workload.
+        assert!(!processes_in(&process.data).is_empty(), "workerd runs in the data directory");
         let (dir, data) = process.stop();
+        // workerd dies with kura: two would share the Durable Object's file after the restart.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !processes_in(&data).is_empty() {
+            assert!(std::time::Instant::now() < deadline, "outlived kura: {:?}", processes_in(&data));
+            std::thread::sleep(Duration::from_millis(20));
+        }
         stop.store(true, Ordering::SeqCst);
         runtime.block_on(async {
             for task in d1 {
