@@ -51,13 +51,19 @@ pub fn worker_routes() -> Router<AppState> {
         .route("/logs", post(workers::logs))
 }
 
-/// The account a request on the Workers' socket acts for, once its secret checks out.
-pub(crate) fn worker_account(app: &AppState, request: &HeaderMap) -> Result<String, ApiError> {
+/// The Workers layer, for a request on its socket that carries this run's secret.
+pub(crate) fn from_workerd<'a>(app: &'a AppState, request: &HeaderMap) -> Result<&'a kura_workers::Workers, ApiError> {
     let Some(workers) = &app.workers else { return Err(ApiError::forbidden()) };
     let sent = request.get(headers::SECRET).map(|v| v.as_bytes()).unwrap_or_default();
     if !constant_time_eq(sent, workers.secret().as_bytes()) {
         return Err(ApiError::forbidden());
     }
+    Ok(workers)
+}
+
+/// The account a request on the Workers' socket acts for, once its secret checks out.
+pub(crate) fn worker_account(app: &AppState, request: &HeaderMap) -> Result<String, ApiError> {
+    from_workerd(app, request)?;
     request
         .get(headers::ACCOUNT)
         .and_then(|v| v.to_str().ok())

@@ -22,11 +22,7 @@ struct Announcement {
 }
 
 fn script_of(app: &AppState, request: &HeaderMap) -> Result<kura_catalog::WorkerScript, ApiError> {
-    let workers = app.workers.as_ref().ok_or_else(ApiError::forbidden)?;
-    let sent = request.get(headers::SECRET).map(|v| v.as_bytes()).unwrap_or_default();
-    if !super::constant_time_eq(sent, workers.secret().as_bytes()) {
-        return Err(ApiError::forbidden());
-    }
+    let workers = super::from_workerd(app, request)?;
     let id = request.get(headers::SCRIPT).and_then(|v| v.to_str().ok()).unwrap_or("");
     workers.script_by_id(id).map_err(ApiError::from)
 }
