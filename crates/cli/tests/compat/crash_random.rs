@@ -498,6 +498,7 @@ struct ObjectState {
 }
 
 /// One client of three objects of a namespace with alarms.
+#[derive(Default)]
 struct DoClient {
     objects: Vec<ObjectState>,
     in_flight: Option<(usize, ObjectState)>,
@@ -775,6 +776,70 @@ fn processes_in(dir: &std::path::Path) -> Vec<u32> {
         .collect()
 }
 
+/// A client of the workload, alone on its part of the state.
+trait Workload: Send + 'static {
+    /// What the client is, for a failure's message.
+    fn name(&self) -> String;
+    /// One request of the workload; `Err` once the server is gone (the request then in flight).
+    fn next(&mut self, server: &Server, rng: &mut Rng) -> impl std::future::Future<Output = Result<(), String>> + Send;
+}
+
+impl Workload for D1Client {
+    fn name(&self) -> String {
+        format!("D1 {}", self.uuid)
+    }
+    fn next(&mut self, server: &Server, rng: &mut Rng) -> impl std::future::Future<Output = Result<(), String>> + Send {
+        self.step(server, rng)
+    }
+}
+
+impl Workload for R2Client {
+    fn name(&self) -> String {
+        format!("R2 {}", self.prefix)
+    }
+    fn next(&mut self, server: &Server, rng: &mut Rng) -> impl std::future::Future<Output = Result<(), String>> + Send {
+        self.step(server, rng)
+    }
+}
+
+impl Workload for DoClient {
+    fn name(&self) -> String {
+        "Durable Objects".into()
+    }
+    fn next(&mut self, server: &Server, rng: &mut Rng) -> impl std::future::Future<Output = Result<(), String>> + Send {
+        self.step(server, rng)
+    }
+}
+
+impl Workload for WorkerClient {
+    fn name(&self) -> String {
+        "the Worker".into()
+    }
+    fn next(&mut self, server: &Server, rng: &mut Rng) -> impl std::future::Future<Output = Result<(), String>> + Send {
+        self.step(server, rng)
+    }
+}
+
+/// Runs `client` until `stop`, or until the server is gone; answers it with its model. A
+/// refusal while the server serves is a failure.
+fn run_until_stopped<C: Workload>(
+    mut client: C,
+    server: &Server,
+    stop: &Arc<AtomicBool>,
+    mut rng: Rng,
+) -> tokio::task::JoinHandle<C> {
+    let (server, stop) = (server.clone(), Arc::clone(stop));
+    tokio::spawn(async move {
+        while !stop.load(Ordering::SeqCst) {
+            if let Err(e) = client.next(&server, &mut rng).await {
+                assert!(e.starts_with("gone"), "{}: refused while serving: {e}", client.name());
+                break;
+            }
+        }
+        client
+    })
+}
+
 // ---- The run --------------------------------------------------------------------------------
 
 struct Clients {
@@ -848,65 +913,19 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
         // Every client runs until the kill, each with its own generator.
         let (d1, r2, durable, worker) = runtime.block_on(async {
             let spawn_seed = rng.next();
-            let mut tasks_d1 = Vec::new();
-            for (i, mut client) in std::mem::take(&mut clients.d1).into_iter().enumerate() {
-                let (server, stop) = (server.clone(), stop.clone());
-                let mut rng = Rng(spawn_seed ^ (i as u64 + 1));
-                tasks_d1.push(tokio::spawn(async move {
-                    while !stop.load(Ordering::SeqCst) {
-                        if let Err(e) = client.step(&server, &mut rng).await {
-                            assert!(e.starts_with("gone"), "D1 {}: refused while serving: {e}", client.uuid);
-                            break;
-                        }
-                    }
-                    client
-                }));
-            }
-            let mut tasks_r2 = Vec::new();
-            for (i, mut client) in std::mem::take(&mut clients.r2).into_iter().enumerate() {
-                let (server, stop) = (server.clone(), stop.clone());
-                let mut rng = Rng(spawn_seed ^ (i as u64 + 100));
-                tasks_r2.push(tokio::spawn(async move {
-                    while !stop.load(Ordering::SeqCst) {
-                        if let Err(e) = client.step(&server, &mut rng).await {
-                            assert!(e.starts_with("gone"), "R2 {}: refused while serving: {e}", client.prefix);
-                            break;
-                        }
-                    }
-                    client
-                }));
-            }
-            let mut durable = std::mem::replace(
-                &mut clients.durable,
-                DoClient { objects: Vec::new(), in_flight: None, alarms_set: Vec::new(), ops: 0 },
-            );
-            let task_do = {
-                let (server, stop) = (server.clone(), stop.clone());
-                let mut rng = Rng(spawn_seed ^ 1000);
-                tokio::spawn(async move {
-                    while !stop.load(Ordering::SeqCst) {
-                        if let Err(e) = durable.step(&server, &mut rng).await {
-                            assert!(e.starts_with("gone"), "Durable Objects: refused while serving: {e}");
-                            break;
-                        }
-                    }
-                    durable
-                })
-            };
-            let task_worker = {
-                let (server, stop) = (server.clone(), stop.clone());
-                let mut rng = Rng(spawn_seed ^ 2000);
-                let mut worker = std::mem::take(&mut clients.worker);
-                tokio::spawn(async move {
-                    while !stop.load(Ordering::SeqCst) {
-                        if let Err(e) = worker.step(&server, &mut rng).await {
-                            assert!(e.starts_with("gone"), "the Worker: refused while serving: {e}");
-                            break;
-                        }
-                    }
-                    worker
-                })
-            };
+            let seeded = |salt: u64| Rng(spawn_seed ^ salt);
+            let tasks_d1: Vec<_> = std::mem::take(&mut clients.d1)
+                .into_iter()
+                .zip(1..)
+                .map(|(client, salt)| run_until_stopped(client, &server, &stop, seeded(salt)))
+                .collect();
+            let tasks_r2: Vec<_> = std::mem::take(&mut clients.r2)
+                .into_iter()
+                .zip(100..)
+                .map(|(client, salt)| run_until_stopped(client, &server, &stop, seeded(salt)))
+                .collect();
+            let task_do = run_until_stopped(std::mem::take(&mut clients.durable), &server, &stop, seeded(1000));
+            let task_worker = run_until_stopped(std::mem::take(&mut clients.worker), &server, &stop, seeded(2000));
             tokio::time::sleep(life).await;
             (tasks_d1, tasks_r2, task_do, task_worker)
         });
