@@ -182,6 +182,13 @@ fn connect(
         flags |= OpenFlags::SQLITE_OPEN_CREATE;
     }
     let mut conn = rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?;
+    if !options.read_only {
+        // The actor is the file's only user, so SQLite need not take file locks per
+        // transaction or keep the WAL index in shared memory. First: the WAL index lives on the
+        // heap only if the mode is exclusive when the WAL is opened, and a pragma that reads the
+        // schema (cache_size, below) opens it.
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(open_error)?;
+    }
     if options.compact {
         // About 50 KB per connection otherwise. SQLite refuses (SQLITE_BUSY) once lookaside
         // memory is in use; this is before the first statement, so it is not.
@@ -214,9 +221,6 @@ fn connect(
     }
     conn.busy_timeout(Duration::from_secs(5)).map_err(open_error)?;
     if !options.read_only {
-        // The actor is the file's only user, so SQLite need not take file locks per
-        // transaction or keep the WAL index in shared memory.
-        conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(open_error)?;
         let mode: String =
             conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(open_error)?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -696,4 +700,28 @@ fn merge(previous: Option<StatementResult>, mut last: StatementResult) -> Statem
         last.meta.wrote |= p.meta.wrote;
     }
     last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::{Request, Statement};
+
+    /// A database kura writes alone keeps its WAL index on the heap: no `-shm` file to create,
+    /// extend, map and have written back, for one of many open at once as for a D1 database.
+    #[test]
+    fn an_exclusively_written_database_keeps_no_shared_memory_file() {
+        for compact in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("db.sqlite");
+            for _ in 0..2 {
+                // Opened twice: once made, once found with its WAL.
+                let mut db = Database::open(&DatabaseOptions::new(&path).create(true).compact(compact)).unwrap();
+                let write = "CREATE TABLE IF NOT EXISTS t (x); INSERT INTO t VALUES (1)";
+                db.execute(&Request::new(vec![Statement::new(write)])).unwrap();
+                assert!(path.with_extension("sqlite-wal").exists(), "the database is in WAL mode");
+                assert!(!path.with_extension("sqlite-shm").exists(), "compact {compact}: a -shm file was made");
+            }
+        }
+    }
 }
