@@ -8,7 +8,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 use crate::database::{Database, DatabaseOptions, Grouped, Inline};
 use crate::error::{Error, Result};
 use crate::history::Bookmark;
+use crate::queue::QueueReceiver;
 use crate::registry::{DoneSignal, Idle, Shared};
 use crate::request::{Request, StatementResult};
 
@@ -231,7 +232,7 @@ pub(crate) fn run(
     previous_owner: Option<Arc<DoneSignal>>,
     options: DatabaseOptions,
     tuning: Tuning,
-    rx: Receiver<Command>,
+    rx: QueueReceiver<Command>,
     lender: Arc<Lender>,
 ) {
     let _guard = ExitGuard { identity: &identity };
@@ -304,7 +305,7 @@ pub(crate) fn run(
 }
 
 /// Answers every queued command with the error that stopped the actor.
-fn refuse_all(rx: &Receiver<Command>, error: &Error) {
+fn refuse_all(rx: &QueueReceiver<Command>, error: &Error) {
     while let Ok(command) = rx.try_recv() {
         match command {
             Command::Execute { reply, .. } => {

@@ -40,6 +40,7 @@ mod error;
 mod history;
 pub mod placement;
 mod policy;
+mod queue;
 mod raw;
 mod registry;
 mod request;

@@ -8,7 +8,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::TrySendError;
+
+use crate::queue::{QueueReceiver, QueueSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -81,7 +83,7 @@ impl DoneSignal {
 }
 
 struct Entry {
-    sender: SyncSender<Command>,
+    sender: QueueSender<Command>,
     /// The actor's open database, for reads served on the caller's thread.
     lender: Arc<Lender>,
     generation: u64,
@@ -366,7 +368,7 @@ impl Shared {
         if state.actors.len() >= self.settings.max_open.max(1) {
             evict_least_recently_used(state);
         }
-        let (sender, rx) = sync_channel(self.settings.queue_depth.max(1));
+        let (sender, rx) = crate::queue::bounded(self.settings.queue_depth);
         let generation = state.next_generation;
         state.next_generation += 1;
         let done = Arc::new(DoneSignal::new());
@@ -386,7 +388,7 @@ impl Shared {
 
     /// Called by an actor whose queue sat idle: retires it unless work arrived meanwhile
     /// (returned) or its database served reads on callers' threads lately (it stays).
-    pub(crate) fn retire(&self, key: &str, generation: u64, rx: &Receiver<Command>) -> Idle {
+    pub(crate) fn retire(&self, key: &str, generation: u64, rx: &QueueReceiver<Command>) -> Idle {
         let mut state = self.lock();
         if let Ok(command) = rx.try_recv() {
             return Idle::Work(command);
