@@ -298,17 +298,18 @@ fn open_segments(dir: &Path) -> io::Result<Vec<(PathBuf, u64)>> {
     let mut found = Vec::new();
     for entry in entries {
         let path = entry?.path();
-        let first = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".open"))
-            .and_then(|n| u64::from_str_radix(n, 16).ok());
-        if let Some(first) = first {
+        if let Some(first) = open_segment_first(&path) {
             found.push((path, first));
         }
     }
     found.sort_by_key(|(_, first)| *first);
     Ok(found)
+}
+
+/// The first seq of the open segment at `path` (`<first in hex>.open`), if it is one.
+fn open_segment_first(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    u64::from_str_radix(name.strip_suffix(".open")?, 16).ok()
 }
 
 /// Where the bytes cut from a damaged segment are kept.
@@ -383,7 +384,8 @@ impl History {
         let fresh = !dir.exists();
         std::fs::create_dir_all(&dir).map_err(io_error("creating the log directory"))?;
         let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).map_err(Error::internal)?;
-        let (mut sealed, mut snapshots) = (Vec::new(), Vec::new());
+        let (mut sealed, mut snapshots, mut opens) = (Vec::new(), Vec::new(), Vec::new());
+        // One listing finds everything (opening an evicted object lists it once, not twice).
         for entry in std::fs::read_dir(&dir).map_err(io_error("reading the log directory"))? {
             let path = entry.map_err(io_error("reading the log directory"))?.path();
             if path.extension().is_some_and(|e| e == "tmp") {
@@ -392,9 +394,11 @@ impl History {
                 sealed.push(s);
             } else if let Some(seq) = snapshot::seq_of(&path) {
                 snapshots.push(seq);
+            } else if let Some(first) = open_segment_first(&path) {
+                opens.push((path, first));
             }
         }
-        let mut opens = open_segments(&dir).map_err(io_error("reading the log directory"))?;
+        opens.sort_by_key(|(_, first)| *first);
         let newest = opens.pop();
         for (path, first) in opens {
             // Left by an older version's crash between starting a segment and sealing the last.
