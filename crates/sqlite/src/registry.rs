@@ -9,8 +9,6 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::TrySendError;
-
-use crate::queue::{QueueReceiver, QueueSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -19,6 +17,7 @@ use tokio::sync::oneshot;
 use crate::actor::{self, Command, Executed, Identity, Lender, Tried, Tuning};
 use crate::database::{Database, DatabaseOptions};
 use crate::error::{Error, Result};
+use crate::queue::{QueueReceiver, QueueSender};
 use crate::request::{Request, StatementResult};
 
 /// How the registry runs its actors.

@@ -390,16 +390,8 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
     // The cluster's own routes are an admin's: no token, a malformed one and a d1:write token
     // are refused, and the node drains nothing for them.
     runtime.block_on(async {
-        let made: Value = client
-            .post(format!("{}/accounts/{ACCOUNT}/tokens", apis[other]))
-            .bearer_auth(TOKEN)
-            .json(&json!({ "name": "writer", "scope": "d1:write" }))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let tokens = format!("{}/accounts/{ACCOUNT}/tokens", apis[other]);
+        let made = crate::common::post_json(&client, &tokens, &json!({ "name": "writer", "scope": "d1:write" })).await;
         let writer = made["result"]["value"].as_str().expect("a d1:write token").to_owned();
         // The control: this node knows the token (a refusal below is its scope's, not a 401).
         let url = format!("{}/accounts/{ACCOUNT}/d1/database/{uuid}/query", apis[other]);

@@ -61,6 +61,12 @@ fn blob_files(data: &Path) -> Vec<(PathBuf, u64)> {
     out
 }
 
+/// One SQL statement through the v4 query endpoint at `url`: its status and envelope.
+async fn d1_query(client: &reqwest::Client, url: &str, sql: &str) -> (u16, Value) {
+    let answer = client.post(url).bearer_auth(TOKEN).json(&json!({ "sql": sql })).send().await.unwrap();
+    (answer.status().as_u16(), answer.json().await.unwrap())
+}
+
 fn body(i: u32, size: usize) -> Vec<u8> {
     (0..size).map(|j| (j as u32).wrapping_mul(2_654_435_761).wrapping_add(i) as u8).collect()
 }
@@ -91,16 +97,7 @@ fn a_full_disk_refuses_writes_clearly_keeps_everything_and_recovers() {
         }
         request
     };
-    let query = async |sql: &str| -> (u16, Value) {
-        let answer = client
-            .post(v4("/d1/database/full/query"))
-            .bearer_auth(TOKEN)
-            .json(&json!({ "sql": sql }))
-            .send()
-            .await
-            .unwrap();
-        (answer.status().as_u16(), answer.json().await.unwrap())
-    };
+    let query = async |sql: &str| d1_query(&client, &v4("/d1/database/full/query"), sql).await;
 
     runtime.block_on(async {
         let made =
@@ -279,15 +276,7 @@ impl HistDb {
     }
 
     async fn query(&self, sql: &str) -> (u16, Value) {
-        let answer = self
-            .client
-            .post(format!("{}/d1/database/hist/query", self.account))
-            .bearer_auth(TOKEN)
-            .json(&json!({ "sql": sql }))
-            .send()
-            .await
-            .unwrap();
-        (answer.status().as_u16(), answer.json().await.unwrap())
+        d1_query(&self.client, &format!("{}/d1/database/hist/query", self.account), sql).await
     }
 
     async fn count(&self) -> Value {
