@@ -1,14 +1,16 @@
-//! The thread that owns one database file: it takes commands from a bounded queue and runs the
-//! requests it finds queued together in one transaction (group commit), one fsync for all.
+//! The actor that owns one database file: it takes commands from a bounded queue and runs the
+//! requests it finds queued together in one transaction (group commit), one fsync for all, on a
+//! thread it borrows from the pool while it has work.
 //!
 //! Each request runs in a savepoint of its own, so a failing request is undone alone; the
 //! others are answered only after the shared COMMIT is on disk. If the COMMIT fails, or SQLite
 //! rolls the whole transaction back because of one request, the others, not yet acknowledged,
 //! are run again one by one, each in its own transaction.
 
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::RecvTimeoutError;
+use std::sync::mpsc::TrySendError;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::Duration;
 
@@ -17,8 +19,8 @@ use tokio::sync::oneshot;
 use crate::database::{Database, DatabaseOptions, Grouped, Inline};
 use crate::error::{Error, Result};
 use crate::history::Bookmark;
-use crate::queue::QueueReceiver;
-use crate::registry::{DoneSignal, Idle, Shared};
+use crate::pool::Pool;
+use crate::registry::{DoneSignal, Shared};
 use crate::request::{Request, StatementResult};
 
 /// A request's answer: its results, and the database's bookmark once they were durable (for
@@ -79,8 +81,8 @@ impl Drop for WriterLock<'_> {
 }
 
 impl Lender {
-    pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Lender { db: Mutex::new(None), writers: AtomicUsize::new(0) })
+    fn new() -> Self {
+        Lender { db: Mutex::new(None), writers: AtomicUsize::new(0) }
     }
 
     /// The lock, for the actor (waiting for it).
@@ -181,12 +183,6 @@ pub(crate) struct Identity {
     pub done: Arc<DoneSignal>,
 }
 
-/// How the actor behaves.
-pub(crate) struct Tuning {
-    pub idle_timeout: Duration,
-    pub max_group: usize,
-}
-
 /// What waits in the open group transaction for its COMMIT.
 enum Pending {
     /// A request that succeeded.
@@ -211,13 +207,221 @@ fn footprint(results: &[StatementResult]) -> usize {
     results.iter().flat_map(|r| &r.rows).flatten().map(|v| v.footprint()).sum()
 }
 
-/// Signals the registry when the thread ends, however it ends.
-struct ExitGuard<'a> {
-    identity: &'a Identity,
+/// One database's owner: its queue of commands, and its open file, lent to callers between
+/// commands. It holds no thread: while it has commands it runs on one of the pool's, and it
+/// gives the thread back when its queue is empty (see [`crate::pool`]).
+pub(crate) struct Actor {
+    identity: Identity,
+    /// Most commands taken together (one group commit).
+    max_group: usize,
+    /// Most commands that may wait in the queue.
+    depth: usize,
+    lender: Lender,
+    mailbox: Mutex<Mailbox>,
+    pool: Pool,
 }
 
-impl Drop for ExitGuard<'_> {
-    fn drop(&mut self) {
+struct Mailbox {
+    commands: VecDeque<Command>,
+    /// On a pool thread, or about to be: whoever set it runs the queue until it is empty.
+    scheduled: bool,
+    /// Told to close its file once its queue is empty (idle, evicted, closed, shut down).
+    closing: bool,
+    /// It takes no more commands: its file is closed, or could not be opened.
+    stopped: bool,
+    /// How to open the file, until the first turn does.
+    opening: Option<Opening>,
+}
+
+struct Opening {
+    /// The actor that had the file before: it must have let go first.
+    previous_owner: Option<Arc<DoneSignal>>,
+    options: DatabaseOptions,
+}
+
+impl Actor {
+    pub(crate) fn new(
+        identity: Identity,
+        previous_owner: Option<Arc<DoneSignal>>,
+        options: DatabaseOptions,
+        max_group: usize,
+        depth: usize,
+        pool: Pool,
+    ) -> Arc<Self> {
+        Arc::new(Actor {
+            identity,
+            max_group: max_group.max(1),
+            depth: depth.max(1),
+            lender: Lender::new(),
+            mailbox: Mutex::new(Mailbox {
+                commands: VecDeque::new(),
+                scheduled: false,
+                closing: false,
+                stopped: false,
+                opening: Some(Opening { previous_owner, options }),
+            }),
+            pool,
+        })
+    }
+
+    /// The open database, for requests run on their callers' threads.
+    pub(crate) fn lender(&self) -> &Lender {
+        &self.lender
+    }
+
+    fn mailbox(&self) -> MutexGuard<'_, Mailbox> {
+        self.mailbox.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `command`, unless `depth` commands wait already (`Full`) or the actor has
+    /// stopped (`Disconnected`); either way the command comes back.
+    pub(crate) fn post(self: &Arc<Self>, command: Command) -> std::result::Result<(), TrySendError<Command>> {
+        let mut mailbox = self.mailbox();
+        if mailbox.stopped {
+            return Err(TrySendError::Disconnected(command));
+        }
+        if mailbox.commands.len() >= self.depth {
+            return Err(TrySendError::Full(command));
+        }
+        mailbox.commands.push_back(command);
+        self.schedule(mailbox);
+        Ok(())
+    }
+
+    /// Has the actor close its file once the commands already queued have run. The registry
+    /// calls it after taking the actor out of its map, so nothing more is posted.
+    pub(crate) fn close(self: &Arc<Self>) {
+        let mut mailbox = self.mailbox();
+        mailbox.closing = true;
+        if !mailbox.stopped {
+            self.schedule(mailbox);
+        }
+    }
+
+    /// Closes the file on this thread, as [`Actor::close`] has a pool thread do, unless the
+    /// actor is on a thread already (which then closes it). For the registry's closing of idle
+    /// databases: a thousand closed at once would otherwise start as many threads, each for
+    /// one checkpoint.
+    pub(crate) fn close_here(self: &Arc<Self>) {
+        let mut mailbox = self.mailbox();
+        mailbox.closing = true;
+        if mailbox.stopped || mailbox.scheduled {
+            return;
+        }
+        mailbox.scheduled = true;
+        drop(mailbox);
+        Arc::clone(self).turn();
+    }
+
+    /// Whether it is on a thread (or about to be).
+    pub(crate) fn is_busy(&self) -> bool {
+        self.mailbox().scheduled
+    }
+
+    fn schedule(self: &Arc<Self>, mut mailbox: MutexGuard<'_, Mailbox>) {
+        if mailbox.scheduled {
+            return;
+        }
+        mailbox.scheduled = true;
+        drop(mailbox);
+        let actor = Arc::clone(self);
+        if let Err(source) = self.pool.run(Box::new(move || actor.turn())) {
+            tracing::error!(key = %self.identity.key, error = %source, "cannot start a database thread");
+            let queued = {
+                let mut mailbox = self.mailbox();
+                mailbox.scheduled = false;
+                std::mem::take(&mut mailbox.commands)
+            };
+            let error = Error::Io { context: "cannot start a database thread".into(), source };
+            refuse_all(queued, &error);
+        }
+    }
+
+    /// A pool thread's work for the actor: open the file the first time, then run the queue
+    /// until it is empty, then close the file if the actor was told to.
+    fn turn(self: Arc<Self>) {
+        if std::panic::catch_unwind(AssertUnwindSafe(|| self.serve())).is_err() {
+            // Nothing more runs on the connection, not even the checkpoint of a clean close.
+            tracing::error!(key = %self.identity.key, "database actor panicked; closing the database");
+            self.stop(Ending::Abandoned);
+        }
+    }
+
+    fn serve(&self) {
+        let opening = self.mailbox().opening.take();
+        if let Some(Opening { previous_owner, options }) = opening {
+            if let Some(previous) = previous_owner {
+                previous.wait();
+            }
+            match Database::open(&options) {
+                Ok(db) => *self.lender.lock() = Some(db),
+                Err(e) => {
+                    tracing::warn!(key = %self.identity.key, error = %e, "cannot open database");
+                    return self.stop(Ending::Refusing(e));
+                }
+            }
+        }
+        loop {
+            let commands: Vec<Command> = {
+                let mut mailbox = self.mailbox();
+                if mailbox.commands.is_empty() {
+                    if mailbox.closing {
+                        drop(mailbox);
+                        return self.stop(Ending::Clean);
+                    }
+                    mailbox.scheduled = false;
+                    return;
+                }
+                let taken = mailbox.commands.len().min(self.max_group);
+                mailbox.commands.drain(..taken).collect()
+            };
+            let mut held = self.lender.lock_for_actor();
+            let Some(db) = held.guard.as_mut() else { return self.stop(Ending::Abandoned) };
+            let mut committer = Committer { db };
+            if std::panic::catch_unwind(AssertUnwindSafe(|| committer.process(commands))).is_err() {
+                drop(held);
+                tracing::error!(key = %self.identity.key, "database actor panicked; closing the database");
+                return self.stop(Ending::Abandoned);
+            }
+            if committer.db.is_poisoned() {
+                drop(held);
+                // After an I/O error at commit the page cache may not match the disk: close, and
+                // let the next request reopen the file (SQLite recovers from the WAL on open). No
+                // new command reaches this connection; the queued ones did not run and are told so
+                // (not left to find their answer dropped).
+                tracing::error!(key = %self.identity.key, "a commit failed with an I/O error; reopening the database");
+                if let Some(shared) = self.identity.registry.upgrade() {
+                    shared.step_aside(&self.identity.key, self.identity.generation);
+                }
+                return self.stop(Ending::Refusing(Error::Reopening));
+            }
+        }
+    }
+
+    /// Ends the actor: it takes no more commands, answers the queued ones, closes its file and
+    /// tells the registry.
+    fn stop(&self, ending: Ending) {
+        let queued = {
+            let mut mailbox = self.mailbox();
+            mailbox.stopped = true;
+            mailbox.scheduled = false;
+            mailbox.opening = None;
+            std::mem::take(&mut mailbox.commands)
+        };
+        match &ending {
+            Ending::Refusing(error) => refuse_all(queued, error),
+            // Dropped unanswered: their callers learn the database closed.
+            Ending::Clean | Ending::Abandoned => drop(queued),
+        }
+        // From here no caller borrows the connection: it is closed on this thread.
+        let db = self.lender.lock().take();
+        if let (false, Some(mut db)) = (matches!(ending, Ending::Abandoned), db) {
+            db.rollback();
+            if !db.is_poisoned() {
+                db.close_cleanly();
+            }
+        }
+        // Only now, with the file let go, may a successor open it.
         if let Some(shared) = self.identity.registry.upgrade() {
             shared.forget(&self.identity.key, self.identity.generation, &self.identity.done);
         }
@@ -225,88 +429,19 @@ impl Drop for ExitGuard<'_> {
     }
 }
 
-/// The thread body: open the file (after any previous owner has let go), then serve commands
-/// until the queue is closed or the actor has been idle long enough to retire.
-pub(crate) fn run(
-    identity: Identity,
-    previous_owner: Option<Arc<DoneSignal>>,
-    options: DatabaseOptions,
-    tuning: Tuning,
-    rx: QueueReceiver<Command>,
-    lender: Arc<Lender>,
-) {
-    let _guard = ExitGuard { identity: &identity };
-    if let Some(previous) = previous_owner {
-        previous.wait();
-    }
-    let db = match Database::open(&options) {
-        Ok(db) => db,
-        Err(e) => {
-            tracing::warn!(key = %identity.key, error = %e, "cannot open database");
-            if let Some(shared) = identity.registry.upgrade() {
-                shared.forget(&identity.key, identity.generation, &identity.done);
-            }
-            refuse_all(&rx, &e);
-            return;
-        }
-    };
-    *lender.lock() = Some(db);
-    let mut panicked = false;
-    loop {
-        let first = match rx.recv_timeout(tuning.idle_timeout) {
-            Ok(command) => command,
-            Err(RecvTimeoutError::Disconnected) => break,
-            Err(RecvTimeoutError::Timeout) => {
-                let Some(shared) = identity.registry.upgrade() else { break };
-                match shared.retire(&identity.key, identity.generation, &rx) {
-                    Idle::Work(command) => command,
-                    Idle::Stay => continue,
-                    Idle::Retire => break,
-                }
-            }
-        };
-        let mut commands = vec![first];
-        while commands.len() < tuning.max_group {
-            match rx.try_recv() {
-                Ok(command) => commands.push(command),
-                Err(_) => break,
-            }
-        }
-        let mut held = lender.lock_for_actor();
-        let Some(db) = held.guard.as_mut() else { break };
-        let mut actor = Actor { db };
-        if std::panic::catch_unwind(AssertUnwindSafe(|| actor.process(commands))).is_err() {
-            // Nothing more runs on the connection, not even the checkpoint of a clean close.
-            tracing::error!(key = %identity.key, "database actor panicked; closing the database");
-            panicked = true;
-            break;
-        }
-        if actor.db.is_poisoned() {
-            // After an I/O error at commit the page cache may not match the disk: close, and let
-            // the next request reopen the file (SQLite recovers from the WAL on open).
-            tracing::error!(key = %identity.key, "a commit failed with an I/O error; reopening the database");
-            // No new command reaches this connection; the queued ones did not run and are told
-            // so (not left to find their answer dropped).
-            if let Some(shared) = identity.registry.upgrade() {
-                shared.step_aside(&identity.key, identity.generation);
-            }
-            refuse_all(&rx, &Error::Reopening);
-            break;
-        }
-    }
-    // From here no caller borrows the connection: it is closed on this thread.
-    let db = lender.lock().take();
-    if let (false, Some(mut db)) = (panicked, db) {
-        db.rollback();
-        if !db.is_poisoned() {
-            db.close_cleanly();
-        }
-    }
+/// How an actor ends.
+enum Ending {
+    /// Idle or told to close: the file is checkpointed and closed.
+    Clean,
+    /// The file could not be opened, or must be reopened: the queued commands get this error.
+    Refusing(Error),
+    /// A panic left the connection in no known state: it is closed without a checkpoint.
+    Abandoned,
 }
 
 /// Answers every queued command with the error that stopped the actor.
-fn refuse_all(rx: &QueueReceiver<Command>, error: &Error) {
-    while let Ok(command) = rx.try_recv() {
+fn refuse_all(queued: VecDeque<Command>, error: &Error) {
+    for command in queued {
         match command {
             Command::Execute { reply, .. } => {
                 let _ = reply.send(Err(copy_error(error)));
@@ -344,11 +479,12 @@ fn copy_error(error: &Error) -> Error {
     }
 }
 
-struct Actor<'a> {
+/// Runs an actor's commands on its database, grouping requests into shared commits.
+struct Committer<'a> {
     db: &'a mut Database,
 }
 
-impl Actor<'_> {
+impl Committer<'_> {
     fn process(&mut self, commands: Vec<Command>) {
         let mut group = Vec::new();
         for command in commands {

@@ -3,8 +3,9 @@
 //! - [`Database`]: one file's read-write connection, configured as D1 configures SQLite (WAL,
 //!   `synchronous=FULL`, foreign keys, defensive mode, D1's [`Limits`] and authorizer), and the
 //!   executor that runs a [`Request`] and reports D1's [`Meta`] for each statement.
-//! - [`Registry`]: one actor thread per open file with a bounded queue; requests queued
-//!   together share one transaction and one fsync (group commit), each in its own savepoint.
+//! - [`Registry`]: one actor per open file with a bounded queue, run on a shared pool of threads
+//!   while it has work; requests queued together share one transaction and one fsync (group
+//!   commit), each in its own savepoint.
 //!
 //! ```no_run
 //! # async fn demo() -> kura_sqlite::Result<()> {
@@ -40,7 +41,7 @@ mod error;
 mod history;
 pub mod placement;
 mod policy;
-mod queue;
+mod pool;
 mod raw;
 mod registry;
 mod request;

@@ -1,10 +1,10 @@
 //! The registry of open databases: it starts an actor on first use, routes commands to it,
 //! closes actors that sit idle, and caps how many are open at once.
 //!
-//! Every send happens under the registry's lock, and an actor retires only under the same lock
-//! after finding its queue empty, so no command is ever sent to an actor that has stopped
-//! listening. A new actor for a file waits until the previous one has closed it, so there is
-//! never more than one owner of a file.
+//! Every send happens under the registry's lock, and an actor is told to close only under the
+//! same lock, after it is taken out of the map, so no command is ever sent to an actor that has
+//! stopped listening. A new actor for a file waits until the previous one has closed it, so
+//! there is never more than one owner of a file.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::actor::{self, Command, Executed, Identity, Lender, Tried, Tuning};
+use crate::actor::{Actor, Command, Executed, Identity, Tried};
 use crate::database::{Database, DatabaseOptions};
 use crate::error::{Error, Result};
-use crate::queue::{QueueReceiver, QueueSender};
+use crate::pool::Pool;
 use crate::request::{Request, StatementResult};
 
 /// How the registry runs its actors.
@@ -47,16 +47,6 @@ const INLINE_READ_BUDGET: Duration = Duration::from_millis(1);
 /// Maps a database key to the options its file opens with (`None`: no such database).
 pub type Opener = dyn Fn(&str) -> Option<DatabaseOptions> + Send + Sync;
 
-/// What an actor whose queue sat idle does next.
-pub(crate) enum Idle {
-    /// Runs the command that arrived meanwhile.
-    Work(Command),
-    /// Keeps waiting: its database was used lately without its queue.
-    Stay,
-    /// Closes its database and ends.
-    Retire,
-}
-
 /// Set once when an actor has closed its file.
 pub(crate) struct DoneSignal {
     done: Mutex<bool>,
@@ -82,9 +72,7 @@ impl DoneSignal {
 }
 
 struct Entry {
-    sender: QueueSender<Command>,
-    /// The actor's open database, for reads served on the caller's thread.
-    lender: Arc<Lender>,
+    actor: Arc<Actor>,
     generation: u64,
     last_used: Instant,
     done: Arc<DoneSignal>,
@@ -111,6 +99,16 @@ pub(crate) struct Shared {
     opener: Box<Opener>,
     settings: RegistrySettings,
     stats: Arc<crate::stats::Stats>,
+    /// The threads the actors run on while they have work.
+    pool: Pool,
+    /// Set when the registry is gone, for the thread that closes idle databases.
+    reaper: Arc<ReaperStop>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.reaper.stop();
+    }
 }
 
 /// The open databases of one engine. Cheap to clone; clones share the actors.
@@ -125,17 +123,19 @@ impl Registry {
         settings: RegistrySettings,
         opener: impl Fn(&str) -> Option<DatabaseOptions> + Send + Sync + 'static,
     ) -> Self {
-        Registry {
-            shared: Arc::new(Shared {
-                state: Mutex::new(State::default()),
-                in_flight: AtomicUsize::new(0),
-                crowded_at: AtomicU64::new(0),
-                epoch: Instant::now(),
-                opener: Box::new(opener),
-                settings,
-                stats: Arc::default(),
-            }),
-        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            in_flight: AtomicUsize::new(0),
+            crowded_at: AtomicU64::new(0),
+            epoch: Instant::now(),
+            opener: Box::new(opener),
+            settings,
+            stats: Arc::default(),
+            pool: Pool::new("kura-db"),
+            reaper: Arc::new(ReaperStop::default()),
+        });
+        start_reaper(&shared);
+        Registry { shared }
     }
 
     /// Runs a request on the database `key` (in a group commit when it can); answers once the
@@ -148,7 +148,8 @@ impl Registry {
     /// that includes it as well.
     pub async fn execute_with_bookmark(&self, key: &str, request: Request) -> Result<Executed> {
         let arrived = InFlight::arriving(&self.shared);
-        if let Some(lender) = self.shared.lender(key) {
+        if let Some(actor) = self.shared.lent(key) {
+            let lender = actor.lender();
             let tried = match request.plainly_writes() {
                 true => Tried::NotRun,
                 false => lender.try_read(&request, INLINE_READ_BUDGET),
@@ -240,7 +241,7 @@ impl Registry {
         let signal = {
             let mut state = self.shared.lock();
             match state.actors.remove(key) {
-                Some(entry) => Some(entry.done),
+                Some(entry) => Some(close_entry(&mut state, key, entry)),
                 None => state.closing.get(key).cloned(),
             }
         };
@@ -262,9 +263,11 @@ impl Registry {
         let signals: Vec<Arc<DoneSignal>> = {
             let mut state = self.shared.lock();
             state.shut_down = true;
-            let mut signals: Vec<_> = state.actors.drain().map(|(_, e)| e.done).collect();
-            signals.extend(state.closing.values().cloned());
-            signals
+            let open: Vec<_> = state.actors.drain().collect();
+            for (key, entry) in open {
+                close_entry(&mut state, &key, entry);
+            }
+            state.closing.values().cloned().collect::<Vec<_>>()
         };
         for signal in signals {
             wait_async(signal).await;
@@ -326,12 +329,12 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The open actor's database of `key`, to try a read on (marked used, as a send is).
-    fn lender(&self, key: &str) -> Option<Arc<Lender>> {
+    /// The open actor of `key`, to try a request on its database (marked used, as a send is).
+    fn lent(&self, key: &str) -> Option<Arc<Actor>> {
         let mut state = self.lock();
         let entry = state.actors.get_mut(key)?;
         entry.last_used = Instant::now();
-        Some(Arc::clone(&entry.lender))
+        Some(Arc::clone(&entry.actor))
     }
 
     fn send(self: &Arc<Self>, key: &str, command: Command) -> Result<()> {
@@ -346,7 +349,7 @@ impl Shared {
             }
             let entry = state.actors.get_mut(key).expect("actor just ensured");
             entry.last_used = Instant::now();
-            match entry.sender.try_send(command) {
+            match entry.actor.post(command) {
                 Ok(()) => return Ok(()),
                 Err(TrySendError::Full(_)) => return Err(Error::Overloaded),
                 Err(TrySendError::Disconnected(returned)) => {
@@ -367,42 +370,48 @@ impl Shared {
         if state.actors.len() >= self.settings.max_open.max(1) {
             evict_least_recently_used(state);
         }
-        let (sender, rx) = crate::queue::bounded(self.settings.queue_depth);
         let generation = state.next_generation;
         state.next_generation += 1;
         let done = Arc::new(DoneSignal::new());
         let previous_owner = state.closing.get(key).cloned();
         let identity =
             Identity { key: key.to_owned(), generation, registry: Arc::downgrade(self), done: Arc::clone(&done) };
-        let tuning = Tuning { idle_timeout: self.settings.idle_timeout, max_group: self.settings.max_group.max(1) };
-        let lender = Lender::new();
-        let lent = Arc::clone(&lender);
-        std::thread::Builder::new()
-            .name(format!("kura-db-{}", &key[..key.len().min(8)]))
-            .spawn(move || actor::run(identity, previous_owner, options, tuning, rx, lent))
-            .map_err(|source| Error::Io { context: "cannot start a database thread".into(), source })?;
-        state.actors.insert(key.to_owned(), Entry { sender, lender, generation, last_used: Instant::now(), done });
+        let actor = Actor::new(
+            identity,
+            previous_owner,
+            options,
+            self.settings.max_group,
+            self.settings.queue_depth,
+            self.pool.clone(),
+        );
+        state.actors.insert(key.to_owned(), Entry { actor, generation, last_used: Instant::now(), done });
         Ok(())
     }
 
-    /// Called by an actor whose queue sat idle: retires it unless work arrived meanwhile
-    /// (returned) or its database served reads on callers' threads lately (it stays).
-    pub(crate) fn retire(&self, key: &str, generation: u64, rx: &QueueReceiver<Command>) -> Idle {
-        let mut state = self.lock();
-        if let Ok(command) = rx.try_recv() {
-            return Idle::Work(command);
+    /// Closes the databases nobody used for the idle timeout and that have no work, one after
+    /// another on the calling thread.
+    fn close_idle(&self) {
+        let idle: Vec<Arc<Actor>> = {
+            let mut state = self.lock();
+            let keys: Vec<String> = state
+                .actors
+                .iter()
+                .filter(|(_, e)| e.last_used.elapsed() >= self.settings.idle_timeout && !e.actor.is_busy())
+                .map(|(key, _)| key.clone())
+                .collect();
+            keys.into_iter()
+                .map(|key| {
+                    let entry = state.actors.remove(&key).expect("entry just seen");
+                    // Taken out of the map under the lock: nothing more is posted to it. A
+                    // request for the same file meanwhile starts a successor, which waits.
+                    state.closing.insert(key, Arc::clone(&entry.done));
+                    entry.actor
+                })
+                .collect()
+        };
+        for actor in idle {
+            actor.close_here();
         }
-        match state.actors.get(key) {
-            Some(entry) if entry.generation == generation => {
-                if entry.last_used.elapsed() < self.settings.idle_timeout {
-                    return Idle::Stay;
-                }
-                let entry = state.actors.remove(key).expect("entry just seen");
-                state.closing.insert(key.to_owned(), entry.done);
-            }
-            _ => {}
-        }
-        Idle::Retire
     }
 
     /// Called by an actor that must reopen its file (a write failed on the disk): new commands
@@ -431,7 +440,54 @@ fn evict_least_recently_used(state: &mut State) {
     let oldest = state.actors.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| k.clone());
     if let Some(key) = oldest {
         let entry = state.actors.remove(&key).expect("entry just found");
-        // Dropping the sender lets the actor drain its queue and close its file.
-        state.closing.insert(key, entry.done);
+        close_entry(state, &key, entry);
+    }
+}
+
+/// Has an actor just taken out of the map run what is queued and close its file; a successor
+/// for the same file waits for the signal returned.
+fn close_entry(state: &mut State, key: &str, entry: Entry) -> Arc<DoneSignal> {
+    entry.actor.close();
+    state.closing.insert(key.to_owned(), Arc::clone(&entry.done));
+    entry.done
+}
+
+/// Tells the thread that closes idle databases that its registry is gone.
+#[derive(Default)]
+struct ReaperStop {
+    stopped: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl ReaperStop {
+    fn stop(&self) {
+        *self.stopped.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.changed.notify_all();
+    }
+
+    /// Waits `period`; false if the registry went away meanwhile.
+    fn wait(&self, period: Duration) -> bool {
+        let stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
+        let (stopped, _) =
+            self.changed.wait_timeout_while(stopped, period, |stopped| !*stopped).unwrap_or_else(|p| p.into_inner());
+        !*stopped
+    }
+}
+
+/// Starts the thread that closes the registry's idle databases, a few times per idle timeout
+/// (an idle database has no thread of its own to notice it is idle).
+fn start_reaper(shared: &Arc<Shared>) {
+    let registry = Arc::downgrade(shared);
+    let stop = Arc::clone(&shared.reaper);
+    let period = (shared.settings.idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
+    let started = std::thread::Builder::new().name("kura-db-idle".into()).spawn(move || {
+        while stop.wait(period) {
+            let Some(shared) = registry.upgrade() else { return };
+            shared.close_idle();
+        }
+    });
+    if let Err(e) = started {
+        // Databases then close only when evicted or at shutdown; nothing is lost.
+        tracing::error!(error = %e, "cannot start the thread that closes idle databases");
     }
 }

@@ -10,7 +10,8 @@
 //! A segment starts with 16 bytes (`KURALOG1` and the first seq, little-endian), then records.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::cell::RefCell;
+use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -132,7 +133,7 @@ pub(crate) struct OpenSegment {
     /// Bytes in the file, records included.
     pub len: u64,
     pub opened: Instant,
-    out: BufWriter<File>,
+    file: File,
     /// Whether bytes were written since the last fsync.
     dirty: bool,
     /// Bytes appended since writeback was last started.
@@ -143,10 +144,16 @@ pub(crate) struct OpenSegment {
 /// before a checkpoint finds little left to do.
 const WRITEBACK_BYTES: u64 = 1 << 20;
 
-/// Bytes of records buffered before they are written to the file. Small, because every open
-/// database has one (a thousand Durable Objects may be open at once), and large enough that
-/// a small transaction's record is one write.
-const WRITE_BUFFER: usize = 16 * 1024;
+/// Largest buffer a thread keeps between records (a record is built whole, then written with
+/// one system call).
+const KEPT_BUFFER: usize = 1 << 20;
+
+thread_local! {
+    /// Where a record is built before it is written: one per thread, not one per open segment,
+    /// since a thousand Durable Objects may be open at once and a per-segment buffer of
+    /// records not yet written was 11-16 KiB of each idle object's memory.
+    static RECORD_BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 /// Starts writing a file's dirty pages to disk without waiting for them.
 #[cfg(target_os = "linux")]
@@ -201,7 +208,7 @@ impl OpenSegment {
             entries: Vec::new(),
             len: SEGMENT_HEADER_LEN,
             opened: Instant::now(),
-            out: BufWriter::with_capacity(WRITE_BUFFER, file),
+            file,
             dirty: false,
             unsynced: 0,
         })
@@ -255,7 +262,7 @@ impl OpenSegment {
     /// Cuts the file back to its last valid record; with `keep`, the bytes cut are first copied
     /// there (for whoever investigates damage).
     pub(crate) fn cut_tail(&mut self, tail: &BadTail, keep: Option<&Path>) -> io::Result<()> {
-        let file = self.out.get_ref();
+        let file = &self.file;
         if let Some(keep) = keep {
             let mut copy = OpenOptions::new().write(true).create(true).truncate(true).open(keep)?;
             let mut buf = vec![0u8; 1 << 20];
@@ -274,47 +281,49 @@ impl OpenSegment {
     }
 
     fn from_parts(path: &Path, first_seq: u64, file: File, entries: Vec<Entry>, len: u64) -> OpenSegment {
-        let mut out = BufWriter::with_capacity(WRITE_BUFFER, file);
-        // Appends go to the end: position the file there once.
-        let _ = std::io::Seek::seek(out.get_mut(), std::io::SeekFrom::Start(len));
         OpenSegment {
             path: path.to_owned(),
             first_seq,
             entries,
             len,
             opened: Instant::now(),
-            out,
+            file,
             dirty: false,
             unsynced: 0,
         }
     }
 
-    /// Appends a record: `write_pages` writes its pages through the writer it is given.
+    /// Appends a record: `write_pages` writes its pages through the writer it is given. The
+    /// record reaches the file (not the disk: see [`OpenSegment::sync`]) before this returns.
     pub(crate) fn append(
         &mut self,
         header: &Header,
-        write_pages: impl FnOnce(&mut record::RecordWriter<'_, BufWriter<File>>) -> io::Result<()>,
+        write_pages: impl FnOnce(&mut record::RecordWriter<'_, Vec<u8>>) -> io::Result<()>,
     ) -> io::Result<()> {
         let offset = self.len;
-        let mut writer = record::RecordWriter::begin(&mut self.out, header)?;
-        write_pages(&mut writer)?;
-        writer.finish()?;
-        // Records stay in the buffer: until they are synced, the WAL holds them anyway.
+        RECORD_BUFFER.with_borrow_mut(|buffer| {
+            buffer.clear();
+            let mut writer = record::RecordWriter::begin(buffer, header)?;
+            write_pages(&mut writer)?;
+            writer.finish()?;
+            debug_assert_eq!(buffer.len() as u64, header.record_len());
+            // At its offset whatever a failed earlier write left past it: the history is
+            // unusable after a failed append until reopened, and reopening cuts a torn tail.
+            let written = self.file.write_all_at(buffer, offset);
+            if buffer.capacity() > KEPT_BUFFER {
+                *buffer = Vec::new();
+            }
+            written
+        })?;
         self.len += header.record_len();
         self.dirty = true;
         self.unsynced += header.record_len();
         self.entries.push(entry(header, offset));
         if self.unsynced >= WRITEBACK_BYTES {
-            self.out.flush()?;
-            start_writeback(self.out.get_ref());
+            start_writeback(&self.file);
             self.unsynced = 0;
         }
         Ok(())
-    }
-
-    /// Writes buffered records to the file, without syncing it.
-    pub(crate) fn flush(&mut self) -> io::Result<()> {
-        self.out.flush()
     }
 
     /// The position its first record has (or will have): what its name says.
@@ -325,8 +334,7 @@ impl OpenSegment {
     /// Makes every appended record durable.
     pub(crate) fn sync(&mut self) -> io::Result<()> {
         if self.dirty {
-            self.out.flush()?;
-            self.out.get_ref().sync_data()?;
+            self.file.sync_data()?;
             self.dirty = false;
             self.unsynced = 0;
         }
