@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use kura::{BoxFuture, DurableObject, Runtime, RuntimeSettings, State, Value};
+use kura_sqlite::COMPACT_CACHE_KIB;
 use serde_json::{Value as Json, json};
 
 use crate::load::{self, Stats};
@@ -350,6 +351,8 @@ pub struct Footprint {
     write_rate: f64,
     disk_bytes: u64,
     report: Json,
+    /// Resident bytes per open file with nothing but a bare SQLite connection on it.
+    limit_per_file: f64,
 }
 
 impl Footprint {
@@ -357,6 +360,8 @@ impl Footprint {
         let r = &self.report;
         let mib = |k: &str| r[k].as_f64().unwrap_or(0.0) / 1024.0 / 1024.0;
         let idle = r["idle_objects"].as_u64().unwrap_or(1).max(1);
+        let per_idle =
+            (r["idle_rss"].as_f64().unwrap_or(0.0) - r["baseline_rss"].as_f64().unwrap_or(0.0)) / idle as f64;
         println!();
         println!(
             "Memory (a fresh process; resident set from /proc): {} objects on disk, written at {:.0} objects/s, \
@@ -369,7 +374,13 @@ impl Footprint {
         println!(
             "  {idle} objects touched, idle in memory:      {:>8.1} MiB  → {:.1} KiB per idle object (instance + open file)",
             mib("idle_rss"),
-            (r["idle_rss"].as_f64().unwrap_or(0.0) - r["baseline_rss"].as_f64().unwrap_or(0.0)) / idle as f64 / 1024.0
+            per_idle / 1024.0
+        );
+        println!(
+            "  limit: {idle} bare SQLite connections, one per file, configured as kura's (WAL, exclusive, no lookaside, \
+             {COMPACT_CACHE_KIB} KiB cache, no bulk page reservation), after the same request: {:.1} KiB per open file → kura {:.2}× the limit",
+            self.limit_per_file / 1024.0,
+            per_idle / self.limit_per_file.max(1.0)
         );
         println!(
             "  all {} touched once, {:.0} first requests/s: {:>8.1} MiB now, {:.1} MiB at peak; {} instances and {} files \
@@ -419,7 +430,65 @@ fn measure_footprint(dir: &Path, objects: u64, rt: &tokio::runtime::Runtime) -> 
         bail!("the footprint process failed: {}", String::from_utf8_lossy(&output.stderr));
     }
     let report: Json = serde_json::from_slice(&output.stdout).context("the footprint process's answer")?;
-    Ok(Footprint { objects, write_rate, disk_bytes, report })
+    let limit_dir = dir.with_extension("limit");
+    std::fs::create_dir_all(&limit_dir)?;
+    for object in 0..OBJECTS {
+        limit_request(&limit_open_compact(&limit_dir, object)?, "seed")?;
+    }
+    let output = Command::new(std::env::current_exe()?)
+        .arg("do-footprint-limit")
+        .arg(&limit_dir)
+        .output()
+        .context("running the footprint limit's process")?;
+    if !output.status.success() {
+        bail!("the footprint limit's process failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let limit: Json = serde_json::from_slice(&output.stdout).context("the footprint limit's answer")?;
+    let limit_per_file = limit["per_file"].as_f64().unwrap_or(0.0);
+    Ok(Footprint { objects, write_rate, disk_bytes, report, limit_per_file })
+}
+
+/// The memory limit's side: in a fresh process, a bare connection on each of the [`OBJECTS`]
+/// files written before, configured as kura configures an object's (and the process as kura
+/// configures its own), each after the workload's
+/// request; prints the resident bytes per open file.
+pub fn footprint_limit_child(dir: &Path) -> anyhow::Result<()> {
+    // As kura's process is configured: no page-cache pages reserved up front per connection.
+    kura_sqlite::configure_process();
+    let baseline_rss = crate::memory::resident_bytes().0;
+    let mut conns = Vec::new();
+    for object in 0..OBJECTS {
+        let conn = limit_open_compact(dir, object)?;
+        limit_request(&conn, "idle")?;
+        conns.push(conn);
+    }
+    let open_rss = crate::memory::resident_bytes().0;
+    let per_file = open_rss.saturating_sub(baseline_rss) as f64 / OBJECTS as f64;
+    println!("{}", json!({ "baseline_rss": baseline_rss, "open_rss": open_rss, "per_file": per_file }));
+    drop(conns);
+    Ok(())
+}
+
+/// A limit connection configured as kura configures an object's: WAL, exclusive locking, no
+/// lookaside, the compact cache.
+fn limit_open_compact(dir: &Path, object: u64) -> anyhow::Result<rusqlite::Connection> {
+    let conn = rusqlite::Connection::open(dir.join(format!("{object}.sqlite")))?;
+    conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+    // SAFETY: the handle is open, used by this thread only, and no statement has run.
+    unsafe {
+        rusqlite::ffi::sqlite3_db_config(
+            conn.handle(),
+            rusqlite::ffi::SQLITE_DBCONFIG_LOOKASIDE,
+            std::ptr::null_mut::<std::ffi::c_void>(),
+            0 as std::ffi::c_int,
+            0 as std::ffi::c_int,
+        )
+    };
+    conn.pragma_update(None, "cache_size", -COMPACT_CACHE_KIB)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch(CREATE)?;
+    Ok(conn)
 }
 
 /// Adds `user` to each of rooms 0..`objects` from 16 concurrent clients; a room answering

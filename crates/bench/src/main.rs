@@ -124,6 +124,9 @@ enum Suite {
     /// (Internal) the memory measurement's fresh process: touches the objects under DIR.
     #[command(hide = true)]
     DoFootprint { dir: PathBuf, objects: u64 },
+    /// (Internal) the memory limit's fresh process: bare SQLite connections on files under DIR.
+    #[command(hide = true)]
+    DoFootprintLimit { dir: PathBuf },
 }
 
 /// Settings every suite shares.
@@ -176,5 +179,6 @@ fn main() -> anyhow::Result<()> {
         Suite::Capacity { connections, databases, buckets } => capacity::run(connections, databases, buckets),
         Suite::HttpFloor => capacity::http_floor_child(),
         Suite::DoFootprint { dir, objects } => durable_objects::footprint_child(dir, objects),
+        Suite::DoFootprintLimit { dir } => durable_objects::footprint_limit_child(&dir),
     }
 }

@@ -9,8 +9,8 @@
 //!
 //! A segment starts with 16 bytes (`KURALOG1` and the first seq, little-endian), then records.
 
-use std::fs::{File, OpenOptions};
 use std::cell::RefCell;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
