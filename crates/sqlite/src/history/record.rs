@@ -177,8 +177,15 @@ fn raw_header_at(file: &File, offset: u64, len: u64) -> Result<(Header, [u8; HEA
     Ok((header, head))
 }
 
-/// Checks the record at `offset` of a file `len` bytes long, streaming it through its CRC
-/// (records can be as large as the database, so nothing is buffered). `Ok(None)` at the end.
+thread_local! {
+    /// Where [`verify_at`] reads records: one buffer per thread, reused (opening a database
+    /// checks every record of its open segment, dozens of small ones after a busy spell).
+    static VERIFY_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Checks the record at `offset` of a file `len` bytes long: read whole if it is at most
+/// [`CHUNK`] bytes, else streamed through its CRC (records can be as large as the database).
+/// `Ok(None)` at the end.
 pub(crate) fn verify_at(file: &File, offset: u64, len: u64) -> Result<Option<Header>, ReadError> {
     if offset == len {
         return Ok(None);
@@ -186,17 +193,29 @@ pub(crate) fn verify_at(file: &File, offset: u64, len: u64) -> Result<Option<Hea
     let (header, head) = raw_header_at(file, offset, len)?;
     let mut crc = crc32fast::Hasher::new();
     crc.update(&head);
-    let mut buf = vec![0u8; CHUNK];
-    let mut at = offset + HEADER_LEN as u64;
-    let body_end = offset + header.record_len() - 4;
-    while at < body_end {
-        let n = CHUNK.min((body_end - at) as usize);
-        file.read_exact_at(&mut buf[..n], at)?;
-        crc.update(&buf[..n]);
-        at += n as u64;
-    }
     let mut stored = [0u8; 4];
-    file.read_exact_at(&mut stored, body_end)?;
+    let body_start = offset + HEADER_LEN as u64;
+    let body_end = offset + header.record_len() - 4;
+    VERIFY_BUFFER.with_borrow_mut(|buf| -> io::Result<()> {
+        // The pages and the stored CRC after them.
+        let rest = (header.record_len() - HEADER_LEN as u64) as usize;
+        if rest <= CHUNK {
+            buf.resize(rest, 0);
+            file.read_exact_at(buf, body_start)?;
+            crc.update(&buf[..rest - 4]);
+            stored.copy_from_slice(&buf[rest - 4..]);
+            return Ok(());
+        }
+        buf.resize(CHUNK, 0);
+        let mut at = body_start;
+        while at < body_end {
+            let n = CHUNK.min((body_end - at) as usize);
+            file.read_exact_at(&mut buf[..n], at)?;
+            crc.update(&buf[..n]);
+            at += n as u64;
+        }
+        file.read_exact_at(&mut stored, body_end)
+    })?;
     if crc.finalize().to_le_bytes() != stored {
         return Err(ReadError::Corrupt(format!("record {} (at byte {offset}) fails its checksum", header.seq)));
     }
