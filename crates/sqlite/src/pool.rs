@@ -68,7 +68,6 @@ impl Pool {
     }
 
     /// Threads alive now.
-    #[cfg(test)]
     pub(crate) fn threads(&self) -> usize {
         self.inner.lock().threads
     }

@@ -108,6 +108,12 @@ pub(crate) struct Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         self.reaper.stop();
+        // A registry dropped without a shutdown still has its files closed cleanly (checkpointed)
+        // by the pool's threads, as it did when each actor had its own.
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (_, entry) in state.actors.drain() {
+            entry.actor.close();
+        }
     }
 }
 
@@ -277,6 +283,12 @@ impl Registry {
     /// How many databases are open now.
     pub fn open_count(&self) -> usize {
         self.shared.lock().actors.len()
+    }
+
+    /// How many threads the registry's databases run on now (busy, or waiting a while for
+    /// work): an open database with nothing to do holds none.
+    pub fn threads(&self) -> usize {
+        self.shared.pool.threads()
     }
 
     /// What the registry's databases did since it started.

@@ -12,6 +12,20 @@ async fn idle_databases_close_and_reopen() {
     assert_eq!(cx.scalar("SELECT count(*) FROM t").await, Value::Integer(1));
 }
 
+/// An open database with no work holds no thread: requests to fifty databases, one after
+/// another, leave fifty open and run on a thread or two, reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_open_databases_hold_no_threads() {
+    let cx = Context::new();
+    for i in 0..50 {
+        let create = Request::new(vec![Statement::new("CREATE TABLE t (x); INSERT INTO t VALUES (1)")]);
+        cx.registry.execute(&format!("db{i}"), create).await.unwrap();
+    }
+    assert_eq!(cx.registry.open_count(), 50);
+    let threads = cx.registry.threads();
+    assert!((1..=4).contains(&threads), "{threads} threads for 50 open databases");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_number_open_is_capped() {
     let cx = Context::with_settings(RegistrySettings { max_open: 4, ..Default::default() });
