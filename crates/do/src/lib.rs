@@ -435,11 +435,12 @@ impl DurableObjects {
         })
     }
 
-    /// Runs `request` as one request on the object's own thread (creating the object on first
-    /// use), after the requests before it: its [`Session`]'s storage calls run there directly,
-    /// with no hop between threads, and it ends the request with [`Session::commit`] or
-    /// [`Session::rollback`] (what it leaves undecided is rolled back). The thread is the
-    /// object's alone, so the request may await anything, except another request to the same
+    /// Runs `request` as one request on the thread the object's actor runs on (creating the
+    /// object on first use), after the requests before it: its [`Session`]'s storage calls run
+    /// there directly, with no hop between threads, and it ends the request with
+    /// [`Session::commit`] or [`Session::rollback`] (what it leaves undecided is rolled back).
+    /// The thread is the object's alone until the request ends (the pool starts another for
+    /// other objects' work), so the request may await anything, except another request to the same
     /// object, which would wait for it forever. Storage calls from other threads fail.
     pub async fn serve<T: Send + 'static>(
         &self,
