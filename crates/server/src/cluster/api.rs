@@ -82,13 +82,16 @@ pub async fn place(State(app): State<AppState>, request: Request, next: Next) ->
         }
         Target::Namespace { account, namespace } => match app.catalog.do_namespace(account, namespace) {
             Ok(Some(found)) => (Placed::Namespace(found.id), Shape::V4),
-            Ok(None) => return next.run(request).await,
+            // Unknown here (yet): answered here. A namespace made on another node a moment ago
+            // may be found by the handler; its engine then claims it before serving, as the
+            // placement would have.
+            Ok(None) => return forwarding.served_here(next.run(request).await),
             Err(e) => return Shape::V4.refuse(ApiError::internal(&e)),
         },
         Target::Bucket { account, name } => match app.catalog.r2_bucket(account, name) {
             Ok(Some(bucket)) => (Placed::Bucket(bucket.id), Shape::V4),
             // An unknown bucket is nobody's: answered here (as not found).
-            Ok(None) => return next.run(request).await,
+            Ok(None) => return forwarding.served_here(next.run(request).await),
             Err(e) => return Shape::V4.refuse(ApiError::internal(&e)),
         },
         Target::BindingBucket { name } => {
@@ -98,7 +101,7 @@ pub async fn place(State(app): State<AppState>, request: Request, next: Next) ->
             };
             match app.catalog.r2_bucket(&account, name) {
                 Ok(Some(bucket)) => (Placed::Bucket(bucket.id), Shape::R2Binding),
-                Ok(None) => return next.run(request).await,
+                Ok(None) => return forwarding.served_here(next.run(request).await),
                 Err(e) => return Shape::R2Binding.refuse(ApiError::internal(&e)),
             }
         }

@@ -112,6 +112,14 @@ impl Shape {
 }
 
 impl Forwarding {
+    /// `response`, answered by this node, saying so.
+    pub(crate) fn served_here(&self, mut response: Response) -> Response {
+        if let Ok(node) = self.node.parse() {
+            response.headers_mut().insert(HeaderName::from_static(SERVED_BY), node);
+        }
+        response
+    }
+
     /// This node's name.
     pub fn node(&self) -> &str {
         &self.node
@@ -333,13 +341,7 @@ async fn serve_placed(
         claimed = placed.claim(app).await;
     }
     match claimed {
-        Ok(()) => {
-            let mut response = next.run(request).await;
-            if let Ok(node) = forwarding.node.parse() {
-                response.headers_mut().insert(HeaderName::from_static(SERVED_BY), node);
-            }
-            response
-        }
+        Ok(()) => forwarding.served_here(next.run(request).await),
         Err(Unplaced::Placement(PlacementError::Elsewhere { node, url, s3 })) => {
             if forwarded {
                 let from = request.headers().get(FORWARDED_BY);
