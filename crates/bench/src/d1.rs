@@ -42,14 +42,19 @@ impl Client {
 /// The floor of a one-client durable write over HTTP: one round trip on this server (its
 /// `/healthz` at one client) followed by one durable commit (the limit's INSERT), back to back.
 fn round_trip_and_fsync(round_trip: &Stats, commit: &Stats) -> Stats {
-    let each =
-        round_trip.elapsed.div_f64(round_trip.units.max(1) as f64) + commit.elapsed.div_f64(commit.units.max(1) as f64);
+    one_after_the_other(round_trip, commit)
+}
+
+/// The floor of work whose every unit pays two measured costs, one after the other: each
+/// unit takes the time per unit of both.
+pub(crate) fn one_after_the_other(first: &Stats, second: &Stats) -> Stats {
+    let each = first.elapsed.div_f64(first.units.max(1) as f64) + second.elapsed.div_f64(second.units.max(1) as f64);
     let elapsed = Duration::from_secs(1);
     Stats {
         units: (elapsed.as_secs_f64() / each.as_secs_f64().max(1e-9)) as u64,
         elapsed,
-        p50: round_trip.p50 + commit.p50,
-        p99: round_trip.p99 + commit.p99,
+        p50: first.p50 + second.p50,
+        p99: first.p99 + second.p99,
     }
 }
 

@@ -86,15 +86,16 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
     eprintln!("measuring the first request to an evicted object (a fresh runtime on the same files)…");
     let cold = if wanted("cold") { rt.block_on(measure_cold(&sdk_dir))? } else { Stats::default() };
 
-    let (http_16, http_1) = if wanted("http16") || wanted("http1") {
+    let http = if wanted("http16") || wanted("http1") {
         eprintln!("measuring kura over HTTP (batch endpoint)…");
         let kura = Kura::start(&scratch.path().join("kura"), true).context("starting kura")?;
         let figures = rt.block_on(measure_http(&kura.api_host(), duration, &wanted));
         kura.shutdown();
         figures?
     } else {
-        (Stats::default(), Stats::default())
+        HttpFigures::default()
     };
+    let (http_16, http_1) = (http.batch_16, http.batch_1);
 
     let footprint = if wanted("memory") {
         eprintln!("measuring memory: {on_disk} objects written, then touched by a fresh process…");
@@ -154,6 +155,22 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
         row("runtime: write + read", 1, sdk_1, limit_1, None),
         row("HTTP batch: write + read", CLIENTS, http_16, limit_16, target),
         row("HTTP batch: write + read", 1, http_1, limit_1, None),
+        // What the endpoint could reach on these cores: the limit's work plus one HTTP round
+        // trip of this server and client (its /healthz), each request paying both.
+        row(
+            "HTTP batch vs limit + HTTP floor",
+            CLIENTS,
+            http_16,
+            crate::d1::one_after_the_other(&http.floor_16, &limit_16),
+            None,
+        ),
+        row(
+            "HTTP batch vs limit + HTTP floor",
+            1,
+            http_1,
+            crate::d1::one_after_the_other(&http.floor_1, &limit_1),
+            None,
+        ),
         row("first request, evicted object", 1, cold, limit_cold, None),
     ];
     report::print(
@@ -230,7 +247,16 @@ async fn measure_cold(dir: &Path) -> anyhow::Result<Stats> {
 }
 
 /// The batch endpoint at 16 clients and at 1: an INSERT and a count as one request.
-async fn measure_http(api: &str, duration: Duration, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<(Stats, Stats)> {
+/// What the batch endpoint measured, beside the same server's HTTP floor.
+#[derive(Default)]
+struct HttpFigures {
+    batch_16: Stats,
+    batch_1: Stats,
+    floor_16: Stats,
+    floor_1: Stats,
+}
+
+async fn measure_http(api: &str, duration: Duration, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<HttpFigures> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
     let namespaces = format!("http://{api}/client/v4/accounts/{ACCOUNT}/workers/durable_objects/namespaces");
     let created: Json = http
@@ -273,9 +299,24 @@ async fn measure_http(api: &str, duration: Duration, wanted: &dyn Fn(&str) -> bo
             }
         })
     };
-    let sixteen = if wanted("http16") { load(CLIENTS).await } else { Stats::default() };
-    let one = if wanted("http1") { load(1).await } else { Stats::default() };
-    Ok((sixteen, one))
+    let batch_16 = if wanted("http16") { load(CLIENTS).await } else { Stats::default() };
+    let batch_1 = if wanted("http1") { load(1).await } else { Stats::default() };
+    // The HTTP floor: the same client and server answering /healthz, no auth, no storage.
+    let health = format!("http://{api}/healthz");
+    let floor = |clients| {
+        let (http, health) = (http.clone(), health.clone());
+        load::run(clients, duration, move |_, _| {
+            let (http, health) = (http.clone(), health.clone());
+            async move {
+                let answer = http.get(&health).send().await.expect("healthz");
+                let _ = answer.bytes().await;
+                1
+            }
+        })
+    };
+    let floor_16 = if wanted("http16") { floor(CLIENTS).await } else { Stats::default() };
+    let floor_1 = if wanted("http1") { floor(1).await } else { Stats::default() };
+    Ok(HttpFigures { batch_16, batch_1, floor_16, floor_1 })
 }
 
 /// One object file for the limit, as kura keeps it: WAL, `synchronous=FULL`.
