@@ -327,13 +327,18 @@ impl Actor {
         let actor = Arc::clone(self);
         if let Err(source) = self.pool.run(Box::new(move || actor.turn())) {
             tracing::error!(key = %self.identity.key, error = %source, "cannot start a database thread");
-            let queued = {
+            let (queued, closing) = {
                 let mut mailbox = self.mailbox();
                 mailbox.scheduled = false;
-                std::mem::take(&mut mailbox.commands)
+                (std::mem::take(&mut mailbox.commands), mailbox.closing)
             };
             let error = Error::Io { context: "cannot start a database thread".into(), source };
             refuse_all(queued, &error);
+            if closing && let Some(shared) = self.identity.registry.upgrade() {
+                // Its file must still close (a successor waits for it): the registry's own
+                // thread closes it at its next round.
+                shared.close_later(Arc::clone(self));
+            }
         }
     }
 
@@ -376,7 +381,10 @@ impl Actor {
                 mailbox.commands.drain(..taken).collect()
             };
             let mut held = self.lender.lock_for_actor();
-            let Some(db) = held.guard.as_mut() else { return self.stop(Ending::Abandoned) };
+            let Some(db) = held.guard.as_mut() else {
+                drop(held);
+                return self.stop(Ending::Abandoned);
+            };
             let mut committer = Committer { db };
             if std::panic::catch_unwind(AssertUnwindSafe(|| committer.process(commands))).is_err() {
                 drop(held);

@@ -103,6 +103,9 @@ pub(crate) struct Shared {
     pool: Pool,
     /// Set when the registry is gone, for the thread that closes idle databases.
     reaper: Arc<ReaperStop>,
+    /// Actors told to close that could get no thread to do it, oldest first: the thread that
+    /// closes idle databases closes them.
+    unclosed: Mutex<Vec<Arc<Actor>>>,
 }
 
 impl Drop for Shared {
@@ -139,6 +142,7 @@ impl Registry {
             stats: Arc::default(),
             pool: Pool::new("kura-db"),
             reaper: Arc::new(ReaperStop::default()),
+            unclosed: Mutex::default(),
         });
         start_reaper(&shared);
         Registry { shared }
@@ -401,29 +405,36 @@ impl Shared {
     }
 
     /// Closes the databases nobody used for the idle timeout and that have no work, one after
-    /// another on the calling thread.
+    /// another on the calling thread. Each leaves the map only just before it closes, so a
+    /// request for one still waiting its turn is served by it (and keeps it open), not made to
+    /// wait for the others' checkpoints.
     fn close_idle(&self) {
-        let idle: Vec<Arc<Actor>> = {
-            let mut state = self.lock();
-            let keys: Vec<String> = state
-                .actors
-                .iter()
-                .filter(|(_, e)| e.last_used.elapsed() >= self.settings.idle_timeout && !e.actor.is_busy())
-                .map(|(key, _)| key.clone())
-                .collect();
-            keys.into_iter()
-                .map(|key| {
-                    let entry = state.actors.remove(&key).expect("entry just seen");
-                    // Taken out of the map under the lock: nothing more is posted to it. A
-                    // request for the same file meanwhile starts a successor, which waits.
-                    state.closing.insert(key, Arc::clone(&entry.done));
-                    entry.actor
-                })
-                .collect()
-        };
-        for actor in idle {
+        let unclosed = std::mem::take(&mut *self.unclosed.lock().unwrap_or_else(|p| p.into_inner()));
+        for actor in unclosed {
             actor.close_here();
         }
+        loop {
+            let idle = {
+                let mut state = self.lock();
+                let key = state
+                    .actors
+                    .iter()
+                    .find(|(_, e)| e.last_used.elapsed() >= self.settings.idle_timeout && !e.actor.is_busy())
+                    .map(|(key, _)| key.clone());
+                let Some(key) = key else { return };
+                let entry = state.actors.remove(&key).expect("entry just seen");
+                // Taken out of the map under the lock: nothing more is posted to it. A request
+                // for the same file meanwhile starts a successor, which waits.
+                state.closing.insert(key, Arc::clone(&entry.done));
+                entry.actor
+            };
+            idle.close_here();
+        }
+    }
+
+    /// Keeps an actor whose close could get no thread, for [`Shared::close_idle`].
+    pub(crate) fn close_later(&self, actor: Arc<Actor>) {
+        self.unclosed.lock().unwrap_or_else(|p| p.into_inner()).push(actor);
     }
 
     /// Called by an actor that must reopen its file (a write failed on the disk): new commands

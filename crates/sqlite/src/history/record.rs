@@ -92,13 +92,13 @@ impl Header {
 }
 
 /// Writes one record, page by page, with its CRC; pages come from `next_page` in order.
-pub(crate) struct RecordWriter<'a, W: Write> {
+pub(crate) struct RecordWriter<'a, W: Write + ?Sized> {
     out: &'a mut W,
     crc: crc32fast::Hasher,
     remaining: u32,
 }
 
-impl<'a, W: Write> RecordWriter<'a, W> {
+impl<'a, W: Write + ?Sized> RecordWriter<'a, W> {
     pub(crate) fn begin(out: &'a mut W, header: &Header) -> io::Result<Self> {
         let bytes = header.encode();
         let mut crc = crc32fast::Hasher::new();

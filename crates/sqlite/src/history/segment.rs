@@ -11,7 +11,7 @@
 
 use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -144,9 +144,31 @@ pub(crate) struct OpenSegment {
 /// before a checkpoint finds little left to do.
 const WRITEBACK_BYTES: u64 = 1 << 20;
 
-/// Largest buffer a thread keeps between records (a record is built whole, then written with
-/// one system call).
-const KEPT_BUFFER: usize = 1 << 20;
+/// Largest record built whole in a thread's buffer, then written with one system call; a
+/// larger one (a bulk write: records can be as large as the database) is streamed to its place
+/// through [`STREAM_BUFFER`] bytes.
+const WHOLE_RECORD: u64 = 1 << 20;
+
+/// The buffer a large record is streamed through.
+const STREAM_BUFFER: usize = 256 * 1024;
+
+/// Writes at a file's position, moving it on: where a streamed record goes.
+struct FileAt<'a> {
+    file: &'a File,
+    at: u64,
+}
+
+impl Write for FileAt<'_> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let written = self.file.write_at(bytes, self.at)?;
+        self.at += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
 
 thread_local! {
     /// Where a record is built before it is written: one per thread, not one per open segment,
@@ -298,23 +320,28 @@ impl OpenSegment {
     pub(crate) fn append(
         &mut self,
         header: &Header,
-        write_pages: impl FnOnce(&mut record::RecordWriter<'_, Vec<u8>>) -> io::Result<()>,
+        write_pages: impl FnOnce(&mut record::RecordWriter<'_, dyn Write + '_>) -> io::Result<()>,
     ) -> io::Result<()> {
+        // At its offset whatever a failed earlier write left past it: the history is unusable
+        // after a failed append until reopened, and reopening cuts a torn tail. The length and
+        // the entries move on only once the whole record is in the file.
         let offset = self.len;
-        RECORD_BUFFER.with_borrow_mut(|buffer| {
-            buffer.clear();
-            let mut writer = record::RecordWriter::begin(buffer, header)?;
+        if header.record_len() > WHOLE_RECORD {
+            let mut out = BufWriter::with_capacity(STREAM_BUFFER, FileAt { file: &self.file, at: offset });
+            let mut writer = record::RecordWriter::begin(&mut out as &mut dyn Write, header)?;
             write_pages(&mut writer)?;
             writer.finish()?;
-            debug_assert_eq!(buffer.len() as u64, header.record_len());
-            // At its offset whatever a failed earlier write left past it: the history is
-            // unusable after a failed append until reopened, and reopening cuts a torn tail.
-            let written = self.file.write_all_at(buffer, offset);
-            if buffer.capacity() > KEPT_BUFFER {
-                *buffer = Vec::new();
-            }
-            written
-        })?;
+            out.flush()?;
+        } else {
+            RECORD_BUFFER.with_borrow_mut(|buffer| {
+                buffer.clear();
+                let mut writer = record::RecordWriter::begin(buffer as &mut dyn Write, header)?;
+                write_pages(&mut writer)?;
+                writer.finish()?;
+                debug_assert_eq!(buffer.len() as u64, header.record_len());
+                self.file.write_all_at(buffer, offset)
+            })?;
+        }
         self.len += header.record_len();
         self.dirty = true;
         self.unsynced += header.record_len();
@@ -383,4 +410,55 @@ fn all_zero(file: &File, from: u64, to: u64) -> io::Result<bool> {
 /// Makes a directory's entries (creations, renames, removals) durable.
 pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use record::Kind;
+
+    fn header(seq: u64, n_pages: u32, page_size: u32) -> Header {
+        Header {
+            kind: Kind::Commit,
+            seq,
+            time_ms: 1_700_000_000_000 + seq as i64,
+            page_size,
+            db_pages: n_pages,
+            wal_salt: 1,
+            wal_frame: seq as u32,
+            n_pages,
+        }
+    }
+
+    /// Small records are built whole and written at once, a large one is streamed: either way
+    /// each lands at its offset, whole, and a reopening finds them all valid.
+    #[test]
+    fn small_and_streamed_records_read_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = OpenSegment::create(dir.path(), 1).unwrap();
+        let page_size = 4096u32;
+        // One page, 600 pages (2.4 MB: streamed), one page again.
+        let sizes = [1u32, 600, 1];
+        for (i, &n) in sizes.iter().enumerate() {
+            let h = header(i as u64 + 1, n, page_size);
+            segment
+                .append(&h, |w| {
+                    for p in 1..=n {
+                        w.page(p, &vec![(p % 251) as u8 ^ i as u8; page_size as usize])?;
+                    }
+                    Ok(())
+                })
+                .unwrap();
+        }
+        segment.sync().unwrap();
+        let expected_len =
+            SEGMENT_HEADER_LEN + sizes.iter().map(|&n| header(0, n, page_size).record_len()).sum::<u64>();
+        assert_eq!(segment.len, expected_len);
+        assert_eq!(std::fs::metadata(&segment.path).unwrap().len(), expected_len);
+        let recovered = OpenSegment::recover(&segment.path, 1).unwrap();
+        assert!(recovered.tail.is_none());
+        let seqs: Vec<u64> = recovered.segment.entries.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [1, 2, 3]);
+        assert_eq!(recovered.segment.entries, segment.entries);
+    }
 }
