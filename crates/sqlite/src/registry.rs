@@ -413,22 +413,24 @@ impl Shared {
         for actor in unclosed {
             actor.close_here();
         }
-        loop {
-            let idle = {
+        let idle_enough =
+            |entry: &Entry| entry.last_used.elapsed() >= self.settings.idle_timeout && !entry.actor.is_busy();
+        let candidates: Vec<String> =
+            self.lock().actors.iter().filter(|(_, e)| idle_enough(e)).map(|(key, _)| key.clone()).collect();
+        for key in candidates {
+            let actor = {
                 let mut state = self.lock();
-                let key = state
-                    .actors
-                    .iter()
-                    .find(|(_, e)| e.last_used.elapsed() >= self.settings.idle_timeout && !e.actor.is_busy())
-                    .map(|(key, _)| key.clone());
-                let Some(key) = key else { return };
+                // Used (or closed) since the survey: it stays.
+                if !state.actors.get(&key).is_some_and(&idle_enough) {
+                    continue;
+                }
                 let entry = state.actors.remove(&key).expect("entry just seen");
                 // Taken out of the map under the lock: nothing more is posted to it. A request
                 // for the same file meanwhile starts a successor, which waits.
                 state.closing.insert(key, Arc::clone(&entry.done));
                 entry.actor
             };
-            idle.close_here();
+            actor.close_here();
         }
     }
 
