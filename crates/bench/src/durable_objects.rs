@@ -515,17 +515,7 @@ pub fn footprint_limit_child(dir: &Path) -> anyhow::Result<()> {
 fn limit_open_compact(dir: &Path, object: u64) -> anyhow::Result<rusqlite::Connection> {
     let conn = rusqlite::Connection::open(dir.join(format!("{object}.sqlite")))?;
     conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
-    // SAFETY: the handle is open, used by this thread only, and no statement has run.
-    unsafe {
-        rusqlite::ffi::sqlite3_db_config(
-            conn.handle(),
-            rusqlite::ffi::SQLITE_DBCONFIG_LOOKASIDE,
-            std::ptr::null_mut::<std::ffi::c_void>(),
-            0 as std::ffi::c_int,
-            0 as std::ffi::c_int,
-        )
-    };
-    conn.pragma_update(None, "cache_size", -COMPACT_CACHE_KIB)?;
+    kura_sqlite::make_compact(&conn)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.execute_batch(CREATE)?;

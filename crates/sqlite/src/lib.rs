@@ -48,7 +48,7 @@ mod request;
 pub mod stats;
 
 pub use actor::Executed;
-pub use database::{COMPACT_CACHE_KIB, Database, DatabaseOptions};
+pub use database::{COMPACT_CACHE_KIB, Database, DatabaseOptions, make_compact};
 pub use error::{Error, Result, TRANSACTION_MESSAGE, code_name, extended_code_name, is_disk_full};
 pub use history::{
     Bookmark, Follower, HistorySettings, LogCheck, LogDamage, LogShipper, LogView, MalformedBookmark, Moment, Restored,

@@ -190,22 +190,7 @@ fn connect(
         conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(open_error)?;
     }
     if options.compact {
-        // About 50 KB per connection otherwise. SQLite refuses (SQLITE_BUSY) once lookaside
-        // memory is in use; this is before the first statement, so it is not.
-        // SAFETY: the handle is open and used by this thread only.
-        let rc = unsafe {
-            rusqlite::ffi::sqlite3_db_config(
-                conn.handle(),
-                rusqlite::ffi::SQLITE_DBCONFIG_LOOKASIDE,
-                std::ptr::null_mut::<std::ffi::c_void>(),
-                0 as std::ffi::c_int,
-                0 as std::ffi::c_int,
-            )
-        };
-        if rc != rusqlite::ffi::SQLITE_OK {
-            tracing::debug!(rc, path = %options.path.display(), "the lookaside allocator stays on");
-        }
-        conn.pragma_update(None, "cache_size", -COMPACT_CACHE_KIB).map_err(open_error)?;
+        make_compact(&conn).map_err(open_error)?;
     }
     if options.history.is_some() {
         // Only the history checkpoints, and only frames already in its log: registering the
@@ -252,6 +237,28 @@ fn connect(
     )
     .map_err(open_error)?;
     Ok((conn, page_size))
+}
+
+/// Configures a connection, before its first statement, to hold little memory while open, as
+/// the Durable Objects' connections are (a thousand may be open): no lookaside allocator (about
+/// 50 KB each otherwise) and a page cache of at most [`COMPACT_CACHE_KIB`].
+pub fn make_compact(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    // SQLite refuses (SQLITE_BUSY) once lookaside memory is in use; before the first statement
+    // it is not.
+    // SAFETY: the handle is open and used by this thread only.
+    let rc = unsafe {
+        rusqlite::ffi::sqlite3_db_config(
+            conn.handle(),
+            rusqlite::ffi::SQLITE_DBCONFIG_LOOKASIDE,
+            std::ptr::null_mut::<std::ffi::c_void>(),
+            0 as std::ffi::c_int,
+            0 as std::ffi::c_int,
+        )
+    };
+    if rc != rusqlite::ffi::SQLITE_OK {
+        tracing::debug!(rc, "the lookaside allocator stays on");
+    }
+    conn.pragma_update(None, "cache_size", -COMPACT_CACHE_KIB)
 }
 
 impl Database {
