@@ -368,18 +368,7 @@ async fn measure_kura(base: &str, duration: Duration, only: &[String]) -> anyhow
 
     eprintln!("measuring kura…");
     let health = base.split("/client/v4").next().unwrap_or_default().to_owned() + "/healthz";
-    let floor = |clients| {
-        // The HTTP floor: the same client and server answering /healthz, no auth, no SQL.
-        let (http, health) = (client.http.clone(), health.clone());
-        load::run(clients, duration, move |_, _| {
-            let (http, health) = (http.clone(), health.clone());
-            async move {
-                let r = http.get(&health).send().await.expect("healthz");
-                let _ = r.bytes().await;
-                1
-            }
-        })
-    };
+    let floor = |clients| load::http_floor(&client.http, &health, clients, duration);
     if wanted("floor1") {
         figures.floor_1 = floor(1).await;
     }

@@ -301,19 +301,8 @@ async fn measure_http(api: &str, duration: Duration, wanted: &dyn Fn(&str) -> bo
     };
     let batch_16 = if wanted("http16") { load(CLIENTS).await } else { Stats::default() };
     let batch_1 = if wanted("http1") { load(1).await } else { Stats::default() };
-    // The HTTP floor: the same client and server answering /healthz, no auth, no storage.
     let health = format!("http://{api}/healthz");
-    let floor = |clients| {
-        let (http, health) = (http.clone(), health.clone());
-        load::run(clients, duration, move |_, _| {
-            let (http, health) = (http.clone(), health.clone());
-            async move {
-                let answer = http.get(&health).send().await.expect("healthz");
-                let _ = answer.bytes().await;
-                1
-            }
-        })
-    };
+    let floor = |clients| load::http_floor(&http, &health, clients, duration);
     let floor_16 = if wanted("http16") { floor(CLIENTS).await } else { Stats::default() };
     let floor_1 = if wanted("http1") { floor(1).await } else { Stats::default() };
     Ok(HttpFigures { batch_16, batch_1, floor_16, floor_1 })

@@ -73,3 +73,18 @@ where
     }
     Stats::from_latencies(all, units, start.elapsed())
 }
+
+/// The HTTP floor: `clients` clients of `http` fetching `url` (a server's `/healthz`: no auth,
+/// no storage) back to back for `duration`: what HTTP alone costs on this server and client.
+pub async fn http_floor(http: &reqwest::Client, url: &str, clients: usize, duration: Duration) -> Stats {
+    let (http, url) = (http.clone(), url.to_owned());
+    run(clients, duration, move |_, _| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let answer = http.get(&url).send().await.expect("healthz");
+            let _ = answer.bytes().await;
+            1
+        }
+    })
+    .await
+}
