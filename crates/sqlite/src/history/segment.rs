@@ -322,9 +322,9 @@ impl OpenSegment {
         header: &Header,
         write_pages: impl FnOnce(&mut record::RecordWriter<'_, dyn Write + '_>) -> io::Result<()>,
     ) -> io::Result<()> {
-        // At its offset whatever a failed earlier write left past it: the history is unusable
-        // after a failed append until reopened, and reopening cuts a torn tail. The length and
-        // the entries move on only once the whole record is in the file.
+        // Written at its offset, over whatever a failed earlier append left there (the history
+        // is unusable after a failed append until reopened, and reopening cuts a torn tail). The
+        // length and the entries move on only once the whole record is in the file.
         let offset = self.len;
         if header.record_len() > WHOLE_RECORD {
             let mut out = BufWriter::with_capacity(STREAM_BUFFER, FileAt { file: &self.file, at: offset });
