@@ -164,13 +164,15 @@ impl Catalog {
 
     /// The account's database with this id, or else with this name.
     pub fn d1_database(&self, account_id: &str, id_or_name: &str) -> Result<Option<D1Database>> {
-        self.read_found(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM d1_databases WHERE account_id = ?1 AND (uuid = lower(?2) OR name = ?2) \
-                 ORDER BY uuid = lower(?2) DESC LIMIT 1"
-            ))?
-            .query_row([account_id, id_or_name], database_from_row)
-            .optional()
+        self.remembered(&self.d1_seen, format!("{account_id}\0{id_or_name}"), || {
+            self.read_found(|c| {
+                c.prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM d1_databases WHERE account_id = ?1 AND (uuid = lower(?2) OR name = ?2) \
+                     ORDER BY uuid = lower(?2) DESC LIMIT 1"
+                ))?
+                .query_row([account_id, id_or_name], database_from_row)
+                .optional()
+            })
         })
     }
 

@@ -172,13 +172,15 @@ impl Catalog {
 
     /// The account's namespace with this id or name.
     pub fn do_namespace(&self, account_id: &str, id_or_name: &str) -> Result<Option<DoNamespace>> {
-        self.read_found(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM do_namespaces WHERE account_id = ?1 AND (id = ?2 OR name = ?2) \
-                 ORDER BY id = ?2 DESC LIMIT 1"
-            ))?
-            .query_row([account_id, id_or_name], from_row)
-            .optional()
+        self.remembered(&self.do_namespaces_seen, format!("{account_id}\0{id_or_name}"), || {
+            self.read_found(|c| {
+                c.prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM do_namespaces WHERE account_id = ?1 AND (id = ?2 OR name = ?2) \
+                     ORDER BY id = ?2 DESC LIMIT 1"
+                ))?
+                .query_row([account_id, id_or_name], from_row)
+                .optional()
+            })
         })
     }
 

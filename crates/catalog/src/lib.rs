@@ -11,8 +11,9 @@
 //! The catalog is small and written rarely: one connection reads and another writes, each
 //! behind a mutex, so reads (every request authenticates) never wait behind a write that waits
 //! for another process. It is safe to open from two processes at once (a running server and
-//! `kura tokens create`): SQLite's own locking orders their writes, and the one thing cached
-//! across calls (authenticated tokens) is dropped as soon as any writer marks a change.
+//! `kura tokens create`): SQLite's own locking orders their writes, and what is cached across
+//! calls (the rows every request looks up: its token, its D1 database or Durable Object
+//! namespace) is dropped as soon as any writer marks a change.
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), kura_catalog::Error> {
@@ -29,6 +30,7 @@ mod account;
 mod d1;
 mod durable_objects;
 mod r2;
+mod remembered;
 mod replication;
 mod token;
 mod workers;
@@ -102,10 +104,13 @@ pub struct Catalog {
     /// When the last look for a newer copy began: lookups that missed before it need not look
     /// again (one look serves every miss waiting behind it).
     looked: Mutex<Option<std::time::Instant>>,
-    /// Live tokens lately authenticated, as of one version of the file (see
-    /// [`Catalog::version`]): every request authenticates, and reading the token back costs
-    /// more than the rest of a point SELECT.
-    tokens_seen: Mutex<token::Seen>,
+    /// Live tokens lately authenticated, by the hash of their secret: every request
+    /// authenticates.
+    tokens_seen: remembered::Remembered<Token>,
+    /// D1 databases lately looked up, by account and id or name.
+    d1_seen: remembered::Remembered<D1Database>,
+    /// Durable Object namespaces lately looked up, by account and id or name.
+    do_namespaces_seen: remembered::Remembered<DoNamespace>,
     /// See [`ChangeMark`].
     changes: ChangeMark,
 }
@@ -114,7 +119,7 @@ pub struct Catalog {
 /// process that writes the catalog (a server, `kura tokens revoke`) sets to a new random value
 /// after each write: one `pread` tells a reader whether anything it remembers may have changed.
 /// A writer that dies between its commit and the mark, or a writer that is not kura, is caught
-/// by the short life of what is remembered ([`token::SEEN_FOR`]).
+/// by the short life of what is remembered ([`remembered::TRUSTED_FOR`]).
 #[derive(Debug)]
 struct ChangeMark {
     file: Option<std::fs::File>,
@@ -290,7 +295,9 @@ impl Catalog {
             replication: None,
             installs: Default::default(),
             looked: Mutex::new(None),
-            tokens_seen: Mutex::default(),
+            tokens_seen: Default::default(),
+            d1_seen: Default::default(),
+            do_namespaces_seen: Default::default(),
         };
         catalog.migrate()?;
         Ok(Catalog { replication, ..catalog })
@@ -308,6 +315,29 @@ impl Catalog {
     /// mark cannot be read: nothing read then may be reused.
     fn version(&self) -> Option<(u64, u64)> {
         Some((self.installs(), self.changes.read()?))
+    }
+
+    /// The row `read` finds, or the one it found lately under `key` if the catalog has not
+    /// changed since (see [`remembered`]). Only rows found are remembered: a miss reads again.
+    fn remembered<V: Clone>(
+        &self,
+        memory: &remembered::Remembered<V>,
+        key: String,
+        read: impl FnOnce() -> Result<Option<V>>,
+    ) -> Result<Option<V>> {
+        // Read before the row, so a row read after a change is never filed under the version
+        // from before it.
+        let version = self.version();
+        if let Some(version) = version
+            && let Some(value) = memory.get(&key, version)
+        {
+            return Ok(Some(value));
+        }
+        let found = read()?;
+        if let (Some(value), Some(version)) = (&found, version) {
+            memory.put(key, version, value.clone());
+        }
+        Ok(found)
     }
 
     /// Brings in the newest published copy of a shared catalog if this node's is behind;

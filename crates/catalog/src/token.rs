@@ -118,43 +118,6 @@ pub struct Token {
     pub buckets: Option<Vec<String>>,
 }
 
-/// Live tokens lately authenticated, by the hash of their secret, all read at one version of
-/// the catalog.
-#[derive(Default)]
-pub(crate) struct Seen {
-    version: (u64, u64),
-    tokens: std::collections::HashMap<String, (Token, std::time::Instant)>,
-}
-
-/// Tokens remembered at most; past it the memory starts over.
-const SEEN_TOKENS: usize = 1024;
-
-/// How long a token read is trusted even with no change marked: the bound on a revocation by a
-/// writer that could not mark it.
-pub(crate) const SEEN_FOR: std::time::Duration = std::time::Duration::from_secs(1);
-
-impl Seen {
-    fn get(&mut self, hashed: &str, version: (u64, u64)) -> Option<Token> {
-        if self.version != version {
-            self.tokens.clear();
-            self.version = version;
-            return None;
-        }
-        let (token, read_at) = self.tokens.get(hashed)?;
-        (read_at.elapsed() < SEEN_FOR).then(|| token.clone())
-    }
-
-    fn put(&mut self, hashed: String, version: (u64, u64), token: Token) {
-        if self.version != version {
-            return;
-        }
-        if self.tokens.len() >= SEEN_TOKENS {
-            self.tokens.clear();
-        }
-        self.tokens.insert(hashed, (token, std::time::Instant::now()));
-    }
-}
-
 /// Characters of generated secrets: URL- and header-safe, as Cloudflare's 40-character tokens.
 const SECRET_ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
@@ -316,23 +279,9 @@ impl Catalog {
     /// next request.
     pub fn authenticate(&self, secret: &str) -> Result<Option<Token>> {
         let hashed = hash(secret);
-        // Read before the token, so a token read after a change is never filed under the
-        // version from before it.
-        let version = self.version();
-        if let Some(version) = version
-            && let Some(token) = self.seen().get(&hashed, version)
-        {
-            return Ok(Some(token));
-        }
-        let found = self.token_by_hash(&hashed)?.filter(|t| t.revoked_at.is_none());
-        if let (Some(token), Some(version)) = (&found, version) {
-            self.seen().put(hashed, version, token.clone());
-        }
-        Ok(found)
-    }
-
-    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
-        self.tokens_seen.lock().unwrap_or_else(|p| p.into_inner())
+        self.remembered(&self.tokens_seen, hashed.clone(), || {
+            Ok(self.token_by_hash(&hashed)?.filter(|t| t.revoked_at.is_none()))
+        })
     }
 
     /// The tokens of an account, oldest first, revoked ones included.

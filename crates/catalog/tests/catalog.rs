@@ -82,6 +82,26 @@ fn databases_have_unique_names_per_account_and_a_limit() {
 }
 
 #[test]
+fn looked_up_databases_are_remembered_never_past_a_change_by_another_connection() {
+    let (dir, catalog) = open();
+    let a = catalog.create_account(None, "a").unwrap();
+    let db = catalog.create_d1_database(&new_db(&a.id, "prod")).unwrap();
+    for _ in 0..3 {
+        assert_eq!(catalog.d1_database(&a.id, "prod").unwrap().unwrap().uuid, db.uuid);
+    }
+    // Another process changes it: the next lookup through the first sees the change.
+    let other = Catalog::open(dir.path().join("catalog.sqlite")).unwrap();
+    assert!(other.set_d1_read_replication(&a.id, &db.uuid, "auto").unwrap());
+    assert_eq!(catalog.d1_database(&a.id, "prod").unwrap().unwrap().read_replication, "auto");
+    assert!(other.delete_d1_database(&a.id, &db.uuid).unwrap());
+    assert!(catalog.d1_database(&a.id, "prod").unwrap().is_none());
+    assert!(catalog.d1_database(&a.id, &db.uuid).unwrap().is_none());
+    // A database made under the same name is found, not the one remembered before.
+    let again = catalog.create_d1_database(&new_db(&a.id, "prod")).unwrap();
+    assert_eq!(catalog.d1_database(&a.id, "prod").unwrap().unwrap().uuid, again.uuid);
+}
+
+#[test]
 fn usage_accumulates_per_hour() {
     let (_dir, catalog) = open();
     let delta =
