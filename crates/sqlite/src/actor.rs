@@ -43,6 +43,15 @@ pub(crate) enum Command {
     Work(Box<dyn GroupedWork>),
 }
 
+/// When an actor with work gets its thread.
+#[derive(Clone, Copy)]
+pub(crate) enum Start {
+    /// At once: a thread that waits, or a new one.
+    Now,
+    /// When the pool has one free, past a few threads ([`Pool::run_in_turn`]).
+    InTurn,
+}
+
 /// Writes of kura's own (R2's metadata, say) committed with a group: run in a savepoint of the
 /// group's transaction, then told whether the COMMIT made them durable. `run` may be called
 /// again (alone) if the group has to be replayed.
@@ -284,17 +293,17 @@ impl Actor {
             return Err(TrySendError::Full(command));
         }
         mailbox.commands.push_back(command);
-        self.schedule(mailbox);
+        self.schedule(mailbox, Start::Now);
         Ok(())
     }
 
     /// Has the actor close its file once the commands already queued have run. The registry
     /// calls it after taking the actor out of its map, so nothing more is posted.
-    pub(crate) fn close(self: &Arc<Self>) {
+    pub(crate) fn close(self: &Arc<Self>, start: Start) {
         let mut mailbox = self.mailbox();
         mailbox.closing = true;
         if !mailbox.stopped {
-            self.schedule(mailbox);
+            self.schedule(mailbox, start);
         }
     }
 
@@ -318,14 +327,19 @@ impl Actor {
         self.mailbox().scheduled
     }
 
-    fn schedule(self: &Arc<Self>, mut mailbox: MutexGuard<'_, Mailbox>) {
+    fn schedule(self: &Arc<Self>, mut mailbox: MutexGuard<'_, Mailbox>, start: Start) {
         if mailbox.scheduled {
             return;
         }
         mailbox.scheduled = true;
         drop(mailbox);
         let actor = Arc::clone(self);
-        if let Err(source) = self.pool.run(Box::new(move || actor.turn())) {
+        let turn = Box::new(move || actor.turn());
+        let started = match start {
+            Start::Now => self.pool.run(turn),
+            Start::InTurn => self.pool.run_in_turn(turn),
+        };
+        if let Err(source) = started {
             tracing::error!(key = %self.identity.key, error = %source, "cannot start a database thread");
             let (queued, closing) = {
                 let mut mailbox = self.mailbox();

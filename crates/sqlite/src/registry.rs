@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::actor::{Actor, Command, Executed, Identity, Tried};
+use crate::actor::{Actor, Command, Executed, Identity, Start, Tried};
 use crate::database::{Database, DatabaseOptions};
 use crate::error::{Error, Result};
 use crate::pool::Pool;
@@ -115,7 +115,7 @@ impl Drop for Shared {
         // by the pool's threads, as it did when each actor had its own.
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         for (_, entry) in state.actors.drain() {
-            entry.actor.close();
+            entry.actor.close(Start::InTurn);
         }
     }
 }
@@ -251,7 +251,7 @@ impl Registry {
         let signal = {
             let mut state = self.shared.lock();
             match state.actors.remove(key) {
-                Some(entry) => Some(close_entry(&mut state, key, entry)),
+                Some(entry) => Some(close_entry(&mut state, key, entry, Start::Now)),
                 None => state.closing.get(key).cloned(),
             }
         };
@@ -274,14 +274,21 @@ impl Registry {
             let mut state = self.shared.lock();
             state.shut_down = true;
             let open: Vec<_> = state.actors.drain().collect();
+            // In turn: nothing can wait for these closes (later requests are refused, and an
+            // open database never waits for another open one), so they may wait for threads.
             for (key, entry) in open {
-                close_entry(&mut state, &key, entry);
+                close_entry(&mut state, &key, entry, Start::InTurn);
             }
             state.closing.values().cloned().collect::<Vec<_>>()
         };
         for signal in signals {
             wait_async(signal).await;
         }
+    }
+
+    /// Whether the database `key` is open now (it may close the moment after).
+    pub fn is_open(&self, key: &str) -> bool {
+        self.shared.lock().actors.contains_key(key)
     }
 
     /// How many databases are open now.
@@ -465,14 +472,14 @@ fn evict_least_recently_used(state: &mut State) {
     let oldest = state.actors.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| k.clone());
     if let Some(key) = oldest {
         let entry = state.actors.remove(&key).expect("entry just found");
-        close_entry(state, &key, entry);
+        close_entry(state, &key, entry, Start::Now);
     }
 }
 
 /// Has an actor just taken out of the map run what is queued and close its file; a successor
 /// for the same file waits for the signal returned.
-fn close_entry(state: &mut State, key: &str, entry: Entry) -> Arc<DoneSignal> {
-    entry.actor.close();
+fn close_entry(state: &mut State, key: &str, entry: Entry, start: Start) -> Arc<DoneSignal> {
+    entry.actor.close(start);
     state.closing.insert(key.to_owned(), Arc::clone(&entry.done));
     entry.done
 }
