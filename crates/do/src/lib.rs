@@ -402,6 +402,10 @@ impl DurableObjects {
     async fn ensure(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
         self.runs_here(ns)?;
         self.claim_object(ns, id).await?;
+        // An open object's directory exists (nothing removes one): no look at the disk.
+        if self.inner.registry.is_open(&ns.object_key(id)) {
+            return Ok(());
+        }
         let dir = self.object_dir(ns, id);
         if dir.exists() {
             return Ok(());
