@@ -97,11 +97,19 @@ impl Database {
         self.ship()
     }
 
-    /// Captures, syncs the history and checkpoints, for a clean close; failures are only
-    /// logged, since reopening recovers from the WAL.
+    /// Captures, syncs the history and checkpoints, then leaves the history ready to reopen
+    /// quickly, for a clean close; failures are only logged, since reopening recovers from the
+    /// WAL.
     pub fn close_cleanly(&mut self) {
         if let Err(e) = self.checkpoint() {
             tracing::warn!(path = %self.path.display(), error = %e, "checkpoint on close failed");
+            return;
+        }
+        let conn = &self.conn;
+        if let Some(history) = self.history.as_mut()
+            && let Err(e) = self.authorizer.internal(|| history.close(conn))
+        {
+            tracing::warn!(path = %self.path.display(), error = %e, "leaving the history ready to reopen failed");
         }
     }
 

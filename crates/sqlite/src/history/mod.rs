@@ -137,6 +137,11 @@ pub(crate) struct History {
     following: bool,
 }
 
+/// Frames a WAL may hold at a clean close and be left as it is. An emptied WAL costs the next
+/// open's first write one more sync (the new WAL's header); a WAL left full costs the next open
+/// reading every frame back, about 8 µs each here against 150–200 µs for the sync.
+const EMPTY_WAL_PAST_FRAMES: i32 = 24;
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
@@ -727,6 +732,27 @@ impl History {
             self.snapshot(conn, self.last_seq, db_pages)?;
             self.prune()?;
         }
+        Ok(())
+    }
+
+    /// For a clean close, after [`History::checkpoint`]: spares the next open reading back
+    /// what this one leaves. The open segment is noted as checked
+    /// ([`OpenSegment::note_checked`]). A WAL of more than a few frames, every one of them in
+    /// the database file and in the log, is emptied: otherwise the next open reads every frame
+    /// back (SQLite rebuilds its WAL index from the whole file), a cost that grows with the
+    /// writes before the close. The first write after it starts a new WAL, with new salts,
+    /// which [`History::capture_at`] reads from its start. A WAL another process writes is
+    /// left alone.
+    pub(crate) fn close(&mut self, conn: &rusqlite::Connection) -> Result<()> {
+        self.usable()?;
+        self.open.note_checked().map_err(io_error("noting the log checked"))?;
+        if self.following || wal_counts(conn, -1)?.0 <= EMPTY_WAL_PAST_FRAMES {
+            return Ok(());
+        }
+        wal_counts(conn, rusqlite::ffi::SQLITE_CHECKPOINT_TRUNCATE)?;
+        self.wal = None;
+        self.wal_header = None;
+        self.wal_may_restart = true;
         Ok(())
     }
 

@@ -178,9 +178,10 @@ fn raw_header_at(file: &File, offset: u64, len: u64) -> Result<(Header, [u8; HEA
 }
 
 thread_local! {
-    /// Where [`verify_at`] reads records: one buffer per thread, reused (opening a database
-    /// checks every record of its open segment, dozens of small ones after a busy spell).
+    /// Where [`verify_at`] reads records: one buffer per thread, reused.
     static VERIFY_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The window a [`Walk`] reads a file through: one per thread, reused.
+    static WALK_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Checks the record at `offset` of a file `len` bytes long: read whole if it is at most
@@ -191,23 +192,20 @@ pub(crate) fn verify_at(file: &File, offset: u64, len: u64) -> Result<Option<Hea
         return Ok(None);
     }
     let (header, head) = raw_header_at(file, offset, len)?;
+    if header.record_len() <= CHUNK as u64 {
+        return VERIFY_BUFFER.with_borrow_mut(|buf| {
+            buf.resize(header.record_len() as usize, 0);
+            file.read_exact_at(buf, offset)?;
+            check_crc(&header, buf, offset).map(|()| Some(header))
+        });
+    }
     let mut crc = crc32fast::Hasher::new();
     crc.update(&head);
     let mut stored = [0u8; 4];
-    let body_start = offset + HEADER_LEN as u64;
     let body_end = offset + header.record_len() - 4;
     VERIFY_BUFFER.with_borrow_mut(|buf| -> io::Result<()> {
-        // The pages and the stored CRC after them.
-        let rest = (header.record_len() - HEADER_LEN as u64) as usize;
-        if rest <= CHUNK {
-            buf.resize(rest, 0);
-            file.read_exact_at(buf, body_start)?;
-            crc.update(&buf[..rest - 4]);
-            stored.copy_from_slice(&buf[rest - 4..]);
-            return Ok(());
-        }
         buf.resize(CHUNK, 0);
-        let mut at = body_start;
+        let mut at = offset + HEADER_LEN as u64;
         while at < body_end {
             let n = CHUNK.min((body_end - at) as usize);
             file.read_exact_at(&mut buf[..n], at)?;
@@ -217,9 +215,75 @@ pub(crate) fn verify_at(file: &File, offset: u64, len: u64) -> Result<Option<Hea
         file.read_exact_at(&mut stored, body_end)
     })?;
     if crc.finalize().to_le_bytes() != stored {
-        return Err(ReadError::Corrupt(format!("record {} (at byte {offset}) fails its checksum", header.seq)));
+        return Err(bad_crc(&header, offset));
     }
     Ok(Some(header))
+}
+
+/// Checks a whole record's bytes against the CRC they end with.
+fn check_crc(header: &Header, record: &[u8], offset: u64) -> Result<(), ReadError> {
+    let (covered, stored) = record.split_at(record.len() - 4);
+    match crc32fast::hash(covered).to_le_bytes() == stored {
+        true => Ok(()),
+        false => Err(bad_crc(header, offset)),
+    }
+}
+
+fn bad_crc(header: &Header, offset: u64) -> ReadError {
+    ReadError::Corrupt(format!("record {} (at byte {offset}) fails its checksum", header.seq))
+}
+
+/// Runs `f` with a [`Walk`] over `file`, `len` bytes long.
+pub(crate) fn walk<T>(file: &File, len: u64, f: impl FnOnce(&mut Walk<'_>) -> T) -> T {
+    WALK_BUFFER.with_borrow_mut(|window| f(&mut Walk { file, len, window, window_at: 0, filled: 0 }))
+}
+
+/// Checks a file's records one after another as [`verify_at`] does, reading the file [`CHUNK`]
+/// bytes at a time: opening a database checks every record of its open segment, dozens of
+/// small ones after a busy spell, and two reads for each cost more than the checking.
+pub(crate) struct Walk<'a> {
+    file: &'a File,
+    len: u64,
+    window: &'a mut Vec<u8>,
+    /// Where in the file the window's first `filled` bytes come from.
+    window_at: u64,
+    filled: usize,
+}
+
+impl Walk<'_> {
+    /// The record at `offset`, checked, as [`verify_at`] answers.
+    pub(crate) fn verify_at(&mut self, offset: u64) -> Result<Option<Header>, ReadError> {
+        if offset == self.len {
+            return Ok(None);
+        }
+        let head = self.bytes(offset, HEADER_LEN)?.ok_or(ReadError::Truncated)?;
+        let header = head
+            .try_into()
+            .ok()
+            .and_then(Header::decode)
+            .ok_or_else(|| ReadError::Corrupt(format!("no record header at byte {offset}")))?;
+        if header.record_len() > CHUNK as u64 {
+            return verify_at(self.file, offset, self.len);
+        }
+        let record = self.bytes(offset, header.record_len() as usize)?.ok_or(ReadError::Truncated)?;
+        check_crc(&header, record, offset).map(|()| Some(header))
+    }
+
+    /// The `n` bytes (at most [`CHUNK`]) at `offset`, the window moved there first if it does
+    /// not hold them; `None` if the file ends before.
+    fn bytes(&mut self, offset: u64, n: usize) -> io::Result<Option<&[u8]>> {
+        if self.len.saturating_sub(offset) < n as u64 {
+            return Ok(None);
+        }
+        if offset < self.window_at || offset + n as u64 > self.window_at + self.filled as u64 {
+            let fill = CHUNK.min((self.len - offset) as usize);
+            self.window.resize(fill, 0);
+            self.file.read_exact_at(&mut self.window[..fill], offset)?;
+            (self.window_at, self.filled) = (offset, fill);
+        }
+        let start = (offset - self.window_at) as usize;
+        Ok(Some(&self.window[start..start + n]))
+    }
 }
 
 /// Records up to this size are read once, whole, into the caller's buffer.

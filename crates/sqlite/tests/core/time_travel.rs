@@ -44,6 +44,38 @@ fn log_files(cx: &Context, suffix: &str) -> Vec<PathBuf> {
     files
 }
 
+/// A database closed after `n` commits of a row each, all in its open segment (no snapshot
+/// after the first), with each commit's bookmark.
+async fn commits_in_one_segment(n: i64) -> (Context, Vec<Bookmark>) {
+    let cx =
+        Context::with_history(HistorySettings { segment_bytes: u64::MAX, snapshot_log_bytes: u64::MAX, ..small() });
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
+    let mut marks = Vec::new();
+    for i in 0..n {
+        cx.ok(&format!("INSERT INTO t VALUES ({i}, '{}')", "z".repeat(900))).await;
+        marks.push(bookmark(&cx).await);
+    }
+    cx.registry.close("db").await;
+    (cx, marks)
+}
+
+/// Flips a byte of the open segment: the one `at` picks given the segment's length.
+fn damage_open_segment(cx: &Context, at: impl FnOnce(usize) -> usize) {
+    let open = log_files(cx, ".open").pop().unwrap();
+    let mut bytes = std::fs::read(&open).unwrap();
+    let at = at(bytes.len());
+    bytes[at] ^= 0x5a;
+    std::fs::write(&open, bytes).unwrap();
+}
+
+/// Removes the note a clean close leaves beside the open segment, as if the server had died
+/// instead of closing.
+fn forget_clean_close(cx: &Context) {
+    let notes = log_files(cx, ".checked");
+    assert_eq!(notes.len(), 1, "a clean close notes what it checked");
+    std::fs::remove_file(&notes[0]).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restore_undo_timestamps_and_order() {
     let cx = Context::with_history(small());
@@ -215,22 +247,14 @@ async fn a_restore_interrupted_before_its_entry_is_forgotten() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damage_inside_the_open_segment_keeps_what_is_sound_and_never_reuses_a_position() {
-    let cx =
-        Context::with_history(HistorySettings { segment_bytes: u64::MAX, snapshot_log_bytes: u64::MAX, ..small() });
-    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
-    let mut marks = Vec::new();
-    for i in 0..40 {
-        cx.ok(&format!("INSERT INTO t VALUES ({i}, '{}')", "z".repeat(900))).await;
-        marks.push(bookmark(&cx).await);
-    }
-    cx.registry.close("db").await;
+    let (cx, marks) = commits_in_one_segment(40).await;
     // Damage a record the log synced long ago (checkpoints every few frames since, so the WAL
-    // no longer holds it).
-    let open = log_files(&cx, ".open").pop().unwrap();
-    let mut bytes = std::fs::read(&open).unwrap();
-    let at = bytes.len() / 3;
-    bytes[at] ^= 0x5a;
-    std::fs::write(&open, bytes).unwrap();
+    // no longer holds it), in a log a crash left: without the note a clean close leaves, the
+    // next open checks the whole open segment. (After a clean close it checks only what was
+    // appended since; damage at rest before that is found by `kura check` and by a restore
+    // that reads it, as in a sealed segment.)
+    forget_clean_close(&cx);
+    damage_open_segment(&cx, |len| len / 3);
     let db_path = cx.dir.path().join("db/db.sqlite");
     let found = kura_sqlite::verify_history(&db_path).unwrap_err().to_string();
     assert!(found.contains("fails its checksum"), "damage inside the open segment is no torn tail: {found}");
@@ -264,6 +288,24 @@ async fn damage_inside_the_open_segment_keeps_what_is_sound_and_never_reuses_a_p
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_at_rest_after_a_clean_close_is_found_by_the_check_and_by_a_restore_across_it() {
+    let (cx, marks) = commits_in_one_segment(20).await;
+    damage_open_segment(&cx, |len| len * 2 / 3);
+
+    // The open trusts what the clean close noted: nothing is cut, no new base is taken.
+    assert_eq!(ids(&rows(&cx).await), (0..20).collect::<Vec<_>>());
+    assert_eq!(bookmark(&cx).await, *marks.last().unwrap());
+    cx.registry.close("db").await;
+    let found = kura_sqlite::verify_history(&cx.dir.path().join("db/db.sqlite")).unwrap_err().to_string();
+    assert!(found.contains("fails its checksum"), "kura check finds it: {found}");
+    // A restore that reads the damaged record refuses; one before it restores.
+    let refused = restore(&cx, *marks.last().unwrap()).await.unwrap_err();
+    assert!(matches!(refused, Error::HistoryDamaged { .. }), "{refused}");
+    restore(&cx, marks[0]).await.unwrap();
+    assert_eq!(ids(&rows(&cx).await), [0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_base_decided_before_a_crash_is_taken_on_the_next_open() {
     let cx = Context::with_history(small());
     cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (1, 'a')").await;
@@ -293,7 +335,9 @@ async fn a_damaged_restore_entry_is_damage_not_a_torn_append() {
     cx.ok("INSERT INTO t VALUES (2, 'b')").await;
     let restored = restore(&cx, b1).await.unwrap();
     cx.registry.close("db").await;
-    // The restore finished; then its entry, the log's last record, rots.
+    // The restore finished; then its entry, the log's last record, rots (in a log a crash
+    // left: see the test above).
+    forget_clean_close(&cx);
     let open = log_files(&cx, ".open").pop().unwrap();
     let mut bytes = std::fs::read(&open).unwrap();
     let last = bytes.len() - 1;
