@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -36,55 +37,27 @@ struct Inner {
 
 #[derive(Default)]
 struct State {
-    /// Threads waiting for a job, the one that began waiting last at the end: it is handed the
-    /// next job (its stack and caches are the warmest), and the ones at the front, not needed,
-    /// end after [`KEEP_ALIVE`].
-    idle: Vec<Arc<Waiting>>,
-    /// Jobs waiting for a thread to finish its job ([`Pool::run_in_turn`]).
+    /// Jobs waiting for a thread, each numbered (so one whose thread could not start can be
+    /// taken back). A thread finishing its job takes the next before it waits, so a job often
+    /// runs before the thread woken for it is awake.
+    jobs: VecDeque<(u64, Job)>,
+    /// Jobs run in turn ([`Pool::run_in_turn`]), taken after `jobs`.
     backlog: VecDeque<Job>,
+    numbered: u64,
+    /// Threads waiting for work, the one that began waiting last at the end: it is woken next
+    /// (its stack and caches are the warmest), and the ones at the front, not needed, end after
+    /// [`KEEP_ALIVE`].
+    idle: Vec<Arc<Waiting>>,
     /// Threads alive.
     threads: usize,
 }
 
-/// A waiting thread's hand: a job is put in it, then the thread unparked. One thread, one
-/// wake-up, and no lock the woken thread contends for with the others.
+/// A waiting thread: woken on its own (one unpark), so no thread contends with the others for
+/// a shared condition variable's lock.
 struct Waiting {
-    job: Mutex<Option<Job>>,
+    /// Set, under the pool's lock, when the thread is taken off the idle list to be woken.
+    woken: AtomicBool,
     thread: Thread,
-}
-
-impl Waiting {
-    fn give(&self, job: Job) {
-        *self.job.lock().unwrap_or_else(|p| p.into_inner()) = Some(job);
-        self.thread.unpark();
-    }
-
-    fn take(&self) -> Option<Job> {
-        self.job.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-
-    /// The job given to this thread, or `None` once `until` has passed without one.
-    fn wait_until(&self, until: Instant) -> Option<Job> {
-        loop {
-            if let Some(job) = self.take() {
-                return Some(job);
-            }
-            match until.checked_duration_since(Instant::now()) {
-                Some(left) if !left.is_zero() => std::thread::park_timeout(left),
-                _ => return self.take(),
-            }
-        }
-    }
-
-    /// The job on its way to this thread (it was taken off the idle list to be given one).
-    fn wait_for_given(&self) -> Job {
-        loop {
-            if let Some(job) = self.take() {
-                return job;
-            }
-            std::thread::park();
-        }
-    }
 }
 
 impl Pool {
@@ -95,34 +68,45 @@ impl Pool {
     /// Runs `job` on a waiting thread, or on a new one if none waits. Fails only if the system
     /// will not start a thread while every thread is busy; the job is then not run.
     pub(crate) fn run(&self, job: Job) -> std::io::Result<()> {
-        self.run_within(job, usize::MAX)
+        let mut state = self.inner.lock();
+        state.numbered += 1;
+        let number = state.numbered;
+        state.jobs.push_back((number, job));
+        if self.inner.wake_one(state) {
+            return Ok(());
+        }
+        let started = self.start();
+        if started.is_err() {
+            // Taken back unless a thread took it meanwhile.
+            let mut state = self.inner.lock();
+            if let Some(at) = state.jobs.iter().position(|(n, _)| *n == number) {
+                state.jobs.remove(at);
+                return started;
+            }
+        }
+        Ok(())
     }
 
     /// Runs `job` as [`Pool::run`] does, except that past a few threads it waits for one to
     /// finish its job rather than start another: for work that may wait and comes in bulk (a
     /// thousand files closed at shutdown would otherwise start a thousand threads at once).
     pub(crate) fn run_in_turn(&self, job: Job) -> std::io::Result<()> {
-        self.run_within(job, IN_TURN_THREADS)
+        let mut state = self.inner.lock();
+        state.backlog.push_back(job);
+        let busy = state.threads;
+        if self.inner.wake_one(state) || busy >= IN_TURN_THREADS {
+            // Past the few threads, a busy one takes it when its job ends.
+            return Ok(());
+        }
+        // Left queued if no thread starts: the threads there are take it.
+        self.start()
     }
 
-    /// Runs `job` on a waiting thread; if none waits, on a new one while fewer than `threads`
-    /// are alive, or else after one of them finishes its job (each looks at the backlog before
-    /// it waits).
-    fn run_within(&self, job: Job, threads: usize) -> std::io::Result<()> {
-        let mut state = self.inner.lock();
-        if let Some(waiting) = state.idle.pop() {
-            drop(state);
-            waiting.give(job);
-            return Ok(());
-        }
-        if state.threads >= threads {
-            state.backlog.push_back(job);
-            return Ok(());
-        }
-        state.threads += 1;
-        drop(state);
+    /// Starts a thread, counted from now.
+    fn start(&self) -> std::io::Result<()> {
+        self.inner.lock().threads += 1;
         let inner = Arc::clone(&self.inner);
-        let started = std::thread::Builder::new().name(self.inner.name.clone()).spawn(move || inner.serve(job));
+        let started = std::thread::Builder::new().name(self.inner.name.clone()).spawn(move || inner.serve());
         if started.is_err() {
             self.inner.lock().threads -= 1;
         }
@@ -140,37 +124,44 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A thread's life: `first`, then whatever jobs come until none has come for [`KEEP_ALIVE`].
-    fn serve(&self, first: Job) {
-        let me = Arc::new(Waiting { job: Mutex::new(None), thread: std::thread::current() });
-        let mut job = first;
+    /// Wakes the thread that began waiting last, if one waits (the lock released first).
+    fn wake_one(&self, mut state: MutexGuard<'_, State>) -> bool {
+        let Some(waiting) = state.idle.pop() else { return false };
+        waiting.woken.store(true, Ordering::Release);
+        drop(state);
+        waiting.thread.unpark();
+        true
+    }
+
+    /// A thread's life: whatever jobs there are, then waiting for more, until none has come for
+    /// [`KEEP_ALIVE`].
+    fn serve(&self) {
+        let me = Arc::new(Waiting { woken: AtomicBool::new(false), thread: std::thread::current() });
         loop {
-            run_guarded(job);
             let mut state = self.lock();
-            if let Some(next) = state.backlog.pop_front() {
-                job = next;
+            if let Some(job) = state.jobs.pop_front().map(|(_, job)| job).or_else(|| state.backlog.pop_front()) {
+                drop(state);
+                run_guarded(job);
                 continue;
             }
+            me.woken.store(false, Ordering::Relaxed);
             state.idle.push(Arc::clone(&me));
             drop(state);
-            job = match me.wait_until(Instant::now() + KEEP_ALIVE) {
-                Some(next) => next,
-                None => {
-                    let mut state = self.lock();
-                    match state.idle.iter().position(|w| Arc::ptr_eq(w, &me)) {
-                        Some(at) => {
-                            state.idle.remove(at);
+            let until = Instant::now() + KEEP_ALIVE;
+            while !me.woken.load(Ordering::Acquire) {
+                match until.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => std::thread::park_timeout(left),
+                    _ => {
+                        let mut state = self.lock();
+                        // Not woken by now (the flag is set under this lock): it ends.
+                        if !me.woken.load(Ordering::Acquire) {
+                            state.idle.retain(|w| !Arc::ptr_eq(w, &me));
                             state.threads -= 1;
                             return;
                         }
-                        // Taken off the list just now: its job is on its way.
-                        None => {
-                            drop(state);
-                            me.wait_for_given()
-                        }
                     }
                 }
-            };
+            }
         }
     }
 }
@@ -258,8 +249,18 @@ mod tests {
         ran.sort_unstable();
         assert_eq!(ran, (0..2 * IN_TURN_THREADS).collect::<Vec<_>>());
         assert_eq!(pool.threads(), IN_TURN_THREADS, "no thread was started for the jobs that waited");
-        // Every thread is free again, waiting for work.
+        // Every thread is free again, waiting for work; jobs in turn wake them.
         pool.settle();
         assert_eq!(pool.inner.lock().idle.len(), IN_TURN_THREADS);
+        for i in 0..2 * IN_TURN_THREADS {
+            let done = done.clone();
+            pool.run_in_turn(Box::new(move || done.send(i).unwrap())).unwrap();
+        }
+        let waited = Duration::from_secs(10);
+        let mut ran: Vec<usize> =
+            (0..2 * IN_TURN_THREADS).map(|_| finished.recv_timeout(waited).expect("every job runs")).collect();
+        ran.sort_unstable();
+        assert_eq!(ran, (0..2 * IN_TURN_THREADS).collect::<Vec<_>>());
+        assert_eq!(pool.threads(), IN_TURN_THREADS);
     }
 }
