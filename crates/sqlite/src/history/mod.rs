@@ -7,7 +7,8 @@
 //! its own (the WAL hook disables it). The owner checkpoints through [`History::checkpoint`],
 //! which first syncs the log, so no committed transaction can be missing from history. After a
 //! crash, [`History::open`] drops a torn tail record and captures from the WAL whatever the log
-//! lacks.
+//! lacks; after a clean close ([`History::close`]) it reads back only what the close did not
+//! check.
 //!
 //! Every entry has a `seq` that only grows, across restores too. A restore rebuilds the image
 //! at a past `seq` (a snapshot, then records), records it as a new snapshot and a restore entry
