@@ -41,8 +41,8 @@ struct State {
     /// taken back). A thread finishing its job takes the next before it waits, so a job often
     /// runs before the thread woken for it is awake.
     jobs: VecDeque<(u64, Job)>,
-    /// Jobs run in turn ([`Pool::run_in_turn`]), taken after `jobs`.
-    backlog: VecDeque<Job>,
+    /// Jobs run in turn ([`Pool::run_in_turn`]), numbered alike, taken after `jobs`.
+    backlog: VecDeque<(u64, Job)>,
     numbered: u64,
     /// Threads waiting for work, the one that began waiting last at the end: it is woken next
     /// (its stack and caches are the warmest), and the ones at the front, not needed, end after
@@ -69,37 +69,42 @@ impl Pool {
     /// will not start a thread while every thread is busy; the job is then not run.
     pub(crate) fn run(&self, job: Job) -> std::io::Result<()> {
         let mut state = self.inner.lock();
-        state.numbered += 1;
-        let number = state.numbered;
+        let number = state.number();
         state.jobs.push_back((number, job));
         if self.inner.wake_one(state) {
             return Ok(());
         }
-        let started = self.start();
-        if started.is_err() {
-            // Taken back unless a thread took it meanwhile.
-            let mut state = self.inner.lock();
-            if let Some(at) = state.jobs.iter().position(|(n, _)| *n == number) {
-                state.jobs.remove(at);
-                return started;
-            }
-        }
-        Ok(())
+        self.start_for(number, false)
     }
 
     /// Runs `job` as [`Pool::run`] does, except that past a few threads it waits for one to
     /// finish its job rather than start another: for work that may wait and comes in bulk (a
     /// thousand files closed at shutdown would otherwise start a thousand threads at once).
+    /// Fails only if no thread is alive and none will start; the job is then not run.
     pub(crate) fn run_in_turn(&self, job: Job) -> std::io::Result<()> {
         let mut state = self.inner.lock();
-        state.backlog.push_back(job);
+        let number = state.number();
+        state.backlog.push_back((number, job));
         let busy = state.threads;
         if self.inner.wake_one(state) || busy >= IN_TURN_THREADS {
             // Past the few threads, a busy one takes it when its job ends.
             return Ok(());
         }
-        // Left queued if no thread starts: the threads there are take it.
-        self.start()
+        self.start_for(number, true)
+    }
+
+    /// Starts a thread for the job `number`, just queued. If none starts, the job is taken back
+    /// (and the start's error returned) unless a thread already took it, or `may_wait` and a
+    /// thread alive will take it when its job ends.
+    fn start_for(&self, number: u64, may_wait: bool) -> std::io::Result<()> {
+        let started = self.start();
+        if started.is_err() {
+            let mut state = self.inner.lock();
+            if !(may_wait && state.threads > 0) && state.take_back(number) {
+                return started;
+            }
+        }
+        Ok(())
     }
 
     /// Starts a thread, counted from now.
@@ -116,6 +121,24 @@ impl Pool {
     /// Threads alive now.
     pub(crate) fn threads(&self) -> usize {
         self.inner.lock().threads
+    }
+}
+
+impl State {
+    fn number(&mut self) -> u64 {
+        self.numbered += 1;
+        self.numbered
+    }
+
+    /// Takes the job `number` out of the queues; false if a thread took it already.
+    fn take_back(&mut self, number: u64) -> bool {
+        for queue in [&mut self.jobs, &mut self.backlog] {
+            if let Some(at) = queue.iter().position(|(n, _)| *n == number) {
+                queue.remove(at);
+                return true;
+            }
+        }
+        false
     }
 }
 
@@ -139,7 +162,7 @@ impl Inner {
         let me = Arc::new(Waiting { woken: AtomicBool::new(false), thread: std::thread::current() });
         loop {
             let mut state = self.lock();
-            if let Some(job) = state.jobs.pop_front().map(|(_, job)| job).or_else(|| state.backlog.pop_front()) {
+            if let Some((_, job)) = state.jobs.pop_front().or_else(|| state.backlog.pop_front()) {
                 drop(state);
                 run_guarded(job);
                 continue;

@@ -264,6 +264,7 @@ impl OpenSegment {
         check_magic(&file, path)?;
         let (mut entries, mut offset) =
             checked_prefix(path, first_seq, &file, len).unwrap_or((Vec::new(), SEGMENT_HEADER_LEN));
+        let noted = offset;
         let tail = record::walk(&file, len, |records| -> Result<Option<BadTail>, ReadError> {
             loop {
                 let (truncated, why) = match records.verify_at(offset) {
@@ -288,7 +289,12 @@ impl OpenSegment {
                 }));
             }
         })?;
-        Ok(Recovered { segment: Self::from_parts(path, first_seq, file, entries, offset), tail })
+        let mut segment = Self::from_parts(path, first_seq, file, entries, offset);
+        // Records past what a clean close synced and noted may be in the page cache only (the
+        // process died, not the machine): the next sync must reach the disk before a checkpoint
+        // lets the WAL go, and before a note says they are synced.
+        segment.dirty = offset > noted;
+        Ok(Recovered { segment, tail })
     }
 
     /// Cuts the file back to its last valid record; with `keep`, the bytes cut are first copied
@@ -443,6 +449,14 @@ fn checked_path(segment: &Path) -> PathBuf {
     segment.with_extension("checked")
 }
 
+/// Where what a clean close noted whole in the open segment at `path` (`file`, `len` bytes
+/// long) ends: before it, a bad record is damage, never a torn append.
+pub(crate) fn checked_len(path: &Path, file: &File, len: u64) -> Option<u64> {
+    let mut first_seq = [0u8; 8];
+    file.read_exact_at(&mut first_seq, MAGIC.len() as u64).ok()?;
+    checked_prefix(path, u64::from_le_bytes(first_seq), file, len).map(|(_, checked_len)| checked_len)
+}
+
 /// The records a clean close noted whole in the open segment (`len` bytes long now), and where
 /// they end; `None` unless the note is intact, is this segment's, and its last record is still
 /// where it says (the segment was not cut back below it).
@@ -580,10 +594,17 @@ mod tests {
         assert!(recovered.tail.is_none());
         assert_eq!(recovered.segment.entries, segment.entries);
         assert_eq!(recovered.segment.len, noted_len);
+        assert!(!recovered.segment.dirty, "what the note covers was synced");
 
-        // Records appended after the note are checked: a torn one is found.
+        // Records appended after the note may not be on the disk (the process died, not the
+        // machine): the recovered segment's next sync reaches it.
         let mut segment = recovered.segment;
         append_small(&mut segment, 4);
+        let recovered = OpenSegment::recover(&segment.path, 1).unwrap();
+        assert_eq!(recovered.segment.entries.len(), 4);
+        assert!(recovered.segment.dirty, "records past the note are synced again");
+
+        // Records appended after the note are checked: a torn one is found.
         segment.sync().unwrap();
         file.set_len(segment.len - 3).unwrap();
         let recovered = OpenSegment::recover(&segment.path, 1).unwrap();

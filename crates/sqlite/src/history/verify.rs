@@ -162,7 +162,8 @@ struct Records {
 }
 
 /// Every record of a segment, each checked against its checksum; with `tail_may_tear`, bad
-/// bytes after the last whole record are counted, not refused.
+/// bytes after the last whole record (and after what a clean close noted) are counted, not
+/// refused.
 fn records(path: &Path, tail_may_tear: bool) -> Result<Records, LogDamage> {
     let damage = read_damage(path);
     let file = File::open(path).map_err(|e| damage(e.into()))?;
@@ -171,6 +172,11 @@ fn records(path: &Path, tail_may_tear: bool) -> Result<Records, LogDamage> {
         return Ok(Records { records: Vec::new(), torn_tail_bytes: len });
     }
     segment::check_magic(&file, path).map_err(&damage)?;
+    // What a clean close synced and noted cannot be torn by a later crash.
+    let may_tear_from = match tail_may_tear {
+        true => segment::checked_len(path, &file, len).unwrap_or(segment::SEGMENT_HEADER_LEN),
+        false => u64::MAX,
+    };
     let mut found = Vec::new();
     let mut offset = segment::SEGMENT_HEADER_LEN;
     loop {
@@ -183,7 +189,7 @@ fn records(path: &Path, tail_may_tear: bool) -> Result<Records, LogDamage> {
             Err(ReadError::Io(e)) => return Err(damage(ReadError::Io(e))),
             // A crash tears only the last record being appended: a whole, valid record after the
             // bad one means the bad one was damaged where it lay.
-            Err(e) if tail_may_tear => {
+            Err(e) if offset >= may_tear_from => {
                 let next = record::header_at(&file, offset, len).ok().map(|h| offset + h.record_len());
                 if next.is_some_and(|next| matches!(record::verify_at(&file, next, len), Ok(Some(_)))) {
                     return Err(damage(e));

@@ -306,6 +306,19 @@ async fn damage_at_rest_after_a_clean_close_is_found_by_the_check_and_by_a_resto
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kura_check_calls_a_bad_last_record_damage_when_a_clean_close_noted_it() {
+    let (cx, _) = commits_in_one_segment(5).await;
+    damage_open_segment(&cx, |len| len - 1);
+    let db_path = cx.dir.path().join("db/db.sqlite");
+    let found = kura_sqlite::verify_history(&db_path).unwrap_err().to_string();
+    assert!(found.contains("fails its checksum"), "a noted record cannot be a torn append: {found}");
+    // Without the note (a crash, not a close) the same bytes may be a torn append.
+    forget_clean_close(&cx);
+    let check = kura_sqlite::verify_history(&db_path).unwrap().unwrap();
+    assert!(check.torn_tail_bytes > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_base_decided_before_a_crash_is_taken_on_the_next_open() {
     let cx = Context::with_history(small());
     cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (1, 'a')").await;
