@@ -742,12 +742,13 @@ impl History {
     /// the database file and in the log, is emptied: otherwise the next open reads every frame
     /// back (SQLite rebuilds its WAL index from the whole file), a cost that grows with the
     /// writes before the close. The first write after it starts a new WAL, with new salts,
-    /// which [`History::capture_at`] reads from its start. A WAL another process writes is
-    /// left alone.
+    /// which [`History::capture_at`] reads from its start. Only the database's owner closes
+    /// this way (a follower never empties a WAL another process writes).
     pub(crate) fn close(&mut self, conn: &rusqlite::Connection) -> Result<()> {
+        debug_assert!(!self.following, "a follower's history is not closed by its database");
         self.usable()?;
         self.open.note_checked().map_err(io_error("noting the log checked"))?;
-        if self.following || wal_counts(conn, -1)?.0 <= EMPTY_WAL_PAST_FRAMES {
+        if wal_counts(conn, -1)?.0 <= EMPTY_WAL_PAST_FRAMES {
             return Ok(());
         }
         wal_counts(conn, rusqlite::ffi::SQLITE_CHECKPOINT_TRUNCATE)?;

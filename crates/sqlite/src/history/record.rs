@@ -34,6 +34,17 @@ pub(crate) enum Kind {
     Restore = 2,
 }
 
+impl Kind {
+    /// The kind a header's byte names, if any.
+    pub(crate) fn from_byte(byte: u8) -> Option<Kind> {
+        match byte {
+            1 => Some(Kind::Commit),
+            2 => Some(Kind::Restore),
+            _ => None,
+        }
+    }
+}
+
 /// A record's header fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Header {
@@ -71,11 +82,7 @@ impl Header {
     pub(crate) fn decode(b: &[u8; HEADER_LEN]) -> Option<Header> {
         let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let kind = match b[8] {
-            1 => Kind::Commit,
-            2 => Kind::Restore,
-            _ => return None,
-        };
+        let kind = Kind::from_byte(b[8])?;
         let header = Header {
             kind,
             seq: u64_at(16),

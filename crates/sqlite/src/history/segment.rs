@@ -482,11 +482,7 @@ fn checked_prefix(path: &Path, first_seq: u64, file: &File, len: u64) -> Option<
                 seq: u64_at(b, 0),
                 time_ms: u64_at(b, 8) as i64,
                 offset: u64_at(b, 16),
-                kind: match b[24] {
-                    1 => record::Kind::Commit,
-                    2 => record::Kind::Restore,
-                    _ => return None,
-                },
+                kind: record::Kind::from_byte(b[24])?,
                 wal_salt: u64_at(b, 25),
                 wal_frame: u32::from_le_bytes(b[33..37].try_into().expect("4 bytes")),
             })

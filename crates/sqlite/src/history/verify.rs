@@ -179,8 +179,8 @@ fn records(path: &Path, tail_may_tear: bool) -> Result<Records, LogDamage> {
     };
     let mut found = Vec::new();
     let mut offset = segment::SEGMENT_HEADER_LEN;
-    loop {
-        match record::verify_at(&file, offset, len) {
+    record::walk(&file, len, |records| loop {
+        match records.verify_at(offset) {
             Ok(Some(header)) => {
                 found.push((header.seq, header.kind));
                 offset += header.record_len();
@@ -191,12 +191,12 @@ fn records(path: &Path, tail_may_tear: bool) -> Result<Records, LogDamage> {
             // bad one means the bad one was damaged where it lay.
             Err(e) if offset >= may_tear_from => {
                 let next = record::header_at(&file, offset, len).ok().map(|h| offset + h.record_len());
-                if next.is_some_and(|next| matches!(record::verify_at(&file, next, len), Ok(Some(_)))) {
+                if next.is_some_and(|next| matches!(records.verify_at(next), Ok(Some(_)))) {
                     return Err(damage(e));
                 }
                 return Ok(Records { records: found, torn_tail_bytes: len - offset });
             }
             Err(e) => return Err(damage(e)),
         }
-    }
+    })
 }
