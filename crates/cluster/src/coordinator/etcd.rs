@@ -390,16 +390,34 @@ impl EtcdCoordinator {
         }
     }
 
-    /// Opens a fresh session if the current one expired (a pause longer than the TTL).
+    /// Opens a fresh session if the current one expired (a pause longer than the TTL). The
+    /// session stays locked from the check to the new session's start: requests that all find
+    /// it expired at once open one session between them, not one each with the member entry
+    /// left on whichever lease was granted last.
     async fn rejoin_if_expired(&self) -> Result<(), CoordinatorError> {
-        let member = {
-            let session = self.session.lock().await;
-            match session.as_ref() {
-                Some(s) if !s.clock.is_valid() => s.member.clone(),
-                _ => return Ok(()),
-            }
+        let mut session = self.session.lock().await;
+        let member = match session.as_ref() {
+            Some(s) if !s.clock.is_valid() => s.member.clone(),
+            _ => return Ok(()),
         };
-        self.join(member).await
+        self.open_session(&mut session, member).await
+    }
+
+    /// Grants a session lease, enters `member` on it and keeps it renewed, in place of the
+    /// session in `slot` (whose renewals stop).
+    async fn open_session(&self, slot: &mut Option<Session>, member: Member) -> Result<(), CoordinatorError> {
+        let sent = Instant::now();
+        let (lease, granted) = self.client.grant(self.ttl).await?;
+        let clock = LeaseClock::new();
+        clock.renewed(sent, granted);
+        let value = serde_json::to_vec(&member).expect("a member serialises");
+        self.client.put(&self.key(&["members", &member.node]), &value, lease).await?;
+        let keeper = tokio::spawn(Self::keep(self.client.clone(), lease, clock.clone(), granted));
+        if let Some(previous) = slot.replace(Session { lease, clock, member, keeper }) {
+            previous.keeper.abort();
+            previous.clock.lose();
+        }
+        Ok(())
     }
 }
 
@@ -428,19 +446,8 @@ impl Coordinator for EtcdCoordinator {
     }
 
     async fn join(&self, member: Member) -> Result<(), CoordinatorError> {
-        let sent = Instant::now();
-        let (lease, granted) = self.client.grant(self.ttl).await?;
-        let clock = LeaseClock::new();
-        clock.renewed(sent, granted);
-        let value = serde_json::to_vec(&member).expect("a member serialises");
-        self.client.put(&self.key(&["members", &member.node]), &value, lease).await?;
-        let keeper = tokio::spawn(Self::keep(self.client.clone(), lease, clock.clone(), granted));
-        let previous = self.session.lock().await.replace(Session { lease, clock, member, keeper });
-        if let Some(previous) = previous {
-            previous.keeper.abort();
-            previous.clock.lose();
-        }
-        Ok(())
+        let mut session = self.session.lock().await;
+        self.open_session(&mut session, member).await
     }
 
     async fn members(&self) -> Result<Vec<Member>, CoordinatorError> {

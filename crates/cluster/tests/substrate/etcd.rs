@@ -82,3 +82,41 @@ async fn ownership_survives_one_etcd_member_stopped() {
     let seen: Vec<_> = b.manifest("d1/quorum", 0).await.unwrap().into_iter().map(|p| p.entry).collect();
     assert_eq!(seen, [Bytes::from_static(b"before"), Bytes::from_static(b"after")]);
 }
+
+/// A node resumed after a pause past its TTL, whose many waiting requests each find its
+/// session expired at once: it opens one new session, and its member entry and every
+/// ownership it takes hang off that session's lease, so it stays a live member after the
+/// leases it did not keep run out (a member entry left on an abandoned lease made the other
+/// nodes call the new owner "not a live member" for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_resumed_with_many_requests_rejoins_once_and_stays_a_member() {
+    let etcd = Etcd::start();
+    let ttl = Duration::from_secs(2);
+    let resumed = std::sync::Arc::new(coordinator(&etcd, 0, ttl));
+    resumed.join(member("resumed")).await.unwrap();
+    let client = EtcdClient::new(etcd.endpoints.clone());
+    client.revoke(resumed.session_lease().await.unwrap()).await.unwrap();
+    // Its keeper learns of the expiry at its next renewal.
+    tokio::time::sleep(ttl / 3 + Duration::from_millis(500)).await;
+
+    let takes: Vec<_> = (0..16)
+        .map(|i| {
+            let resumed = resumed.clone();
+            tokio::spawn(async move { resumed.acquire(&format!("d1/resumed-{i}")).await })
+        })
+        .collect();
+    for take in takes {
+        assert!(matches!(take.await.unwrap(), Ok(Acquired::Owned(_))));
+    }
+    let session = resumed.session_lease().await.unwrap();
+    let entry = client.get(b"/kura/test/members/resumed").await.unwrap().expect("a member entry");
+    assert_eq!(entry.lease, session, "the member entry hangs off the session's lease");
+    for i in 0..16 {
+        let key = format!("/kura/test/owner/d1/resumed-{i}");
+        let owner = client.get(key.as_bytes()).await.unwrap().expect("an owner entry");
+        assert_eq!(owner.lease, session, "{key} hangs off the session's lease");
+    }
+    tokio::time::sleep(ttl * 2).await;
+    let members: Vec<String> = resumed.members().await.unwrap().into_iter().map(|m| m.node).collect();
+    assert_eq!(members, ["resumed"], "still a live member once the abandoned leases ran out");
+}
