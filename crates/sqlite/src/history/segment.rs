@@ -465,7 +465,7 @@ fn checked_prefix(path: &Path, first_seq: u64, file: &File, len: u64) -> Option<
     let (body, crc) = note.split_at_checked(note.len().checked_sub(4)?)?;
     if crc32fast::hash(body).to_le_bytes() != crc
         || body.len() < CHECKED_HEAD_LEN
-        || (body.len() - CHECKED_HEAD_LEN) % CHECKED_ENTRY_LEN != 0
+        || !(body.len() - CHECKED_HEAD_LEN).is_multiple_of(CHECKED_ENTRY_LEN)
         || &body[..8] != CHECKED_MAGIC
     {
         return None;

@@ -179,24 +179,26 @@ fn records(path: &Path, tail_may_tear: bool) -> Result<Records, LogDamage> {
     };
     let mut found = Vec::new();
     let mut offset = segment::SEGMENT_HEADER_LEN;
-    record::walk(&file, len, |records| loop {
-        match records.verify_at(offset) {
-            Ok(Some(header)) => {
-                found.push((header.seq, header.kind));
-                offset += header.record_len();
-            }
-            Ok(None) => return Ok(Records { records: found, torn_tail_bytes: 0 }),
-            Err(ReadError::Io(e)) => return Err(damage(ReadError::Io(e))),
-            // A crash tears only the last record being appended: a whole, valid record after the
-            // bad one means the bad one was damaged where it lay.
-            Err(e) if offset >= may_tear_from => {
-                let next = record::header_at(&file, offset, len).ok().map(|h| offset + h.record_len());
-                if next.is_some_and(|next| matches!(records.verify_at(next), Ok(Some(_)))) {
-                    return Err(damage(e));
+    record::walk(&file, len, |records| {
+        loop {
+            match records.verify_at(offset) {
+                Ok(Some(header)) => {
+                    found.push((header.seq, header.kind));
+                    offset += header.record_len();
                 }
-                return Ok(Records { records: found, torn_tail_bytes: len - offset });
+                Ok(None) => return Ok(Records { records: found, torn_tail_bytes: 0 }),
+                Err(ReadError::Io(e)) => return Err(damage(ReadError::Io(e))),
+                // A crash tears only the last record being appended: a whole, valid record after the
+                // bad one means the bad one was damaged where it lay.
+                Err(e) if offset >= may_tear_from => {
+                    let next = record::header_at(&file, offset, len).ok().map(|h| offset + h.record_len());
+                    if next.is_some_and(|next| matches!(records.verify_at(next), Ok(Some(_)))) {
+                        return Err(damage(e));
+                    }
+                    return Ok(Records { records: found, torn_tail_bytes: len - offset });
+                }
+                Err(e) => return Err(damage(e)),
             }
-            Err(e) => return Err(damage(e)),
         }
     })
 }
