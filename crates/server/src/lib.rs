@@ -23,6 +23,7 @@ mod binding;
 pub mod buckets;
 pub mod cluster;
 mod console;
+mod expect_continue;
 pub mod metrics;
 mod node;
 pub mod observe;
@@ -252,6 +253,7 @@ pub async fn serve_tcp(listener: TcpListener, app: Router, stop: impl Future<Out
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let app = app.layer(axum::middleware::from_fn(expect_continue::close_if_body_never_asked));
     tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {

@@ -137,3 +137,68 @@ async fn accounts_and_memberships_show_the_tokens_account() {
     let (_, body) = server.call(Method::GET, "/user/tokens/verify", None).await;
     assert_eq!(body["result"]["status"], "active");
 }
+
+/// One HTTP/1.1 answer read off a raw connection: its head (lower-cased) and its body.
+async fn read_answer(stream: &mut tokio::net::TcpStream) -> (String, String) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let length: usize =
+                head.lines().find_map(|l| l.strip_prefix("content-length:")).map_or(0, |n| n.trim().parse().unwrap());
+            if got.len() >= end + 4 + length {
+                let body = String::from_utf8_lossy(&got[end + 4..end + 4 + length]).into_owned();
+                return (head, body);
+            }
+        }
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the connection closed mid-answer: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A client that sent `Expect: 100-continue` and was refused before its body was asked for
+/// may send the body or not: the answer closes the connection, so the first bytes of its next
+/// request are never taken for that body (botocore's next request once arrived as `OST /…`).
+/// A body that was asked for (`100 Continue`) and sent leaves the connection open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_before_its_expected_body_is_read_closes_its_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start().await;
+    let db = server.create_db("expect").await;
+    let address = server.root.trim_start_matches("http://").to_owned();
+    let body = r#"{"sql": "SELECT 1 AS one"}"#;
+    let request = |token: &str| {
+        format!(
+            "POST /client/v4{} HTTP/1.1\r\nHost: kura\r\nAuthorization: Bearer {token}\r\n\
+             Content-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+            server.d1(&format!("/{db}/query")),
+            body.len()
+        )
+    };
+
+    let mut refused = tokio::net::TcpStream::connect(&address).await.unwrap();
+    refused.write_all(request("not-a-token-of-this-server").as_bytes()).await.unwrap();
+    let (head, _) = read_answer(&mut refused).await;
+    assert!(head.starts_with("http/1.1 401"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    // The next request, body unsent: the server has closed, and answers nothing more.
+    let _ = refused.write_all(b"GET /healthz HTTP/1.1\r\nHost: kura\r\n\r\n").await;
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), refused.read_to_end(&mut rest)).await.unwrap();
+    assert!(rest.is_empty(), "answered on a closed exchange: {}", String::from_utf8_lossy(&rest));
+
+    let mut kept = tokio::net::TcpStream::connect(&address).await.unwrap();
+    kept.write_all(request(crate::common::TOKEN).as_bytes()).await.unwrap();
+    let (head, _) = read_answer(&mut kept).await;
+    assert!(head.starts_with("http/1.1 100"), "{head}");
+    kept.write_all(body.as_bytes()).await.unwrap();
+    let (head, answer) = read_answer(&mut kept).await;
+    assert!(head.starts_with("http/1.1 200") && !head.contains("connection: close"), "{head}");
+    assert!(answer.contains(r#""one":1"#), "{answer}");
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: kura\r\n\r\n").await.unwrap();
+    let (head, answer) = read_answer(&mut kept).await;
+    assert!(head.starts_with("http/1.1 200") && answer == "ok", "{head} {answer}");
+}
