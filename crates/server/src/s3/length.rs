@@ -42,14 +42,8 @@ pub(super) async fn with_length(request: Request) -> Result<(Request, Option<Sem
         })?;
         bytes.extend_from_slice(&chunk);
         if bytes.len() > UNSIZED_BODY_MAX {
-            return Err(super::xml::error(
-                StatusCode::LENGTH_REQUIRED,
-                "MissingContentLength",
-                &format!(
-                    "A body sent without Content-Length may hold at most {} MiB; send its length, or use a multipart upload.",
-                    UNSIZED_BODY_MAX >> 20
-                ),
-            ));
+            drop(bytes);
+            return Err(refuse_past_bound(body).await);
         }
         let units = bytes.len().div_ceil(UNIT);
         let have = held.as_ref().map_or(0, SemaphorePermit::num_permits);
@@ -64,6 +58,43 @@ pub(super) async fn with_length(request: Request) -> Result<(Request, Option<Sem
     parts.headers.remove(header::TRANSFER_ENCODING);
     parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     Ok((Request::from_parts(parts, Body::from(bytes)), held))
+}
+
+/// How much more of an unsized body past its bound is read and thrown away before the refusal,
+/// and for how long at most.
+const DISCARDED_PAST_BOUND: usize = 4 * UNSIZED_BODY_MAX;
+const DISCARDING_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The refusal of an unsized body past its bound, answered once the client has sent the rest
+/// (within a bound): a client that writes its whole body before reading the answer (Node's
+/// fetch does) would otherwise find the connection closed mid-write and never see the 411.
+async fn refuse_past_bound(mut rest: axum::body::BodyDataStream) -> Response {
+    let mut refusal = super::xml::error(
+        StatusCode::LENGTH_REQUIRED,
+        "MissingContentLength",
+        &format!(
+            "A body sent without Content-Length may hold at most {} MiB; send its length, or use a multipart upload.",
+            UNSIZED_BODY_MAX >> 20
+        ),
+    );
+    let discard = async {
+        let mut discarded = 0;
+        loop {
+            match futures_util::StreamExt::next(&mut rest).await {
+                None => return true,
+                Some(Ok(chunk)) => discarded += chunk.len(),
+                Some(Err(_)) => return false,
+            }
+            if discarded > DISCARDED_PAST_BOUND {
+                return false;
+            }
+        }
+    };
+    let whole = tokio::time::timeout(DISCARDING_FOR, discard).await.unwrap_or(false);
+    if !whole {
+        refusal.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    refusal
 }
 
 fn busy() -> Response {

@@ -75,7 +75,16 @@ async function send(side, c) {
     });
     request = new Request(request.url, { method: request.method, headers: request.headers, body: stream, duplex: "half" });
   }
-  const response = await fetch(request);
+  let response;
+  try {
+    response = await fetch(request);
+  } catch (e) {
+    // Miniflare may close the connection on a body it refuses before the body is all sent;
+    // its answer to such a case is not compared (kura's status is checked alone), and any
+    // other case fails on the status 0 recorded here.
+    if (!side.oracle) throw e;
+    return { status: 0, headers: {}, body: `no answer: ${e.cause?.code ?? e.message}` };
+  }
   const text = await response.text();
   const picked = {};
   for (const name of COMPARED) {
@@ -97,7 +106,13 @@ try {
   const client = (accessKeyId, secretAccessKey) =>
     new AwsClient({ accessKeyId, secretAccessKey, service: "s3", region: "auto" });
   const sides = [
-    { base: mfBase, client: client("oracle-key", "oracle-secret"), wrongSecret: client("oracle-key", "nope"), values: {} },
+    {
+      base: mfBase,
+      client: client("oracle-key", "oracle-secret"),
+      wrongSecret: client("oracle-key", "nope"),
+      values: {},
+      oracle: true,
+    },
     { base: kuraUrl, client: client(kuraKey, kuraSecret), wrongSecret: client(kuraKey, "nope"), values: {} },
   ];
   // kura's bucket is made here; Miniflare's exists by configuration.
