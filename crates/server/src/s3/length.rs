@@ -42,7 +42,7 @@ pub(super) async fn with_length(request: Request) -> Result<(Request, Option<Sem
         })?;
         bytes.extend_from_slice(&chunk);
         if bytes.len() > UNSIZED_BODY_MAX {
-            drop(bytes);
+            drop((bytes, held));
             return Err(refuse_past_bound(body).await);
         }
         let units = bytes.len().div_ceil(UNIT);
