@@ -122,7 +122,7 @@ impl<'a> Storage<'a> {
 
     /// The bookmark of the last commit at or before `time_ms` (Unix milliseconds, within 30
     /// days).
-    pub fn bookmark_for_time(&self, time_ms: i64) -> Result<kura_sqlite::Bookmark> {
+    pub fn bookmark_for_time(&mut self, time_ms: i64) -> Result<kura_sqlite::Bookmark> {
         self.db.bookmark_for_time(time_ms).map_err(DoError::from_sql)
     }
 

@@ -120,8 +120,10 @@ impl Lender {
         let Some(db) = guard.as_mut() else { return Tried::NotRun };
         match beside_the_actor(db, |db| db.execute_read(request, budget)) {
             Err(reopen) => reopen,
-            Ok(Inline::Done(results)) => Tried::Answered(Ok(Executed { results, bookmark: db.bookmark().ok() }), false),
-            Ok(Inline::Failed(e)) => Tried::Answered(Err(e), false),
+            Ok(Inline::Done(results)) => {
+                Tried::Answered(Ok(Executed { results, bookmark: db.bookmark().ok() }), Afterwards::Nothing)
+            }
+            Ok(Inline::Failed(e)) => Tried::Answered(Err(e), Afterwards::Nothing),
             Ok(Inline::Declined) => Tried::NotRun,
             Ok(Inline::TooLong) => Tried::TooLong,
         }
@@ -129,7 +131,9 @@ impl Lender {
 
     /// Runs `request` here, alone in a transaction it commits, if the database is open and
     /// idle, its commits need no shipping and this one will not checkpoint the WAL (that work
-    /// stays on the actor's thread). Blocks on the commit's fsync.
+    /// stays on the actor's thread). Blocks on the commit's fsync. The commit is answered
+    /// before the history captures it: the caller has [`Lender::capture_owed`] run once the
+    /// answer is out.
     pub(crate) fn try_write(&self, request: &Request) -> Tried {
         self.writers.fetch_add(1, Ordering::SeqCst);
         let mut held = match self.db.try_lock() {
@@ -144,7 +148,7 @@ impl Lender {
         if db.is_poisoned() || db.in_transaction() || db.options().shipper.is_some() || !db.commit_stays_light() {
             return Tried::NotRun;
         }
-        let outcome = match beside_the_actor(db, |db| db.execute_alone(request)) {
+        let outcome = match beside_the_actor(db, |db| db.execute_answering_first(request)) {
             Ok(outcome) => outcome,
             Err(reopen) => return reopen,
         };
@@ -154,15 +158,47 @@ impl Lender {
             stats.group_sizes.observe(1.0);
         }
         let bookmark = if db.is_poisoned() { None } else { db.bookmark().ok() };
-        Tried::Answered(outcome.map(|results| Executed { results, bookmark }), db.is_poisoned())
+        let afterwards = match () {
+            () if db.is_poisoned() => Afterwards::Reopen,
+            () if db.owes_capture() => Afterwards::Capture,
+            () => Afterwards::Nothing,
+        };
+        Tried::Answered(outcome.map(|results| Executed { results, bookmark }), afterwards)
     }
+
+    /// Captures into the history the commits answered before their capture, if the database
+    /// is open and idle. Says whether the file must now be reopened. Busy, it is left to
+    /// whoever holds it: the next commit captures what is owed with its own, and whatever
+    /// reads the history or checkpoints captures first, so nothing waits on an async worker.
+    pub(crate) fn capture_owed(&self) -> bool {
+        let mut guard = match self.db.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::WouldBlock) => return false,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        let Some(db) = guard.as_mut() else { return false };
+        match beside_the_actor(db, |db| db.capture_owed()) {
+            Ok(captured) => captured.is_err(),
+            Err(_) => true,
+        }
+    }
+}
+
+/// What a database needs once a request tried on its caller's thread is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Afterwards {
+    Nothing,
+    /// The file must be reopened (a commit failed on the disk, or the request panicked): the
+    /// actor is told through its queue.
+    Reopen,
+    /// The request's commit is owed to the history ([`Lender::capture_owed`]).
+    Capture,
 }
 
 /// What became of a request tried on its caller's thread.
 pub(crate) enum Tried {
-    /// It ran; with its answer, whether the file must now be reopened (a commit failed on the
-    /// disk, or the request panicked): the actor is told through its queue.
-    Answered(Result<Executed>, bool),
+    /// It ran; with its answer, what the database needs once the answer is out.
+    Answered(Result<Executed>, Afterwards),
     /// It did not run (the database was busy or closed, the request writes or may change the
     /// connection's state): the caller may try it otherwise.
     NotRun,
@@ -179,7 +215,7 @@ fn beside_the_actor<T>(db: &mut Database, f: impl FnOnce(&mut Database) -> T) ->
         Err(_) => {
             tracing::error!(path = %db.path().display(), "a request panicked beside the actor; reopening the database");
             db.mark_for_reopening();
-            Err(Tried::Answered(Err(Error::Reopening), true))
+            Err(Tried::Answered(Err(Error::Reopening), Afterwards::Reopen))
         }
     }
 }

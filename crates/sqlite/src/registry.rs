@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::actor::{Actor, Command, Executed, Identity, Start, Tried};
+use crate::actor::{Actor, Afterwards, Command, Executed, Identity, Start, Tried};
 use crate::database::{Database, DatabaseOptions};
 use crate::error::{Error, Result};
 use crate::pool::Pool;
@@ -176,11 +176,25 @@ impl Registry {
                 Tried::NotRun if arrived.alone() && lender.may_write() => lender.try_write(&request),
                 other => other,
             };
-            if let Tried::Answered(outcome, reopen) = tried {
-                if reopen {
-                    // The file must be reopened: an empty command has the actor see it and
-                    // hand the file to a successor that reopens it.
-                    let _ = self.shared.send(key, Command::Exclusive(Box::new(|_| {})));
+            if let Tried::Answered(outcome, afterwards) = tried {
+                match afterwards {
+                    Afterwards::Nothing => {}
+                    Afterwards::Reopen => self.shared.reopen(key),
+                    // A task spawned here runs on this worker once the request's task yields,
+                    // which is after its answer is written: the capture leaves the answer's
+                    // path and fills the wait for the client's next request.
+                    Afterwards::Capture => match tokio::runtime::Handle::try_current() {
+                        Ok(runtime) => {
+                            let (shared, key) = (Arc::clone(&self.shared), key.to_owned());
+                            runtime.spawn(async move {
+                                if actor.lender().capture_owed() {
+                                    shared.reopen(&key);
+                                }
+                            });
+                        }
+                        Err(_) if actor.lender().capture_owed() => self.shared.reopen(key),
+                        Err(_) => {}
+                    },
                 }
                 return outcome;
             }
@@ -353,6 +367,12 @@ impl Shared {
     }
 
     /// The open actor of `key`, to try a request on its database (marked used, as a send is).
+    /// Has the actor of `key` hand its file to a successor that reopens it: an empty command
+    /// has it see that the file must be reopened.
+    fn reopen(self: &Arc<Self>, key: &str) {
+        let _ = self.send(key, Command::Exclusive(Box::new(|_| {})));
+    }
+
     fn lent(&self, key: &str) -> Option<Arc<Actor>> {
         let mut state = self.lock();
         let entry = state.actors.get_mut(key)?;

@@ -151,10 +151,24 @@ pub struct Database {
     /// what the WAL holds beyond it). The database is then served read-only (`query_only`):
     /// the WAL keeps every commit, and the next open, once there is room, captures them.
     history_full_since: Option<Instant>,
-    /// WAL frames after the last commit, as the WAL hook reported them.
-    wal_frames: Arc<AtomicU32>,
+    /// What the WAL hook reported: frames after the last commit, and commits so far.
+    wal: Arc<WalProgress>,
+    /// Commits (as the WAL hook counts them) the history holds: those after were answered
+    /// before their capture ([`Database::execute_answering_first`]) and are owed to it.
+    captured_commits: u64,
+    /// When each owed commit was answered, oldest first: the time its record will carry.
+    owed_times: Vec<i64>,
     options: DatabaseOptions,
     path: PathBuf,
+}
+
+/// What the WAL hook (registered with a history) reports after each commit of the connection.
+#[derive(Debug, Default)]
+pub(crate) struct WalProgress {
+    /// Frames in the WAL after the last commit.
+    frames: AtomicU32,
+    /// Commits so far: one call of the hook each.
+    commits: AtomicU64,
 }
 
 // SAFETY: the connection is opened with SQLITE_OPEN_NO_MUTEX ("multi-thread" mode), in which a
@@ -171,7 +185,7 @@ fn connect(
     authorizer: &Authorizer,
     deadline: &Arc<AtomicU64>,
     epoch: Instant,
-    wal_frames: &Arc<AtomicU32>,
+    wal: &Arc<WalProgress>,
 ) -> Result<(rusqlite::Connection, u64)> {
     crate::configure_process();
     let open_error = |e: rusqlite::Error| Error::Open { path: options.path.clone(), message: e.to_string() };
@@ -197,9 +211,10 @@ fn connect(
         // hook turns SQLite's automatic checkpoints off, and closing must not checkpoint either, even
         // if configuring the connection fails below.
         conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true).map_err(open_error)?;
-        let frames = Arc::clone(wal_frames);
+        let progress = Arc::clone(wal);
         conn.wal_hook(Some(move |_: &mut rusqlite::hooks::Wal, n: std::ffi::c_int| {
-            frames.store(n.max(0) as u32, Ordering::Relaxed);
+            progress.frames.store(n.max(0) as u32, Ordering::Relaxed);
+            progress.commits.fetch_add(1, Ordering::Relaxed);
             Ok(())
         }))
         .map_err(open_error)?;
@@ -270,8 +285,8 @@ impl Database {
         let authorizer = Authorizer::default();
         let deadline = Arc::new(AtomicU64::new(0));
         let epoch = Instant::now();
-        let wal_frames = Arc::new(AtomicU32::new(0));
-        let (conn, page_size) = connect(options, &authorizer, &deadline, epoch, &wal_frames)?;
+        let wal = Arc::new(WalProgress::default());
+        let (conn, page_size) = connect(options, &authorizer, &deadline, epoch, &wal)?;
         let mut history_full_since = None;
         let history = match &options.history {
             Some(settings) => match authorizer.internal(|| {
@@ -305,7 +320,9 @@ impl Database {
             poisoned: false,
             history,
             history_full_since,
-            wal_frames,
+            captured_commits: wal.commits.load(Ordering::Relaxed),
+            owed_times: Vec::new(),
+            wal,
             options: options.clone(),
             path: options.path.clone(),
         };

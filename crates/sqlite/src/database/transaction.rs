@@ -34,6 +34,15 @@ pub(crate) enum Inline {
     TooLong,
 }
 
+/// When the history captures a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Capture {
+    /// Before the commit is answered.
+    BeforeAnswer,
+    /// After: the commit is owed to the history meanwhile.
+    AfterAnswer,
+}
+
 const SAVEPOINT: &str = "SAVEPOINT _cf_kura_request";
 const RELEASE: &str = "RELEASE _cf_kura_request";
 const ROLLBACK_TO: &str = "ROLLBACK TO _cf_kura_request";
@@ -57,8 +66,13 @@ impl Database {
 
     /// Commits the open transaction; on failure it is rolled back and the error returned.
     pub fn commit(&mut self) -> Result<()> {
+        self.commit_then(Capture::BeforeAnswer)
+    }
+
+    /// Commits as [`Database::commit`] does; the history captures the commit when `capture` says.
+    fn commit_then(&mut self, capture: Capture) -> Result<()> {
         let started = std::time::Instant::now();
-        let committed = self.commit_and_capture();
+        let committed = self.commit_and_capture(capture);
         if let Some((stats, figures)) = &self.options.stats {
             match &committed {
                 Ok(()) => stats.committed(figures, started.elapsed()),
@@ -71,9 +85,13 @@ impl Database {
     }
 
     /// [`Database::commit`]'s work: COMMIT, then the history's capture and shipment.
-    fn commit_and_capture(&mut self) -> Result<()> {
+    fn commit_and_capture(&mut self, capture: Capture) -> Result<()> {
         let result = self.internal("COMMIT");
         match &result {
+            Ok(()) if capture == Capture::AfterAnswer => {
+                self.after_commit_answered_first();
+                return Ok(());
+            }
             Ok(()) => return self.after_commit(),
             Err(e) => {
                 if matches!(e.sqlite_code(), Some(ffi::SQLITE_IOERR | ffi::SQLITE_CORRUPT | ffi::SQLITE_NOTADB)) {
@@ -222,9 +240,22 @@ impl Database {
 
     /// Runs a request in a transaction of its own and commits it.
     pub fn execute_alone(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
+        self.execute_alone_then(request, Capture::BeforeAnswer)
+    }
+
+    /// Runs a request alone as [`Database::execute_alone`] does, but leaves its commit owed to
+    /// the history, to be captured once the answer is out ([`Database::capture_owed`]): for a
+    /// lone write, whose wait is all on the answer's path. The caller sees to it that the
+    /// database needs no shipping and that the commit will not be due a checkpoint.
+    pub(crate) fn execute_answering_first(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
+        debug_assert!(self.options().shipper.is_none() && self.commit_stays_light());
+        self.execute_alone_then(request, Capture::AfterAnswer)
+    }
+
+    fn execute_alone_then(&mut self, request: &Request, capture: Capture) -> Result<Vec<StatementResult>> {
         self.begin()?;
         let outcome = match self.execute(request) {
-            Ok(results) => self.commit().map(|()| results),
+            Ok(results) => self.commit_then(capture).map(|()| results),
             Err(e) => {
                 self.rollback();
                 Err(e)

@@ -374,7 +374,7 @@ impl History {
             // A restart caught half-published; while pinned it cannot be a break.
             return Ok(());
         }
-        self.writing(|h| h.capture_at(frames, None))
+        self.writing(|h| h.capture_at(frames, &[], None)).map(drop)
     }
 
     /// Records the database as it is now as a new entry with its own snapshot and the WAL

@@ -143,7 +143,7 @@ pub(crate) struct History {
 /// reading every frame back, about 8 µs each here against 150–200 µs for the sync.
 const EMPTY_WAL_PAST_FRAMES: i32 = 24;
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
@@ -545,6 +545,13 @@ impl History {
         Bookmark::new(&self.id, self.last_seq, self.last_time_ms)
     }
 
+    /// The bookmark the state after `owed` more commits will have once they are captured, the
+    /// last of them at `time_ms`: positions are taken one per commit, in commit order, so it
+    /// is known before the capture.
+    pub(crate) fn current_after(&self, owed: u64, time_ms: i64) -> Bookmark {
+        Bookmark::new(&self.id, self.last_seq + owed, time_ms.max(self.last_time_ms))
+    }
+
     fn wal_file(&mut self) -> Result<Option<&File>> {
         if self.wal.is_none() {
             match File::open(&self.wal_path) {
@@ -581,29 +588,33 @@ impl History {
     }
 
     /// Appends a record for every transaction committed to the WAL since the last capture, up
-    /// to frame `frames` (the count the WAL hook reported after the commit).
-    pub(crate) fn capture(&mut self, frames: u32) -> Result<()> {
-        self.writing(|h| h.capture_at(frames, None))
+    /// to frame `frames` (the count the WAL hook reported after the commit); the first are
+    /// stamped with `answered_at` (commits answered before their capture), the rest now.
+    /// Returns how many it appended.
+    pub(crate) fn capture(&mut self, frames: u32, answered_at: &[i64]) -> Result<u64> {
+        self.writing(|h| h.capture_at(frames, answered_at, None))
     }
 
-    /// Captures as [`History::capture`] does; the records are stamped `time_ms` if given, else
-    /// now.
-    fn capture_at(&mut self, frames: u32, time_ms: Option<i64>) -> Result<()> {
+    /// Captures as [`History::capture`] does; records past `answered_at` are stamped
+    /// `time_ms` if given, else now.
+    fn capture_at(&mut self, frames: u32, answered_at: &[i64], time_ms: Option<i64>) -> Result<u64> {
         // The header changes only when SQLite restarts the log: at the first write after one
         // of our checkpoints. Until a capture has seen such a write, read it afresh.
         if self.wal_header.is_none() || self.wal_may_restart {
-            let Some(file) = self.wal_file()? else { return Ok(()) };
+            let Some(file) = self.wal_file()? else { return Ok(0) };
             self.wal_header = wal::read_header(file).map_err(io_error("reading the WAL"))?;
         }
-        let Some(header) = self.wal_header else { return Ok(()) };
+        let Some(header) = self.wal_header else { return Ok(0) };
         let after = if header.salt == self.wal_salt && frames >= self.wal_frame { self.wal_frame } else { 0 };
         if frames <= after {
-            return Ok(());
+            return Ok(0);
         }
         let file = self.wal.as_ref().expect("the WAL was opened to read its header");
         let frames_read = wal::Frames::read(file, &header, after, frames).map_err(io_error("reading the WAL"))?;
+        let mut appended = 0;
         for txn in frames_read.transactions() {
-            let time_ms = time_ms.unwrap_or_else(now_ms).max(self.last_time_ms);
+            let stamp = answered_at.get(appended as usize).copied().or(time_ms);
+            let time_ms = stamp.unwrap_or_else(now_ms).max(self.last_time_ms);
             let record = Header {
                 kind: Kind::Commit,
                 seq: self.last_seq + 1,
@@ -629,11 +640,12 @@ impl History {
             self.wal_frame = txn.last_frame;
             self.log_bytes_since_snapshot += record.record_len();
             self.wal_may_restart = false;
+            appended += 1;
         }
         if self.open.len >= self.settings.segment_bytes || self.open.opened.elapsed() >= self.settings.segment_age {
             self.roll()?;
         }
-        Ok(())
+        Ok(appended)
     }
 
     /// Captures what the WAL holds beyond the log (after a crash, or on first open). Those
@@ -646,7 +658,7 @@ impl History {
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_millis() as i64);
         let time_ms = modified_ms.map(|t| t.min(now_ms()));
-        self.capture_at(frames.max(0) as u32, time_ms)
+        self.capture_at(frames.max(0) as u32, &[], time_ms).map(drop)
     }
 
     /// Treats everything now in the WAL as captured (it is all in the database file and in a
