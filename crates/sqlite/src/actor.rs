@@ -135,15 +135,7 @@ impl Lender {
     /// before the history captures it: the caller has [`Lender::capture_owed`] run once the
     /// answer is out.
     pub(crate) fn try_write(&self, request: &Request) -> Tried {
-        self.writers.fetch_add(1, Ordering::SeqCst);
-        let mut held = match self.db.try_lock() {
-            Ok(guard) => WriterLock { guard, writers: &self.writers },
-            Err(TryLockError::Poisoned(p)) => WriterLock { guard: p.into_inner(), writers: &self.writers },
-            Err(TryLockError::WouldBlock) => {
-                self.writers.fetch_sub(1, Ordering::SeqCst);
-                return Tried::NotRun;
-            }
-        };
+        let Some(mut held) = self.try_lock_as_writer() else { return Tried::NotRun };
         let Some(db) = held.guard.as_mut() else { return Tried::NotRun };
         if db.is_poisoned() || db.in_transaction() || db.options().shipper.is_some() || !db.commit_stays_light() {
             return Tried::NotRun;
@@ -166,22 +158,42 @@ impl Lender {
         Tried::Answered(outcome.map(|results| Executed { results, bookmark }), afterwards)
     }
 
-    /// Captures into the history the commits answered before their capture, if the database
-    /// is open and idle. Says whether the file must now be reopened. Busy, it is left to
-    /// whoever holds it: the next commit captures what is owed with its own, and whatever
-    /// reads the history or checkpoints captures first, so nothing waits on an async worker.
-    pub(crate) fn capture_owed(&self) -> bool {
-        let mut guard = match self.db.try_lock() {
-            Ok(guard) => guard,
-            Err(TryLockError::WouldBlock) => return false,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-        };
-        let Some(db) = guard.as_mut() else { return false };
-        match beside_the_actor(db, |db| db.capture_owed()) {
-            Ok(captured) => captured.is_err(),
-            Err(_) => true,
+    /// The lock, taken now as a writer (readers that find it taken go to the queue rather
+    /// than wait), or `None` if it is held.
+    fn try_lock_as_writer(&self) -> Option<WriterLock<'_>> {
+        self.writers.fetch_add(1, Ordering::SeqCst);
+        match self.db.try_lock() {
+            Ok(guard) => Some(WriterLock { guard, writers: &self.writers }),
+            Err(TryLockError::Poisoned(p)) => Some(WriterLock { guard: p.into_inner(), writers: &self.writers }),
+            Err(TryLockError::WouldBlock) => {
+                self.writers.fetch_sub(1, Ordering::SeqCst);
+                None
+            }
         }
     }
+
+    /// Captures into the history the commits answered before their capture, here if the
+    /// database is idle: as a writer, since a capture writes the log and may take as long as
+    /// the commit's pages take to copy. A closed database captured them as it closed.
+    pub(crate) fn capture_owed(&self) -> Captured {
+        let Some(mut held) = self.try_lock_as_writer() else { return Captured::Busy };
+        let Some(db) = held.guard.as_mut() else { return Captured::Done };
+        match beside_the_actor(db, |db| db.capture_owed()) {
+            Ok(Ok(())) => Captured::Done,
+            Ok(Err(_)) | Err(_) => Captured::Reopen,
+        }
+    }
+}
+
+/// What [`Lender::capture_owed`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Captured {
+    /// The history holds every commit (or the database is closed).
+    Done,
+    /// The database was busy: the actor must see to it.
+    Busy,
+    /// The capture failed: the file must be reopened, which captures from the WAL.
+    Reopen,
 }
 
 /// What a database needs once a request tried on its caller's thread is answered.

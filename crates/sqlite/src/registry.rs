@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::actor::{Actor, Afterwards, Command, Executed, Identity, Start, Tried};
+use crate::actor::{Actor, Afterwards, Captured, Command, Executed, Identity, Start, Tried};
 use crate::database::{Database, DatabaseOptions};
 use crate::error::{Error, Result};
 use crate::pool::Pool;
@@ -186,14 +186,9 @@ impl Registry {
                     Afterwards::Capture => match tokio::runtime::Handle::try_current() {
                         Ok(runtime) => {
                             let (shared, key) = (Arc::clone(&self.shared), key.to_owned());
-                            runtime.spawn(async move {
-                                if actor.lender().capture_owed() {
-                                    shared.reopen(&key);
-                                }
-                            });
+                            runtime.spawn(async move { shared.capture_owed(&key, &actor) });
                         }
-                        Err(_) if actor.lender().capture_owed() => self.shared.reopen(key),
-                        Err(_) => {}
+                        Err(_) => self.shared.capture_owed(key, &actor),
                     },
                 }
                 return outcome;
@@ -366,13 +361,30 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The open actor of `key`, to try a request on its database (marked used, as a send is).
     /// Has the actor of `key` hand its file to a successor that reopens it: an empty command
     /// has it see that the file must be reopened.
     fn reopen(self: &Arc<Self>, key: &str) {
         let _ = self.send(key, Command::Exclusive(Box::new(|_| {})));
     }
 
+    /// Captures what the database `key` owes its history ([`Lender::capture_owed`]): here if
+    /// it is idle, else through its actor (a failure there has the actor reopen the file).
+    fn capture_owed(self: &Arc<Self>, key: &str, actor: &Actor) {
+        match actor.lender().capture_owed() {
+            Captured::Done => {}
+            Captured::Reopen => self.reopen(key),
+            Captured::Busy => {
+                let _ = self.send(
+                    key,
+                    Command::Exclusive(Box::new(|db| {
+                        let _ = db.capture_owed();
+                    })),
+                );
+            }
+        }
+    }
+
+    /// The open actor of `key`, to try a request on its database (marked used, as a send is).
     fn lent(&self, key: &str) -> Option<Arc<Actor>> {
         let mut state = self.lock();
         let entry = state.actors.get_mut(key)?;

@@ -177,7 +177,7 @@ impl Database {
         let history = self.history.as_ref().ok_or_else(|| self.no_history())?;
         Ok(match self.owed_commits() {
             0 => history.current(),
-            owed => history.current_after(owed, self.owed_times.last().copied().unwrap_or_else(now_ms)),
+            owed => history.current_after(owed, self.owed_times.last().copied().unwrap_or(0)),
         })
     }
 

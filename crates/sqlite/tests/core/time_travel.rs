@@ -589,3 +589,31 @@ async fn the_timeline_lists_commits_and_restores_newest_first_across_segments() 
     // Anything older than the first bookmark taken (the file's creation) may follow.
     assert_eq!(&all[..expected.len()], &expected[..]);
 }
+
+/// A lone write is answered before the history captures it, with the bookmark its commit
+/// takes; the capture follows on its own, with no other request, and the answer's bookmark
+/// is then the database's and restores exactly that write's state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_write_answered_first_is_captured_after_without_another_request() {
+    let cx = Context::with_history(HistorySettings::default());
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
+    // A registry counts as serving several clients for a moment after it starts.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut answered = Vec::new();
+    for id in 0..3 {
+        let sql = format!("INSERT INTO t VALUES ({id}, 'v')");
+        let executed = cx.registry.execute_with_bookmark("db", Request::new(vec![Statement::new(&sql)])).await.unwrap();
+        answered.push(executed.bookmark.expect("a write is answered with its bookmark"));
+    }
+    assert!(answered.windows(2).all(|w| w[1].seq == w[0].seq + 1), "{answered:?}");
+    // Read off the files: a read through the database would capture what is owed itself.
+    let db_path = cx.dir.path().join("db/db.sqlite");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while kura_sqlite::verify_history(&db_path).unwrap().unwrap().last_seq != Some(answered[2].seq) {
+        assert!(std::time::Instant::now() < deadline, "the last write was never captured");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(bookmark(&cx).await, answered[2]);
+    restore(&cx, answered[1]).await.unwrap();
+    assert_eq!(ids(&rows(&cx).await), [0, 1]);
+}
