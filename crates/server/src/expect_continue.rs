@@ -9,47 +9,69 @@
 //! `OST /…` and failed its signature check. `Connection: close` ends that doubt: the client
 //! opens a new connection for its next request.
 
+use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
+use axum::Router;
 use axum::body::Body;
-use axum::extract::Request;
-use axum::http::{HeaderValue, header};
-use axum::middleware::Next;
+use axum::http::{HeaderValue, Request, header};
 use axum::response::Response;
 use bytes::Bytes;
+use futures_util::future::{BoxFuture, Either};
 use http_body::{Frame, SizeHint};
 
-/// The middleware: marks the answer `Connection: close` when the request expected
-/// `100 Continue` and its body was never read.
-pub async fn close_if_body_never_asked(request: Request, next: Next) -> Response {
-    let expects_continue =
-        request.headers().get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    if !expects_continue {
-        return next.run(request).await;
+use crate::stall::StallLimited;
+
+/// A listener's application as hyper calls it: each request's body limited in how long it may
+/// stall ([`StallLimited`]), and the answer marked `Connection: close` when the request
+/// expected `100 Continue` and its body was never read. Only those requests pay for more than
+/// the application's own future.
+#[derive(Clone)]
+pub struct Served(pub Router);
+
+impl tower::Service<Request<hyper::body::Incoming>> for Served {
+    type Response = Response;
+    type Error = Infallible;
+    type Future =
+        Either<axum::routing::future::RouteFuture<Infallible>, BoxFuture<'static, Result<Response, Infallible>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        tower::Service::<Request<Body>>::poll_ready(&mut self.0, cx)
     }
-    let asked = Arc::new(AtomicBool::new(false));
-    let request = request.map(|body| Body::new(Asked { inner: body, asked: Arc::clone(&asked) }));
-    let mut response = next.run(request).await;
-    if !asked.load(Ordering::Acquire) {
-        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+
+    fn call(&mut self, request: Request<hyper::body::Incoming>) -> Self::Future {
+        let expects_continue =
+            request.headers().get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if !expects_continue {
+            return Either::Left(self.0.call(request.map(|body| Body::new(StallLimited::new(body)))));
+        }
+        let asked = Arc::new(AtomicBool::new(false));
+        let body = |body| Body::new(Asked { inner: StallLimited::new(body), asked: Arc::clone(&asked) });
+        let answer = self.0.call(request.map(body));
+        Either::Right(Box::pin(async move {
+            let mut response = answer.await?;
+            if !asked.load(Ordering::Acquire) {
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok(response)
+        }))
     }
-    response
 }
 
 /// A body that records its first read (when hyper sends `100 Continue`).
-struct Asked {
-    inner: Body,
+struct Asked<B> {
+    inner: B,
     asked: Arc<AtomicBool>,
 }
 
-impl http_body::Body for Asked {
+impl<B: http_body::Body<Data = Bytes> + Unpin> http_body::Body for Asked<B> {
     type Data = Bytes;
-    type Error = axum::Error;
+    type Error = B::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         self.asked.store(true, Ordering::Release);
         Pin::new(&mut self.inner).poll_frame(cx)
     }

@@ -253,7 +253,6 @@ pub async fn serve_tcp(listener: TcpListener, app: Router, stop: impl Future<Out
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let app = app.layer(axum::middleware::from_fn(expect_continue::close_if_body_never_asked));
     tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
@@ -274,10 +273,7 @@ pub async fn serve_tcp(listener: TcpListener, app: Router, stop: impl Future<Out
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
-        let app = tower::ServiceExt::map_request(app.clone(), |request: axum::http::Request<hyper::body::Incoming>| {
-            request.map(stall::StallLimited::new)
-        });
-        let service = hyper_util::service::TowerToHyperService::new(app);
+        let service = hyper_util::service::TowerToHyperService::new(expect_continue::Served(app.clone()));
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
