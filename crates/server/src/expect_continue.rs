@@ -1,4 +1,5 @@
-//! Requests sent with `Expect: 100-continue` whose body was never asked for: their answer
+//! How hyper calls a listener's application ([`Served`]): each body's stall limit, and for
+//! requests sent with `Expect: 100-continue` whose body was never asked for, an answer that
 //! closes the connection, because the server cannot know whether the body will follow.
 //!
 //! hyper sends `100 Continue` when a handler first reads the body. A handler that refuses

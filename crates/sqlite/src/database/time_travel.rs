@@ -20,9 +20,7 @@ impl Database {
         if self.history.is_none() {
             return Ok(());
         }
-        if let Err(e) = self.capture() {
-            tracing::error!(path = %self.path.display(), error = %e, "capturing a commit into the history failed");
-            self.poisoned = true;
+        if self.capture_or_reopen().is_err() {
             return self.ship_required();
         }
         let frames = self.wal.frames.load(Ordering::Relaxed);
@@ -69,6 +67,12 @@ impl Database {
         if !self.owes_capture() {
             return Ok(());
         }
+        self.capture_or_reopen()
+    }
+
+    /// Captures every commit the history lacks; a failure marks the connection for reopening,
+    /// which recovers the log and captures from the WAL what it lacks.
+    fn capture_or_reopen(&mut self) -> Result<()> {
         let captured = self.capture();
         if let Err(e) = &captured {
             tracing::error!(path = %self.path.display(), error = %e, "capturing a commit into the history failed");
