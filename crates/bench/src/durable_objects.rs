@@ -285,9 +285,11 @@ async fn measure_http(api: &str, duration: Duration, wanted: &dyn Fn(&str) -> bo
             async move { crate::server::post_ok(&http, &url, body).await }
         }
     };
+    let created_at = Instant::now();
     for object in 0..OBJECTS {
         send(batch(object, &[(CREATE, None), (WRITE, Some("seed".into()))])).await;
     }
+    eprintln!("{OBJECTS} objects created over HTTP in {:.1} s; the load begins", created_at.elapsed().as_secs_f64());
     let next = Arc::new(AtomicU64::new(0));
     let load = |clients| {
         let (send, batch, next) = (send.clone(), batch.clone(), Arc::clone(&next));

@@ -130,14 +130,14 @@ impl Lender {
     }
 
     /// Runs `request` here, alone in a transaction it commits, if the database is open and
-    /// idle, its commits need no shipping and this one will not checkpoint the WAL (that work
-    /// stays on the actor's thread). Blocks on the commit's fsync. The commit is answered
-    /// before the history captures it: the caller has [`Lender::capture_owed`] run once the
-    /// answer is out.
+    /// idle, its commits need no shipping and its WAL is not overdue a checkpoint. Blocks on
+    /// the commit's fsync. The commit is answered before the history captures it: the caller
+    /// has [`Lender::capture_owed`] run once the answer is out, and a checkpoint that commit
+    /// made due is the actor's (it may take a while, on the actor's thread).
     pub(crate) fn try_write(&self, request: &Request) -> Tried {
         let Some(mut held) = self.try_lock_as_writer() else { return Tried::NotRun };
         let Some(db) = held.guard.as_mut() else { return Tried::NotRun };
-        if db.is_poisoned() || db.in_transaction() || db.options().shipper.is_some() || !db.commit_stays_light() {
+        if db.is_poisoned() || db.in_transaction() || db.options().shipper.is_some() || db.checkpoint_overdue() {
             return Tried::NotRun;
         }
         let outcome = match beside_the_actor(db, |db| db.execute_answering_first(request)) {
@@ -179,6 +179,7 @@ impl Lender {
         let Some(mut held) = self.try_lock_as_writer() else { return Captured::Busy };
         let Some(db) = held.guard.as_mut() else { return Captured::Done };
         match beside_the_actor(db, |db| db.capture_owed()) {
+            Ok(Ok(())) if db.checkpoint_due() => Captured::CheckpointDue,
             Ok(Ok(())) => Captured::Done,
             Ok(Err(_)) | Err(_) => Captured::Reopen,
         }
@@ -192,6 +193,8 @@ pub(crate) enum Captured {
     Done,
     /// The database was busy: the actor must see to it.
     Busy,
+    /// Captured, and the WAL has grown to its checkpoint: the actor must see to that.
+    CheckpointDue,
     /// The capture failed: the file must be reopened, which captures from the WAL.
     Reopen,
 }

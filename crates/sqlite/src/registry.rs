@@ -368,17 +368,16 @@ impl Shared {
     }
 
     /// Captures what the database `key` owes its history ([`Lender::capture_owed`]): here if
-    /// it is idle, else through its actor (a failure there has the actor reopen the file). An
+    /// it is idle, else through its actor (a failure there has the actor reopen the file); a
+    /// checkpoint the capture finds due is left to the actor's thread as well. An
     /// actor that has stopped captured everything as it closed, and one whose queue is full
     /// captures with its next commit: neither is sent anything.
     fn capture_owed(self: &Arc<Self>, key: &str, actor: &Arc<Actor>) {
         match actor.lender().capture_owed() {
             Captured::Done => {}
             Captured::Reopen => self.reopen(key),
-            Captured::Busy => {
-                let _ = actor.post(Command::Exclusive(Box::new(|db| {
-                    let _ = db.capture_owed();
-                })));
+            Captured::Busy | Captured::CheckpointDue => {
+                let _ = actor.post(Command::Exclusive(Box::new(Database::settle_history)));
             }
         }
     }

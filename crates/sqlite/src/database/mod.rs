@@ -158,6 +158,9 @@ pub struct Database {
     captured_commits: u64,
     /// When each owed commit was answered, oldest first: the time its record will carry.
     owed_times: Vec<i64>,
+    /// Commits (as the WAL hook counts them) when the WAL was last checkpointed: the hook's
+    /// frame count is the WAL's only once a commit follows.
+    checkpointed_at_commits: u64,
     options: DatabaseOptions,
     path: PathBuf,
 }
@@ -322,6 +325,7 @@ impl Database {
             history_full_since,
             captured_commits: wal.commits.load(Ordering::Relaxed),
             owed_times: Vec::new(),
+            checkpointed_at_commits: 0,
             wal,
             options: options.clone(),
             path: options.path.clone(),

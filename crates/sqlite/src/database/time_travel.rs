@@ -23,18 +23,42 @@ impl Database {
         if self.capture_or_reopen().is_err() {
             return self.ship_required();
         }
-        let frames = self.wal.frames.load(Ordering::Relaxed);
-        if let Some(history) = self.history.as_mut()
-            && history.wants_checkpoint(frames)
-        {
-            let conn = &self.conn;
-            if let Err(e) = self.authorizer.internal(|| history.checkpoint(conn)) {
-                tracing::error!(path = %self.path.display(), error = %e, "checkpoint failed");
-                self.poisoned = true;
-            }
-            self.measure_history();
-        }
+        self.checkpoint_if_due();
         self.ship()
+    }
+
+    /// Whether the WAL has grown to the history's checkpoint mark since its last checkpoint.
+    pub(crate) fn checkpoint_due(&self) -> bool {
+        let (frames, commits) = (self.wal.frames.load(Ordering::Relaxed), self.wal.commits.load(Ordering::Relaxed));
+        commits > self.checkpointed_at_commits
+            && self.history.as_ref().is_some_and(|history| history.wants_checkpoint(frames))
+    }
+
+    /// Checkpoints the WAL once it has grown to the mark, every frame of it captured already;
+    /// a failure marks the connection for reopening.
+    fn checkpoint_if_due(&mut self) {
+        if !self.checkpoint_due() || self.owes_capture() {
+            return;
+        }
+        let conn = &self.conn;
+        if let Some(history) = self.history.as_mut() {
+            match self.authorizer.internal(|| history.checkpoint(conn)) {
+                Ok(()) => self.checkpointed_at_commits = self.wal.commits.load(Ordering::Relaxed),
+                Err(e) => {
+                    tracing::error!(path = %self.path.display(), error = %e, "checkpoint failed");
+                    self.poisoned = true;
+                }
+            }
+        }
+        self.measure_history();
+    }
+
+    /// What a lone write answered first leaves to the actor when the caller could not see to
+    /// it: the capture it owes, then the checkpoint it may have made due.
+    pub(crate) fn settle_history(&mut self) {
+        if self.capture_owed().is_ok() {
+            self.checkpoint_if_due();
+        }
     }
 
     /// After a commit answered before its capture (a lone write, which needs no shipping and
@@ -99,15 +123,15 @@ impl Database {
         Ok(())
     }
 
-    /// Whether a small commit now would stay light: no checkpoint of the WAL after it (with a
-    /// history, one is due at a number of WAL frames; this leaves room for a request's worth).
-    pub(crate) fn commit_stays_light(&self) -> bool {
-        /// Frames a request may add without being expected to reach the checkpoint.
+    /// Whether the WAL has grown well past the history's checkpoint mark. A lone write answered
+    /// first may cross the mark (the actor checkpoints once its capture is done); past this,
+    /// writes go to the actor, which checkpoints after its next commit.
+    pub(crate) fn checkpoint_overdue(&self) -> bool {
+        /// Frames past the mark that writes may add before the actor's checkpoint.
         const ROOM: u32 = 256;
-        match &self.history {
-            Some(history) => !history.wants_checkpoint(self.wal.frames.load(Ordering::Relaxed).saturating_add(ROOM)),
-            None => true,
-        }
+        let (frames, commits) = (self.wal.frames.load(Ordering::Relaxed), self.wal.commits.load(Ordering::Relaxed));
+        commits > self.checkpointed_at_commits
+            && self.history.as_ref().is_some_and(|history| history.wants_checkpoint(frames.saturating_sub(ROOM)))
     }
 
     /// With a shipper, a commit the history could not take cannot be shipped: it fails.
@@ -153,8 +177,9 @@ impl Database {
                 .internal(|| conn.execute_batch("PRAGMA wal_checkpoint(PASSIVE)"))
                 .map_err(Error::internal),
         };
-        if outcome.is_err() {
-            self.poisoned = true;
+        match outcome {
+            Ok(()) => self.checkpointed_at_commits = self.wal.commits.load(Ordering::Relaxed),
+            Err(_) => self.poisoned = true,
         }
         outcome?;
         self.ship()
@@ -294,6 +319,49 @@ mod tests {
         assert_eq!(ids(&mut db), [1, 2]);
         let undo = db.timeline(1, None).unwrap()[0].bookmark;
         assert_eq!(undo.seq, answered[2].seq + 2, "the fourth commit was captured before the restore");
+    }
+
+    /// Lone writes answered first may cross the history's checkpoint mark: the one that does
+    /// leaves the checkpoint due (settled after its capture), and only a WAL well past the
+    /// mark is overdue (writes then go where the checkpoint follows the commit).
+    #[test]
+    fn a_lone_write_past_the_checkpoint_mark_leaves_the_checkpoint_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = HistorySettings { checkpoint_frames: 4, ..HistorySettings::default() };
+        let mut db =
+            Database::open(&DatabaseOptions::new(dir.path().join("db.sqlite")).create(true).history(settings, "db"))
+                .unwrap();
+        db.execute_alone(&request("CREATE TABLE t (id INTEGER PRIMARY KEY)")).unwrap();
+        let mut id = 0;
+        let mut insert = |db: &mut Database| {
+            id += 1;
+            db.execute_answering_first(&request(&format!("INSERT INTO t VALUES ({id})"))).unwrap();
+        };
+        for _ in 0..10 {
+            if db.checkpoint_due() {
+                break;
+            }
+            insert(&mut db);
+        }
+        assert!(db.checkpoint_due(), "four frames reached");
+        assert!(!db.checkpoint_overdue(), "just past the mark");
+        let answered = db.bookmark().unwrap();
+        db.settle_history();
+        assert!(!db.owes_capture() && !db.checkpoint_due(), "captured, then checkpointed");
+        assert_eq!(db.bookmark().unwrap(), answered);
+        insert(&mut db);
+        assert!(!db.checkpoint_due(), "the WAL restarted after the checkpoint");
+
+        for _ in 0..400 {
+            if db.checkpoint_overdue() {
+                break;
+            }
+            insert(&mut db);
+        }
+        assert!(db.checkpoint_overdue(), "a WAL far past its mark");
+        db.execute_alone(&request("INSERT INTO t VALUES (1000)")).unwrap();
+        assert!(!db.checkpoint_due() && !db.checkpoint_overdue(), "a commit captured first checkpoints after");
+        assert_eq!(ids(&mut db).len(), id + 1);
     }
 
     /// A commit answered before its capture, then the process gone before the capture: the

@@ -246,9 +246,10 @@ impl Database {
     /// Runs a request alone as [`Database::execute_alone`] does, but leaves its commit owed to
     /// the history, to be captured once the answer is out ([`Database::capture_owed`]): for a
     /// lone write, whose wait is all on the answer's path. The caller sees to it that the
-    /// database needs no shipping and that the commit will not be due a checkpoint.
+    /// database needs no shipping and that its WAL is not overdue a checkpoint (one this commit
+    /// makes due follows the capture: [`Database::checkpoint_due`]).
     pub(crate) fn execute_answering_first(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
-        debug_assert!(self.options().shipper.is_none() && self.commit_stays_light());
+        debug_assert!(self.options().shipper.is_none() && !self.checkpoint_overdue());
         self.execute_alone_then(request, Capture::AfterAnswer)
     }
 

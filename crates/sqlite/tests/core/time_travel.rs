@@ -617,3 +617,33 @@ async fn a_lone_write_answered_first_is_captured_after_without_another_request()
     restore(&cx, answered[1]).await.unwrap();
     assert_eq!(ids(&rows(&cx).await), [0, 1]);
 }
+
+/// Lone writes (each answered before its capture, on the caller's thread) that take the WAL
+/// past the history's checkpoint mark: the actor checkpoints after their capture, with no
+/// other request, so the database file comes to hold what they wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lone_writes_past_the_checkpoint_mark_are_checkpointed_without_another_request() {
+    let cx = Context::with_history(HistorySettings { checkpoint_frames: 6, ..HistorySettings::default() });
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)").await;
+    // A registry counts as serving several clients for a moment after it starts.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let db_path = cx.dir.path().join("db/db.sqlite");
+    let before = std::fs::metadata(&db_path).unwrap().len();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    for id in 0..8 {
+        let sql = format!("INSERT INTO t VALUES ({id}, zeroblob(3000))");
+        let executed = cx.registry.execute_with_bookmark("db", Request::new(vec![Statement::new(&sql)])).await.unwrap();
+        let answered = executed.bookmark.expect("a write is answered with its bookmark");
+        // Each captured before the next is sent, so none finds the database busy.
+        while kura_sqlite::verify_history(&db_path).unwrap().unwrap().last_seq != Some(answered.seq) {
+            assert!(std::time::Instant::now() < deadline, "a write was never captured");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    // Eight rows of 3,000 bytes need at least five more pages of 4 KiB in the file itself.
+    while std::fs::metadata(&db_path).unwrap().len() < before + 5 * 4096 {
+        assert!(std::time::Instant::now() < deadline, "the WAL was never checkpointed into the file");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(ids(&rows(&cx).await), (0..8).collect::<Vec<_>>());
+}
