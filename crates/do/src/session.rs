@@ -291,9 +291,7 @@ fn commit(db: &mut Database) -> Result<()> {
     if !db.in_transaction() {
         return Err(DoError::Reset("Cannot commit transaction due to an earlier SQL critical error".into()));
     }
-    // The answer leaves before the history captures the commit; the object's actor captures it
-    // as the request's command returns.
-    db.commit_answering_first().map_err(|e| match e {
+    db.commit().map_err(|e| match e {
         // A deferred constraint left violated is the request's fault, reported as workerd does.
         kura_sqlite::Error::Sql { message, code, .. } if code == libsqlite3_sys::SQLITE_CONSTRAINT => {
             DoError::Reset(format!(

@@ -337,26 +337,3 @@ async fn only_objects_that_stored_something_are_listed() {
     e.run(&ns, &writer, |s| s.kv_put("k", b"1")).await.unwrap();
     assert_eq!(e.count(&ns).await.unwrap(), 1);
 }
-
-/// A request's commit is answered before the history captures it, and the object's actor
-/// captures it once the request has returned: with no other request, the log on disk reaches
-/// the position after the one the bookmark named before the write.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_answered_before_its_capture_is_captured_by_its_actor() {
-    let dir = tempfile::tempdir().unwrap();
-    let e = engine(dir.path());
-    let ns = rooms();
-    let id = ns.id_from_name("captured");
-    e.run(&ns, &id, |s| s.exec("CREATE TABLE t (v)", vec![]).map(|_| ())).await.unwrap();
-    let before = e.bookmark(&ns, &id).await.unwrap();
-    e.run(&ns, &id, |s| s.exec("INSERT INTO t VALUES (1)", vec![]).map(|_| ())).await.unwrap();
-    let hex = id.to_string();
-    let file = dir.path().join("do/0123456789abcdef0123456789abcdef").join(&hex[..2]).join(&hex).join("db.sqlite");
-    // Read off the files: asking the engine for a bookmark would capture first.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while kura_sqlite::verify_history(&file).unwrap().unwrap().last_seq != Some(before.seq + 1) {
-        assert!(std::time::Instant::now() < deadline, "the write was never captured");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(e.bookmark(&ns, &id).await.unwrap().seq, before.seq + 1);
-}

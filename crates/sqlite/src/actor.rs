@@ -583,11 +583,6 @@ impl Committer<'_> {
                 Command::Exclusive(f) => {
                     self.flush(&mut group);
                     f(self.db);
-                    // A commit the command answered before its capture
-                    // ([`Database::commit_answering_first`]) is captured now, its answer out.
-                    if self.db.owes_capture() {
-                        self.db.settle_history();
-                    }
                 }
                 Command::Work(work) => self.run_grouped_work(work, &mut group),
             }

@@ -69,18 +69,6 @@ impl Database {
         self.commit_then(Capture::BeforeAnswer)
     }
 
-    /// Commits the open transaction as [`Database::commit`] does, but leaves the commit owed to
-    /// the history, to be captured once the caller's answer is out, unless commits must ship
-    /// before they are answered. For work the actor runs as a command
-    /// ([`crate::Registry::with_database`]): the actor captures what is owed when the command
-    /// returns, on the same thread, before its next command.
-    pub fn commit_answering_first(&mut self) -> Result<()> {
-        match self.options.shipper {
-            Some(_) => self.commit_then(Capture::BeforeAnswer),
-            None => self.commit_then(Capture::AfterAnswer),
-        }
-    }
-
     /// Commits as [`Database::commit`] does; the history captures the commit when `capture` says.
     fn commit_then(&mut self, capture: Capture) -> Result<()> {
         let started = std::time::Instant::now();
