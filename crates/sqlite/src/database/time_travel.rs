@@ -6,7 +6,11 @@ use std::sync::atomic::Ordering;
 
 use super::{Database, connect};
 use crate::error::{Error, Result};
-use crate::history::{Bookmark, Restored, now_ms};
+use crate::history::{Bookmark, History, Restored, now_ms};
+
+/// How often a database serving read-only because its history could not grow tries the
+/// history again, before a transaction begins.
+const HISTORY_RETRY_IN_PLACE: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Database {
     /// After a commit: capture its frames into the history, and checkpoint when the WAL has
@@ -25,6 +29,39 @@ impl Database {
         }
         self.checkpoint_if_due();
         self.ship()
+    }
+
+    /// While the history cannot grow (the database serving read-only since it opened), tries
+    /// it again on this connection, at most every [`HISTORY_RETRY_IN_PLACE`], before a
+    /// transaction begins: once there is room, the history opens (capturing what the WAL holds
+    /// beyond its log) and the transaction about to begin may write, so the first write after
+    /// space is freed is not refused.
+    pub(super) fn retry_full_history(&mut self) {
+        let Some(since) = self.history_full_since else { return };
+        let Some(settings) = self.options.history.clone() else { return };
+        if since.elapsed() < HISTORY_RETRY_IN_PLACE || self.in_transaction() {
+            return;
+        }
+        let (identity, path, conn) = (&self.options.identity, &self.path, &self.conn);
+        let opened =
+            self.authorizer.internal(|| History::open(identity, path, conn, settings, false)).and_then(|history| {
+                self.authorizer.internal(|| conn.pragma_update(None, "query_only", false)).map_err(Error::internal)?;
+                Ok(history)
+            });
+        match opened {
+            Ok(history) => {
+                tracing::info!(path = %self.path.display(), "the history can grow again; writes resume");
+                self.history = Some(history);
+                self.history_full_since = None;
+                self.captured_commits = self.wal.commits.load(Ordering::Relaxed);
+                self.owed_times.clear();
+                self.measure_history();
+            }
+            Err(e) => {
+                tracing::debug!(path = %self.path.display(), error = %e, "the history still cannot grow");
+                self.history_full_since = Some(std::time::Instant::now());
+            }
+        }
     }
 
     /// Whether the WAL has grown to the history's checkpoint mark since its last checkpoint.

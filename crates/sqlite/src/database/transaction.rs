@@ -61,6 +61,7 @@ impl Database {
 
     /// Opens a transaction for a group of requests.
     pub fn begin(&mut self) -> Result<()> {
+        self.retry_full_history();
         self.internal("BEGIN")
     }
 
