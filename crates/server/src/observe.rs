@@ -3,6 +3,7 @@
 //! carrying it, and its count and latency by surface and status for `/metrics`.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -147,10 +148,15 @@ impl HttpFigures {
     }
 }
 
-/// The API listener's middleware.
-pub async fn observe_api(State(figures): State<std::sync::Arc<HttpFigures>>, request: Request, next: Next) -> Response {
+/// Observes a request to the API listener around `inner`, which answers it (the listener's
+/// one middleware, `api_edge` in the crate root, passes the rest of its work).
+pub async fn observe_api<F: Future<Output = Response>>(
+    figures: &HttpFigures,
+    request: Request,
+    inner: impl FnOnce(Request) -> F,
+) -> Response {
     let surface = Surface::of_api(request.uri().path());
-    observe(&figures, surface, request, next).await
+    observe(figures, surface, request, inner).await
 }
 
 /// The middleware of a listener that serves one surface (S3's, where the id is S3's request id
@@ -160,10 +166,15 @@ pub async fn observe_one(
     request: Request,
     next: Next,
 ) -> Response {
-    observe(&figures, surface, request, next).await
+    observe(&figures, surface, request, |request| next.run(request)).await
 }
 
-async fn observe(figures: &HttpFigures, surface: Surface, mut request: Request, next: Next) -> Response {
+async fn observe<F: Future<Output = Response>>(
+    figures: &HttpFigures,
+    surface: Surface,
+    mut request: Request,
+    inner: impl FnOnce(Request) -> F,
+) -> Response {
     // A request another node sent on keeps its id, so one id follows it through the cluster.
     let id = request
         .headers()
@@ -181,7 +192,7 @@ async fn observe(figures: &HttpFigures, surface: Surface, mut request: Request, 
         path = %request.uri().path(),
     );
     let started = Instant::now();
-    let mut response = next.run(request).instrument(span.clone()).await;
+    let mut response = inner(request).instrument(span.clone()).await;
     let took = started.elapsed();
     let status = response.status();
     span.in_scope(|| {
