@@ -192,14 +192,11 @@ pub async fn serve_all(
     let alarms =
         tokio::spawn(alarms::run(Arc::clone(&state.catalog), state.durable_objects.clone(), stopped(stop_rx.clone())));
     let domains = node.s3_domains();
-    let mut s3_routes = s3::routes(Arc::clone(&state.catalog), Arc::clone(&state.r2), &domains);
-    if state.forwarding.is_some() {
-        let domains = Arc::new(domains.iter().map(|d| d.to_ascii_lowercase()).collect::<Vec<_>>());
-        s3_routes = s3_routes.layer(axum::middleware::from_fn_with_state((state.clone(), domains), cluster::place_s3));
-    }
+    let s3_routes = s3::routes(Arc::clone(&state.catalog), Arc::clone(&state.r2), &domains);
+    let domains = Arc::new(domains.iter().map(|d| d.to_ascii_lowercase()).collect::<Vec<_>>());
+    let s3_routes = s3_routes.layer(axum::middleware::from_fn_with_state((state.clone(), domains), s3_edge));
     let observed =
         |surface| axum::middleware::from_fn_with_state((Arc::clone(&state.http), surface), observe::observe_one);
-    let s3_routes = s3_routes.layer(axum::middleware::from_fn(retry_after)).layer(observed(observe::Surface::S3));
     let s3_server = serve_tcp(listeners.s3, s3_routes, stopped(stop_rx.clone()));
     let mut workers_servers = Vec::new();
     if let (Some(workers), Some(listener)) = (&workers, listeners.workers) {
@@ -244,13 +241,24 @@ pub async fn serve_all(
     api_result.and(s3_result)
 }
 
-/// Overload (429) and unavailability (503) answers tell a client when to come back, so an
-/// overloaded server sheds load instead of being asked again at once.
-async fn retry_after(request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
-    with_retry_after(next.run(request).await)
+/// The S3 listener's work common to every request, as one middleware (see [`api_edge`]): the
+/// request's id (S3's request id too), span and figures around the cluster's placement, and
+/// `Retry-After` on answers that ask for a retry.
+async fn s3_edge(
+    axum::extract::State((state, domains)): axum::extract::State<(AppState, Arc<Vec<String>>)>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let figures = Arc::clone(&state.http);
+    observe::observe_surface(&figures, observe::Surface::S3, request, |request| async move {
+        with_retry_after(cluster::place_s3(axum::extract::State((state, domains)), request, next).await)
+    })
+    .await
 }
 
-/// `Retry-After: 1` on a 429 or 503 that does not say when to retry.
+/// Overload (429) and unavailability (503) answers tell a client when to come back, so an
+/// overloaded server sheds load instead of being asked again at once: `Retry-After: 1` on a
+/// 429 or 503 that does not say when to retry.
 fn with_retry_after(mut response: axum::response::Response) -> axum::response::Response {
     use axum::http::{HeaderValue, StatusCode, header};
     if matches!(response.status(), StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) {

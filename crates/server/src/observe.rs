@@ -156,7 +156,7 @@ pub async fn observe_api<F: Future<Output = Response>>(
     inner: impl FnOnce(Request) -> F,
 ) -> Response {
     let surface = Surface::of_api(request.uri().path());
-    observe(figures, surface, request, inner).await
+    observe_surface(figures, surface, request, inner).await
 }
 
 /// The middleware of a listener that serves one surface (S3's, where the id is S3's request id
@@ -166,10 +166,12 @@ pub async fn observe_one(
     request: Request,
     next: Next,
 ) -> Response {
-    observe(&figures, surface, request, |request| next.run(request)).await
+    observe_surface(&figures, surface, request, |request| next.run(request)).await
 }
 
-async fn observe<F: Future<Output = Response>>(
+/// Observes a request to a listener that serves one surface around `inner`, which answers it:
+/// its id (kept from another node, else new), its span, its log line and its figures.
+pub async fn observe_surface<F: Future<Output = Response>>(
     figures: &HttpFigures,
     surface: Surface,
     mut request: Request,
