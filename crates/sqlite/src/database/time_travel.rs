@@ -66,9 +66,15 @@ impl Database {
 
     /// Whether the WAL has grown to the history's checkpoint mark since its last checkpoint.
     pub(crate) fn checkpoint_due(&self) -> bool {
-        let (frames, commits) = (self.wal.frames.load(Ordering::Relaxed), self.wal.commits.load(Ordering::Relaxed));
+        self.wal_past_checkpoint_mark_by(0)
+    }
+
+    /// Whether the WAL, written since its last checkpoint (the hook's frame count is the
+    /// WAL's only once a commit follows one), holds `frames` more than the history's mark.
+    fn wal_past_checkpoint_mark_by(&self, frames: u32) -> bool {
+        let (in_wal, commits) = (self.wal.frames.load(Ordering::Relaxed), self.wal.commits.load(Ordering::Relaxed));
         commits > self.checkpointed_at_commits
-            && self.history.as_ref().is_some_and(|history| history.wants_checkpoint(frames))
+            && self.history.as_ref().is_some_and(|history| history.wants_checkpoint(in_wal.saturating_sub(frames)))
     }
 
     /// Checkpoints the WAL once it has grown to the mark, every frame of it captured already;
@@ -98,8 +104,9 @@ impl Database {
         }
     }
 
-    /// After a commit answered before its capture (a lone write, which needs no shipping and
-    /// no checkpoint): it is owed to the history, stamped with this moment. Its position is
+    /// After a commit answered before its capture (a lone write, which needs no shipping; a
+    /// checkpoint it makes due follows its capture): it is owed to the history, stamped with
+    /// this moment. Its position is
     /// known already ([`Database::bookmark`]); it is captured by [`Database::capture_owed`]
     /// once the answer is out, or by whatever reads the history first. The commit is durable
     /// in the WAL, which is checkpointed only after a capture; after a crash, the next open
@@ -166,9 +173,7 @@ impl Database {
     pub(crate) fn checkpoint_overdue(&self) -> bool {
         /// Frames past the mark that writes may add before the actor's checkpoint.
         const ROOM: u32 = 256;
-        let (frames, commits) = (self.wal.frames.load(Ordering::Relaxed), self.wal.commits.load(Ordering::Relaxed));
-        commits > self.checkpointed_at_commits
-            && self.history.as_ref().is_some_and(|history| history.wants_checkpoint(frames.saturating_sub(ROOM)))
+        self.wal_past_checkpoint_mark_by(ROOM)
     }
 
     /// With a shipper, a commit the history could not take cannot be shipped: it fails.
