@@ -2,10 +2,12 @@
 //! runs a request's statements and computes D1's per-statement meta.
 
 mod counters;
+mod file_lock;
 mod time_travel;
 mod transaction;
 
 use counters::{IndexColumns, schema_writes};
+use file_lock::FileLock;
 pub(crate) use transaction::{Grouped, Inline};
 
 use std::collections::HashMap;
@@ -128,6 +130,9 @@ pub struct Database {
     /// The statement that reads page 1 for `size_after`, prepared on first use.
     page_one: Option<RawStatement>,
     conn: rusqlite::Connection,
+    /// Keeps other processes off the file; declared after `conn`, so it outlives the close
+    /// (which may checkpoint). `None` for a read-only connection.
+    file_lock: Option<FileLock>,
     authorizer: Authorizer,
     /// Nanoseconds after `epoch` at which the running request is interrupted; 0 = none.
     deadline: Arc<AtomicU64>,
@@ -182,14 +187,15 @@ unsafe impl Send for Database {}
 
 /// Opens and configures the read-write connection: WAL, `synchronous=FULL`, foreign keys,
 /// defensive mode, D1's limits and authorizer, the request deadline, and (with a history) the
-/// WAL hook that takes checkpoints away from SQLite.
+/// WAL hook that takes checkpoints away from SQLite. Returns it with the lock that keeps other
+/// processes off the file (none for a read-only connection) and the page size.
 fn connect(
     options: &DatabaseOptions,
     authorizer: &Authorizer,
     deadline: &Arc<AtomicU64>,
     epoch: Instant,
     wal: &Arc<WalProgress>,
-) -> Result<(rusqlite::Connection, u64)> {
+) -> Result<(rusqlite::Connection, Option<FileLock>, u64)> {
     crate::configure_process();
     let open_error = |e: rusqlite::Error| Error::Open { path: options.path.clone(), message: e.to_string() };
     let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -198,12 +204,30 @@ fn connect(
     } else if options.create {
         flags |= OpenFlags::SQLITE_OPEN_CREATE;
     }
-    let mut conn = rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?;
+    let (mut conn, file_lock) = if options.read_only {
+        // Beside another process's connections: SQLite's own locks and shared WAL index.
+        (rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?, None)
+    } else {
+        // The actor is the file's only user: SQLite takes no file locks (see `file_lock`), and
+        // the file lock taken before the first read keeps other processes off.
+        let conn =
+            rusqlite::Connection::open_with_flags_and_vfs(&options.path, flags, c"unix-none").map_err(open_error)?;
+        let lock = FileLock::acquire(&options.path).map_err(|e| Error::Open {
+            path: options.path.clone(),
+            message: format!("cannot lock the file: {e}"),
+        })?;
+        let Some(lock) = lock else {
+            return Err(Error::Open {
+                path: options.path.clone(),
+                message: "the file is open in another process".into(),
+            });
+        };
+        (conn, Some(lock))
+    };
     if !options.read_only {
-        // The actor is the file's only user, so SQLite need not take file locks per
-        // transaction or keep the WAL index in shared memory. First: the WAL index lives on the
-        // heap only if the mode is exclusive when the WAL is opened, and a pragma that reads the
-        // schema (cache_size, below) opens it.
+        // No WAL index in shared memory (`unix-none` has none): it lives on the heap only if the
+        // mode is exclusive when the WAL is opened, and a pragma that reads the schema
+        // (cache_size, below) opens it.
         conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(open_error)?;
     }
     if options.compact {
@@ -254,7 +278,7 @@ fn connect(
         }),
     )
     .map_err(open_error)?;
-    Ok((conn, page_size))
+    Ok((conn, file_lock, page_size))
 }
 
 /// Configures a connection, before its first statement, to hold little memory while open, as
@@ -289,7 +313,7 @@ impl Database {
         let deadline = Arc::new(AtomicU64::new(0));
         let epoch = Instant::now();
         let wal = Arc::new(WalProgress::default());
-        let (conn, page_size) = connect(options, &authorizer, &deadline, epoch, &wal)?;
+        let (conn, file_lock, page_size) = connect(options, &authorizer, &deadline, epoch, &wal)?;
         let mut history_full_since = None;
         let history = match &options.history {
             Some(settings) => match authorizer.internal(|| {
@@ -310,6 +334,7 @@ impl Database {
             statements: HashMap::new(),
             page_one: None,
             conn,
+            file_lock,
             authorizer,
             deadline,
             epoch,

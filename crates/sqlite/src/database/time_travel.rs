@@ -289,12 +289,18 @@ impl Database {
         let closed =
             std::mem::replace(&mut self.conn, rusqlite::Connection::open_in_memory().map_err(Error::internal)?);
         drop(closed);
+        // Released before the reopen below takes it again, on the same file if the restore
+        // failed before swapping it.
+        self.file_lock = None;
         let outcome = history.restore(bookmark, &self.path);
         // Whatever happened, serve the file as it now is; if that fails, or the history can
         // take no more, nothing more runs on this connection.
         self.poisoned = history.is_broken();
         match connect(&self.options, &self.authorizer, &self.deadline, self.epoch, &self.wal) {
-            Ok((conn, _)) => self.conn = conn,
+            Ok((conn, file_lock, _)) => {
+                self.conn = conn;
+                self.file_lock = file_lock;
+            }
             Err(e) => {
                 self.poisoned = true;
                 return Err(e);

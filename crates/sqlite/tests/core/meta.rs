@@ -55,6 +55,21 @@ async fn index_entries_count_as_writes() {
 }
 
 #[tokio::test]
+async fn index_writes_follow_without_rowid_tables_expression_indexes_and_quoted_names() {
+    let cx = Context::new();
+    cx.ok("CREATE TABLE w (a, b, c, PRIMARY KEY (a, b)) WITHOUT ROWID; CREATE INDEX w_c ON w(c)").await;
+    // The primary key is the table itself: the row, and its entry in w_c.
+    assert_eq!(cx.ok("INSERT INTO w VALUES (1, 2, 3)").await[0].meta.rows_written, 2);
+    cx.ok(r#"CREATE TABLE "it's" (id INTEGER PRIMARY KEY, a TEXT UNIQUE, b TEXT); CREATE INDEX lower_b ON "it's"(lower(b))"#)
+        .await;
+    // The row, the UNIQUE constraint's index and the expression index.
+    assert_eq!(cx.ok(r#"INSERT INTO "it's" (a, b) VALUES ('x', 'Y')"#).await[0].meta.rows_written, 3);
+    // An expression may read any column, so every update touches its index; a's only when a changes.
+    assert_eq!(cx.ok(r#"UPDATE "it's" SET b = 'z'"#).await[0].meta.rows_written, 2);
+    assert_eq!(cx.ok(r#"UPDATE "it's" SET a = 'w'"#).await[0].meta.rows_written, 3);
+}
+
+#[tokio::test]
 async fn size_after_counts_used_pages() {
     let cx = Context::new();
     let before = cx.ok("SELECT 1").await[0].meta.size_after;

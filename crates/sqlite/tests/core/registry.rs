@@ -12,6 +12,24 @@ async fn idle_databases_close_and_reopen() {
     assert_eq!(cx.scalar("SELECT count(*) FROM t").await, Value::Integer(1));
 }
 
+/// The actor's connection takes no SQLite file locks (see `file_lock`), yet another
+/// connection to the file, with SQLite's own locks as another process's would take them, is
+/// refused while the database is open, and reads once it has closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_connection_to_an_open_database_is_refused_until_it_closes() {
+    let cx = Context::new();
+    cx.ok("CREATE TABLE t (x); INSERT INTO t VALUES (1)").await;
+    let outside = rusqlite::Connection::open(cx.dir.path().join("db.sqlite")).unwrap();
+    outside.busy_timeout(Duration::ZERO).unwrap();
+    let count = |c: &rusqlite::Connection| c.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0));
+    let refused = count(&outside).unwrap_err();
+    assert!(refused.to_string().contains("locked"), "{refused}");
+    let written = outside.execute("CREATE TABLE u (y)", []).unwrap_err();
+    assert!(written.to_string().contains("locked"), "{written}");
+    cx.registry.close("db").await;
+    assert_eq!(count(&outside).unwrap(), 1);
+}
+
 /// An open database with no work holds no thread: requests to fifty databases, one after
 /// another, leave fifty open and run on a thread or two, reused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
