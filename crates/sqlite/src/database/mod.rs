@@ -204,6 +204,10 @@ fn connect(
     } else if options.create {
         flags |= OpenFlags::SQLITE_OPEN_CREATE;
     }
+    if options.create && !options.read_only && !options.path.exists() {
+        create_in_wal_mode(&options.path)
+            .map_err(|message| Error::Open { path: options.path.clone(), message: format!("cannot create it: {message}") })?;
+    }
     let (mut conn, file_lock) = if options.read_only {
         // Beside another process's connections: SQLite's own locks and shared WAL index.
         (rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?, None)
@@ -279,6 +283,38 @@ fn connect(
     )
     .map_err(open_error)?;
     Ok((conn, file_lock, page_size))
+}
+
+/// Creates a new database file already in WAL mode: built under another name with no syncs and
+/// no rollback journal, synced once, then renamed into place, so the file either is whole or
+/// is not there. Left to SQLite, a new file's switch to WAL writes its first page through a
+/// rollback journal: four syncs (the journal twice, the directory, the file) and a journal
+/// made and removed, a fifth of a new Durable Object's first request. The directory is synced
+/// with the WAL's first commit, which SQLite follows with a sync of the directory it created
+/// the WAL in; until then nothing about the file has been acknowledged.
+fn create_in_wal_mode(path: &Path) -> std::result::Result<(), String> {
+    let building = PathBuf::from(format!("{}-new", path.display()));
+    match std::fs::remove_file(&building) {
+        Ok(()) => tracing::warn!(path = %building.display(), "removed a database file a crash left half made"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn =
+            rusqlite::Connection::open_with_flags_and_vfs(&building, flags, c"unix-none").map_err(|e| e.to_string())?;
+        // Exclusive before WAL: a `unix-none` connection keeps its WAL index on the heap.
+        for (pragma, value) in [("locking_mode", "EXCLUSIVE"), ("synchronous", "OFF"), ("journal_mode", "MEMORY")] {
+            conn.pragma_update(None, pragma, value).map_err(|e| e.to_string())?;
+        }
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(|e| e.to_string())?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(format!("cannot use WAL mode (got {mode})"));
+        }
+    }
+    std::fs::File::open(&building).and_then(|f| f.sync_data()).map_err(|e| e.to_string())?;
+    std::fs::rename(&building, path).map_err(|e| e.to_string())
 }
 
 /// Configures a connection, before its first statement, to hold little memory while open, as
@@ -776,5 +812,24 @@ mod tests {
                 assert!(!path.with_extension("sqlite-shm").exists(), "compact {compact}: a -shm file was made");
             }
         }
+    }
+    /// A new file is made whole under another name and renamed into place, already in WAL
+    /// mode (no rollback journal, one sync); what a crash left of an earlier attempt is
+    /// removed first.
+    #[test]
+    fn a_new_database_is_made_in_wal_mode_and_a_half_made_one_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let building = dir.path().join("db.sqlite-new");
+        std::fs::write(&building, b"what a crash left halfway").unwrap();
+        let mut db = Database::open(&DatabaseOptions::new(&path).create(true)).unwrap();
+        assert!(!building.exists(), "the half-made file is still there");
+        let header = std::fs::read(&path).unwrap();
+        assert_eq!((header.len(), header[18], header[19]), (4096, 2, 2), "one page, WAL mode from the start");
+        db.execute(&Request::new(vec![Statement::new("CREATE TABLE t (x); INSERT INTO t VALUES (1)")])).unwrap();
+        drop(db);
+        let mut db = Database::open(&DatabaseOptions::new(&path)).unwrap();
+        let rows = db.execute(&Request::new(vec![Statement::new("SELECT x FROM t")])).unwrap();
+        assert_eq!(rows[0].rows, vec![vec![crate::request::Value::Integer(1)]]);
     }
 }
