@@ -56,6 +56,11 @@ pub(crate) fn read_header(file: &File) -> io::Result<Option<WalHeader>> {
     Ok(Some(WalHeader { page_size, salt: (be32(&b[16..20]) as u64) << 32 | be32(&b[20..24]) as u64 }))
 }
 
+/// Where the log's frames end when it holds `frames` frames of `page_size` bytes.
+pub(crate) fn end_of_frames(page_size: u32, frames: u32) -> u64 {
+    WAL_HEADER_LEN + frames as u64 * (FRAME_HEADER_LEN + page_size as u64)
+}
+
 fn frame_offset(header: &WalHeader, frame: u32) -> u64 {
     WAL_HEADER_LEN + (frame as u64 - 1) * (FRAME_HEADER_LEN + header.page_size as u64)
 }

@@ -647,3 +647,64 @@ async fn lone_writes_past_the_checkpoint_mark_are_checkpointed_without_another_r
     }
     assert_eq!(ids(&rows(&cx).await), (0..8).collect::<Vec<_>>());
 }
+
+/// Waits (up to two seconds) for the WAL at `path` to reach `len` bytes: a lone write's
+/// capture, which writes ahead, runs just after its answer.
+async fn wal_reaches(path: &std::path::Path, len: u64) -> u64 {
+    let mut now = 0;
+    for _ in 0..200 {
+        now = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        if now >= len {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    now
+}
+
+/// A growing WAL has zeros written past its last frame, so its commits overwrite blocks the
+/// file already has; a clean close cuts them off, and a WAL a crash left with them opens with
+/// every commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_growing_wal_is_written_ahead_and_cut_at_a_clean_close() {
+    let cx = Context::with_history(HistorySettings::default());
+    let wal = cx.dir.path().join("db/db.sqlite-wal");
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
+    // A few commits first: a WAL of fewer frames than a handful of commits is left alone.
+    cx.ok("INSERT INTO t VALUES (1, 'one')").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let young = std::fs::metadata(&wal).unwrap().len();
+    assert!(young < 64 * 1024, "a young WAL was written ahead: {young} bytes");
+    // One frame each: past 16 frames, and still few enough (24) that a clean close keeps the WAL.
+    for i in 2..=18 {
+        cx.ok(&format!("INSERT INTO t VALUES ({i}, '{i}')")).await;
+    }
+    let ahead = wal_reaches(&wal, 128 * 1024).await;
+    assert!(ahead >= 128 * 1024, "nothing was written ahead: the WAL is {ahead} bytes");
+    cx.registry.close("db").await;
+    let closed = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert!(closed < 128 * 1024, "a clean close left {closed} bytes of WAL");
+    assert_eq!(ids(&rows(&cx).await), (1..=18).collect::<Vec<_>>());
+
+    for i in 19..=40 {
+        cx.ok(&format!("INSERT INTO t VALUES ({i}, '{i}')")).await;
+    }
+    assert!(wal_reaches(&wal, 128 * 1024).await >= 128 * 1024);
+    // The files as a crash would leave them, the WAL's zeros included, opened elsewhere.
+    let crashed = tempfile::tempdir().unwrap();
+    let copy = |from: &std::path::Path, to: &std::path::Path| {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_file() {
+                std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+            }
+        }
+    };
+    copy(&cx.dir.path().join("db"), crashed.path());
+    copy(&cx.dir.path().join("db/log"), &crashed.path().join("log"));
+    let options = DatabaseOptions::new(crashed.path().join("db.sqlite")).history(HistorySettings::default(), "db");
+    let mut db = kura_sqlite::Database::open(&options).unwrap();
+    let read = db.execute(&Request::new(vec![Statement::new("SELECT id FROM t ORDER BY id")])).unwrap();
+    assert_eq!(ids(&read[0].rows), (1..=40).collect::<Vec<_>>());
+}
