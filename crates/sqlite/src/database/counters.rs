@@ -99,13 +99,15 @@ fn partial_predicate(sql: &str) -> Option<&str> {
 fn load_indexes(conn: &rusqlite::Connection, table: &str) -> rusqlite::Result<Vec<IndexColumns>> {
     // PRAGMA arguments cannot be bound: they are quoted as string literals.
     let pragma = |name: &str, arg: &str| format!("PRAGMA {name}('{}')", arg.replace('\'', "''"));
-    let mut tables = conn.prepare(&pragma("table_list", table))?;
-    // Columns: schema, name, type, ncol, wr, strict.
-    let without_rowid = tables
-        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, bool>(4)?)))?
-        .collect::<rusqlite::Result<Vec<_>>>()?
-        .into_iter()
-        .any(|(schema, wr)| schema == "main" && wr);
+    // Columns: schema, name, type, ncol, wr, strict. Unreadable, the table counts as a rowid one.
+    let without_rowid = conn
+        .prepare(&pragma("table_list", table))
+        .and_then(|mut tables| {
+            tables
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, bool>(4)?)))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .is_ok_and(|tables| tables.iter().any(|(schema, wr)| schema == "main" && *wr));
     // Columns: seq, name, unique, origin, partial.
     let mut list = conn.prepare(&pragma("index_list", table))?;
     let names: Vec<(String, String)> =

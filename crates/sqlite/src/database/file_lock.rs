@@ -14,6 +14,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// SQLite's PENDING byte, at 1 GiB; RESERVED and the 510 SHARED bytes follow it.
 const LOCK_START: libc::off_t = 0x4000_0000;
@@ -26,6 +27,19 @@ pub(crate) struct FileLock {
 }
 
 impl FileLock {
+    /// [`FileLock::acquire`], trying again for up to `timeout` while the file is held (another
+    /// process's SQLite holds its locks only for a transaction).
+    pub(crate) fn acquire_within(path: &Path, timeout: Duration) -> io::Result<Option<FileLock>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match FileLock::acquire(path)? {
+                Some(lock) => return Ok(Some(lock)),
+                None if Instant::now() >= deadline => return Ok(None),
+                None => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
     /// Locks the file at `path` (which must exist); `Ok(None)` if another process (or another
     /// open of the file here) holds a lock on those bytes.
     pub(crate) fn acquire(path: &Path) -> io::Result<Option<FileLock>> {
@@ -53,8 +67,9 @@ impl FileLock {
 /// does not release it, as it would a process's POSIX lock.
 #[cfg(target_os = "linux")]
 const SET_LOCK: libc::c_int = libc::F_OFD_SETLK;
-/// Elsewhere a process's POSIX lock: released if the process closes any descriptor of the file,
-/// which SQLite does only as the connection closes.
+/// Elsewhere a process's POSIX lock, a weaker guard: it keeps other processes off, but not a
+/// second open in this one (the registry's one actor per file does), and closing any
+/// descriptor of the file releases it (SQLite closes its own only as the connection closes).
 #[cfg(not(target_os = "linux"))]
 const SET_LOCK: libc::c_int = libc::F_SETLK;
 
@@ -63,6 +78,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(target_os = "linux")]
     fn a_second_lock_on_the_same_file_is_refused_until_the_first_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db.sqlite");

@@ -185,17 +185,29 @@ pub(crate) struct WalProgress {
 // only together with their connection; the actor's lock makes their use one thread at a time.
 unsafe impl Send for Database {}
 
+/// A configured connection and the lock that keeps other processes off its file, dropped in
+/// that order wherever they are dropped (a connection's close may checkpoint).
+struct Connected {
+    conn: rusqlite::Connection,
+    /// `None` for a read-only connection.
+    file_lock: Option<FileLock>,
+    page_size: u64,
+}
+
+/// How long opening waits for another process to let go of the file, as SQLite's busy timeout
+/// waited for its own locks.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Opens and configures the read-write connection: WAL, `synchronous=FULL`, foreign keys,
 /// defensive mode, D1's limits and authorizer, the request deadline, and (with a history) the
-/// WAL hook that takes checkpoints away from SQLite. Returns it with the lock that keeps other
-/// processes off the file (none for a read-only connection) and the page size.
+/// WAL hook that takes checkpoints away from SQLite.
 fn connect(
     options: &DatabaseOptions,
     authorizer: &Authorizer,
     deadline: &Arc<AtomicU64>,
     epoch: Instant,
     wal: &Arc<WalProgress>,
-) -> Result<(rusqlite::Connection, Option<FileLock>, u64)> {
+) -> Result<Connected> {
     crate::configure_process();
     let open_error = |e: rusqlite::Error| Error::Open { path: options.path.clone(), message: e.to_string() };
     let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -204,30 +216,35 @@ fn connect(
     } else if options.create {
         flags |= OpenFlags::SQLITE_OPEN_CREATE;
     }
-    if options.create && !options.read_only && !options.path.exists() {
+    let missing = options.create && !options.read_only && !options.path.try_exists().map_err(|e| open_io(options, e))?;
+    if missing {
         create_in_wal_mode(&options.path)
             .map_err(|message| Error::Open { path: options.path.clone(), message: format!("cannot create it: {message}") })?;
     }
-    let (mut conn, file_lock) = if options.read_only {
+    let mut connected = if options.read_only {
         // Beside another process's connections: SQLite's own locks and shared WAL index.
-        (rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?, None)
+        let conn = rusqlite::Connection::open_with_flags(&options.path, flags).map_err(open_error)?;
+        Connected { conn, file_lock: None, page_size: 0 }
     } else {
         // The actor is the file's only user: SQLite takes no file locks (see `file_lock`), and
         // the file lock taken before the first read keeps other processes off.
         let conn =
             rusqlite::Connection::open_with_flags_and_vfs(&options.path, flags, c"unix-none").map_err(open_error)?;
-        let lock = FileLock::acquire(&options.path).map_err(|e| Error::Open {
-            path: options.path.clone(),
-            message: format!("cannot lock the file: {e}"),
-        })?;
-        let Some(lock) = lock else {
-            return Err(Error::Open {
-                path: options.path.clone(),
-                message: "the file is open in another process".into(),
-            });
-        };
-        (conn, Some(lock))
+        match FileLock::acquire_within(&options.path, LOCK_TIMEOUT) {
+            Ok(Some(lock)) => Connected { conn, file_lock: Some(lock), page_size: 0 },
+            Ok(None) => {
+                return Err(Error::Open {
+                    path: options.path.clone(),
+                    message: format!(
+                        "the file stayed locked for {} s: another process has it open (or it is opened twice here)",
+                        LOCK_TIMEOUT.as_secs()
+                    ),
+                });
+            }
+            Err(e) => return Err(Error::Open { path: options.path.clone(), message: format!("cannot lock the file: {e}") }),
+        }
     };
+    let conn = &mut connected.conn;
     if !options.read_only {
         // No WAL index in shared memory (`unix-none` has none): it lives on the heap only if the
         // mode is exclusive when the WAL is opened, and a pragma that reads the schema
@@ -272,7 +289,7 @@ fn connect(
     let page_size = page_size.max(512) as u64;
     let max_pages = (options.limits.max_database_bytes / page_size).clamp(1, i64::MAX as u64) as i64;
     conn.pragma_update(None, "max_page_count", max_pages).map_err(open_error)?;
-    authorizer.install(&mut conn).map_err(open_error)?;
+    authorizer.install(conn).map_err(open_error)?;
     let watched = Arc::clone(deadline);
     conn.progress_handler(
         1000,
@@ -282,7 +299,12 @@ fn connect(
         }),
     )
     .map_err(open_error)?;
-    Ok((conn, file_lock, page_size))
+    connected.page_size = page_size;
+    Ok(connected)
+}
+
+fn open_io(options: &DatabaseOptions, e: std::io::Error) -> Error {
+    Error::Open { path: options.path.clone(), message: e.to_string() }
 }
 
 /// Creates a new database file already in WAL mode: built under another name with no syncs and
@@ -314,6 +336,16 @@ fn create_in_wal_mode(path: &Path) -> std::result::Result<(), String> {
         }
     }
     std::fs::File::open(&building).and_then(|f| f.sync_data()).map_err(|e| e.to_string())?;
+    // A WAL or journal left without its database (a file removed by hand, a copy restored in
+    // part) would be replayed onto the new one; SQLite drops them beside an empty file, which
+    // this one is not. Nothing owns them while the database is missing.
+    for leftover in ["-wal", "-shm", "-journal"] {
+        match std::fs::remove_file(format!("{}{leftover}", path.display())) {
+            Ok(()) => tracing::warn!(path = %path.display(), leftover, "removed what a missing database left behind"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
     std::fs::rename(&building, path).map_err(|e| e.to_string())
 }
 
@@ -349,11 +381,12 @@ impl Database {
         let deadline = Arc::new(AtomicU64::new(0));
         let epoch = Instant::now();
         let wal = Arc::new(WalProgress::default());
-        let (conn, file_lock, page_size) = connect(options, &authorizer, &deadline, epoch, &wal)?;
+        let connected = connect(options, &authorizer, &deadline, epoch, &wal)?;
+        let conn = &connected.conn;
         let mut history_full_since = None;
         let history = match &options.history {
             Some(settings) => match authorizer.internal(|| {
-                History::open(&options.identity, &options.path, &conn, settings.clone(), restore_interrupted)
+                History::open(&options.identity, &options.path, conn, settings.clone(), restore_interrupted)
             }) {
                 Ok(history) => Some(history),
                 Err(e) if !options.read_only && options.shipper.is_none() && is_disk_full(&e.to_string()) => {
@@ -369,13 +402,13 @@ impl Database {
         let mut database = Database {
             statements: HashMap::new(),
             page_one: None,
-            conn,
-            file_lock,
+            conn: connected.conn,
+            file_lock: connected.file_lock,
             authorizer,
             deadline,
             epoch,
             request_timeout: options.request_timeout,
-            page_size,
+            page_size: connected.page_size,
             size: None,
             indexes: HashMap::new(),
             result_budget: options.limits.max_result_bytes,
@@ -831,5 +864,23 @@ mod tests {
         let mut db = Database::open(&DatabaseOptions::new(&path)).unwrap();
         let rows = db.execute(&Request::new(vec![Statement::new("SELECT x FROM t")])).unwrap();
         assert_eq!(rows[0].rows, vec![vec![crate::request::Value::Integer(1)]]);
+    }
+    /// A WAL left without its database is not replayed onto a new one: the new file starts
+    /// empty, as SQLite starts one beside an empty file.
+    #[test]
+    fn a_wal_left_without_its_database_is_not_replayed_onto_a_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db.sqlite");
+        let wal = dir.path().join("db.sqlite-wal");
+        let old = rusqlite::Connection::open(&path).unwrap();
+        old.execute_batch("PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0; CREATE TABLE old (x); INSERT INTO old VALUES (1);")
+            .unwrap();
+        let left = std::fs::read(&wal).unwrap();
+        drop(old);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&wal, left).unwrap();
+        let mut db = Database::open(&DatabaseOptions::new(&path).create(true)).unwrap();
+        let tables = db.execute(&Request::new(vec![Statement::new("SELECT count(*) FROM sqlite_schema")])).unwrap();
+        assert_eq!(tables[0].rows, vec![vec![crate::request::Value::Integer(0)]], "the old WAL was replayed");
     }
 }

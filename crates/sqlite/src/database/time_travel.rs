@@ -297,9 +297,9 @@ impl Database {
         // take no more, nothing more runs on this connection.
         self.poisoned = history.is_broken();
         match connect(&self.options, &self.authorizer, &self.deadline, self.epoch, &self.wal) {
-            Ok((conn, file_lock, _)) => {
-                self.conn = conn;
-                self.file_lock = file_lock;
+            Ok(connected) => {
+                self.conn = connected.conn;
+                self.file_lock = connected.file_lock;
             }
             Err(e) => {
                 self.poisoned = true;
