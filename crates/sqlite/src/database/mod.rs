@@ -216,10 +216,13 @@ fn connect(
     } else if options.create {
         flags |= OpenFlags::SQLITE_OPEN_CREATE;
     }
-    let missing = options.create && !options.read_only && !options.path.try_exists().map_err(|e| open_io(options, e))?;
+    let missing =
+        options.create && !options.read_only && !options.path.try_exists().map_err(|e| open_io(options, e))?;
     if missing {
-        create_in_wal_mode(&options.path)
-            .map_err(|message| Error::Open { path: options.path.clone(), message: format!("cannot create it: {message}") })?;
+        create_in_wal_mode(&options.path).map_err(|message| Error::Open {
+            path: options.path.clone(),
+            message: format!("cannot create it: {message}"),
+        })?;
     }
     let mut connected = if options.read_only {
         // Beside another process's connections: SQLite's own locks and shared WAL index.
@@ -241,7 +244,9 @@ fn connect(
                     ),
                 });
             }
-            Err(e) => return Err(Error::Open { path: options.path.clone(), message: format!("cannot lock the file: {e}") }),
+            Err(e) => {
+                return Err(Error::Open { path: options.path.clone(), message: format!("cannot lock the file: {e}") });
+            }
         }
     };
     let conn = &mut connected.conn;
@@ -873,8 +878,10 @@ mod tests {
         let path = dir.path().join("db.sqlite");
         let wal = dir.path().join("db.sqlite-wal");
         let old = rusqlite::Connection::open(&path).unwrap();
-        old.execute_batch("PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0; CREATE TABLE old (x); INSERT INTO old VALUES (1);")
-            .unwrap();
+        old.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0; CREATE TABLE old (x); INSERT INTO old VALUES (1);",
+        )
+        .unwrap();
         let left = std::fs::read(&wal).unwrap();
         drop(old);
         std::fs::remove_file(&path).unwrap();
