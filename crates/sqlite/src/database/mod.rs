@@ -216,8 +216,9 @@ fn connect(
     } else if options.create {
         flags |= OpenFlags::SQLITE_OPEN_CREATE;
     }
-    let missing =
-        options.create && !options.read_only && !options.path.try_exists().map_err(|e| open_io(options, e))?;
+    let exists =
+        |path: &Path| path.try_exists().map_err(|e| Error::Open { path: path.to_owned(), message: e.to_string() });
+    let missing = options.create && !options.read_only && !exists(&options.path)?;
     if missing {
         create_in_wal_mode(&options.path).map_err(|message| Error::Open {
             path: options.path.clone(),
@@ -308,10 +309,6 @@ fn connect(
     Ok(connected)
 }
 
-fn open_io(options: &DatabaseOptions, e: std::io::Error) -> Error {
-    Error::Open { path: options.path.clone(), message: e.to_string() }
-}
-
 /// Creates a new database file already in WAL mode: built under another name with no syncs and
 /// no rollback journal, synced once, then renamed into place, so the file either is whole or
 /// is not there. Left to SQLite, a new file's switch to WAL writes its first page through a
@@ -321,10 +318,8 @@ fn open_io(options: &DatabaseOptions, e: std::io::Error) -> Error {
 /// the WAL in; until then nothing about the file has been acknowledged.
 fn create_in_wal_mode(path: &Path) -> std::result::Result<(), String> {
     let building = PathBuf::from(format!("{}-new", path.display()));
-    match std::fs::remove_file(&building) {
-        Ok(()) => tracing::warn!(path = %building.display(), "removed a database file a crash left half made"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e.to_string()),
+    if history::remove_if_present(&building).map_err(|e| e.to_string())? {
+        tracing::warn!(path = %building.display(), "removed a database file a crash left half made");
     }
     {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -345,10 +340,8 @@ fn create_in_wal_mode(path: &Path) -> std::result::Result<(), String> {
     // part) would be replayed onto the new one; SQLite drops them beside an empty file, which
     // this one is not. Nothing owns them while the database is missing.
     for leftover in ["-wal", "-shm", "-journal"] {
-        match std::fs::remove_file(format!("{}{leftover}", path.display())) {
-            Ok(()) => tracing::warn!(path = %path.display(), leftover, "removed what a missing database left behind"),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e.to_string()),
+        if history::remove_if_present(Path::new(&format!("{}{leftover}", path.display()))).map_err(|e| e.to_string())? {
+            tracing::warn!(path = %path.display(), leftover, "removed what a missing database left behind");
         }
     }
     std::fs::rename(&building, path).map_err(|e| e.to_string())

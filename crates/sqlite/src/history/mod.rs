@@ -33,6 +33,7 @@ use std::time::Duration;
 pub use bookmark::{Bookmark, MalformedBookmark};
 pub use follow::{Follower, open_elsewhere};
 use record::{HEADER_LEN, Header, Kind, ReadError};
+pub(crate) use segment::remove_if_present;
 use segment::{Entry, OpenSegment, Sealed, sync_dir};
 pub use ship::{LogShipper, LogView, SegmentView, ShipError, segment_file_name, snapshot_file_name};
 use snapshot::SnapshotWriter;
@@ -229,10 +230,8 @@ pub(crate) fn finish_interrupted_restore(db_path: &Path) -> Result<bool> {
 
 /// As [`finish_interrupted_restore`], for a history kept in `dir`.
 fn finish_interrupted_restore_in(db_path: &Path, dir: &Path) -> Result<bool> {
-    match std::fs::remove_file(restore_image_path(db_path)) {
-        Ok(()) => tracing::warn!(db = %db_path.display(), "removed an unfinished restore image"),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_error("removing an unfinished restore image")(e)),
+    if remove_if_present(&restore_image_path(db_path)).map_err(io_error("removing an unfinished restore image"))? {
+        tracing::warn!(db = %db_path.display(), "removed an unfinished restore image");
     }
     let dir = dir.to_owned();
     let Some(marker) = read_marker(&dir, RESTORE_MARKER)? else { return Ok(false) };
@@ -293,11 +292,7 @@ fn build_image(db_path: &Path, plan: &RestorePlan, page_size: u32) -> Result<(Pa
 fn swap_in(db_path: &Path, tmp: &Path) -> Result<()> {
     std::fs::rename(tmp, db_path).map_err(io_error("replacing the database file"))?;
     for leftover in [wal_path(db_path), db_path.with_extension("sqlite-shm")] {
-        match std::fs::remove_file(&leftover) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_error("removing the old WAL")(e)),
-        }
+        remove_if_present(&leftover).map_err(io_error("removing the old WAL"))?;
     }
     sync_dir(db_path.parent().unwrap_or(Path::new("."))).map_err(io_error("syncing the database directory"))
 }

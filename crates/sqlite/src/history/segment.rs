@@ -513,6 +513,15 @@ fn all_zero(file: &File, from: u64, to: u64) -> io::Result<bool> {
     Ok(true)
 }
 
+/// Removes the file at `path`; whether there was one.
+pub(crate) fn remove_if_present(path: &Path) -> io::Result<bool> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Makes a directory's entries (creations, renames, removals) durable.
 pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()

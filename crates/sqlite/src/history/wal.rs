@@ -62,7 +62,7 @@ pub(crate) fn end_of_frames(page_size: u32, frames: u32) -> u64 {
 }
 
 fn frame_offset(header: &WalHeader, frame: u32) -> u64 {
-    WAL_HEADER_LEN + (frame as u64 - 1) * (FRAME_HEADER_LEN + header.page_size as u64)
+    end_of_frames(header.page_size, frame - 1)
 }
 
 /// Frames of the log, read for capturing. A small range (the usual: one commit's few pages) is
