@@ -145,8 +145,9 @@ pub struct Settings {
     #[arg(long, default_value_t = 2000)]
     pub peer_ops: u64,
     /// Run only these kura workloads (comma-separated; d1: floor1, floor16, select16, select1,
-    /// insert1, insert16, batch1, batch4; do: sdk16, sdk1, cold, http16, http1, memory;
-    /// cluster: engine, takeover, d1, r2), skipping the limit and the peer; for profiling.
+    /// insert1, insert16, batch1, batch4; do: sdk16, sdk1, cold, http16, http1, memory, and
+    /// the limit's limit16, limit1, limitcold; cluster: engine, takeover, d1, r2), skipping the
+    /// peer (and, but for do's, the limit); for profiling.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Where to keep data files (default: the system's temporary directory).
