@@ -113,18 +113,16 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
     };
 
     if !settings.only.is_empty() {
-        for (name, stats) in
-            [
-                ("sdk16", sdk_16),
-                ("sdk1", sdk_1),
-                ("cold", cold),
-                ("http16", http_16),
-                ("http1", http_1),
-                ("limit16", limit_16),
-                ("limit1", limit_1),
-                ("limitcold", limit_cold),
-            ]
-        {
+        for (name, stats) in [
+            ("sdk16", sdk_16),
+            ("sdk1", sdk_1),
+            ("cold", cold),
+            ("http16", http_16),
+            ("http1", http_1),
+            ("limit16", limit_16),
+            ("limit1", limit_1),
+            ("limitcold", limit_cold),
+        ] {
             if stats.units > 0 {
                 println!("{name}: {:.0}/s p50 {:?} p99 {:?}", stats.rate(), stats.p50, stats.p99);
             }

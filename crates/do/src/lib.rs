@@ -831,8 +831,11 @@ fn open_options(
         }
         Some((ns, id)) if is_hex(ns, 32) && is_hex(id, 64) => {
             let dir = root.join(ns).join(&id[..2]).join(id);
-            let mut options =
-                DatabaseOptions::new(dir.join("db.sqlite")).create(true).compact(true).history(history.clone(), key);
+            let mut options = DatabaseOptions::new(dir.join("db.sqlite"))
+                .create(true)
+                .compact(true)
+                .reports_size(false)
+                .history(history.clone(), key);
             options.limits = Limits::durable_object();
             match cluster {
                 Some(cluster) => cluster.objects.shipper(key).map(|shipper| options.shipper(shipper)),

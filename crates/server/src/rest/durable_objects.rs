@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json, json};
 
 use kura_catalog::{DoNamespace, NewDoNamespace};
@@ -381,7 +381,15 @@ pub async fn batch(
             batch.operations.into_iter().map(|op| apply(storage, op)).collect::<kura_do::Result<Vec<_>>>()
         })
         .await?;
-    Ok(ok(json!({ "id": id.to_string(), "name": id.name(), "results": results })))
+    Ok(ok(BatchAnswer { id: id.to_string(), name: id.name(), results }))
+}
+
+/// A batch's answer: the object, and one result per operation.
+#[derive(Serialize)]
+struct BatchAnswer<'a> {
+    id: String,
+    name: Option<&'a str>,
+    results: Vec<Json>,
 }
 
 #[derive(Deserialize)]

@@ -56,6 +56,10 @@ pub struct DatabaseOptions {
     pub shipper: Option<Arc<dyn LogShipper>>,
     /// Where the database's commits are counted (its registry's figures, set by the registry).
     pub stats: Option<(Arc<crate::stats::Stats>, Arc<crate::stats::DatabaseFigures>)>,
+    /// Measure the database's size after every write statement, for D1's `size_after` and
+    /// `changed_db`. A Durable Object's storage asks for its size only when its code does
+    /// (`databaseSize`): measuring it after each write was a twentieth of its requests' time.
+    pub reports_size: bool,
 }
 
 /// The page cache of a compact database, in KiB (SQLite's default is 2,000).
@@ -75,6 +79,7 @@ impl DatabaseOptions {
             read_only: false,
             shipper: None,
             stats: None,
+            reports_size: true,
         }
     }
 
@@ -101,6 +106,13 @@ impl DatabaseOptions {
     pub fn history(mut self, settings: HistorySettings, identity: impl Into<String>) -> Self {
         self.history = Some(settings);
         self.identity = identity.into();
+        self
+    }
+
+    /// Whether each write statement's result carries the database's size after it (see
+    /// [`DatabaseOptions::reports_size`]).
+    pub fn reports_size(mut self, reports_size: bool) -> Self {
+        self.reports_size = reports_size;
         self
     }
 
@@ -626,9 +638,11 @@ impl Database {
         let started = Instant::now();
         let total_before = unsafe { ffi::sqlite3_total_changes64(db) };
         let last_before = unsafe { ffi::sqlite3_last_insert_rowid(db) };
+        let reports_size = self.options.reports_size;
         let size_before = match self.size {
             Some(size) => size,
-            None => self.measure_size()?,
+            None if reports_size => self.measure_size()?,
+            None => 0,
         };
         let reserved_before = if facts.alters_table { self.count_reserved_names()? } else { 0 };
         // `IF NOT EXISTS` on an object that exists creates nothing and writes no schema row.
@@ -662,7 +676,7 @@ impl Database {
         if facts.changes_schema {
             self.indexes.clear();
         }
-        let size_after = if readonly { size_before } else { self.measure_size()? };
+        let size_after = if readonly || !reports_size { size_before } else { self.measure_size()? };
         let created = match schema_before {
             Some(before) => self.schema_version()? != before,
             None => false,
@@ -882,5 +896,24 @@ mod tests {
         let mut db = Database::open(&DatabaseOptions::new(&path).create(true)).unwrap();
         let tables = db.execute(&Request::new(vec![Statement::new("SELECT count(*) FROM sqlite_schema")])).unwrap();
         assert_eq!(tables[0].rows, vec![vec![crate::request::Value::Integer(0)]], "the old WAL was replayed");
+    }
+
+    /// A database that does not report its size (a Durable Object's) still counts its writes
+    /// and answers its size when asked; one that does (D1's) reports it after every write.
+    #[test]
+    fn size_after_each_write_is_measured_only_where_it_is_reported() {
+        for reports_size in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let options = DatabaseOptions::new(dir.path().join("db.sqlite")).create(true).reports_size(reports_size);
+            let mut db = Database::open(&options).unwrap();
+            let write = "CREATE TABLE t (x); INSERT INTO t VALUES (zeroblob(20000))";
+            let results = db.execute(&Request::new(vec![Statement::new(write)])).unwrap();
+            let insert = &results[1].meta;
+            assert_eq!((insert.changes, insert.changed_db), (1, true), "reports_size {reports_size}");
+            let size = db.size().unwrap();
+            assert!(size > 20_000, "the database holds the blob: {size} bytes");
+            let expected = if reports_size { size } else { 0 };
+            assert_eq!(insert.size_after, expected, "reports_size {reports_size}");
+        }
     }
 }
