@@ -99,7 +99,9 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
 
     // Beside kura's phases, before the memory phase: its hundred thousand files leave the disk
     // busy with writeback for a while, which would lower the limit and flatter kura's ratios.
-    eprintln!("measuring the physical limit (one SQLite file per object, WAL, synchronous=FULL)…");
+    if wanted("limit16") || wanted("limit1") || wanted("limitcold") {
+        eprintln!("measuring the physical limit (one SQLite file per object, WAL, synchronous=FULL)…");
+    }
     let limit_dir = scratch.path().join("limit");
     let limit_16 = if wanted("limit16") { limit(&limit_dir, CLIENTS, duration)? } else { Stats::default() };
     let limit_1 = if wanted("limit1") { limit(&limit_dir, 1, duration)? } else { Stats::default() };

@@ -640,9 +640,9 @@ impl Database {
         let last_before = unsafe { ffi::sqlite3_last_insert_rowid(db) };
         let reports_size = self.options.reports_size;
         let size_before = match self.size {
+            _ if !reports_size => 0,
             Some(size) => size,
-            None if reports_size => self.measure_size()?,
-            None => 0,
+            None => self.measure_size()?,
         };
         let reserved_before = if facts.alters_table { self.count_reserved_names()? } else { 0 };
         // `IF NOT EXISTS` on an object that exists creates nothing and writes no schema row.
@@ -914,6 +914,10 @@ mod tests {
             assert!(size > 20_000, "the database holds the blob: {size} bytes");
             let expected = if reports_size { size } else { 0 };
             assert_eq!(insert.size_after, expected, "reports_size {reports_size}");
+            // Measured on request, the size is not carried into later writes' results.
+            let again = db.execute(&Request::new(vec![Statement::new("INSERT INTO t VALUES (1)")])).unwrap();
+            let expected = if reports_size { db.size().unwrap() } else { 0 };
+            assert_eq!(again[0].meta.size_after, expected, "reports_size {reports_size}");
         }
     }
 }
