@@ -10,14 +10,15 @@
 //!   compares the owner key's `create_revision` with the lease's epoch, so a replaced owner's
 //!   publish cannot land.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
@@ -304,7 +305,19 @@ pub struct EtcdCoordinator {
     client: Arc<EtcdClient>,
     prefix: String,
     ttl: Duration,
-    session: Mutex<Option<Session>>,
+    /// This node's session; its keeper holds it weakly, to open the next one should it expire.
+    session: Arc<Mutex<Option<Session>>>,
+}
+
+/// What opens and renews this node's sessions: the coordinator, or the keeper of a session
+/// that expired, which opens the next one itself.
+#[derive(Debug, Clone)]
+struct SessionHost {
+    client: Arc<EtcdClient>,
+    prefix: String,
+    ttl: Duration,
+    /// The coordinator's session; gone once the coordinator is dropped (its keeper then stops).
+    slot: Weak<Mutex<Option<Session>>>,
 }
 
 #[derive(Debug)]
@@ -326,7 +339,16 @@ impl EtcdCoordinator {
     /// lease of `ttl`.
     pub fn new(client: EtcdClient, prefix: &str, ttl: Duration) -> Self {
         let prefix = format!("{}/", prefix.trim_end_matches('/'));
-        EtcdCoordinator { client: Arc::new(client), prefix, ttl, session: Mutex::new(None) }
+        EtcdCoordinator { client: Arc::new(client), prefix, ttl, session: Arc::new(Mutex::new(None)) }
+    }
+
+    fn session_host(&self) -> SessionHost {
+        SessionHost {
+            client: self.client.clone(),
+            prefix: self.prefix.clone(),
+            ttl: self.ttl,
+            slot: Arc::downgrade(&self.session),
+        }
     }
 
     fn key(&self, parts: &[&str]) -> Vec<u8> {
@@ -369,27 +391,6 @@ impl EtcdCoordinator {
         seq.ok_or_else(|| corrupt(&String::from_utf8_lossy(&last.key), "not a manifest position"))
     }
 
-    /// Renews the session every third of its TTL; on expiry, the leases it carried are gone
-    /// (their clock is lost) and a new session is opened for leases taken from then on.
-    async fn keep(client: Arc<EtcdClient>, lease: i64, clock: Arc<LeaseClock>, ttl: Duration) {
-        loop {
-            tokio::time::sleep(ttl / 3).await;
-            if !clock.is_valid() {
-                tracing::warn!(lease, "the etcd session's renewal is late: this node's leases lapsed meanwhile");
-            }
-            let sent = Instant::now();
-            match client.keep_alive(lease).await {
-                Ok(Some(granted)) => clock.renewed(sent, granted),
-                Ok(None) => {
-                    tracing::warn!(lease, "the etcd session expired: this node's leases have ended");
-                    clock.lose();
-                    return;
-                }
-                Err(error) => tracing::warn!(%error, "renewing the etcd session failed; retrying"),
-            }
-        }
-    }
-
     /// Opens a fresh session if the current one expired (a pause longer than the TTL). The
     /// session stays locked from the check to the new session's start: requests that all find
     /// it expired at once open one session between them, not one each with the member entry
@@ -400,24 +401,92 @@ impl EtcdCoordinator {
             Some(s) if !s.clock.is_valid() => s.member.clone(),
             _ => return Ok(()),
         };
-        self.open_session(&mut session, member).await
+        let previous = self.session_host().open_session(&mut session, member).await?;
+        end_session(previous);
+        Ok(())
     }
+}
 
+/// Stops a replaced session's renewals; the leases it carried have ended.
+fn end_session(session: Option<Session>) {
+    if let Some(session) = session {
+        session.keeper.abort();
+        session.clock.lose();
+    }
+}
+
+impl SessionHost {
     /// Grants a session lease, enters `member` on it and keeps it renewed, in place of the
-    /// session in `slot` (whose renewals stop).
-    async fn open_session(&self, slot: &mut Option<Session>, member: Member) -> Result<(), CoordinatorError> {
+    /// session in `slot`, which it answers (its renewals are the caller's to stop).
+    async fn open_session(
+        &self,
+        slot: &mut Option<Session>,
+        member: Member,
+    ) -> Result<Option<Session>, CoordinatorError> {
         let sent = Instant::now();
         let (lease, granted) = self.client.grant(self.ttl).await?;
         let clock = LeaseClock::new();
         clock.renewed(sent, granted);
         let value = serde_json::to_vec(&member).expect("a member serialises");
-        self.client.put(&self.key(&["members", &member.node]), &value, lease).await?;
-        let keeper = tokio::spawn(Self::keep(self.client.clone(), lease, clock.clone(), granted));
-        if let Some(previous) = slot.replace(Session { lease, clock, member, keeper }) {
-            previous.keeper.abort();
-            previous.clock.lose();
+        let key = format!("{}members/{}", self.prefix, member.node);
+        self.client.put(key.as_bytes(), &value, lease).await?;
+        let keeper = tokio::spawn(self.clone().keep(lease, clock.clone(), granted));
+        Ok(slot.replace(Session { lease, clock, member, keeper }))
+    }
+
+    /// Renews the session every third of its TTL. On expiry, the leases it carried are gone
+    /// (their clock is lost) and the keeper opens the next session itself, so a node with
+    /// nothing to acquire is back among the members within a renewal (it would otherwise stay
+    /// out of them until its next acquire). Boxed: the next session's keeper is this future.
+    fn keep(self, lease: i64, clock: Arc<LeaseClock>, ttl: Duration) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                if self.slot.strong_count() == 0 {
+                    return; // the coordinator is gone: its leases run out as a stopped node's
+                }
+                if !clock.is_valid() {
+                    tracing::warn!(lease, "the etcd session's renewal is late: this node's leases lapsed meanwhile");
+                }
+                let sent = Instant::now();
+                match self.client.keep_alive(lease).await {
+                    Ok(Some(granted)) => clock.renewed(sent, granted),
+                    Ok(None) => {
+                        tracing::warn!(lease, "the etcd session expired: this node's leases have ended");
+                        clock.lose();
+                        return self.rejoin_after(lease).await;
+                    }
+                    Err(error) => tracing::warn!(%error, "renewing the etcd session failed; retrying"),
+                }
+            }
+        })
+    }
+
+    /// Opens a new session in place of the expired `lease`, unless one already replaced it (an
+    /// acquire that found it expired) or the coordinator is gone; retried until etcd answers.
+    async fn rejoin_after(&self, expired: i64) {
+        loop {
+            let Some(slot) = self.slot.upgrade() else { return };
+            let mut session = slot.lock().await;
+            let member = match session.as_ref() {
+                Some(s) if s.lease == expired => s.member.clone(),
+                _ => return,
+            };
+            match self.open_session(&mut session, member).await {
+                Ok(previous) => {
+                    // This keeper's own session: its clock is lost already, and it ends here.
+                    drop(previous);
+                    tracing::info!(expired, "rejoined the cluster with a new etcd session");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "rejoining the cluster after the session expired failed; retrying")
+                }
+            }
+            drop(session);
+            drop(slot);
+            tokio::time::sleep(self.ttl / 3).await;
         }
-        Ok(())
     }
 }
 
@@ -432,9 +501,10 @@ impl EtcdCoordinator {
 impl Drop for EtcdCoordinator {
     /// A dropped coordinator stops renewing: its leases run out as a stopped node's would.
     fn drop(&mut self) {
-        if let Some(session) = self.session.get_mut().take() {
-            session.keeper.abort();
-            session.clock.lose();
+        // A keeper busy opening the next session holds the lock; it finds the coordinator
+        // gone at its next renewal and stops.
+        if let Ok(mut session) = self.session.try_lock() {
+            end_session(session.take());
         }
     }
 }
@@ -447,7 +517,9 @@ impl Coordinator for EtcdCoordinator {
 
     async fn join(&self, member: Member) -> Result<(), CoordinatorError> {
         let mut session = self.session.lock().await;
-        self.open_session(&mut session, member).await
+        let previous = self.session_host().open_session(&mut session, member).await?;
+        end_session(previous);
+        Ok(())
     }
 
     async fn members(&self) -> Result<Vec<Member>, CoordinatorError> {

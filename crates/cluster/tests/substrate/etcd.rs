@@ -120,3 +120,31 @@ async fn a_node_resumed_with_many_requests_rejoins_once_and_stays_a_member() {
     let members: Vec<String> = resumed.members().await.unwrap().into_iter().map(|m| m.node).collect();
     assert_eq!(members, ["resumed"], "still a live member once the abandoned leases ran out");
 }
+
+/// A node whose session etcd ended while it had nothing to do (paused past its TTL, say)
+/// opens the next one at its next renewal, acquiring nothing: it is a member again, its entry
+/// on the new session's lease, rather than missing from the members until its next acquire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_node_whose_session_expired_is_a_member_again_without_acquiring() {
+    let etcd = Etcd::start();
+    let ttl = Duration::from_secs(2);
+    let idle = coordinator(&etcd, 0, ttl);
+    idle.join(member("idle")).await.unwrap();
+    let client = EtcdClient::new(etcd.endpoints.clone());
+    let first = idle.session_lease().await.unwrap();
+    client.revoke(first).await.unwrap();
+    assert!(client.get(b"/kura/test/members/idle").await.unwrap().is_none(), "the entry went with its lease");
+
+    let deadline = std::time::Instant::now() + ttl * 3;
+    let names = || async { idle.members().await.unwrap().into_iter().map(|m| m.node).collect::<Vec<_>>() };
+    while names().await.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the idle node did not rejoin within {:?}", ttl * 3);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let session = idle.session_lease().await.unwrap();
+    assert_ne!(session, first, "a new session");
+    let entry = client.get(b"/kura/test/members/idle").await.unwrap().expect("a member entry");
+    assert_eq!(entry.lease, session, "the member entry hangs off the new session's lease");
+    tokio::time::sleep(ttl * 2).await;
+    assert_eq!(names().await, ["idle"], "still a member, its new session renewed");
+}
