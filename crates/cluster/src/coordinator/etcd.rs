@@ -429,7 +429,11 @@ impl SessionHost {
         clock.renewed(sent, granted);
         let value = serde_json::to_vec(&member).expect("a member serialises");
         let key = format!("{}members/{}", self.prefix, member.node);
-        self.client.put(key.as_bytes(), &value, lease).await?;
+        if let Err(error) = self.client.put(key.as_bytes(), &value, lease).await {
+            // Not left to run out: a retried rejoin would leave one such lease per attempt.
+            let _ = self.client.revoke(lease).await;
+            return Err(error);
+        }
         let keeper = tokio::spawn(self.clone().keep(lease, clock.clone(), granted));
         Ok(slot.replace(Session { lease, clock, member, keeper }))
     }
@@ -476,6 +480,15 @@ impl SessionHost {
                 Ok(previous) => {
                     // This keeper's own session: its clock is lost already, and it ends here.
                     drop(previous);
+                    if Arc::strong_count(&slot) == 1 {
+                        // The coordinator was dropped meanwhile: a stopped node announces nothing.
+                        if let Some(new) = session.take() {
+                            let lease = new.lease;
+                            end_session(Some(new));
+                            let _ = self.client.revoke(lease).await;
+                        }
+                        return;
+                    }
                     tracing::info!(expired, "rejoined the cluster with a new etcd session");
                     return;
                 }

@@ -87,7 +87,9 @@ async fn ownership_survives_one_etcd_member_stopped() {
 /// session expired at once: it opens one new session, and its member entry and every
 /// ownership it takes hang off that session's lease, so it stays a live member after the
 /// leases it did not keep run out (a member entry left on an abandoned lease made the other
-/// nodes call the new owner "not a live member" for good).
+/// nodes call the new owner "not a live member" for good). Its keeper, which learns of the
+/// expiry at its next renewal, opens the next session itself, so the acquires here may find
+/// it already open; either way one session serves them all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_resumed_with_many_requests_rejoins_once_and_stays_a_member() {
     let etcd = Etcd::start();
