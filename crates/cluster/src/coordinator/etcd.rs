@@ -352,7 +352,7 @@ impl EtcdCoordinator {
     }
 
     fn key(&self, parts: &[&str]) -> Vec<u8> {
-        format!("{}{}", self.prefix, parts.join("/")).into_bytes()
+        key_under(&self.prefix, parts)
     }
 
     fn manifest_prefix(&self, resource: &str) -> Vec<u8> {
@@ -407,6 +407,11 @@ impl EtcdCoordinator {
     }
 }
 
+/// The etcd key of `parts` under `prefix` (which ends in `/`).
+fn key_under(prefix: &str, parts: &[&str]) -> Vec<u8> {
+    format!("{prefix}{}", parts.join("/")).into_bytes()
+}
+
 /// Stops a replaced session's renewals; the leases it carried have ended.
 fn end_session(session: Option<Session>) {
     if let Some(session) = session {
@@ -428,8 +433,8 @@ impl SessionHost {
         let clock = LeaseClock::new();
         clock.renewed(sent, granted);
         let value = serde_json::to_vec(&member).expect("a member serialises");
-        let key = format!("{}members/{}", self.prefix, member.node);
-        if let Err(error) = self.client.put(key.as_bytes(), &value, lease).await {
+        let key = key_under(&self.prefix, &["members", &member.node]);
+        if let Err(error) = self.client.put(&key, &value, lease).await {
             // Not left to run out: a retried rejoin would leave one such lease per attempt.
             let _ = self.client.revoke(lease).await;
             return Err(error);
@@ -477,19 +482,17 @@ impl SessionHost {
                 _ => return,
             };
             match self.open_session(&mut session, member).await {
-                Ok(previous) => {
-                    // This keeper's own session: its clock is lost already, and it ends here.
-                    drop(previous);
-                    if Arc::strong_count(&slot) == 1 {
+                // The session replaced is this keeper's own: its clock is lost already, and the
+                // keeper ends here.
+                Ok(_expired) => {
+                    if Arc::strong_count(&slot) > 1 {
+                        tracing::info!(expired, "rejoined the cluster with a new etcd session");
+                    } else if let Some(new) = session.take() {
                         // The coordinator was dropped meanwhile: a stopped node announces nothing.
-                        if let Some(new) = session.take() {
-                            let lease = new.lease;
-                            end_session(Some(new));
-                            let _ = self.client.revoke(lease).await;
-                        }
-                        return;
+                        let lease = new.lease;
+                        end_session(Some(new));
+                        let _ = self.client.revoke(lease).await;
                     }
-                    tracing::info!(expired, "rejoined the cluster with a new etcd session");
                     return;
                 }
                 Err(error) => {
