@@ -13,6 +13,7 @@ use crate::load::{self, Stats};
 use crate::report::{self, Row};
 use crate::{Settings, limit, peer, worker};
 
+use crate::commit_floor::CommitFloor;
 use crate::server::{Kura, TOKEN};
 pub(crate) const ROWS: i64 = 10_000;
 
@@ -62,8 +63,10 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
     let scratch = settings.scratch_dir()?;
     let duration = Duration::from_secs_f64(settings.seconds);
     let kura = Kura::start(&scratch.path().join("kura"), true).context("starting kura")?;
+    let commit_floor = CommitFloor::start(&scratch.path().join("commit-floor")).context("starting the commit floor")?;
     let client_runtime = crate::load::client_runtime()?;
-    let figures = client_runtime.block_on(measure_kura(&kura.base, duration, &settings.only))?;
+    let figures = client_runtime.block_on(measure_kura(&kura.base, &commit_floor.url, duration, &settings.only))?;
+    drop(commit_floor);
     kura.shutdown();
     let log_cost = if settings.only.is_empty() {
         eprintln!("measuring Time Travel's log: the same server with capture on and off, alternating…");
@@ -179,7 +182,16 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
             target: Some(2_500.0),
         },
         Row {
-            workload: "INSERT vs 1 round trip + 1 fsync (>= 0.80x)".into(),
+            workload: "INSERT vs a server that commits once per request (>= 0.80x)".into(),
+            clients: 1,
+            unit: "rows",
+            kura: figures.insert_1,
+            peer: None,
+            limit: Some(figures.commit_floor_1),
+            target: None,
+        },
+        Row {
+            workload: "INSERT vs 1 round trip + 1 fsync, measured apart".into(),
             clients: 1,
             unit: "rows",
             kura: figures.insert_1,
@@ -280,6 +292,8 @@ struct KuraFigures {
     select_16: Stats,
     select_1: Stats,
     insert_1: Stats,
+    /// One client's single-row writes to [`CommitFloor`], in turns with `insert_1`.
+    commit_floor_1: Stats,
     insert_16: Stats,
     batch_1: Stats,
     batch_4: Stats,
@@ -293,6 +307,7 @@ impl KuraFigures {
             ("select16", self.select_16),
             ("select1", self.select_1),
             ("insert1", self.insert_1),
+            ("commitfloor1", self.commit_floor_1),
             ("insert16", self.insert_16),
             ("batch1", self.batch_1),
             ("batch4", self.batch_4),
@@ -327,8 +342,19 @@ async fn measure_log_cost(with: &str, without: &str, duration: Duration) -> anyh
 
 /// Single-row durable INSERTs from `clients` concurrent clients.
 async fn insert_load(client: &Client, next_id: &Arc<AtomicI64>, clients: usize, duration: Duration) -> Stats {
+    let (latencies, units, elapsed) = insert_load_timed(client, next_id, clients, duration).await;
+    Stats::from_latencies(latencies, units, elapsed)
+}
+
+/// [`insert_load`], answering [`load::run_timed`]'s figures.
+async fn insert_load_timed(
+    client: &Client,
+    next_id: &Arc<AtomicI64>,
+    clients: usize,
+    duration: Duration,
+) -> (Vec<Duration>, u64, Duration) {
     let (client, next_id) = (client.clone(), Arc::clone(next_id));
-    load::run(clients, duration, move |_, _| {
+    load::run_timed(clients, duration, move |_, _| {
         let (client, id) = (client.clone(), next_id.fetch_add(1, Ordering::Relaxed));
         async move {
             client.send(format!(r#"{{"sql":"INSERT INTO kv (id, v) VALUES (?, ?)","params":[{id},"w"]}}"#)).await;
@@ -361,7 +387,12 @@ pub(crate) async fn prepare(base: &str) -> anyhow::Result<Client> {
     Ok(client)
 }
 
-async fn measure_kura(base: &str, duration: Duration, only: &[String]) -> anyhow::Result<KuraFigures> {
+async fn measure_kura(
+    base: &str,
+    commit_floor: &str,
+    duration: Duration,
+    only: &[String],
+) -> anyhow::Result<KuraFigures> {
     let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let mut figures = KuraFigures::default();
     let client = prepare(base).await?;
@@ -396,7 +427,14 @@ async fn measure_kura(base: &str, duration: Duration, only: &[String]) -> anyhow
     let next_id = Arc::new(AtomicI64::new(1_000_000));
     let insert = |clients| insert_load(&client, &next_id, clients, duration);
     if wanted("insert1") {
-        figures.insert_1 = insert(1).await;
+        // Against the server that only commits, in turns: the ratio is the figure that counts.
+        let floor = Client { http: client.http.clone(), query: commit_floor.into(), uuid: "".into() };
+        let [kura, floor] = load::alternately(duration, |i, slice| {
+            insert_load_timed(if i == 0 { &client } else { &floor }, &next_id, 1, slice)
+        })
+        .await;
+        figures.insert_1 = kura;
+        figures.commit_floor_1 = floor;
     }
     if wanted("insert16") {
         figures.insert_16 = insert(16).await;

@@ -46,6 +46,16 @@ where
     F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = u64> + Send,
 {
+    let (latencies, units, elapsed) = run_timed(clients, duration, op).await;
+    Stats::from_latencies(latencies, units, elapsed)
+}
+
+/// Runs a load as [`run`] does; answers every unit's latency, the units and the wall time.
+pub async fn run_timed<F, Fut>(clients: usize, duration: Duration, op: F) -> (Vec<Duration>, u64, Duration)
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = u64> + Send,
+{
     let start = Instant::now();
     let deadline = start + duration;
     let mut tasks = Vec::new();
@@ -71,7 +81,7 @@ where
         all.extend(latencies);
         units += u;
     }
-    Stats::from_latencies(all, units, start.elapsed())
+    (all, units, start.elapsed())
 }
 
 /// The HTTP floor: `clients` clients of `http` fetching `url` (a server's `/healthz`: no auth,
@@ -87,4 +97,26 @@ pub async fn http_floor(http: &reqwest::Client, url: &str, clients: usize, durat
         }
     })
     .await
+}
+
+/// Two loads measured in turns of one second until each has run about `duration`: on a noisy
+/// machine both meet the same moments, so their ratio holds where either alone would wander.
+/// `load(i, slice)` runs load `i` (0 or 1) for `slice` and answers [`run_timed`]'s figures.
+pub async fn alternately<F, Fut>(duration: Duration, load: F) -> [Stats; 2]
+where
+    F: Fn(usize, Duration) -> Fut,
+    Fut: Future<Output = (Vec<Duration>, u64, Duration)>,
+{
+    let slice = Duration::from_secs(1);
+    let slices = (duration.as_secs_f64() / slice.as_secs_f64()).round().max(1.0) as usize;
+    let mut totals: [(Vec<Duration>, u64, Duration); 2] = Default::default();
+    for _ in 0..slices {
+        for (i, total) in totals.iter_mut().enumerate() {
+            let (latencies, units, elapsed) = load(i, slice).await;
+            total.0.extend(latencies);
+            total.1 += units;
+            total.2 += elapsed;
+        }
+    }
+    totals.map(|(latencies, units, elapsed)| Stats::from_latencies(latencies, units, elapsed))
 }

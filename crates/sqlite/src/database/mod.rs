@@ -270,7 +270,7 @@ fn connect(
         conn.pragma_update(None, "locking_mode", "EXCLUSIVE").map_err(open_error)?;
     }
     if options.compact {
-        make_compact(&conn).map_err(open_error)?;
+        make_compact(conn).map_err(open_error)?;
     }
     if options.history.is_some() {
         // Only the history checkpoints, and only frames already in its log: registering the
@@ -302,7 +302,7 @@ fn connect(
     // Stable plans: without this, STAT4 builds re-prepare a cached statement whenever a
     // bound value the planner looked at changes, which is on nearly every call.
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(open_error)?;
-    options.limits.apply(&conn).map_err(open_error)?;
+    options.limits.apply(conn).map_err(open_error)?;
     let page_size: i64 = conn.pragma_query_value(None, "page_size", |r| r.get(0)).map_err(open_error)?;
     let page_size = page_size.max(512) as u64;
     let max_pages = (options.limits.max_database_bytes / page_size).clamp(1, i64::MAX as u64) as i64;
