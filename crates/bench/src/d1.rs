@@ -13,7 +13,7 @@ use crate::load::{self, Stats};
 use crate::report::{self, Row};
 use crate::{Settings, limit, peer, worker};
 
-use crate::commit_floor::CommitFloor;
+use crate::floor_server::FloorServer;
 use crate::server::{Kura, TOKEN};
 pub(crate) const ROWS: i64 = 10_000;
 
@@ -63,9 +63,11 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
     let scratch = settings.scratch_dir()?;
     let duration = Duration::from_secs_f64(settings.seconds);
     let kura = Kura::start(&scratch.path().join("kura"), true).context("starting kura")?;
-    let commit_floor = CommitFloor::start(&scratch.path().join("commit-floor")).context("starting the commit floor")?;
+    let commit_floor =
+        FloorServer::commit(&scratch.path().join("commit-floor")).context("starting the commit floor")?;
+    let commit_url = format!("{}/commit", commit_floor.base);
     let client_runtime = crate::load::client_runtime()?;
-    let figures = client_runtime.block_on(measure_kura(&kura.base, &commit_floor.url, duration, &settings.only))?;
+    let figures = client_runtime.block_on(measure_kura(&kura.base, &commit_url, duration, &settings.only))?;
     drop(commit_floor);
     kura.shutdown();
     let log_cost = if settings.only.is_empty() {
@@ -292,7 +294,7 @@ struct KuraFigures {
     select_16: Stats,
     select_1: Stats,
     insert_1: Stats,
-    /// One client's single-row writes to [`CommitFloor`], in turns with `insert_1`.
+    /// One client's single-row writes to [`FloorServer::commit`], in turns with `insert_1`.
     commit_floor_1: Stats,
     insert_16: Stats,
     batch_1: Stats,

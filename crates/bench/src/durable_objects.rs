@@ -16,6 +16,7 @@ use kura::{BoxFuture, DurableObject, Runtime, RuntimeSettings, State, Value};
 use kura_sqlite::COMPACT_CACHE_KIB;
 use serde_json::{Value as Json, json};
 
+use crate::floor_server::FloorServer;
 use crate::load::{self, Stats};
 use crate::report::{self, Row};
 use crate::server::{ACCOUNT, Kura, TOKEN};
@@ -89,7 +90,11 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
     let http = if wanted("http16") || wanted("http1") {
         eprintln!("measuring kura over HTTP (batch endpoint)…");
         let kura = Kura::start(&scratch.path().join("kura"), true).context("starting kura")?;
-        let figures = rt.block_on(measure_http(&kura.api_host(), duration, &wanted));
+        // The floor server opens its own files of the same objects, one connection each.
+        let floor =
+            FloorServer::objects(&scratch.path().join("object-floor"), OBJECTS, CLIENTS, limit_open, limit_request)?;
+        let figures = rt.block_on(measure_http(&kura.api_host(), &floor.base, duration, &wanted));
+        drop(floor);
         kura.shutdown();
         figures?
     } else {
@@ -121,6 +126,8 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
             ("cold", cold),
             ("http16", http_16),
             ("http1", http_1),
+            ("objectfloor16", http.object_floor_16),
+            ("objectfloor1", http.object_floor_1),
             ("limit16", limit_16),
             ("limit1", limit_1),
             ("limitcold", limit_cold),
@@ -168,6 +175,9 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
         row("HTTP batch: write + read", 1, http_1, limit_1, None),
         // What the endpoint could reach on these cores: the limit's work plus one HTTP round
         // trip of this server and client (its /healthz), each request paying both.
+        // The same, measured whole: a server doing only the limit's work behind HTTP, in turns.
+        row("HTTP batch vs a server doing the limit's work", CLIENTS, http_16, http.object_floor_16, None),
+        row("HTTP batch vs a server doing the limit's work", 1, http_1, http.object_floor_1, None),
         row(
             "HTTP batch vs limit + HTTP floor",
             CLIENTS,
@@ -267,9 +277,17 @@ struct HttpFigures {
     batch_1: Stats,
     floor_16: Stats,
     floor_1: Stats,
+    /// The limit's requests through [`FloorServer::objects`], in turns with `batch_16`.
+    object_floor_16: Stats,
+    object_floor_1: Stats,
 }
 
-async fn measure_http(api: &str, duration: Duration, wanted: &dyn Fn(&str) -> bool) -> anyhow::Result<HttpFigures> {
+async fn measure_http(
+    api: &str,
+    floor: &str,
+    duration: Duration,
+    wanted: &dyn Fn(&str) -> bool,
+) -> anyhow::Result<HttpFigures> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
     let namespaces = format!("http://{api}/client/v4/accounts/{ACCOUNT}/workers/durable_objects/namespaces");
     let created: Json = http
@@ -302,25 +320,37 @@ async fn measure_http(api: &str, duration: Duration, wanted: &dyn Fn(&str) -> bo
     }
     eprintln!("{OBJECTS} objects created over HTTP in {:.1} s; the load begins", created_at.elapsed().as_secs_f64());
     let next = Arc::new(AtomicU64::new(0));
-    let load = |clients| {
+    // Load 0 is kura's batch endpoint; load 1 the floor server, sent the same bodies.
+    let load = |which: usize, clients, slice| {
         let (send, batch, next) = (send.clone(), batch.clone(), Arc::clone(&next));
-        load::run(clients, duration, move |client, n| {
+        let floor_objects = format!("{floor}/objects");
+        load::run_timed(clients, slice, move |client, n| {
             let user = format!("u{}", next.fetch_add(1, Ordering::Relaxed));
-            let request = batch(object_for(client, n), &[(WRITE, Some(user)), (READ, None)]);
+            let object = object_for(client, n);
+            let (url, body) = batch(object, &[(WRITE, Some(user)), (READ, None)]);
+            let url = if which == 0 { url } else { format!("{floor_objects}/{object}") };
             let send = send.clone();
             async move {
-                send(request).await;
+                send((url, body)).await;
                 1
             }
         })
     };
-    let batch_16 = if wanted("http16") { load(CLIENTS).await } else { Stats::default() };
-    let batch_1 = if wanted("http1") { load(1).await } else { Stats::default() };
+    let [batch_16, object_floor_16] = if wanted("http16") {
+        load::alternately(duration, |which, slice| load(which, CLIENTS, slice)).await
+    } else {
+        Default::default()
+    };
+    let [batch_1, object_floor_1] = if wanted("http1") {
+        load::alternately(duration, |which, slice| load(which, 1, slice)).await
+    } else {
+        Default::default()
+    };
     let health = format!("http://{api}/healthz");
     let floor = |clients| load::http_floor(&http, &health, clients, duration);
     let floor_16 = if wanted("http16") { floor(CLIENTS).await } else { Stats::default() };
     let floor_1 = if wanted("http1") { floor(1).await } else { Stats::default() };
-    Ok(HttpFigures { batch_16, batch_1, floor_16, floor_1 })
+    Ok(HttpFigures { batch_16, batch_1, floor_16, floor_1, object_floor_16, object_floor_1 })
 }
 
 /// One object file for the limit, as kura keeps it: WAL, `synchronous=FULL`.
