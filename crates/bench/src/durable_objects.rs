@@ -173,11 +173,12 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
         row("runtime: write + read", 1, sdk_1, limit_1, None),
         row("HTTP batch: write + read", CLIENTS, http_16, limit_16, target),
         row("HTTP batch: write + read", 1, http_1, limit_1, None),
-        // What the endpoint could reach on these cores: the limit's work plus one HTTP round
-        // trip of this server and client (its /healthz), each request paying both.
-        // The same, measured whole: a server doing only the limit's work behind HTTP, in turns.
+        // What the endpoint could reach on these cores, measured whole: a server doing only the
+        // limit's work behind HTTP, in turns with kura.
         row("HTTP batch vs a server doing the limit's work", CLIENTS, http_16, http.object_floor_16, None),
         row("HTTP batch vs a server doing the limit's work", 1, http_1, http.object_floor_1, None),
+        // The same, summed: the limit's work plus one HTTP round trip of this server and client
+        // (its /healthz), each request paying both.
         row(
             "HTTP batch vs limit + HTTP floor",
             CLIENTS,
