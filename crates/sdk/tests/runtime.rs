@@ -343,7 +343,9 @@ async fn storage_carried_into_another_objects_request_is_refused() {
 async fn a_request_past_the_limit_is_rolled_back() {
     let dir = tempfile::tempdir().unwrap();
     let mut settings = RuntimeSettings::default();
-    settings.engine.session_idle_limit = Duration::from_millis(300);
+    // Long enough for the first request, which creates and opens the object, on a machine busy
+    // with the other tests (300 ms was not, once): the limit bounds every request.
+    settings.engine.session_idle_limit = Duration::from_secs(3);
     let runtime = Runtime::open_with(dir.path(), settings).unwrap();
     let (ns, _) = counters(&runtime);
     assert_eq!(ns.get_by_name("slow").call(increment()).await.unwrap(), 1);
@@ -352,7 +354,7 @@ async fn a_request_past_the_limit_is_rolled_back() {
         .call(|c: &mut Counter| -> BoxFuture<'_, Result<()>> {
             Box::pin(async move {
                 c.state.storage().put("n", &1_000u64).await?;
-                tokio::time::sleep(Duration::from_secs(5)).await;
+                tokio::time::sleep(Duration::from_secs(60)).await;
                 Ok(())
             })
         })
