@@ -301,12 +301,13 @@ async fn measure_http(
         .await?;
     let Some(id) = created["result"]["id"].as_str() else { bail!("cannot create the namespace: {created}") };
     let objects: Arc<str> = format!("{namespaces}/{id}/objects").into();
-    let batch = move |object: u64, statements: &[(&str, Option<String>)]| {
+    let batch_url = move |object: u64| format!("{objects}/{}/batch", room_name(object));
+    let batch_body = |statements: &[(&str, Option<String>)]| {
         let operations: Vec<Json> = statements
             .iter()
             .map(|(sql, param)| json!({ "op": "sql", "sql": sql, "params": param.iter().collect::<Vec<_>>() }))
             .collect();
-        (format!("{objects}/{}/batch", room_name(object)), json!({ "operations": operations }).to_string())
+        json!({ "operations": operations }).to_string()
     };
     let send = {
         let http = http.clone();
@@ -317,19 +318,22 @@ async fn measure_http(
     };
     let created_at = Instant::now();
     for object in 0..OBJECTS {
-        send(batch(object, &[(CREATE, None), (WRITE, Some("seed".into()))])).await;
+        send((batch_url(object), batch_body(&[(CREATE, None), (WRITE, Some("seed".into()))]))).await;
     }
     eprintln!("{OBJECTS} objects created over HTTP in {:.1} s; the load begins", created_at.elapsed().as_secs_f64());
     let next = Arc::new(AtomicU64::new(0));
     // Load 0 is kura's batch endpoint; load 1 the floor server, sent the same bodies.
     let load = |which: usize, clients, slice| {
-        let (send, batch, next) = (send.clone(), batch.clone(), Arc::clone(&next));
-        let floor_objects = format!("{floor}/objects");
+        let (send, batch_url, next) = (send.clone(), batch_url.clone(), Arc::clone(&next));
+        let floor_objects = (which == 1).then(|| format!("{floor}/objects"));
         load::run_timed(clients, slice, move |client, n| {
             let user = format!("u{}", next.fetch_add(1, Ordering::Relaxed));
             let object = object_for(client, n);
-            let (url, body) = batch(object, &[(WRITE, Some(user)), (READ, None)]);
-            let url = if which == 0 { url } else { format!("{floor_objects}/{object}") };
+            let body = batch_body(&[(WRITE, Some(user)), (READ, None)]);
+            let url = match &floor_objects {
+                None => batch_url(object),
+                Some(floor_objects) => format!("{floor_objects}/{object}"),
+            };
             let send = send.clone();
             async move {
                 send((url, body)).await;
