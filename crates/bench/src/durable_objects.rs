@@ -81,19 +81,25 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
     let wanted = |name: &str| settings.only.is_empty() || settings.only.iter().any(|o| o == name);
     let rt = tokio_runtime("load")?;
 
-    eprintln!("measuring kura's Rust runtime (in-process, {OBJECTS} objects)…");
+    // The limit (one SQLite file per object, WAL, synchronous=FULL) runs in turns with each of
+    // kura's loads: on this shared machine the disk's speed moves within minutes, and a limit
+    // measured once, apart, moved kura's ratios with it.
+    let limit_dir = scratch.path().join("limit");
+    eprintln!("measuring kura's Rust runtime (in-process, {OBJECTS} objects) in turns with the limit…");
     let sdk_dir = scratch.path().join("sdk");
-    let (sdk_16, sdk_1) = rt.block_on(measure_runtime(&sdk_dir, duration, &wanted))?;
+    let (sdk_16, sdk_1) = rt.block_on(measure_runtime(&sdk_dir, &limit_dir, duration, &wanted))?;
     eprintln!("measuring the first request to an evicted object (a fresh runtime on the same files)…");
     let cold = if wanted("cold") { rt.block_on(measure_cold(&sdk_dir))? } else { Stats::default() };
 
     let http = if wanted("http16") || wanted("http1") {
-        eprintln!("measuring kura over HTTP (batch endpoint)…");
+        eprintln!(
+            "measuring kura over HTTP (batch endpoint) in turns with a server doing the limit's work and the limit…"
+        );
         let kura = Kura::start(&scratch.path().join("kura"), true).context("starting kura")?;
         // The floor server opens its own files of the same objects, one connection each.
         let floor =
             FloorServer::objects(&scratch.path().join("object-floor"), OBJECTS, CLIENTS, limit_open, limit_request)?;
-        let figures = rt.block_on(measure_http(&kura.api_host(), &floor.base, duration, &wanted));
+        let figures = rt.block_on(measure_http(&kura.api_host(), &floor.base, &limit_dir, duration, &wanted));
         drop(floor);
         kura.shutdown();
         figures?
@@ -102,14 +108,11 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
     };
     let (http_16, http_1) = (http.batch_16, http.batch_1);
 
-    // Beside kura's phases, before the memory phase: its hundred thousand files leave the disk
-    // busy with writeback for a while, which would lower the limit and flatter kura's ratios.
-    if wanted("limit16") || wanted("limit1") || wanted("limitcold") {
-        eprintln!("measuring the physical limit (one SQLite file per object, WAL, synchronous=FULL)…");
+    // Before the memory phase: its hundred thousand files leave the disk busy with writeback
+    // for a while, which would lower the limit and flatter kura's ratio.
+    if wanted("limitcold") {
+        eprintln!("measuring the limit of a first request (open an object's file, the same request)…");
     }
-    let limit_dir = scratch.path().join("limit");
-    let limit_16 = if wanted("limit16") { limit(&limit_dir, CLIENTS, duration)? } else { Stats::default() };
-    let limit_1 = if wanted("limit1") { limit(&limit_dir, 1, duration)? } else { Stats::default() };
     let limit_cold = if wanted("limitcold") { limit_first_requests(&limit_dir)? } else { Stats::default() };
 
     let footprint = if wanted("memory") {
@@ -121,15 +124,17 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
 
     if !settings.only.is_empty() {
         for (name, stats) in [
-            ("sdk16", sdk_16),
-            ("sdk1", sdk_1),
+            ("sdk16", sdk_16.kura),
+            ("limit16 (in turns with sdk16)", sdk_16.limit),
+            ("sdk1", sdk_1.kura),
+            ("limit1 (in turns with sdk1)", sdk_1.limit),
             ("cold", cold),
             ("http16", http_16),
-            ("http1", http_1),
             ("objectfloor16", http.object_floor_16),
+            ("limit16 (in turns with http16)", http.limit_16),
+            ("http1", http_1),
             ("objectfloor1", http.object_floor_1),
-            ("limit16", limit_16),
-            ("limit1", limit_1),
+            ("limit1 (in turns with http1)", http.limit_1),
             ("limitcold", limit_cold),
         ] {
             if stats.units > 0 {
@@ -169,10 +174,10 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
         target,
     };
     let rows = vec![
-        row("runtime: write + read", CLIENTS, sdk_16, limit_16, target),
-        row("runtime: write + read", 1, sdk_1, limit_1, None),
-        row("HTTP batch: write + read", CLIENTS, http_16, limit_16, target),
-        row("HTTP batch: write + read", 1, http_1, limit_1, None),
+        row("runtime: write + read", CLIENTS, sdk_16.kura, sdk_16.limit, target),
+        row("runtime: write + read", 1, sdk_1.kura, sdk_1.limit, None),
+        row("HTTP batch: write + read", CLIENTS, http_16, http.limit_16, target),
+        row("HTTP batch: write + read", 1, http_1, http.limit_1, None),
         // What the endpoint could reach on these cores, measured whole: a server doing only the
         // limit's work behind HTTP, in turns with kura.
         row("HTTP batch vs a server doing the limit's work", CLIENTS, http_16, http.object_floor_16, None),
@@ -183,14 +188,14 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
             "HTTP batch vs limit + HTTP floor",
             CLIENTS,
             http_16,
-            crate::d1::one_after_the_other(&http.floor_16, &limit_16),
+            crate::d1::one_after_the_other(&http.floor_16, &http.limit_16),
             None,
         ),
         row(
             "HTTP batch vs limit + HTTP floor",
             1,
             http_1,
-            crate::d1::one_after_the_other(&http.floor_1, &limit_1),
+            crate::d1::one_after_the_other(&http.floor_1, &http.limit_1),
             None,
         ),
         row("first request, evicted object", 1, cold, limit_cold, None),
@@ -198,8 +203,8 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
     report::print(
         &format!(
             "Durable Objects: each request a small SQL write and a read on one of {OBJECTS} objects, committed durably \
-             (WAL + synchronous=FULL); limit = the same statements on one rusqlite connection per object file; \
-             target = 10× the peer"
+             (WAL + synchronous=FULL); limit = the same statements on one rusqlite connection per object file, \
+             run in one-second turns with each of kura's loads; target = 10× the peer"
         ),
         &rows,
         &peer_note,
@@ -224,31 +229,51 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Requests through the runtime at 16 clients and at 1, after one warm-up request per object.
+/// One of kura's loads and the limit, measured in turns.
+#[derive(Default, Clone, Copy)]
+struct BesideLimit {
+    kura: Stats,
+    limit: Stats,
+}
+
+/// Requests through the runtime at 16 clients and at 1, after one warm-up request per object,
+/// each in turns with the limit (its files in `limit_dir`).
 async fn measure_runtime(
     dir: &Path,
+    limit_dir: &Path,
     duration: Duration,
     wanted: &dyn Fn(&str) -> bool,
-) -> anyhow::Result<(Stats, Stats)> {
+) -> anyhow::Result<(BesideLimit, BesideLimit)> {
     let runtime = Runtime::open_with(dir, RuntimeSettings::default())?;
     let rooms = runtime.namespace::<Room>("ROOMS", "bench-Room", ())?;
     for object in 0..OBJECTS {
         rooms.get_by_name(&room_name(object)).call(add("seed".into())).await?;
     }
     let next = Arc::new(AtomicU64::new(0));
-    let load = |clients| {
-        let (rooms, next) = (rooms.clone(), Arc::clone(&next));
-        load::run(clients, duration, move |client, n| {
-            let (rooms, user) = (rooms.clone(), format!("u{}", next.fetch_add(1, Ordering::Relaxed)));
+    let measure = async |clients| -> anyhow::Result<BesideLimit> {
+        let limit = LimitLoad::open(limit_dir, clients)?;
+        let [kura, limit] = load::alternately(duration, |which, slice| {
+            let (rooms, next, limit) = (rooms.clone(), Arc::clone(&next), Arc::clone(&limit));
             async move {
-                let count = rooms.get_by_name(&room_name(object_for(client, n))).call(add(user)).await;
-                assert!(count.expect("runtime request") > 0);
-                1
+                if which == 1 {
+                    return limit.take_turn(slice).await;
+                }
+                load::run_timed(clients, slice, move |client, n| {
+                    let (rooms, user) = (rooms.clone(), format!("u{}", next.fetch_add(1, Ordering::Relaxed)));
+                    async move {
+                        let count = rooms.get_by_name(&room_name(object_for(client, n))).call(add(user)).await;
+                        assert!(count.expect("runtime request") > 0);
+                        1
+                    }
+                })
+                .await
             }
         })
+        .await;
+        Ok(BesideLimit { kura, limit })
     };
-    let sixteen = if wanted("sdk16") { load(CLIENTS).await } else { Stats::default() };
-    let one = if wanted("sdk1") { load(1).await } else { Stats::default() };
+    let sixteen = if wanted("sdk16") { measure(CLIENTS).await? } else { BesideLimit::default() };
+    let one = if wanted("sdk1") { measure(1).await? } else { BesideLimit::default() };
     runtime.shutdown().await;
     Ok((sixteen, one))
 }
@@ -270,22 +295,25 @@ async fn measure_cold(dir: &Path) -> anyhow::Result<Stats> {
     Ok(stats)
 }
 
-/// The batch endpoint at 16 clients and at 1: an INSERT and a count as one request.
-/// What the batch endpoint measured, beside the same server's HTTP floor.
+/// What the batch endpoint (an INSERT and a count as one request) measured at 16 clients and at
+/// 1, beside the same server's HTTP floor, and, in turns with it, a server doing only the
+/// limit's work ([`FloorServer::objects`]) and the limit.
 #[derive(Default)]
 struct HttpFigures {
     batch_16: Stats,
     batch_1: Stats,
     floor_16: Stats,
     floor_1: Stats,
-    /// The limit's requests through [`FloorServer::objects`], in turns with `batch_16`.
     object_floor_16: Stats,
     object_floor_1: Stats,
+    limit_16: Stats,
+    limit_1: Stats,
 }
 
 async fn measure_http(
     api: &str,
     floor: &str,
+    limit_dir: &Path,
     duration: Duration,
     wanted: &dyn Fn(&str) -> bool,
 ) -> anyhow::Result<HttpFigures> {
@@ -322,40 +350,44 @@ async fn measure_http(
     }
     eprintln!("{OBJECTS} objects created over HTTP in {:.1} s; the load begins", created_at.elapsed().as_secs_f64());
     let next = Arc::new(AtomicU64::new(0));
-    // Load 0 is kura's batch endpoint; load 1 the floor server, sent the same bodies.
-    let load = |which: usize, clients, slice| {
-        let (send, batch_url, next) = (send.clone(), batch_url.clone(), Arc::clone(&next));
+    // Load 0 is kura's batch endpoint; load 1 the floor server, sent the same bodies; load 2
+    // the limit.
+    let load = |which: usize, clients, slice, limit: &Arc<LimitLoad>| {
+        let (send, batch_url, next, limit) = (send.clone(), batch_url.clone(), Arc::clone(&next), Arc::clone(limit));
         let floor_objects = (which == 1).then(|| format!("{floor}/objects"));
-        load::run_timed(clients, slice, move |client, n| {
-            let user = format!("u{}", next.fetch_add(1, Ordering::Relaxed));
-            let object = object_for(client, n);
-            let body = batch_body(&[(WRITE, Some(user)), (READ, None)]);
-            let url = match &floor_objects {
-                None => batch_url(object),
-                Some(floor_objects) => format!("{floor_objects}/{object}"),
-            };
-            let send = send.clone();
-            async move {
-                send((url, body)).await;
-                1
+        async move {
+            if which == 2 {
+                return limit.take_turn(slice).await;
             }
-        })
+            load::run_timed(clients, slice, move |client, n| {
+                let user = format!("u{}", next.fetch_add(1, Ordering::Relaxed));
+                let object = object_for(client, n);
+                let body = batch_body(&[(WRITE, Some(user)), (READ, None)]);
+                let url = match &floor_objects {
+                    None => batch_url(object),
+                    Some(floor_objects) => format!("{floor_objects}/{object}"),
+                };
+                let send = send.clone();
+                async move {
+                    send((url, body)).await;
+                    1
+                }
+            })
+            .await
+        }
     };
-    let [batch_16, object_floor_16] = if wanted("http16") {
-        load::alternately(duration, |which, slice| load(which, CLIENTS, slice)).await
-    } else {
-        Default::default()
+    let in_turns = async |clients| -> anyhow::Result<[Stats; 3]> {
+        let limit = LimitLoad::open(limit_dir, clients)?;
+        Ok(load::alternately(duration, |which, slice| load(which, clients, slice, &limit)).await)
     };
-    let [batch_1, object_floor_1] = if wanted("http1") {
-        load::alternately(duration, |which, slice| load(which, 1, slice)).await
-    } else {
-        Default::default()
-    };
+    let [batch_16, object_floor_16, limit_16] =
+        if wanted("http16") { in_turns(CLIENTS).await? } else { Default::default() };
+    let [batch_1, object_floor_1, limit_1] = if wanted("http1") { in_turns(1).await? } else { Default::default() };
     let health = format!("http://{api}/healthz");
     let floor = |clients| load::http_floor(&http, &health, clients, duration);
     let floor_16 = if wanted("http16") { floor(CLIENTS).await } else { Stats::default() };
     let floor_1 = if wanted("http1") { floor(1).await } else { Stats::default() };
-    Ok(HttpFigures { batch_16, batch_1, floor_16, floor_1, object_floor_16, object_floor_1 })
+    Ok(HttpFigures { batch_16, batch_1, floor_16, floor_1, object_floor_16, object_floor_1, limit_16, limit_1 })
 }
 
 /// One object file for the limit, as kura keeps it: WAL, `synchronous=FULL`.
@@ -377,38 +409,90 @@ fn limit_request(conn: &rusqlite::Connection, user: &str) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// The physical limit: `clients` threads, each owning its share of the object files with a
-/// connection open on each, running the workload's requests back to back.
-fn limit(dir: &Path, clients: usize, duration: Duration) -> anyhow::Result<Stats> {
-    std::fs::create_dir_all(dir)?;
-    let started = Instant::now();
-    let threads: Vec<_> = (0..clients)
-        .map(|client| {
-            let dir = dir.to_owned();
-            std::thread::spawn(move || -> anyhow::Result<Vec<Duration>> {
+/// A turn's end, and where its thread answers the latencies of the requests it ran.
+type LimitTurn = (Instant, std::sync::mpsc::Sender<anyhow::Result<Vec<Duration>>>);
+
+/// The physical limit, run in turns with kura: `clients` threads, each owning its share of the
+/// object files with a connection open on each, running the workload's requests back to back
+/// whenever it is given a turn. The files are opened once, so a turn measures requests only.
+struct LimitLoad {
+    turns: Vec<std::sync::mpsc::Sender<LimitTurn>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl LimitLoad {
+    /// Opens (creating) the files in `dir` and waits until every thread has its connections.
+    fn open(dir: &Path, clients: usize) -> anyhow::Result<Arc<LimitLoad>> {
+        // Every load's users are new to the files (which later loads open again): a user
+        // already there would make its INSERT OR IGNORE write nothing, and its commit no fsync.
+        static LOADS: AtomicU64 = AtomicU64::new(0);
+        let generation = LOADS.fetch_add(1, Ordering::Relaxed);
+        std::fs::create_dir_all(dir)?;
+        let (opened, all_opened) = std::sync::mpsc::channel();
+        let mut load = LimitLoad { turns: Vec::new(), threads: Vec::new() };
+        for client in 0..clients {
+            let (turns, turn) = std::sync::mpsc::channel::<LimitTurn>();
+            let (dir, opened) = (dir.to_owned(), opened.clone());
+            load.turns.push(turns);
+            load.threads.push(std::thread::spawn(move || {
                 let mine: Vec<u64> = (0..OBJECTS).filter(|o| *o as usize % clients == client).collect();
-                let conns = mine.iter().map(|o| limit_open(&dir, *o)).collect::<anyhow::Result<Vec<_>>>()?;
-                let mut latencies = Vec::new();
-                let deadline = Instant::now() + duration;
+                let conns = match mine.iter().map(|o| limit_open(&dir, *o)).collect::<anyhow::Result<Vec<_>>>() {
+                    Ok(conns) => conns,
+                    Err(e) => return drop(opened.send(Err(e))),
+                };
+                let _ = opened.send(Ok(()));
                 let mut n = 0usize;
-                while Instant::now() < deadline {
-                    let began = Instant::now();
-                    limit_request(&conns[(n * 7_919) % conns.len()], &format!("l{client}-{n}"))?;
-                    latencies.push(began.elapsed());
-                    n += 1;
+                while let Ok((deadline, answer)) = turn.recv() {
+                    let mut latencies = Vec::new();
+                    let ran = (|| {
+                        while Instant::now() < deadline {
+                            let began = Instant::now();
+                            limit_request(&conns[(n * 7_919) % conns.len()], &format!("l{generation}-{client}-{n}"))?;
+                            latencies.push(began.elapsed());
+                            n += 1;
+                        }
+                        Ok(())
+                    })();
+                    let _ = answer.send(ran.map(|()| latencies));
                 }
-                Ok(latencies)
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for t in threads {
-        all.extend(t.join().map_err(|_| anyhow::anyhow!("a limit thread panicked"))??);
+            }));
+        }
+        for _ in 0..clients {
+            all_opened.recv().context("a limit thread ended while opening its files")??;
+        }
+        Ok(Arc::new(load))
     }
-    let units = all.len() as u64;
-    // The threads' setup (opening their files) is not part of the figure.
-    let elapsed = duration.min(started.elapsed());
-    Ok(Stats::from_latencies(all, units, elapsed))
+
+    /// Every thread's requests for `slice`, as [`load::run_timed`] answers a load's.
+    fn turn(&self, slice: Duration) -> anyhow::Result<(Vec<Duration>, u64, Duration)> {
+        let started = Instant::now();
+        let (answer, answers) = std::sync::mpsc::channel();
+        for turns in &self.turns {
+            turns.send((started + slice, answer.clone())).context("a limit thread ended")?;
+        }
+        drop(answer);
+        let mut all = Vec::new();
+        for _ in 0..self.turns.len() {
+            all.extend(answers.recv().context("a limit thread ended during its turn")??);
+        }
+        let units = all.len() as u64;
+        Ok((all, units, started.elapsed()))
+    }
+
+    /// A turn run from async code, on a blocking thread.
+    async fn take_turn(self: &Arc<Self>, slice: Duration) -> (Vec<Duration>, u64, Duration) {
+        let load = Arc::clone(self);
+        tokio::task::spawn_blocking(move || load.turn(slice)).await.expect("limit turn").expect("limit requests")
+    }
+}
+
+impl Drop for LimitLoad {
+    fn drop(&mut self) {
+        self.turns.clear();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// The limit of a first request: open an object's file and run the request on it.

@@ -99,21 +99,21 @@ pub async fn http_floor(http: &reqwest::Client, url: &str, clients: usize, durat
     .await
 }
 
-/// Two loads measured in turns of (at most) one second until each has run about `duration`: on
-/// a noisy machine both meet the same moments, so their ratio holds where either alone would
-/// wander. Each goes first in every other pair, so neither always follows the other's leftover
-/// work. `load(i, slice)` runs load `i` (0 or 1) for `slice` and answers [`run_timed`]'s figures.
-pub async fn alternately<F, Fut>(duration: Duration, load: F) -> [Stats; 2]
+/// Loads measured in turns of (at most) one second until each has run about `duration`: on a
+/// noisy machine all meet the same moments, so their ratios hold where any alone would wander.
+/// The order rotates from round to round, so none always follows another's leftover work.
+/// `load(i, slice)` runs load `i` (below `N`) for `slice` and answers [`run_timed`]'s figures.
+pub async fn alternately<const N: usize, F, Fut>(duration: Duration, load: F) -> [Stats; N]
 where
     F: Fn(usize, Duration) -> Fut,
     Fut: Future<Output = (Vec<Duration>, u64, Duration)>,
 {
     let slice = duration.min(Duration::from_secs(1));
-    let slices = (duration.as_secs_f64() / slice.as_secs_f64().max(1e-3)).round().max(1.0) as usize;
-    let mut totals: [(Vec<Duration>, u64, Duration); 2] = Default::default();
-    for pair in 0..slices {
-        for turn in 0..2 {
-            let i = (pair + turn) % 2;
+    let rounds = (duration.as_secs_f64() / slice.as_secs_f64().max(1e-3)).round().max(1.0) as usize;
+    let mut totals: [(Vec<Duration>, u64, Duration); N] = std::array::from_fn(|_| Default::default());
+    for round in 0..rounds {
+        for turn in 0..N {
+            let i = (round + turn) % N;
             let (latencies, units, elapsed) = load(i, slice).await;
             let total = &mut totals[i];
             total.0.extend(latencies);
