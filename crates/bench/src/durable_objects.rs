@@ -138,7 +138,14 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
             ("limitcold", limit_cold),
         ] {
             if stats.units > 0 {
-                println!("{name}: {:.0}/s p50 {:?} p99 {:?}", stats.rate(), stats.p50, stats.p99);
+                let cpu = stats.cpu_per_unit().map(|c| format!(", this process's CPU {:.1} µs each", micros(c)));
+                println!(
+                    "{name}: {:.0}/s p50 {:?} p99 {:?}{}",
+                    stats.rate(),
+                    stats.p50,
+                    stats.p99,
+                    cpu.unwrap_or_default()
+                );
             }
         }
         if let Some(f) = footprint {
@@ -209,6 +216,19 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
         &rows,
         &peer_note,
     );
+    // Where the CPU, not the disk, sets the pace, the runtime's ratio to the limit is the ratio
+    // of their CPU per request; both run in this process, so its CPU time during their turns
+    // is theirs (with the kernel's work done on their threads, not the disk's writeback).
+    for (clients, beside) in [(CLIENTS, sdk_16), (1, sdk_1)] {
+        if let (Some(kura), Some(limit)) = (beside.kura.cpu_per_unit(), beside.limit.cpu_per_unit()) {
+            println!(
+                "runtime at {clients} client(s), CPU per request in turns: kura {:.1} µs, the limit {:.1} µs ({:.2}×)",
+                micros(kura),
+                micros(limit),
+                kura.as_secs_f64() / limit.as_secs_f64().max(f64::MIN_POSITIVE),
+            );
+        }
+    }
     let cold_ratio = cold.p50.as_secs_f64() / limit_cold.p50.as_secs_f64().max(f64::MIN_POSITIVE);
     println!(
         "first request to an evicted object: p50 {:.2} ms (target ≤ 2 ms {}), p99 {:.2} ms; limit (open the file, \
@@ -227,6 +247,10 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
 }
 
 /// One of kura's loads and the limit, measured in turns.

@@ -15,6 +15,9 @@ pub struct Stats {
     pub p50: Duration,
     /// 99th-percentile latency.
     pub p99: Duration,
+    /// CPU time this process spent while the load ran (all its threads; not other processes'),
+    /// where it was measured ([`alternately`]).
+    pub cpu: Option<Duration>,
 }
 
 impl Stats {
@@ -29,7 +32,12 @@ impl Stats {
         let at = |q: f64| {
             latencies.get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1))).copied()
         };
-        Stats { units, elapsed, p50: at(0.50).unwrap_or_default(), p99: at(0.99).unwrap_or_default() }
+        Stats { units, elapsed, p50: at(0.50).unwrap_or_default(), p99: at(0.99).unwrap_or_default(), cpu: None }
+    }
+
+    /// This process's CPU time per unit, where it was measured.
+    pub fn cpu_per_unit(&self) -> Option<Duration> {
+        self.cpu.map(|cpu| cpu.div_f64(self.units.max(1) as f64))
     }
 }
 
@@ -102,24 +110,46 @@ pub async fn http_floor(http: &reqwest::Client, url: &str, clients: usize, durat
 /// Loads measured in turns of (at most) one second until each has run about `duration`: on a
 /// noisy machine all meet the same moments, so their ratios hold where any alone would wander.
 /// The order rotates from round to round, so none always follows another's leftover work.
-/// `load(i, slice)` runs load `i` (below `N`) for `slice` and answers [`run_timed`]'s figures.
+/// `load(i, slice)` runs load `i` (below `N`) for `slice` and answers [`run_timed`]'s figures;
+/// each load's figures carry the CPU time this process spent during its turns.
 pub async fn alternately<const N: usize, F, Fut>(duration: Duration, load: F) -> [Stats; N]
 where
     F: Fn(usize, Duration) -> Fut,
     Fut: Future<Output = (Vec<Duration>, u64, Duration)>,
 {
+    #[derive(Default)]
+    struct Total {
+        latencies: Vec<Duration>,
+        units: u64,
+        elapsed: Duration,
+        cpu: Duration,
+    }
     let slice = duration.min(Duration::from_secs(1));
     let rounds = (duration.as_secs_f64() / slice.as_secs_f64().max(1e-3)).round().max(1.0) as usize;
-    let mut totals: [(Vec<Duration>, u64, Duration); N] = std::array::from_fn(|_| Default::default());
+    let mut totals: [Total; N] = std::array::from_fn(|_| Total::default());
     for round in 0..rounds {
         for turn in 0..N {
             let i = (round + turn) % N;
+            let cpu_before = process_cpu();
             let (latencies, units, elapsed) = load(i, slice).await;
             let total = &mut totals[i];
-            total.0.extend(latencies);
-            total.1 += units;
-            total.2 += elapsed;
+            total.cpu += process_cpu().saturating_sub(cpu_before);
+            total.latencies.extend(latencies);
+            total.units += units;
+            total.elapsed += elapsed;
         }
     }
-    totals.map(|(latencies, units, elapsed)| Stats::from_latencies(latencies, units, elapsed))
+    totals.map(|t| Stats { cpu: Some(t.cpu), ..Stats::from_latencies(t.latencies, t.units, t.elapsed) })
+}
+
+/// The CPU time (user and system) this process has spent, all its threads.
+fn process_cpu() -> Duration {
+    // SAFETY: `getrusage` fills the struct it is given; an all-zero `rusage` is a valid value.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec.max(0) as u64, (t.tv_usec.clamp(0, 999_999) as u32) * 1_000);
+    time(usage.ru_utime) + time(usage.ru_stime)
 }
