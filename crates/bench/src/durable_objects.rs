@@ -317,7 +317,7 @@ async fn measure_cold(dir: &Path, limit_dir: &Path) -> anyhow::Result<BesideLimi
     for object in 0..OBJECTS {
         for turn in 0..2 {
             let began = Instant::now();
-            if (object as usize + turn) % 2 == 0 {
+            if (object as usize + turn).is_multiple_of(2) {
                 rooms.get_by_name(&room_name(object)).call(add("cold".into())).await?;
                 kura.push(began.elapsed());
                 kura_time += began.elapsed();
