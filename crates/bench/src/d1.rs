@@ -404,16 +404,9 @@ async fn measure_kura(
 
     eprintln!("measuring kura…");
     let health = base.split("/client/v4").next().unwrap_or_default().to_owned() + "/healthz";
-    let floor = |clients| load::http_floor(&client.http, &health, clients, duration);
-    if wanted("floor1") {
-        figures.floor_1 = floor(1).await;
-    }
-    if wanted("floor16") {
-        figures.floor_16 = floor(16).await;
-    }
-    let select = |clients| {
+    let select = |clients, slice| {
         let client = client.clone();
-        load::run(clients, duration, move |c, n| {
+        load::run_timed(clients, slice, move |c, n| {
             let client = client.clone();
             async move {
                 let id = ((c as i64 * 104_729 + n as i64 * 7919) % ROWS).abs();
@@ -422,11 +415,27 @@ async fn measure_kura(
             }
         })
     };
-    if wanted("select16") {
-        figures.select_16 = select(16).await;
-    }
-    if wanted("select1") {
-        figures.select_1 = select(1).await;
+    let floor = |clients, slice| load::http_floor_timed(&client.http, &health, clients, slice);
+    // A point SELECT and the same server's floor, in turns: their ratio is the target's.
+    for (clients, select_name, floor_name) in [(16, "select16", "floor16"), (1, "select1", "floor1")] {
+        let (kura, floor) = if wanted(select_name) {
+            let [kura, floor] = load::alternately(duration, |i, slice| {
+                let (select, floor) = (select(clients, slice), floor(clients, slice));
+                async move { if i == 0 { select.await } else { floor.await } }
+            })
+            .await;
+            (kura, floor)
+        } else if wanted(floor_name) {
+            let [floor] = load::alternately(duration, |_, slice| floor(clients, slice)).await;
+            (Stats::default(), floor)
+        } else {
+            continue;
+        };
+        if clients == 16 {
+            (figures.select_16, figures.floor_16) = (kura, floor);
+        } else {
+            (figures.select_1, figures.floor_1) = (kura, floor);
+        }
     }
 
     let next_id = Arc::new(AtomicI64::new(1_000_000));

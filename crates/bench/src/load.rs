@@ -95,8 +95,19 @@ where
 /// The HTTP floor: `clients` clients of `http` fetching `url` (a server's `/healthz`: no auth,
 /// no storage) back to back for `duration`: what HTTP alone costs on this server and client.
 pub async fn http_floor(http: &reqwest::Client, url: &str, clients: usize, duration: Duration) -> Stats {
+    let (latencies, units, elapsed) = http_floor_timed(http, url, clients, duration).await;
+    Stats::from_latencies(latencies, units, elapsed)
+}
+
+/// The HTTP floor as [`run_timed`] answers a load's figures, to be taken in turns.
+pub async fn http_floor_timed(
+    http: &reqwest::Client,
+    url: &str,
+    clients: usize,
+    duration: Duration,
+) -> (Vec<Duration>, u64, Duration) {
     let (http, url) = (http.clone(), url.to_owned());
-    run(clients, duration, move |_, _| {
+    run_timed(clients, duration, move |_, _| {
         let (http, url) = (http.clone(), url.clone());
         async move {
             let answer = http.get(&url).send().await.expect("healthz");
