@@ -3,8 +3,9 @@
 //! uploads, bucket creation and Durable Object writes run into the limit: each answers a clear error in its protocol's
 //! shape, reads go on, nothing acknowledged is lost or cut, no partial blob is left behind, and
 //! once space is freed (the filesystem grown) writes succeed again without a restart. The same
-//! for a database's Time Travel history alone, on a filesystem of its own: the database is served
-//! read-only while its history cannot grow, and every commit reaches the history once it can.
+//! for a D1 database's Time Travel history alone, and for a Durable Object's, each on a
+//! filesystem of its own: the database is served read-only while its history cannot grow, and
+//! every commit reaches the history once it can.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -263,7 +264,24 @@ fn copy_files(from: &Path, to: &Path) {
     }
 }
 
-/// The D1 database `hist` of one server, over the v4 API.
+/// A database whose history a test moves onto a small filesystem: a D1 database or a Durable
+/// Object, over the v4 API. Its table `b (i INTEGER, x BLOB)`.
+trait HistoryHolder {
+    /// One statement: its status and envelope.
+    async fn run(&self, sql: &str) -> (u16, Value);
+    /// The first value of the first row a read answered.
+    fn first_value(answer: &Value) -> &Value;
+    async fn bookmark(&self) -> String;
+    async fn restore(&self, bookmark: &str);
+
+    async fn count(&self) -> Value {
+        let (status, counted) = self.run("SELECT count(*) AS n FROM b").await;
+        assert_eq!(status, 200, "reads go on: {counted}");
+        Self::first_value(&counted).clone()
+    }
+}
+
+/// The D1 database `hist` of one server.
 struct HistDb {
     client: reqwest::Client,
     account: String,
@@ -273,15 +291,16 @@ impl HistDb {
     fn new(api: &str) -> HistDb {
         HistDb { client: reqwest::Client::new(), account: format!("{api}/accounts/{ACCOUNT}") }
     }
+}
 
-    async fn query(&self, sql: &str) -> (u16, Value) {
+impl HistoryHolder for HistDb {
+    async fn run(&self, sql: &str) -> (u16, Value) {
         d1_query(&self.client, &format!("{}/d1/database/hist/query", self.account), sql).await
     }
 
-    async fn count(&self) -> Value {
-        let (status, counted) = self.query("SELECT count(*) AS n FROM b").await;
-        assert_eq!(status, 200, "reads go on: {counted}");
-        counted["result"][0]["results"][0]["n"].clone()
+    fn first_value(answer: &Value) -> &Value {
+        let row = answer["result"][0]["results"][0].as_object().expect("a row");
+        row.values().next().expect("a column")
     }
 
     async fn bookmark(&self) -> String {
@@ -297,6 +316,111 @@ impl HistDb {
     }
 }
 
+/// The object `room` of the Durable Object namespace `HIST` of one server.
+struct HistObject {
+    client: reqwest::Client,
+    object: String,
+}
+
+impl HistObject {
+    fn new(api: &str) -> HistObject {
+        let object = format!("{api}/accounts/{ACCOUNT}/workers/durable_objects/namespaces/HIST/objects/room");
+        HistObject { client: reqwest::Client::new(), object }
+    }
+}
+
+impl HistoryHolder for HistObject {
+    async fn run(&self, sql: &str) -> (u16, Value) {
+        let body = json!({ "operations": [{ "op": "sql", "sql": sql }] });
+        let answer = self.client.post(format!("{}/batch", self.object)).bearer_auth(TOKEN).json(&body).send().await;
+        let answer = answer.unwrap();
+        (answer.status().as_u16(), answer.json().await.unwrap())
+    }
+
+    fn first_value(answer: &Value) -> &Value {
+        &answer["result"]["results"][0]["rows"][0][0]
+    }
+
+    async fn bookmark(&self) -> String {
+        let url = format!("{}/bookmark", self.object);
+        let answer: Value = self.client.get(url).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap();
+        answer["result"]["bookmark"].as_str().unwrap_or_else(|| panic!("a bookmark: {answer}")).to_owned()
+    }
+
+    async fn restore(&self, bookmark: &str) {
+        let url = format!("{}/restore", self.object);
+        let answer = self.client.post(url).bearer_auth(TOKEN).json(&json!({ "bookmark": bookmark })).send().await;
+        let answer = answer.unwrap();
+        assert!(answer.status().is_success(), "{}", answer.text().await.unwrap());
+    }
+}
+
+/// Moves the history in `log` onto a filesystem of its own of 2 MB (the database file stays
+/// where it was, with room to spare).
+fn log_onto_a_small_disk(log: &Path, kept: &Path) -> Tmpfs {
+    std::fs::rename(log, kept).unwrap();
+    let disk = Tmpfs::mount(log, 2);
+    copy_files(kept, log);
+    disk
+}
+
+/// What a history that fills must do, `holder`'s history being on `disk` and holding three
+/// rows, `before` their bookmark.
+async fn fills_refuses_and_recovers<H: HistoryHolder>(holder: &H, disk: &Tmpfs, before: &str) {
+    // Writes until the history cannot take one. The commit whose capture failed was
+    // acknowledged (it is durable in the WAL, which keeps it until the log has it); every
+    // write after it is refused as a full disk is, in the v4 envelope, and changes nothing. A
+    // 503 says the file is reopening after the failed capture: retried, as clients do.
+    let mut acknowledged = 0;
+    let mut refused = 0;
+    for i in 0..200 {
+        let (status, answer) = holder.run(&format!("INSERT INTO b VALUES ({}, randomblob(100000))", 10 + i)).await;
+        match status {
+            200 => {
+                assert_eq!(refused, 0, "a write was acknowledged after the history refused one");
+                acknowledged += 1;
+            }
+            503 => {}
+            _ => {
+                assert_eq!(status, 507, "a history that cannot grow: {answer}");
+                assert_eq!(answer["success"], false);
+                refused += 1;
+                if refused == 3 {
+                    break;
+                }
+            }
+        }
+    }
+    assert!(refused == 3 && acknowledged > 0, "the history never filled ({acknowledged} writes)");
+    // Reads go on, and every acknowledged write is there.
+    assert_eq!(holder.count().await, 3 + acknowledged);
+    let (status, answer) = holder.run("SELECT max(i) AS top FROM b").await;
+    assert_eq!((status, H::first_value(&answer)), (200, &json!(10 + acknowledged - 1)));
+
+    // Room again: writes resume without a restart (the file reopens within a second of a
+    // refused write and captures what the WAL held).
+    disk.resize(64);
+    let started = std::time::Instant::now();
+    loop {
+        let (status, answer) = holder.run("INSERT INTO b VALUES (-1, 1)").await;
+        if status == 200 {
+            break;
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "writes never resumed: {answer}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(holder.count().await, 3 + acknowledged + 1);
+
+    // The history kept every commit: the bookmark of now restores exactly, and so does the one
+    // taken before the history was moved.
+    let now = holder.bookmark().await;
+    assert_eq!(holder.run("DELETE FROM b").await.0, 200);
+    holder.restore(&now).await;
+    assert_eq!(holder.count().await, 3 + acknowledged + 1, "the history lost a commit made while it was full");
+    holder.restore(before).await;
+    assert_eq!(holder.count().await, 3);
+}
+
 #[test]
 fn a_history_log_that_cannot_grow_refuses_writes_clearly_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
@@ -304,8 +428,6 @@ fn a_history_log_that_cannot_grow_refuses_writes_clearly_and_recovers() {
     let server = KuraProcess::start_on(tempfile::tempdir().unwrap(), data.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let db = HistDb::new(&server.api);
-    // A database with three rows and a bookmark of them, then its history moved onto a small
-    // filesystem of its own (the database file stays where it was, with room to spare).
     let (uuid, before) = runtime.block_on(async {
         let made: Value = db
             .client
@@ -318,73 +440,60 @@ fn a_history_log_that_cannot_grow_refuses_writes_clearly_and_recovers() {
             .json()
             .await
             .unwrap();
-        assert_eq!(db.query("CREATE TABLE b (i INTEGER, x BLOB)").await.0, 200);
-        assert_eq!(db.query("INSERT INTO b VALUES (1, 1), (2, 2), (3, 3)").await.0, 200);
+        assert_eq!(db.run("CREATE TABLE b (i INTEGER, x BLOB)").await.0, 200);
+        assert_eq!(db.run("INSERT INTO b VALUES (1, 1), (2, 2), (3, 3)").await.0, 200);
         (made["result"]["uuid"].as_str().unwrap().to_owned(), db.bookmark().await)
     });
     let (server_dir, data) = server.stop();
-    let log = data.join("d1").join(&uuid).join("log");
-    let kept = dir.path().join("log-before");
-    std::fs::rename(&log, &kept).unwrap();
-    let disk = Tmpfs::mount(&log, 2);
-    copy_files(&kept, &log);
+    let disk = log_onto_a_small_disk(&data.join("d1").join(&uuid).join("log"), &dir.path().join("log-before"));
     let server = KuraProcess::start_on(server_dir, data.clone());
-    let db = HistDb::new(&server.api);
-    runtime.block_on(async {
-        // Writes until the history cannot take one. The commit whose capture failed was
-        // acknowledged (it is durable in the WAL, which keeps it until the log has it); every
-        // write after it is refused as a full disk is, in the v4 envelope, and changes nothing.
-        let mut acknowledged = 0;
-        let mut refused = 0;
-        for i in 0..200 {
-            let (status, answer) = db.query(&format!("INSERT INTO b VALUES ({}, randomblob(100000))", 10 + i)).await;
-            match status {
-                200 => {
-                    assert_eq!(refused, 0, "a write was acknowledged after the history refused one");
-                    acknowledged += 1;
-                }
-                503 => {}
-                _ => {
-                    assert_eq!(status, 507, "a history that cannot grow: {answer}");
-                    assert_eq!(answer["success"], false);
-                    refused += 1;
-                    if refused == 3 {
-                        break;
-                    }
-                }
-            }
-        }
-        assert!(refused == 3 && acknowledged > 0, "the history never filled ({acknowledged} writes)");
-        // Reads go on, and every acknowledged write is there.
-        assert_eq!(db.count().await, 3 + acknowledged);
-        let (status, answer) = db.query("SELECT max(i) AS top FROM b").await;
-        assert_eq!((status, &answer["result"][0]["results"][0]["top"]), (200, &json!(10 + acknowledged - 1)));
-
-        // Room again: writes resume without a restart (the database reopens within a second
-        // of a refused write and captures what the WAL held).
-        disk.resize(64);
-        let started = std::time::Instant::now();
-        loop {
-            let (status, answer) = db.query("INSERT INTO b VALUES (-1, 1)").await;
-            if status == 200 {
-                break;
-            }
-            assert!(started.elapsed() < std::time::Duration::from_secs(10), "writes never resumed: {answer}");
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        }
-        assert_eq!(db.count().await, 3 + acknowledged + 1);
-
-        // The history kept every commit: the bookmark of now restores exactly, and so does the
-        // one taken before the history was moved.
-        let now = db.bookmark().await;
-        assert_eq!(db.query("DELETE FROM b").await.0, 200);
-        db.restore(&now).await;
-        assert_eq!(db.count().await, 3 + acknowledged + 1, "the history lost a commit made while it was full");
-        db.restore(&before).await;
-        assert_eq!(db.count().await, 3);
-    });
+    runtime.block_on(fills_refuses_and_recovers(&HistDb::new(&server.api), &disk, &before));
     let (_, data) = server.stop();
     let checked = crate::common::kura(dir.path(), &data, &["check"], &[]);
     assert!(checked.ok, "kura check after the history filled: {}", checked.all());
+    drop(disk);
+}
+
+/// The directory named `name` somewhere under `dir`.
+fn find_dir(dir: &Path, name: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if entry.file_name() == name {
+                return Some(path);
+            }
+            if let Some(found) = find_dir(&path, name) {
+                return Some(found);
+            }
+        }
+    }
+    None
+}
+
+/// As the D1 database's above, for a Durable Object: its history alone on a small filesystem.
+#[test]
+fn an_objects_history_that_cannot_grow_refuses_writes_clearly_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = KuraProcess::start_on(tempfile::tempdir().unwrap(), data.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let object = HistObject::new(&server.api);
+    let (id, before) = runtime.block_on(async {
+        let namespaces = format!("{}/accounts/{ACCOUNT}/workers/durable_objects/namespaces", server.api);
+        let made = object.client.post(&namespaces).bearer_auth(TOKEN).json(&json!({ "name": "HIST" })).send().await;
+        assert!(made.unwrap().status().is_success());
+        let (status, made) = object.run("CREATE TABLE b (i INTEGER, x BLOB)").await;
+        assert_eq!(status, 200, "{made}");
+        assert_eq!(object.run("INSERT INTO b VALUES (1, 1), (2, 2), (3, 3)").await.0, 200);
+        (made["result"]["id"].as_str().unwrap().to_owned(), object.bookmark().await)
+    });
+    let (server_dir, data) = server.stop();
+    let object_dir = find_dir(&data.join("do"), &id).expect("the object's directory");
+    let disk = log_onto_a_small_disk(&object_dir.join("log"), &dir.path().join("log-before"));
+    let server = KuraProcess::start_on(server_dir, data.clone());
+    runtime.block_on(fills_refuses_and_recovers(&HistObject::new(&server.api), &disk, &before));
+    let (_, data) = server.stop();
+    let checked = crate::common::kura(dir.path(), &data, &["check"], &[]);
+    assert!(checked.ok, "kura check after the object's history filled: {}", checked.all());
     drop(disk);
 }
