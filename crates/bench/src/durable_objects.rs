@@ -95,7 +95,7 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
 
     let http = if wanted("http16") || wanted("http1") {
         eprintln!(
-            "measuring kura over HTTP (batch endpoint) in turns with a server doing the limit's work and the limit…"
+            "measuring kura over HTTP (batch endpoint) in turns with a server doing the limit's work, the limit and the HTTP floor…"
         );
         let kura = Kura::start(&scratch.path().join("kura"), true).context("starting kura")?;
         // The floor server opens its own files of the same objects, one connection each.
@@ -118,22 +118,27 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
     };
 
     if !settings.only.is_empty() {
-        for (name, stats) in [
-            ("sdk16", sdk_16.kura),
-            ("limit16 (in turns with sdk16)", sdk_16.limit),
-            ("sdk1", sdk_1.kura),
-            ("limit1 (in turns with sdk1)", sdk_1.limit),
-            ("cold", cold.kura),
-            ("limitcold (in turns with cold)", cold.limit),
-            ("http16", http_16),
-            ("objectfloor16", http.object_floor_16),
-            ("limit16 (in turns with http16)", http.limit_16),
-            ("http1", http_1),
-            ("objectfloor1", http.object_floor_1),
-            ("limit1 (in turns with http1)", http.limit_1),
+        // The CPU is shown for the loads whose work is all in this process (kura's HTTP server is
+        // another process; the floor server shares this one with the clients).
+        for (name, stats, in_process) in [
+            ("sdk16", sdk_16.kura, true),
+            ("limit16 (in turns with sdk16)", sdk_16.limit, true),
+            ("sdk1", sdk_1.kura, true),
+            ("limit1 (in turns with sdk1)", sdk_1.limit, true),
+            ("cold", cold.kura, true),
+            ("limitcold (in turns with cold)", cold.limit, true),
+            ("http16", http_16, false),
+            ("objectfloor16", http.object_floor_16, false),
+            ("limit16 (in turns with http16)", http.limit_16, true),
+            ("floor16 (in turns with http16)", http.floor_16, false),
+            ("http1", http_1, false),
+            ("objectfloor1", http.object_floor_1, false),
+            ("limit1 (in turns with http1)", http.limit_1, true),
+            ("floor1 (in turns with http1)", http.floor_1, false),
         ] {
             if stats.units > 0 {
-                let cpu = stats.cpu_per_unit().map(|c| format!(", this process's CPU {:.1} µs each", micros(c)));
+                let cpu = stats.cpu_per_unit().filter(|_| in_process);
+                let cpu = cpu.map(|c| format!(", this process's CPU {:.1} µs each", micros(c)));
                 println!(
                     "{name}: {:.0}/s p50 {:?} p99 {:?}{}",
                     stats.rate(),
@@ -325,9 +330,11 @@ async fn measure_cold(dir: &Path, limit_dir: &Path) -> anyhow::Result<BesideLimi
                 let conn = rusqlite::Connection::open(limit_dir.join(format!("{object}.sqlite")))?;
                 conn.pragma_update(None, "synchronous", "FULL")?;
                 limit_request(&conn, "first")?;
-                drop(conn);
                 limit.push(began.elapsed());
                 limit_time += began.elapsed();
+                // Closed after the clock stops, as kura's object stays open: closing the last
+                // connection checkpoints the WAL and syncs the file, which the request never pays.
+                drop(conn);
             }
         }
     }
@@ -339,8 +346,8 @@ async fn measure_cold(dir: &Path, limit_dir: &Path) -> anyhow::Result<BesideLimi
 }
 
 /// What the batch endpoint (an INSERT and a count as one request) measured at 16 clients and at
-/// 1, beside the same server's HTTP floor, and, in turns with it, a server doing only the
-/// limit's work ([`FloorServer::objects`]) and the limit.
+/// 1, and, in turns with it, the same server's HTTP floor, a server doing only the limit's work
+/// ([`FloorServer::objects`]) and the limit.
 #[derive(Default)]
 struct HttpFigures {
     batch_16: Stats,
@@ -394,13 +401,17 @@ async fn measure_http(
     eprintln!("{OBJECTS} objects created over HTTP in {:.1} s; the load begins", created_at.elapsed().as_secs_f64());
     let next = Arc::new(AtomicU64::new(0));
     // Load 0 is kura's batch endpoint; load 1 the floor server, sent the same bodies; load 2
-    // the limit.
+    // the limit; load 3 the same server's `/healthz` (the HTTP floor).
+    let health = format!("http://{api}/healthz");
     let load = |which: usize, clients, slice, limit: &Arc<LimitLoad>| {
         let (send, batch_url, next, limit) = (send.clone(), batch_url.clone(), Arc::clone(&next), Arc::clone(limit));
         let floor_objects = (which == 1).then(|| format!("{floor}/objects"));
+        let (http, health) = (http.clone(), health.clone());
         async move {
-            if which == 2 {
-                return limit.take_turn(slice).await;
+            match which {
+                2 => return limit.take_turn(slice).await,
+                3 => return load::http_floor_timed(&http, &health, clients, slice).await,
+                _ => {}
             }
             load::run_timed(clients, slice, move |client, n| {
                 let user = format!("u{}", next.fetch_add(1, Ordering::Relaxed));
@@ -419,17 +430,14 @@ async fn measure_http(
             .await
         }
     };
-    let in_turns = async |clients| -> anyhow::Result<[Stats; 3]> {
+    let in_turns = async |clients| -> anyhow::Result<[Stats; 4]> {
         let limit = LimitLoad::open(limit_dir, clients)?;
         Ok(load::alternately(duration, |which, slice| load(which, clients, slice, &limit)).await)
     };
-    let [batch_16, object_floor_16, limit_16] =
+    let [batch_16, object_floor_16, limit_16, floor_16] =
         if wanted("http16") { in_turns(CLIENTS).await? } else { Default::default() };
-    let [batch_1, object_floor_1, limit_1] = if wanted("http1") { in_turns(1).await? } else { Default::default() };
-    let health = format!("http://{api}/healthz");
-    let floor = |clients| load::http_floor(&http, &health, clients, duration);
-    let floor_16 = if wanted("http16") { floor(CLIENTS).await } else { Stats::default() };
-    let floor_1 = if wanted("http1") { floor(1).await } else { Stats::default() };
+    let [batch_1, object_floor_1, limit_1, floor_1] =
+        if wanted("http1") { in_turns(1).await? } else { Default::default() };
     Ok(HttpFigures { batch_16, batch_1, floor_16, floor_1, object_floor_16, object_floor_1, limit_16, limit_1 })
 }
 
@@ -500,6 +508,8 @@ impl LimitLoad {
                 }
             }));
         }
+        // Only the threads hold senders now: one that dies before it reports ends the wait.
+        drop(opened);
         for _ in 0..clients {
             all_opened.recv().context("a limit thread ended while opening its files")??;
         }

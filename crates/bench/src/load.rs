@@ -94,12 +94,7 @@ where
 
 /// The HTTP floor: `clients` clients of `http` fetching `url` (a server's `/healthz`: no auth,
 /// no storage) back to back for `duration`: what HTTP alone costs on this server and client.
-pub async fn http_floor(http: &reqwest::Client, url: &str, clients: usize, duration: Duration) -> Stats {
-    let (latencies, units, elapsed) = http_floor_timed(http, url, clients, duration).await;
-    Stats::from_latencies(latencies, units, elapsed)
-}
-
-/// The HTTP floor as [`run_timed`] answers a load's figures, to be taken in turns.
+/// Answers [`run_timed`]'s figures, to be taken in turns with the load it is set beside.
 pub async fn http_floor_timed(
     http: &reqwest::Client,
     url: &str,
@@ -111,6 +106,7 @@ pub async fn http_floor_timed(
         let (http, url) = (http.clone(), url.clone());
         async move {
             let answer = http.get(&url).send().await.expect("healthz");
+            assert!(answer.status().is_success(), "healthz answered {}", answer.status());
             let _ = answer.bytes().await;
             1
         }
@@ -123,6 +119,10 @@ pub async fn http_floor_timed(
 /// The order rotates from round to round, so none always follows another's leftover work.
 /// `load(i, slice)` runs load `i` (below `N`) for `slice` and answers [`run_timed`]'s figures;
 /// each load's figures carry the CPU time this process spent during its turns.
+///
+/// Each turn ends with every file's dirty pages written to the disk, timed as part of the turn:
+/// a load that leaves writes for the kernel to flush later (kura's history appends are not
+/// synced per commit) pays for them in its own turn instead of slowing the next load's.
 pub async fn alternately<const N: usize, F, Fut>(duration: Duration, load: F) -> [Stats; N]
 where
     F: Fn(usize, Duration) -> Fut,
@@ -143,6 +143,9 @@ where
             let i = (round + turn) % N;
             let cpu_before = process_cpu();
             let (latencies, units, elapsed) = load(i, slice).await;
+            let flushed = Instant::now();
+            flush_to_disk();
+            let elapsed = elapsed + flushed.elapsed();
             let total = &mut totals[i];
             total.cpu += process_cpu().saturating_sub(cpu_before);
             total.latencies.extend(latencies);
@@ -151,6 +154,12 @@ where
         }
     }
     totals.map(|t| Stats { cpu: Some(t.cpu), ..Stats::from_latencies(t.latencies, t.units, t.elapsed) })
+}
+
+/// Writes every filesystem's dirty pages to the disk and waits for them (`sync(2)`).
+fn flush_to_disk() {
+    // SAFETY: `sync` takes no arguments and cannot fail.
+    unsafe { libc::sync() };
 }
 
 /// The CPU time (user and system) this process has spent, all its threads.
