@@ -116,7 +116,8 @@ pub async fn http_floor_timed(
 
 /// Loads measured in turns of (at most) one second until each has run about `duration`: on a
 /// noisy machine all meet the same moments, so their ratios hold where any alone would wander.
-/// The order rotates from round to round, so none always follows another's leftover work.
+/// The order rotates from round to round, so none always goes first (with more than two loads,
+/// each still mostly follows the same one: the flush below keeps its leftover writes its own).
 /// `load(i, slice)` runs load `i` (below `N`) for `slice` and answers [`run_timed`]'s figures;
 /// each load's figures carry the CPU time this process spent during its turns.
 ///
