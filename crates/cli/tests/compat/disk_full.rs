@@ -267,6 +267,8 @@ fn copy_files(from: &Path, to: &Path) {
 /// A database whose history a test moves onto a small filesystem: a D1 database or a Durable
 /// Object, over the v4 API. Its table `b (i INTEGER, x BLOB)`.
 trait HistoryHolder {
+    /// Creates the database with its table; answers the name of the directory its files are in.
+    async fn create(&self) -> String;
     /// One statement: its status and envelope.
     async fn run(&self, sql: &str) -> (u16, Value);
     /// The first value of the first row a read answered.
@@ -294,6 +296,13 @@ impl HistDb {
 }
 
 impl HistoryHolder for HistDb {
+    async fn create(&self) -> String {
+        let made = self.client.post(format!("{}/d1/database", self.account)).bearer_auth(TOKEN);
+        let made: Value = made.json(&json!({ "name": "hist" })).send().await.unwrap().json().await.unwrap();
+        assert_eq!(self.run("CREATE TABLE b (i INTEGER, x BLOB)").await.0, 200);
+        made["result"]["uuid"].as_str().unwrap().to_owned()
+    }
+
     async fn run(&self, sql: &str) -> (u16, Value) {
         d1_query(&self.client, &format!("{}/d1/database/hist/query", self.account), sql).await
     }
@@ -319,17 +328,27 @@ impl HistoryHolder for HistDb {
 /// The object `room` of the Durable Object namespace `HIST` of one server.
 struct HistObject {
     client: reqwest::Client,
+    namespaces: String,
     object: String,
 }
 
 impl HistObject {
     fn new(api: &str) -> HistObject {
-        let object = format!("{api}/accounts/{ACCOUNT}/workers/durable_objects/namespaces/HIST/objects/room");
-        HistObject { client: reqwest::Client::new(), object }
+        let namespaces = format!("{api}/accounts/{ACCOUNT}/workers/durable_objects/namespaces");
+        let object = format!("{namespaces}/HIST/objects/room");
+        HistObject { client: reqwest::Client::new(), namespaces, object }
     }
 }
 
 impl HistoryHolder for HistObject {
+    async fn create(&self) -> String {
+        let made = self.client.post(&self.namespaces).bearer_auth(TOKEN).json(&json!({ "name": "HIST" })).send().await;
+        assert!(made.unwrap().status().is_success());
+        let (status, made) = self.run("CREATE TABLE b (i INTEGER, x BLOB)").await;
+        assert_eq!(status, 200, "{made}");
+        made["result"]["id"].as_str().unwrap().to_owned()
+    }
+
     async fn run(&self, sql: &str) -> (u16, Value) {
         let body = json!({ "operations": [{ "op": "sql", "sql": sql }] });
         let answer = self.client.post(format!("{}/batch", self.object)).bearer_auth(TOKEN).json(&body).send().await;
@@ -421,39 +440,6 @@ async fn fills_refuses_and_recovers<H: HistoryHolder>(holder: &H, disk: &Tmpfs, 
     assert_eq!(holder.count().await, 3);
 }
 
-#[test]
-fn a_history_log_that_cannot_grow_refuses_writes_clearly_and_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let server = KuraProcess::start_on(tempfile::tempdir().unwrap(), data.clone());
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let db = HistDb::new(&server.api);
-    let (uuid, before) = runtime.block_on(async {
-        let made: Value = db
-            .client
-            .post(format!("{}/d1/database", db.account))
-            .bearer_auth(TOKEN)
-            .json(&json!({ "name": "hist" }))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(db.run("CREATE TABLE b (i INTEGER, x BLOB)").await.0, 200);
-        assert_eq!(db.run("INSERT INTO b VALUES (1, 1), (2, 2), (3, 3)").await.0, 200);
-        (made["result"]["uuid"].as_str().unwrap().to_owned(), db.bookmark().await)
-    });
-    let (server_dir, data) = server.stop();
-    let disk = log_onto_a_small_disk(&data.join("d1").join(&uuid).join("log"), &dir.path().join("log-before"));
-    let server = KuraProcess::start_on(server_dir, data.clone());
-    runtime.block_on(fills_refuses_and_recovers(&HistDb::new(&server.api), &disk, &before));
-    let (_, data) = server.stop();
-    let checked = crate::common::kura(dir.path(), &data, &["check"], &[]);
-    assert!(checked.ok, "kura check after the history filled: {}", checked.all());
-    drop(disk);
-}
-
 /// The directory named `name` somewhere under `dir`.
 fn find_dir(dir: &Path, name: &str) -> Option<PathBuf> {
     for entry in std::fs::read_dir(dir).ok()?.flatten() {
@@ -470,30 +456,38 @@ fn find_dir(dir: &Path, name: &str) -> Option<PathBuf> {
     None
 }
 
-/// As the D1 database's above, for a Durable Object: its history alone on a small filesystem.
-#[test]
-fn an_objects_history_that_cannot_grow_refuses_writes_clearly_and_recovers() {
+/// A database with three rows and a bookmark of them, then its history moved onto a small
+/// filesystem of its own (its database file stays where it was, with room to spare), then
+/// [`fills_refuses_and_recovers`], then `kura check`. `connect` reaches it on a server's API.
+fn a_history_that_cannot_grow<H: HistoryHolder>(connect: fn(&str) -> H) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let server = KuraProcess::start_on(tempfile::tempdir().unwrap(), data.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let object = HistObject::new(&server.api);
-    let (id, before) = runtime.block_on(async {
-        let namespaces = format!("{}/accounts/{ACCOUNT}/workers/durable_objects/namespaces", server.api);
-        let made = object.client.post(&namespaces).bearer_auth(TOKEN).json(&json!({ "name": "HIST" })).send().await;
-        assert!(made.unwrap().status().is_success());
-        let (status, made) = object.run("CREATE TABLE b (i INTEGER, x BLOB)").await;
-        assert_eq!(status, 200, "{made}");
-        assert_eq!(object.run("INSERT INTO b VALUES (1, 1), (2, 2), (3, 3)").await.0, 200);
-        (made["result"]["id"].as_str().unwrap().to_owned(), object.bookmark().await)
+    let (home, before) = runtime.block_on(async {
+        let holder = connect(&server.api);
+        let home = holder.create().await;
+        assert_eq!(holder.run("INSERT INTO b VALUES (1, 1), (2, 2), (3, 3)").await.0, 200);
+        (home, holder.bookmark().await)
     });
     let (server_dir, data) = server.stop();
-    let object_dir = find_dir(&data.join("do"), &id).expect("the object's directory");
-    let disk = log_onto_a_small_disk(&object_dir.join("log"), &dir.path().join("log-before"));
+    let files = find_dir(&data, &home).expect("the database's directory");
+    let disk = log_onto_a_small_disk(&files.join("log"), &dir.path().join("log-before"));
     let server = KuraProcess::start_on(server_dir, data.clone());
-    runtime.block_on(fills_refuses_and_recovers(&HistObject::new(&server.api), &disk, &before));
+    runtime.block_on(fills_refuses_and_recovers(&connect(&server.api), &disk, &before));
     let (_, data) = server.stop();
     let checked = crate::common::kura(dir.path(), &data, &["check"], &[]);
-    assert!(checked.ok, "kura check after the object's history filled: {}", checked.all());
+    assert!(checked.ok, "kura check after the history filled: {}", checked.all());
     drop(disk);
+}
+
+#[test]
+fn a_history_log_that_cannot_grow_refuses_writes_clearly_and_recovers() {
+    a_history_that_cannot_grow(HistDb::new);
+}
+
+/// The same for a Durable Object: its history alone on a small filesystem.
+#[test]
+fn an_objects_history_that_cannot_grow_refuses_writes_clearly_and_recovers() {
+    a_history_that_cannot_grow(HistObject::new);
 }
