@@ -674,6 +674,12 @@ impl DurableObjects {
             .map_err(DoError::from_sql)
     }
 
+    /// Writes into every open object's history the commits it still owes, and waits
+    /// ([`Registry::capture_histories`]).
+    pub async fn capture_histories(&self) {
+        self.inner.registry.capture_histories().await;
+    }
+
     /// The bookmark of the object's last commit at or before `time_ms` (within 30 days).
     pub async fn bookmark_for_time(&self, ns: &Namespace, id: &ObjectId, time_ms: i64) -> Result<Bookmark> {
         if ns.elsewhere {

@@ -132,7 +132,8 @@ impl Lender {
     /// Runs `request` here, alone in a transaction it commits, if the database is open and
     /// idle, its commits need no shipping and its WAL is not overdue a checkpoint. Blocks on
     /// the commit's fsync. The commit is answered before the history captures it: the caller
-    /// has [`Lender::capture_owed`] run once the answer is out, and a checkpoint that commit
+    /// has [`Lender::capture_due`] run once the answer is out if the capture is due (see
+    /// [`Afterwards::Capture`]), and a checkpoint that commit
     /// made due is the actor's (it may take a while, on the actor's thread).
     pub(crate) fn try_write(&self, request: &Request) -> Tried {
         let Some(mut held) = self.try_lock_as_writer() else { return Tried::NotRun };
@@ -152,7 +153,7 @@ impl Lender {
         let bookmark = if db.is_poisoned() { None } else { db.bookmark().ok() };
         let afterwards = match () {
             () if db.is_poisoned() => Afterwards::Reopen,
-            () if db.owes_capture() => Afterwards::Capture,
+            () if db.capture_due() => Afterwards::Capture,
             () => Afterwards::Nothing,
         };
         Tried::Answered(outcome.map(|results| Executed { results, bookmark }), afterwards)
@@ -172,12 +173,16 @@ impl Lender {
         }
     }
 
-    /// Captures into the history the commits answered before their capture, here if the
-    /// database is idle: as a writer, since a capture writes the log and may take as long as
-    /// the commit's pages take to copy. A closed database captured them as it closed.
-    pub(crate) fn capture_owed(&self) -> Captured {
+    /// Captures into the history the commits answered before their capture if that is due
+    /// ([`Database::capture_due`]), here if the database is idle: as a writer, since a capture
+    /// writes the log and may take as long as the commits' pages take to copy. A closed
+    /// database captured them as it closed.
+    pub(crate) fn capture_due(&self) -> Captured {
         let Some(mut held) = self.try_lock_as_writer() else { return Captured::Busy };
         let Some(db) = held.guard.as_mut() else { return Captured::Done };
+        if !db.capture_due() {
+            return Captured::Done;
+        }
         match beside_the_actor(db, |db| db.capture_owed()) {
             Ok(Ok(())) if db.checkpoint_due() => Captured::CheckpointDue,
             Ok(Ok(())) => Captured::Done,
@@ -186,7 +191,7 @@ impl Lender {
     }
 }
 
-/// What [`Lender::capture_owed`] did.
+/// What [`Lender::capture_due`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Captured {
     /// The history holds every commit (or the database is closed).
@@ -206,7 +211,7 @@ pub(crate) enum Afterwards {
     /// The file must be reopened (a commit failed on the disk, or the request panicked): the
     /// actor is told through its queue.
     Reopen,
-    /// The request's commit is owed to the history ([`Lender::capture_owed`]).
+    /// The commits owed to the history are due their capture ([`Lender::capture_due`]).
     Capture,
 }
 

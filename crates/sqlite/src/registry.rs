@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::actor::{Actor, Afterwards, Captured, Command, Executed, Identity, Start, Tried};
-use crate::database::{Database, DatabaseOptions};
+use crate::database::{CAPTURE_DELAY_MS, Database, DatabaseOptions};
 use crate::error::{Error, Result};
 use crate::pool::Pool;
 use crate::request::{Request, StatementResult};
@@ -186,9 +186,9 @@ impl Registry {
                     Afterwards::Capture => match tokio::runtime::Handle::try_current() {
                         Ok(runtime) => {
                             let (shared, key) = (Arc::clone(&self.shared), key.to_owned());
-                            runtime.spawn(async move { shared.capture_owed(&key, &actor) });
+                            runtime.spawn(async move { shared.capture_due(&key, &actor) });
                         }
-                        Err(_) => self.shared.capture_owed(key, &actor),
+                        Err(_) => self.shared.capture_due(key, &actor),
                     },
                 }
                 return outcome;
@@ -252,6 +252,31 @@ impl Registry {
         }));
         self.shared.send(key, command)?;
         answer.await.map_err(|_| Error::Closed)
+    }
+
+    /// Captures into every open database's history the commits it owes (those answered and
+    /// not yet captured, [`Database::capture_due`]), and waits for them: afterwards the logs
+    /// hold every commit answered before the call. Deferred captures are otherwise written
+    /// within about a second; this is for a caller that must not leave that work to later
+    /// (a benchmark's turn, a copy of the data directory taken while serving).
+    pub async fn capture_histories(&self) {
+        let open: Vec<Arc<Actor>> = self.shared.lock().actors.values().map(|entry| Arc::clone(&entry.actor)).collect();
+        let mut answers = Vec::with_capacity(open.len());
+        for actor in open {
+            let (reply, answer) = oneshot::channel();
+            let command = Command::Exclusive(Box::new(move |db: &mut Database| {
+                db.settle_history();
+                let _ = reply.send(());
+            }));
+            // A full queue, or an actor closing, captures without being asked: the next
+            // commit finds its capture due, and a close captures everything.
+            if actor.post(command).is_ok() {
+                answers.push(answer);
+            }
+        }
+        for answer in answers {
+            let _ = answer.await;
+        }
     }
 
     /// Closes the database `key` and waits until its file is released. Requests already queued
@@ -367,17 +392,35 @@ impl Shared {
         let _ = self.send(key, Command::Exclusive(Box::new(|_| {})));
     }
 
-    /// Captures what the database `key` owes its history ([`Lender::capture_owed`]): here if
-    /// it is idle, else through its actor (a failure there has the actor reopen the file); a
-    /// checkpoint the capture finds due is left to the actor's thread as well. An
-    /// actor that has stopped captured everything as it closed, and one whose queue is full
-    /// captures with its next commit: neither is sent anything.
-    fn capture_owed(self: &Arc<Self>, key: &str, actor: &Arc<Actor>) {
-        match actor.lender().capture_owed() {
+    /// Captures what the database `key` owes its history if that is due
+    /// ([`Lender::capture_due`]): here if it is idle, else through its actor (a failure there
+    /// has the actor reopen the file); a checkpoint the capture finds due is left to the
+    /// actor's thread as well. An actor that has stopped captured everything as it closed,
+    /// and one whose queue is full captures with its next commit: neither is sent anything.
+    fn capture_due(self: &Arc<Self>, key: &str, actor: &Arc<Actor>) {
+        match actor.lender().capture_due() {
             Captured::Done => {}
             Captured::Reopen => self.reopen(key),
             Captured::Busy | Captured::CheckpointDue => {
                 let _ = actor.post(Command::Exclusive(Box::new(Database::settle_history)));
+            }
+        }
+    }
+
+    /// Captures the commits owed to the history of every idle database whose capture is due
+    /// (the oldest answered long enough ago, [`Database::capture_due`]): an idle database has
+    /// no commit of its own to notice it. A busy one sees to it after its next commit, or as
+    /// it closes.
+    fn capture_idle(self: &Arc<Self>) {
+        let open: Vec<(String, Arc<Actor>)> =
+            self.lock().actors.iter().map(|(key, entry)| (key.clone(), Arc::clone(&entry.actor))).collect();
+        for (key, actor) in open {
+            match actor.lender().capture_due() {
+                Captured::Done | Captured::Busy => {}
+                Captured::Reopen => self.reopen(&key),
+                Captured::CheckpointDue => {
+                    let _ = actor.post(Command::Exclusive(Box::new(Database::settle_history)));
+                }
             }
         }
     }
@@ -536,16 +579,20 @@ impl ReaperStop {
     }
 }
 
-/// Starts the thread that closes the registry's idle databases, a few times per idle timeout
-/// (an idle database has no thread of its own to notice it is idle).
+/// Starts the thread that closes the registry's idle databases, a few times per idle timeout,
+/// and captures what their histories are owed, twice per [`CAPTURE_DELAY_MS`] (an idle
+/// database has no thread of its own to notice either).
 fn start_reaper(shared: &Arc<Shared>) {
     let registry = Arc::downgrade(shared);
     let stop = Arc::clone(&shared.reaper);
-    let period = (shared.settings.idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
+    let period = (shared.settings.idle_timeout / 4)
+        .clamp(Duration::from_millis(10), Duration::from_secs(5))
+        .min(Duration::from_millis(CAPTURE_DELAY_MS as u64 / 2));
     let started = std::thread::Builder::new().name("kura-db-idle".into()).spawn(move || {
         while stop.wait(period) {
             let Some(shared) = registry.upgrade() else { return };
             shared.close_idle();
+            shared.capture_idle();
         }
     });
     if let Err(e) = started {

@@ -9,6 +9,7 @@ mod transaction;
 use counters::{IndexColumns, schema_writes};
 use file_lock::FileLock;
 pub(crate) use transaction::{Grouped, Inline};
+pub(crate) use time_travel::CAPTURE_DELAY_MS;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
-//! Time Travel on a database: capturing each commit into its history (before its answer, or
-//! just after it for a lone write), checkpointing only what the history holds, bookmarks, and
-//! restore.
+//! Time Travel on a database: capturing commits into its history (before a commit's answer
+//! when the log is shipped, else in batches after), checkpointing only what the history
+//! holds, bookmarks, and restore.
 
 use std::sync::atomic::Ordering;
 
@@ -12,6 +12,16 @@ use crate::history::{Bookmark, History, Restored, now_ms};
 /// history again, before a transaction begins.
 const HISTORY_RETRY_IN_PLACE: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// Owed commits captured together: one read of their WAL frames and one append for them all
+/// rather than one of each per commit, which was a fifth of a Durable Object write's CPU
+/// (docs/design.md, "Captured in batches").
+pub(crate) const CAPTURE_BATCH: u64 = 32;
+
+/// How long a commit may stay owed to the history before it is captured. A crash loses the
+/// answer times of the commits still owed; the next open stamps them with the WAL's last
+/// modification, so a point-in-time restore may place them up to this much late.
+pub(crate) const CAPTURE_DELAY_MS: i64 = 1_000;
+
 impl Database {
     /// After a commit: capture its frames into the history, and checkpoint when the WAL has
     /// grown. The commit is durable in the WAL already; if capturing or checkpointing fails,
@@ -20,8 +30,19 @@ impl Database {
     ///
     /// With a shipper, the log is then shipped; if that fails, the commit is not acknowledged
     /// (the error is returned) and the connection is marked for reopening.
+    ///
+    /// Without a shipper nothing waits on the log, so the commit is owed to it
+    /// ([`Database::after_commit_answered_first`]) and captured with others once
+    /// [`Database::capture_due`] says so.
     pub(super) fn after_commit(&mut self) -> Result<()> {
         if self.history.is_none() {
+            return Ok(());
+        }
+        if self.options.shipper.is_none() {
+            self.after_commit_answered_first();
+            if self.capture_due() {
+                self.settle_history();
+            }
             return Ok(());
         }
         if self.capture_or_reopen().is_err() {
@@ -96,21 +117,20 @@ impl Database {
         self.measure_history();
     }
 
-    /// What a lone write answered first leaves to the actor when the caller could not see to
-    /// it: the capture it owes, then the checkpoint it may have made due.
+    /// Captures the commits owed to the history, then checkpoints if that is due: after a
+    /// commit that made the capture due, or for a caller that could not see to it.
     pub(crate) fn settle_history(&mut self) {
         if self.capture_owed().is_ok() {
             self.checkpoint_if_due();
         }
     }
 
-    /// After a commit answered before its capture (a lone write, which needs no shipping; a
-    /// checkpoint it makes due follows its capture): it is owed to the history, stamped with
-    /// this moment. Its position is
-    /// known already ([`Database::bookmark`]); it is captured by [`Database::capture_owed`]
-    /// once the answer is out, or by whatever reads the history first. The commit is durable
-    /// in the WAL, which is checkpointed only after a capture; after a crash, the next open
-    /// captures it from the WAL at the same position.
+    /// After a commit that needs no shipping (a checkpoint it makes due follows its capture):
+    /// it is owed to the history, stamped with this moment. Its position is known already
+    /// ([`Database::bookmark`]); it is captured with others once [`Database::capture_due`]
+    /// says so, or by whatever reads the history first. The commit is durable in the WAL,
+    /// which is checkpointed only after a capture; after a crash, the next open captures it
+    /// from the WAL at the same position.
     pub(super) fn after_commit_answered_first(&mut self) {
         let owed = self.owed_commits();
         if owed > self.owed_times.len() as u64 {
@@ -127,6 +147,17 @@ impl Database {
     /// Whether commits were answered before their capture and are still owed to the history.
     pub(crate) fn owes_capture(&self) -> bool {
         self.history.is_some() && self.owed_commits() > 0
+    }
+
+    /// Whether the commits owed to the history should be captured now: enough of them to read
+    /// and write in one go ([`CAPTURE_BATCH`]), the oldest answered [`CAPTURE_DELAY_MS`] ago,
+    /// or the WAL due a checkpoint (which waits for them). Until then they are durable in the
+    /// WAL, and their answer times are kept here for their records.
+    pub(crate) fn capture_due(&self) -> bool {
+        self.owes_capture()
+            && (self.owed_commits() >= CAPTURE_BATCH
+                || self.owed_times.first().is_some_and(|&answered| now_ms() - answered >= CAPTURE_DELAY_MS)
+                || self.checkpoint_due())
     }
 
     /// Captures the commits answered before their capture. A failure marks the connection for

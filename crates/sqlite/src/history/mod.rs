@@ -25,7 +25,7 @@ mod verify;
 mod wal;
 
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -616,43 +616,68 @@ impl History {
         if frames <= after {
             return Ok(0);
         }
-        let file = self.wal.as_ref().expect("the WAL was opened to read its header");
+        let wal_opened = "the WAL was opened to read its header";
+        let file = self.wal.as_ref().expect(wal_opened);
         let frames_read = wal::Frames::read(file, &header, after, frames).map_err(io_error("reading the WAL"))?;
-        let mut appended = 0;
-        for txn in frames_read.transactions() {
-            let stamp = answered_at.get(appended as usize).copied().or(time_ms);
-            let time_ms = stamp.unwrap_or_else(now_ms).max(self.last_time_ms);
-            let record = Header {
-                kind: Kind::Commit,
-                seq: self.last_seq + 1,
-                time_ms,
-                page_size: header.page_size,
-                db_pages: txn.db_pages,
-                wal_salt: header.salt,
-                wal_frame: txn.last_frame,
-                n_pages: txn.pages.len() as u32,
+        // The commits' records go to the log in runs written with one system call each (one
+        // write of many pages costs less than many writes of a few: docs/design.md, "Captured
+        // in batches"); a record larger than one run's buffer goes alone.
+        let transactions = frames_read.transactions();
+        let (mut appended, mut page, mut records) = (0, Vec::new(), Vec::new());
+        while appended < transactions.len() {
+            let file = self.wal.as_ref().expect(wal_opened);
+            records.clear();
+            let (mut seq, mut last_time_ms, mut bytes) = (self.last_seq, self.last_time_ms, 0);
+            for (i, txn) in transactions.iter().enumerate().skip(appended) {
+                let stamp = answered_at.get(i).copied().or(time_ms);
+                let time_ms = stamp.unwrap_or_else(now_ms).max(last_time_ms);
+                let record = Header {
+                    kind: Kind::Commit,
+                    seq: seq + 1,
+                    time_ms,
+                    page_size: header.page_size,
+                    db_pages: txn.db_pages,
+                    wal_salt: header.salt,
+                    wal_frame: txn.last_frame,
+                    n_pages: txn.pages.len() as u32,
+                };
+                // A run fits one write, and ends where the segment is full, as one record alone
+                // would.
+                let room = segment::WHOLE_RECORD.min(self.settings.segment_bytes.saturating_sub(self.open.len));
+                if !records.is_empty() && bytes + record.record_len() > room {
+                    break;
+                }
+                (seq, last_time_ms, bytes) = (record.seq, time_ms, bytes + record.record_len());
+                records.push(record);
+            }
+            let run = &transactions[appended..appended + records.len()];
+            let mut write_pages = |i: usize, w: &mut record::RecordWriter<'_, dyn Write + '_>| {
+                for &(pgno, frame) in &run[i].pages {
+                    w.page(pgno, frames_read.page(file, frame, &mut page)?)?;
+                }
+                Ok(())
             };
-            let mut page = Vec::new();
-            self.open
-                .append(&record, |w| {
-                    for &(pgno, frame) in &txn.pages {
-                        w.page(pgno, frames_read.page(file, frame, &mut page)?)?;
-                    }
-                    Ok(())
-                })
-                .map_err(io_error("appending to the log"))?;
-            self.last_seq = record.seq;
-            self.last_time_ms = time_ms;
+            match records.as_slice() {
+                [alone] => self.open.append(alone, |w| write_pages(0, w)),
+                together => self.open.append_together(together, write_pages),
+            }
+            .map_err(io_error("appending to the log"))?;
+            self.last_seq = seq;
+            self.last_time_ms = last_time_ms;
             self.wal_salt = header.salt;
-            self.wal_frame = txn.last_frame;
-            self.log_bytes_since_snapshot += record.record_len();
+            self.wal_frame = run.last().expect("a run holds a record").last_frame;
+            self.log_bytes_since_snapshot += bytes;
             self.wal_may_restart = false;
-            appended += 1;
+            appended += records.len();
+            if self.open.len >= self.settings.segment_bytes {
+                self.roll()?;
+            }
         }
+        let appended = appended as u64;
         if appended > 0 {
             self.write_wal_ahead(header.page_size, frames);
         }
-        if self.open.len >= self.settings.segment_bytes || self.open.opened.elapsed() >= self.settings.segment_age {
+        if self.open.opened.elapsed() >= self.settings.segment_age {
             self.roll()?;
         }
         Ok(appended)

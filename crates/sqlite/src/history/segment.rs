@@ -154,7 +154,7 @@ const WRITEBACK_BYTES: u64 = 1 << 20;
 /// Largest record built whole in a thread's buffer, then written with one system call; a
 /// larger one (a bulk write: records can be as large as the database) is streamed to its place
 /// through [`STREAM_BUFFER`] bytes.
-const WHOLE_RECORD: u64 = 1 << 20;
+pub(crate) const WHOLE_RECORD: u64 = 1 << 20;
 
 /// The buffer a large record is streamed through.
 const STREAM_BUFFER: usize = 256 * 1024;
@@ -358,15 +358,54 @@ impl OpenSegment {
                 self.file.write_all_at(buffer, offset)
             })?;
         }
-        self.len += header.record_len();
-        self.dirty = true;
-        self.unsynced += header.record_len();
         self.entries.push(entry(header, offset));
+        self.appended(header.record_len());
+        Ok(())
+    }
+
+    /// Appends records built whole in one buffer, with one write for them all: `write_pages(i,
+    /// writer)` writes the pages of the `i`th. Together they take at most [`WHOLE_RECORD`]
+    /// bytes (a larger record goes alone through [`OpenSegment::append`]). As with one record,
+    /// the length and the entries move on only once every record is in the file.
+    pub(crate) fn append_together(
+        &mut self,
+        headers: &[Header],
+        mut write_pages: impl FnMut(usize, &mut record::RecordWriter<'_, dyn Write + '_>) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let total: u64 = headers.iter().map(Header::record_len).sum();
+        if total > WHOLE_RECORD {
+            return Err(io::Error::other("records appended together take more than one write's buffer"));
+        }
+        let offset = self.len;
+        RECORD_BUFFER.with_borrow_mut(|buffer| {
+            buffer.clear();
+            for (i, header) in headers.iter().enumerate() {
+                let mut writer = record::RecordWriter::begin(buffer as &mut dyn Write, header)?;
+                write_pages(i, &mut writer)?;
+                writer.finish()?;
+            }
+            debug_assert_eq!(buffer.len() as u64, total);
+            self.file.write_all_at(buffer, offset)
+        })?;
+        let mut at = offset;
+        for header in headers {
+            self.entries.push(entry(header, at));
+            at += header.record_len();
+        }
+        self.appended(total);
+        Ok(())
+    }
+
+    /// Counts `bytes` just written at the end of the file, and starts their writeback once
+    /// [`WRITEBACK_BYTES`] have gathered.
+    fn appended(&mut self, bytes: u64) {
+        self.len += bytes;
+        self.dirty = true;
+        self.unsynced += bytes;
         if self.unsynced >= WRITEBACK_BYTES {
             start_writeback(&self.file);
             self.unsynced = 0;
         }
-        Ok(())
     }
 
     /// The position its first record has (or will have): what its name says.

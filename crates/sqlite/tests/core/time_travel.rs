@@ -618,9 +618,51 @@ async fn a_lone_write_answered_first_is_captured_after_without_another_request()
     assert_eq!(ids(&rows(&cx).await), [0, 1]);
 }
 
+/// Commits that need no shipping are captured in batches after their answer: a few lone writes
+/// are not in the log at first, are there within about a second with no other request (the
+/// registry's own thread captures them), and `capture_histories` writes what is owed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_are_captured_in_batches_within_about_a_second() {
+    let cx = Context::with_history(HistorySettings::default());
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
+    let db_path = cx.dir.path().join("db/db.sqlite");
+    let logged = || kura_sqlite::verify_history(&db_path).unwrap().unwrap().last_seq;
+    cx.registry.capture_histories().await;
+    let created = logged().expect("the table's commit is in the log");
+    let write = async |id: i64| {
+        let sql = format!("INSERT INTO t VALUES ({id}, 'v')");
+        let executed = cx.registry.execute_with_bookmark("db", Request::new(vec![Statement::new(&sql)])).await.unwrap();
+        executed.bookmark.expect("a write is answered with its bookmark")
+    };
+    let sent = std::time::Instant::now();
+    let mut answered = Vec::new();
+    for id in 0..3 {
+        answered.push(write(id).await);
+    }
+    assert_eq!(answered.iter().map(|b| b.seq).collect::<Vec<_>>(), [created + 1, created + 2, created + 3]);
+    if sent.elapsed() < Duration::from_millis(500) {
+        assert_eq!(logged(), Some(created), "captured before a batch was due");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while logged() != Some(created + 3) {
+        assert!(std::time::Instant::now() < deadline, "owed commits were never captured");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(sent.elapsed() >= Duration::from_millis(900), "captured {:?} after the first answer", sent.elapsed());
+
+    let more = [write(3).await, write(4).await];
+    cx.registry.capture_histories().await;
+    assert_eq!(logged(), Some(more[1].seq), "capture_histories left commits owed");
+    for (i, b) in answered.iter().chain(&more).enumerate() {
+        restore(&cx, *b).await.unwrap();
+        assert_eq!(ids(&rows(&cx).await), (0..=i as i64).collect::<Vec<_>>());
+    }
+}
+
 /// Lone writes (each answered before its capture, on the caller's thread) that take the WAL
-/// past the history's checkpoint mark: the actor checkpoints after their capture, with no
-/// other request, so the database file comes to hold what they wrote.
+/// past the history's checkpoint mark: the mark makes their capture due, and the actor
+/// checkpoints after it, with no other request, so the database file comes to hold what they
+/// wrote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lone_writes_past_the_checkpoint_mark_are_checkpointed_without_another_request() {
     let cx = Context::with_history(HistorySettings { checkpoint_frames: 6, ..HistorySettings::default() });
@@ -630,15 +672,16 @@ async fn lone_writes_past_the_checkpoint_mark_are_checkpointed_without_another_r
     let db_path = cx.dir.path().join("db/db.sqlite");
     let before = std::fs::metadata(&db_path).unwrap().len();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut answered = None;
     for id in 0..8 {
         let sql = format!("INSERT INTO t VALUES ({id}, zeroblob(3000))");
         let executed = cx.registry.execute_with_bookmark("db", Request::new(vec![Statement::new(&sql)])).await.unwrap();
-        let answered = executed.bookmark.expect("a write is answered with its bookmark");
-        // Each captured before the next is sent, so none finds the database busy.
-        while kura_sqlite::verify_history(&db_path).unwrap().unwrap().last_seq != Some(answered.seq) {
-            assert!(std::time::Instant::now() < deadline, "a write was never captured");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        answered = Some(executed.bookmark.expect("a write is answered with its bookmark"));
+    }
+    let last = answered.unwrap();
+    while kura_sqlite::verify_history(&db_path).unwrap().unwrap().last_seq != Some(last.seq) {
+        assert!(std::time::Instant::now() < deadline, "the last write was never captured");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // Eight rows of 3,000 bytes need at least five more pages of 4 KiB in the file itself.
     while std::fs::metadata(&db_path).unwrap().len() < before + 5 * 4096 {
