@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use futures_util::StreamExt;
 use kura::{BoxFuture, DurableObject, Runtime, RuntimeSettings, State, Value};
 use kura_sqlite::COMPACT_CACHE_KIB;
 use serde_json::{Value as Json, json};
@@ -275,15 +276,16 @@ async fn measure_runtime(
         rooms.get_by_name(&room_name(object)).call(add("seed".into())).await?;
     }
     let next = Arc::new(AtomicU64::new(0));
+    let engine = runtime.engine().clone();
     let measure = async |clients| -> anyhow::Result<BesideLimit> {
         let limit = LimitLoad::open(limit_dir, clients)?;
         let [kura, limit] = load::alternately(duration, |which, slice| {
-            let (rooms, next, limit) = (rooms.clone(), Arc::clone(&next), Arc::clone(&limit));
+            let (rooms, next, limit, engine) = (rooms.clone(), Arc::clone(&next), Arc::clone(&limit), engine.clone());
             async move {
                 if which == 1 {
                     return limit.take_turn(slice).await;
                 }
-                load::run_timed(clients, slice, move |client, n| {
+                let (latencies, requests, elapsed) = load::run_timed(clients, slice, move |client, n| {
                     let (rooms, user) = (rooms.clone(), format!("u{}", next.fetch_add(1, Ordering::Relaxed)));
                     async move {
                         let count = rooms.get_by_name(&room_name(object_for(client, n))).call(add(user)).await;
@@ -291,7 +293,13 @@ async fn measure_runtime(
                         1
                     }
                 })
-                .await
+                .await;
+                // The history captures commits in batches, up to a second after their answer:
+                // the turn ends with its commits captured, so their capture is not done in the
+                // limit's turn.
+                let captured = Instant::now();
+                engine.capture_histories().await;
+                (latencies, requests, elapsed + captured.elapsed())
             }
         })
         .await;
@@ -379,7 +387,33 @@ async fn measure_http(
         .await?;
     let Some(id) = created["result"]["id"].as_str() else { bail!("cannot create the namespace: {created}") };
     let objects: Arc<str> = format!("{namespaces}/{id}/objects").into();
-    let batch_url = move |object: u64| format!("{objects}/{}/batch", room_name(object));
+    let batch_url = {
+        let objects = Arc::clone(&objects);
+        move |object: u64| format!("{objects}/{}/batch", room_name(object))
+    };
+    // kura's history captures commits in batches, up to a second after their answer: each of
+    // its turns ends by asking every object for a bookmark for the present, which captures
+    // what the object owes, so none of that work is done in the next load's turn. It costs
+    // more than the captures alone (a request per object): the conservative side.
+    let capture_all = {
+        let http = http.clone();
+        move || {
+            let (http, objects) = (http.clone(), Arc::clone(&objects));
+            async move {
+                let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+                futures_util::stream::iter(0..OBJECTS)
+                    .for_each_concurrent(CLIENTS, |object| {
+                        let url = format!("{objects}/{}/bookmark?timestamp={now_ms}", room_name(object));
+                        let http = http.clone();
+                        async move {
+                            let answer = http.get(&url).bearer_auth(TOKEN).send().await.expect("bookmark request");
+                            assert!(answer.status().is_success(), "GET {url}: {}", answer.status());
+                        }
+                    })
+                    .await;
+            }
+        }
+    };
     let batch_body = |statements: &[(&str, Option<String>)]| {
         let operations: Vec<Json> = statements
             .iter()
@@ -405,6 +439,7 @@ async fn measure_http(
     let health = format!("http://{api}/healthz");
     let load = |which: usize, clients, slice, limit: &Arc<LimitLoad>| {
         let (send, batch_url, next, limit) = (send.clone(), batch_url.clone(), Arc::clone(&next), Arc::clone(limit));
+        let capture_all = (which == 0).then(|| capture_all.clone());
         let floor_objects = (which == 1).then(|| format!("{floor}/objects"));
         let (http, health) = (http.clone(), health.clone());
         async move {
@@ -413,7 +448,7 @@ async fn measure_http(
                 3 => return load::http_floor_timed(&http, &health, clients, slice).await,
                 _ => {}
             }
-            load::run_timed(clients, slice, move |client, n| {
+            let (latencies, requests, elapsed) = load::run_timed(clients, slice, move |client, n| {
                 let user = format!("u{}", next.fetch_add(1, Ordering::Relaxed));
                 let object = object_for(client, n);
                 let body = batch_body(&[(WRITE, Some(user)), (READ, None)]);
@@ -427,7 +462,12 @@ async fn measure_http(
                     1
                 }
             })
-            .await
+            .await;
+            let captured = Instant::now();
+            if let Some(capture_all) = capture_all {
+                capture_all().await;
+            }
+            (latencies, requests, elapsed + captured.elapsed())
         }
     };
     let in_turns = async |clients| -> anyhow::Result<[Stats; 4]> {
