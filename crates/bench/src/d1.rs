@@ -57,6 +57,7 @@ pub(crate) fn one_after_the_other(first: &Stats, second: &Stats) -> Stats {
         p50: first.p50 + second.p50,
         p99: first.p99 + second.p99,
         cpu: None,
+        switches: None,
     }
 }
 

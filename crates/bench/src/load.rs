@@ -18,6 +18,9 @@ pub struct Stats {
     /// CPU time this process spent while the load ran (all its threads; not other processes'),
     /// where it was measured ([`alternately`]).
     pub cpu: Option<Duration>,
+    /// Context switches this process's threads made while the load ran (voluntary and not),
+    /// where it was measured ([`alternately`]).
+    pub switches: Option<u64>,
 }
 
 impl Stats {
@@ -32,12 +35,18 @@ impl Stats {
         let at = |q: f64| {
             latencies.get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1))).copied()
         };
-        Stats { units, elapsed, p50: at(0.50).unwrap_or_default(), p99: at(0.99).unwrap_or_default(), cpu: None }
+        let (p50, p99) = (at(0.50).unwrap_or_default(), at(0.99).unwrap_or_default());
+        Stats { units, elapsed, p50, p99, cpu: None, switches: None }
     }
 
     /// This process's CPU time per unit, where it was measured.
     pub fn cpu_per_unit(&self) -> Option<Duration> {
         self.cpu.map(|cpu| cpu.div_f64(self.units.max(1) as f64))
+    }
+
+    /// This process's context switches per unit, where they were counted.
+    pub fn switches_per_unit(&self) -> Option<f64> {
+        self.switches.map(|n| n as f64 / self.units.max(1) as f64)
     }
 }
 
@@ -135,6 +144,7 @@ where
         units: u64,
         elapsed: Duration,
         cpu: Duration,
+        switches: u64,
     }
     let slice = duration.min(Duration::from_secs(1));
     let rounds = (duration.as_secs_f64() / slice.as_secs_f64().max(1e-3)).round().max(1.0) as usize;
@@ -142,19 +152,25 @@ where
     for round in 0..rounds {
         for turn in 0..N {
             let i = (round + turn) % N;
-            let cpu_before = process_cpu();
+            let before = process_usage();
             let (latencies, units, elapsed) = load(i, slice).await;
             let flushed = Instant::now();
             flush_to_disk();
             let elapsed = elapsed + flushed.elapsed();
             let total = &mut totals[i];
-            total.cpu += process_cpu().saturating_sub(cpu_before);
+            let after = process_usage();
+            total.cpu += after.cpu.saturating_sub(before.cpu);
+            total.switches += after.switches.saturating_sub(before.switches);
             total.latencies.extend(latencies);
             total.units += units;
             total.elapsed += elapsed;
         }
     }
-    totals.map(|t| Stats { cpu: Some(t.cpu), ..Stats::from_latencies(t.latencies, t.units, t.elapsed) })
+    totals.map(|t| Stats {
+        cpu: Some(t.cpu),
+        switches: Some(t.switches),
+        ..Stats::from_latencies(t.latencies, t.units, t.elapsed)
+    })
 }
 
 /// Writes every filesystem's dirty pages to the disk and waits for them (`sync(2)`).
@@ -163,8 +179,15 @@ fn flush_to_disk() {
     unsafe { libc::sync() };
 }
 
-/// The CPU time (user and system) this process has spent, all its threads.
-fn process_cpu() -> Duration {
+/// What this process has used so far, all its threads.
+struct Usage {
+    /// CPU time, user and system.
+    cpu: Duration,
+    /// Context switches, voluntary (a wait: a lock, a wake-up, an fsync) and not.
+    switches: u64,
+}
+
+fn process_usage() -> Usage {
     // SAFETY: `getrusage` fills the struct it is given; an all-zero `rusage` is a valid value.
     let usage = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
@@ -172,5 +195,8 @@ fn process_cpu() -> Duration {
         usage
     };
     let time = |t: libc::timeval| Duration::new(t.tv_sec.max(0) as u64, (t.tv_usec.clamp(0, 999_999) as u32) * 1_000);
-    time(usage.ru_utime) + time(usage.ru_stime)
+    Usage {
+        cpu: time(usage.ru_utime) + time(usage.ru_stime),
+        switches: (usage.ru_nvcsw.max(0) + usage.ru_nivcsw.max(0)) as u64,
+    }
 }

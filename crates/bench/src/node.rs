@@ -63,6 +63,7 @@ fn node_client(api: &str, database: &str, clients: usize, duration: Duration, ra
         p50: Duration::from_secs_f64(number("p50_ms") / 1e3),
         p99: Duration::from_secs_f64(number("p99_ms") / 1e3),
         cpu: None,
+        switches: None,
     })
 }
 
