@@ -139,7 +139,10 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
         ] {
             if stats.units > 0 {
                 let cpu = stats.cpu_per_unit().filter(|_| in_process);
-                let cpu = cpu.map(|c| format!(", this process's CPU {:.1} µs each", micros(c)));
+                let cpu = cpu.map(|c| {
+                    let switches = stats.switches_per_unit().unwrap_or(0.0);
+                    format!(", this process's CPU {:.1} µs and {switches:.1} context switches each", micros(c))
+                });
                 println!(
                     "{name}: {:.0}/s p50 {:?} p99 {:?}{}",
                     stats.rate(),
@@ -223,10 +226,13 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
     for (clients, beside) in [(CLIENTS, sdk_16), (1, sdk_1)] {
         if let (Some(kura), Some(limit)) = (beside.kura.cpu_per_unit(), beside.limit.cpu_per_unit()) {
             println!(
-                "runtime at {clients} client(s), CPU per request in turns: kura {:.1} µs, the limit {:.1} µs ({:.2}×)",
+                "runtime at {clients} client(s), CPU per request in turns: kura {:.1} µs, the limit {:.1} µs ({:.2}×); \
+                 context switches per request: kura {:.1}, the limit {:.1}",
                 micros(kura),
                 micros(limit),
                 kura.as_secs_f64() / limit.as_secs_f64().max(f64::MIN_POSITIVE),
+                beside.kura.switches_per_unit().unwrap_or(0.0),
+                beside.limit.switches_per_unit().unwrap_or(0.0),
             );
         }
     }
