@@ -8,8 +8,8 @@ mod transaction;
 
 use counters::{IndexColumns, schema_writes};
 use file_lock::FileLock;
-pub(crate) use transaction::{Grouped, Inline};
 pub(crate) use time_travel::CAPTURE_DELAY_MS;
+pub(crate) use transaction::{Grouped, Inline};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
