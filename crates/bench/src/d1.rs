@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde_json::{Value as Json, json};
@@ -24,12 +24,26 @@ pub(crate) struct Client {
     query: Arc<str>,
     /// The database's id.
     pub(crate) uuid: Arc<str>,
+    /// Whether the server keeps the database's history ([`Client::capture_history`]).
+    history: bool,
 }
 
 impl Client {
     /// Sends a request and checks it succeeded, without parsing the answer.
     async fn send(&self, body: String) {
         crate::server::post_ok(&self.http, &self.query, body).await;
+    }
+
+    /// Has the server capture what the database's history is owed, by asking for a bookmark
+    /// for the present: kura captures commits in batches, up to a second after their answer,
+    /// and a load that takes turns ends with its own captures done, not left to the next
+    /// load's turn. Nothing for a server that keeps no history.
+    async fn capture_history(&self) {
+        let Some(database) = self.query.strip_suffix("/query").filter(|_| self.history) else { return };
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+        let url = format!("{database}/time_travel/bookmark?timestamp={now_ms}");
+        let answer = self.http.get(&url).bearer_auth(TOKEN).send().await.expect("bookmark request");
+        assert!(answer.status().is_success(), "GET {url}: {}", answer.status());
     }
 
     async fn post(&self, body: &Json) -> Json {
@@ -327,7 +341,7 @@ impl KuraFigures {
 /// INSERT throughput with the log and without, at 1 and 16 clients. The machine is noisy, so the
 /// two servers take turns in one-second slices and the slices are summed.
 async fn measure_log_cost(with: &str, without: &str, duration: Duration) -> anyhow::Result<Vec<(usize, f64, f64)>> {
-    let clients = [prepare(with).await?, prepare(without).await?];
+    let clients = [prepare(with).await?, Client { history: false, ..prepare(without).await? }];
     let slices = duration.as_secs().max(2) as usize;
     let next_id = Arc::new(AtomicI64::new(1_000_000));
     let mut out = Vec::new();
@@ -359,15 +373,18 @@ async fn insert_load_timed(
     clients: usize,
     duration: Duration,
 ) -> (Vec<Duration>, u64, Duration) {
-    let (client, next_id) = (client.clone(), Arc::clone(next_id));
-    load::run_timed(clients, duration, move |_, _| {
-        let (client, id) = (client.clone(), next_id.fetch_add(1, Ordering::Relaxed));
+    let (sender, next_id) = (client.clone(), Arc::clone(next_id));
+    let (latencies, rows, elapsed) = load::run_timed(clients, duration, move |_, _| {
+        let (client, id) = (sender.clone(), next_id.fetch_add(1, Ordering::Relaxed));
         async move {
             client.send(format!(r#"{{"sql":"INSERT INTO kv (id, v) VALUES (?, ?)","params":[{id},"w"]}}"#)).await;
             1
         }
     })
-    .await
+    .await;
+    let captured = Instant::now();
+    client.capture_history().await;
+    (latencies, rows, elapsed + captured.elapsed())
 }
 
 const KV_TABLE: &str = "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT, version INTEGER NOT NULL DEFAULT 0)";
@@ -377,7 +394,7 @@ async fn create_database(base: &str, name: &str) -> anyhow::Result<Client> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
     let created: Json = http.post(base).bearer_auth(TOKEN).json(&json!({ "name": name })).send().await?.json().await?;
     let Some(uuid) = created["result"]["uuid"].as_str() else { bail!("cannot create the database: {created}") };
-    Ok(Client { http, query: format!("{base}/{uuid}/query").into(), uuid: uuid.into() })
+    Ok(Client { http, query: format!("{base}/{uuid}/query").into(), uuid: uuid.into(), history: true })
 }
 
 /// Creates the benchmark's database on a server and fills it with `ROWS` rows.
@@ -443,7 +460,7 @@ async fn measure_kura(
     let insert = |clients| insert_load(&client, &next_id, clients, duration);
     if wanted("insert1") {
         // Against the server that only commits, in turns: the ratio is the figure that counts.
-        let floor = Client { http: client.http.clone(), query: commit_floor.into(), uuid: "".into() };
+        let floor = Client { http: client.http.clone(), query: commit_floor.into(), uuid: "".into(), history: false };
         let [kura, floor] = load::alternately(duration, |i, slice| {
             insert_load_timed(if i == 0 { &client } else { &floor }, &next_id, 1, slice)
         })

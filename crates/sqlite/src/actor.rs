@@ -178,9 +178,18 @@ impl Lender {
     /// writes the log and may take as long as the commits' pages take to copy. A closed
     /// database captured them as it closed.
     pub(crate) fn capture_due(&self) -> Captured {
+        self.capture_if(Database::capture_due)
+    }
+
+    /// Captures as [`Lender::capture_due`] does, whether due or not: every commit owed.
+    pub(crate) fn capture_owed(&self) -> Captured {
+        self.capture_if(Database::owes_capture)
+    }
+
+    fn capture_if(&self, wanted: impl FnOnce(&Database) -> bool) -> Captured {
         let Some(mut held) = self.try_lock_as_writer() else { return Captured::Busy };
         let Some(db) = held.guard.as_mut() else { return Captured::Done };
-        if !db.capture_due() {
+        if !wanted(db) {
             return Captured::Done;
         }
         match beside_the_actor(db, |db| db.capture_owed()) {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use crate::actor::{Actor, Afterwards, Captured, Command, Executed, Identity, Start, Tried};
-use crate::database::{CAPTURE_DELAY_MS, Database, DatabaseOptions};
+use crate::database::{CAPTURE_DELAY, Database, DatabaseOptions};
 use crate::error::{Error, Result};
 use crate::pool::Pool;
 use crate::request::{Request, StatementResult};
@@ -255,21 +255,30 @@ impl Registry {
     }
 
     /// Captures into every open database's history the commits it owes (those answered and
-    /// not yet captured, [`Database::capture_due`]), and waits for them: afterwards the logs
-    /// hold every commit answered before the call. Deferred captures are otherwise written
-    /// within about a second; this is for a caller that must not leave that work to later
-    /// (a benchmark's turn, a copy of the data directory taken while serving).
+    /// not yet captured, [`Database::capture_due`]), and waits: afterwards the logs of the
+    /// databases open and not closing hold every commit answered before the call (one closing
+    /// captures as it closes; one whose queue is full, with its next commit). Owed commits are
+    /// otherwise captured within about a second; this is for a caller that must not leave that
+    /// work to later (a benchmark's turn, a copy of the data directory taken while serving). An
+    /// idle database captures here, on the calling thread; a busy one through its actor.
     pub async fn capture_histories(&self) {
-        let open: Vec<Arc<Actor>> = self.shared.lock().actors.values().map(|entry| Arc::clone(&entry.actor)).collect();
-        let mut answers = Vec::with_capacity(open.len());
-        for actor in open {
+        let open: Vec<(String, Arc<Actor>)> =
+            self.shared.lock().actors.iter().map(|(key, entry)| (key.clone(), Arc::clone(&entry.actor))).collect();
+        let mut answers = Vec::new();
+        for (key, actor) in open {
+            match actor.lender().capture_owed() {
+                Captured::Done => continue,
+                Captured::Reopen => {
+                    self.shared.reopen(&key);
+                    continue;
+                }
+                Captured::Busy | Captured::CheckpointDue => {}
+            }
             let (reply, answer) = oneshot::channel();
             let command = Command::Exclusive(Box::new(move |db: &mut Database| {
                 db.settle_history();
                 let _ = reply.send(());
             }));
-            // A full queue, or an actor closing, captures without being asked: the next
-            // commit finds its capture due, and a close captures everything.
             if actor.post(command).is_ok() {
                 answers.push(answer);
             }
@@ -580,14 +589,14 @@ impl ReaperStop {
 }
 
 /// Starts the thread that closes the registry's idle databases, a few times per idle timeout,
-/// and captures what their histories are owed, twice per [`CAPTURE_DELAY_MS`] (an idle
+/// and captures what their histories are owed, twice per [`CAPTURE_DELAY`] (an idle
 /// database has no thread of its own to notice either).
 fn start_reaper(shared: &Arc<Shared>) {
     let registry = Arc::downgrade(shared);
     let stop = Arc::clone(&shared.reaper);
     let period = (shared.settings.idle_timeout / 4)
         .clamp(Duration::from_millis(10), Duration::from_secs(5))
-        .min(Duration::from_millis(CAPTURE_DELAY_MS as u64 / 2));
+        .min(CAPTURE_DELAY / 2);
     let started = std::thread::Builder::new().name("kura-db-idle".into()).spawn(move || {
         while stop.wait(period) {
             let Some(shared) = registry.upgrade() else { return };

@@ -8,7 +8,7 @@ mod transaction;
 
 use counters::{IndexColumns, schema_writes};
 use file_lock::FileLock;
-pub(crate) use time_travel::CAPTURE_DELAY_MS;
+pub(crate) use time_travel::CAPTURE_DELAY;
 pub(crate) use transaction::{Grouped, Inline};
 
 use std::collections::HashMap;
@@ -169,13 +169,19 @@ pub struct Database {
     /// what the WAL holds beyond it). The database is then served read-only (`query_only`):
     /// the WAL keeps every commit, and the next open, once there is room, captures them.
     history_full_since: Option<Instant>,
+    /// Bytes free on the history's filesystem when it last could not grow: more than that, and
+    /// the next write tries it again at once rather than after [`HISTORY_RETRY_IN_PLACE`].
+    history_full_free: Option<u64>,
     /// What the WAL hook reported: frames after the last commit, and commits so far.
     wal: Arc<WalProgress>,
     /// Commits (as the WAL hook counts them) the history holds: those after were answered
-    /// before their capture ([`Database::execute_answering_first`]) and are owed to it.
+    /// before their capture and are owed to it ([`Database::capture_due`]).
     captured_commits: u64,
     /// When each owed commit was answered, oldest first: the time its record will carry.
     owed_times: Vec<i64>,
+    /// When the oldest owed commit was answered, by the monotonic clock (for
+    /// [`Database::capture_due`], which a step of the wall clock must not hurry or hold up).
+    oldest_owed: Option<Instant>,
     /// Commits (as the WAL hook counts them) when the WAL was last checkpointed: the hook's
     /// frame count is the WAL's only once a commit follows.
     checkpointed_at_commits: u64,
@@ -394,7 +400,7 @@ impl Database {
         let wal = Arc::new(WalProgress::default());
         let connected = connect(options, &authorizer, &deadline, epoch, &wal)?;
         let conn = &connected.conn;
-        let mut history_full_since = None;
+        let (mut history_full_since, mut history_full_free) = (None, None);
         let history = match &options.history {
             Some(settings) => match authorizer.internal(|| {
                 History::open(&options.identity, &options.path, conn, settings.clone(), restore_interrupted)
@@ -404,6 +410,7 @@ impl Database {
                     tracing::error!(path = %options.path.display(), error = %e, "the history cannot grow; serving the database read-only until it can");
                     authorizer.internal(|| conn.pragma_update(None, "query_only", true)).map_err(Error::internal)?;
                     history_full_since = Some(Instant::now());
+                    history_full_free = free_bytes(&options.path);
                     None
                 }
                 Err(e) => return Err(e),
@@ -428,8 +435,10 @@ impl Database {
             poisoned: false,
             history,
             history_full_since,
+            history_full_free,
             captured_commits: wal.commits.load(Ordering::Relaxed),
             owed_times: Vec::new(),
+            oldest_owed: None,
             checkpointed_at_commits: 0,
             wal,
             options: options.clone(),
@@ -835,6 +844,19 @@ fn merge(previous: Option<StatementResult>, mut last: StatementResult) -> Statem
         last.meta.wrote |= p.meta.wrote;
     }
     last
+}
+
+/// Bytes free to unprivileged writers on the filesystem holding `path` (`None` if unknown).
+pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let c_path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a NUL-terminated path and a zeroed `statvfs` for the call to fill.
+    let stat = unsafe {
+        let mut stat: libc::statvfs = std::mem::zeroed();
+        (libc::statvfs(c_path.as_ptr(), &mut stat) == 0).then_some(stat)
+    }?;
+    Some((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ pub(crate) const CAPTURE_BATCH: u64 = 32;
 /// How long a commit may stay owed to the history before it is captured. A crash loses the
 /// answer times of the commits still owed; the next open stamps them with the WAL's last
 /// modification, so a point-in-time restore may place them up to this much late.
-pub(crate) const CAPTURE_DELAY_MS: i64 = 1_000;
+pub(crate) const CAPTURE_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Database {
     /// After a commit: capture its frames into the history, and checkpoint when the WAL has
@@ -53,14 +53,20 @@ impl Database {
     }
 
     /// While the history cannot grow (the database serving read-only since it opened), tries
-    /// it again on this connection, at most every [`HISTORY_RETRY_IN_PLACE`], before a
-    /// transaction begins: once there is room, the history opens (capturing what the WAL holds
-    /// beyond its log) and the transaction about to begin may write, so the first write after
-    /// space is freed is not refused.
+    /// it again on this connection before a transaction begins: at once if its filesystem has
+    /// more room than when it last failed, else at most every [`HISTORY_RETRY_IN_PLACE`]. Once
+    /// there is room, the history opens (capturing what the WAL holds beyond its log) and the
+    /// transaction about to begin may write, so the first write after space is freed is not
+    /// refused.
     pub(super) fn retry_full_history(&mut self) {
         let Some(since) = self.history_full_since else { return };
         let Some(settings) = self.options.history.clone() else { return };
-        if since.elapsed() < HISTORY_RETRY_IN_PLACE || self.in_transaction() {
+        if self.in_transaction() {
+            return;
+        }
+        let free = super::free_bytes(&self.path);
+        let more_room = matches!((free, self.history_full_free), (Some(now), Some(then)) if now > then);
+        if since.elapsed() < HISTORY_RETRY_IN_PLACE && !more_room {
             return;
         }
         let (identity, path, conn) = (&self.options.identity, &self.path, &self.conn);
@@ -74,13 +80,16 @@ impl Database {
                 tracing::info!(path = %self.path.display(), "the history can grow again; writes resume");
                 self.history = Some(history);
                 self.history_full_since = None;
+                self.history_full_free = None;
                 self.captured_commits = self.wal.commits.load(Ordering::Relaxed);
                 self.owed_times.clear();
+                self.oldest_owed = None;
                 self.measure_history();
             }
             Err(e) => {
                 tracing::debug!(path = %self.path.display(), error = %e, "the history still cannot grow");
                 self.history_full_since = Some(std::time::Instant::now());
+                self.history_full_free = free;
             }
         }
     }
@@ -137,6 +146,13 @@ impl Database {
             let now = now_ms();
             self.owed_times.resize(owed as usize, now);
         }
+        if self.oldest_owed.is_none() && owed > 0 {
+            self.oldest_owed = Some(std::time::Instant::now());
+        }
+        let frames = self.wal.frames.load(Ordering::Relaxed);
+        if let Some(history) = self.history.as_mut() {
+            history.keep_wal_written_ahead(frames);
+        }
     }
 
     /// Commits answered before their capture.
@@ -150,13 +166,16 @@ impl Database {
     }
 
     /// Whether the commits owed to the history should be captured now: enough of them to read
-    /// and write in one go ([`CAPTURE_BATCH`]), the oldest answered [`CAPTURE_DELAY_MS`] ago,
-    /// or the WAL due a checkpoint (which waits for them). Until then they are durable in the
-    /// WAL, and their answer times are kept here for their records.
+    /// and write in one go ([`CAPTURE_BATCH`], or frames enough to fill the one read a capture
+    /// makes), the oldest answered [`CAPTURE_DELAY`] ago, or the WAL due a checkpoint (which
+    /// waits for them). Until then they are durable in the WAL, and their answer times are kept
+    /// here for their records.
     pub(crate) fn capture_due(&self) -> bool {
+        let frames = self.wal.frames.load(Ordering::Relaxed);
         self.owes_capture()
             && (self.owed_commits() >= CAPTURE_BATCH
-                || self.owed_times.first().is_some_and(|&answered| now_ms() - answered >= CAPTURE_DELAY_MS)
+                || self.history.as_ref().is_some_and(|history| history.uncaptured_fill_a_read(frames))
+                || self.oldest_owed.is_some_and(|answered| answered.elapsed() >= CAPTURE_DELAY)
                 || self.checkpoint_due())
     }
 
@@ -195,6 +214,7 @@ impl Database {
         }
         self.captured_commits = commits;
         self.owed_times.clear();
+        self.oldest_owed = None;
         Ok(())
     }
 

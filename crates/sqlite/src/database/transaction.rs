@@ -244,9 +244,9 @@ impl Database {
         self.execute_alone_then(request, Capture::BeforeAnswer)
     }
 
-    /// Runs a request alone as [`Database::execute_alone`] does, but leaves its commit owed to
-    /// the history, to be captured once the answer is out ([`Database::capture_owed`]): for a
-    /// lone write, whose wait is all on the answer's path. The caller sees to it that the
+    /// Runs a request alone as [`Database::execute_alone`] does, on its caller's thread: its
+    /// commit is owed to the history, and a capture it makes due is left to the caller, to run
+    /// once the answer is out ([`Database::capture_due`]). The caller sees to it that the
     /// database needs no shipping and that its WAL is not overdue a checkpoint (one this commit
     /// makes due follows the capture: [`Database::checkpoint_due`]).
     pub(crate) fn execute_answering_first(&mut self, request: &Request) -> Result<Vec<StatementResult>> {

@@ -683,6 +683,20 @@ impl History {
         Ok(appended)
     }
 
+    /// Whether the WAL's frames up to `frames` that the log lacks fill the one read a capture
+    /// makes of them (past it, a capture reads frame by frame).
+    pub(crate) fn uncaptured_fill_a_read(&self, frames: u32) -> bool {
+        let stride = wal::FRAME_HEADER_LEN + self.page_size as u64;
+        frames.saturating_sub(self.wal_frame) as u64 * stride >= wal::BUFFERED_BYTES
+    }
+
+    /// Keeps the WAL written ahead of frame `frames` (see [`History::write_wal_ahead`]) after a
+    /// commit whose capture waits: a batch's commits would otherwise outgrow what the last
+    /// capture wrote ahead.
+    pub(crate) fn keep_wal_written_ahead(&mut self, frames: u32) {
+        self.write_wal_ahead(self.page_size, frames);
+    }
+
     /// Keeps zeros written past the WAL's last frame (`frames` frames of `page_size` bytes), so
     /// commits to a growing WAL overwrite blocks already allocated: a commit that extends the
     /// file also makes its `fdatasync` write and wait for the file's new metadata, and commits

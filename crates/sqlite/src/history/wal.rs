@@ -12,7 +12,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 
 const WAL_HEADER_LEN: u64 = 32;
-const FRAME_HEADER_LEN: u64 = 24;
+pub(crate) const FRAME_HEADER_LEN: u64 = 24;
 
 /// What identifies one incarnation of the log: SQLite changes the salts every time it
 /// restarts the log from its beginning after a checkpoint.
@@ -76,7 +76,7 @@ pub(crate) struct Frames {
 }
 
 /// Ranges up to this many bytes are read in one go.
-const BUFFERED_BYTES: u64 = 1 << 20;
+pub(crate) const BUFFERED_BYTES: u64 = 1 << 20;
 
 impl Frames {
     /// Reads frames `after + 1 ..= upto` and groups them into committed transactions; frames
