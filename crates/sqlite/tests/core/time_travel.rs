@@ -18,6 +18,12 @@ async fn bookmark(cx: &Context) -> Bookmark {
     cx.registry.with_database("db", |db| db.bookmark()).await.unwrap().unwrap()
 }
 
+/// Runs one write and answers the bookmark it was answered with.
+async fn write_answered(cx: &Context, sql: &str) -> Bookmark {
+    let executed = cx.registry.execute_with_bookmark("db", Request::new(vec![Statement::new(sql)])).await.unwrap();
+    executed.bookmark.expect("a write is answered with its bookmark")
+}
+
 async fn restore(cx: &Context, b: Bookmark) -> Result<Restored, Error> {
     cx.registry.with_database("db", move |db| db.restore(&b)).await.unwrap()
 }
@@ -601,9 +607,7 @@ async fn a_lone_write_answered_first_is_captured_after_without_another_request()
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut answered = Vec::new();
     for id in 0..3 {
-        let sql = format!("INSERT INTO t VALUES ({id}, 'v')");
-        let executed = cx.registry.execute_with_bookmark("db", Request::new(vec![Statement::new(&sql)])).await.unwrap();
-        answered.push(executed.bookmark.expect("a write is answered with its bookmark"));
+        answered.push(write_answered(&cx, &format!("INSERT INTO t VALUES ({id}, 'v')")).await);
     }
     assert!(answered.windows(2).all(|w| w[1].seq == w[0].seq + 1), "{answered:?}");
     // Read off the files: a read through the database would capture what is owed itself.
@@ -629,11 +633,7 @@ async fn commits_are_captured_in_batches_within_about_a_second() {
     let logged = || kura_sqlite::verify_history(&db_path).unwrap().unwrap().last_seq;
     cx.registry.capture_histories().await;
     let created = logged().expect("the table's commit is in the log");
-    let write = async |id: i64| {
-        let sql = format!("INSERT INTO t VALUES ({id}, 'v')");
-        let executed = cx.registry.execute_with_bookmark("db", Request::new(vec![Statement::new(&sql)])).await.unwrap();
-        executed.bookmark.expect("a write is answered with its bookmark")
-    };
+    let write = async |id: i64| write_answered(&cx, &format!("INSERT INTO t VALUES ({id}, 'v')")).await;
     let sent = std::time::Instant::now();
     let mut answered = Vec::new();
     for id in 0..3 {
@@ -669,9 +669,7 @@ async fn a_batch_of_commits_spans_segments_and_every_bookmark_restores() {
     cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)").await;
     let mut marks = Vec::new();
     for id in 0..40 {
-        let sql = format!("INSERT INTO t VALUES ({id}, randomblob(3000))");
-        let executed = cx.registry.execute_with_bookmark("db", Request::new(vec![Statement::new(&sql)])).await.unwrap();
-        marks.push(executed.bookmark.expect("a write is answered with its bookmark"));
+        marks.push(write_answered(&cx, &format!("INSERT INTO t VALUES ({id}, randomblob(3000))")).await);
     }
     cx.registry.capture_histories().await;
     let checked = kura_sqlite::verify_history(&cx.dir.path().join("db/db.sqlite")).unwrap().unwrap();
@@ -700,9 +698,7 @@ async fn lone_writes_past_the_checkpoint_mark_are_checkpointed_without_another_r
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let mut answered = None;
     for id in 0..8 {
-        let sql = format!("INSERT INTO t VALUES ({id}, zeroblob(3000))");
-        let executed = cx.registry.execute_with_bookmark("db", Request::new(vec![Statement::new(&sql)])).await.unwrap();
-        answered = Some(executed.bookmark.expect("a write is answered with its bookmark"));
+        answered = Some(write_answered(&cx, &format!("INSERT INTO t VALUES ({id}, zeroblob(3000))")).await);
     }
     let last = answered.unwrap();
     while kura_sqlite::verify_history(&db_path).unwrap().unwrap().last_seq != Some(last.seq) {
