@@ -262,10 +262,8 @@ impl Registry {
     /// work to later (a benchmark's turn, a copy of the data directory taken while serving). An
     /// idle database captures here, on the calling thread; a busy one through its actor.
     pub async fn capture_histories(&self) {
-        let open: Vec<(String, Arc<Actor>)> =
-            self.shared.lock().actors.iter().map(|(key, entry)| (key.clone(), Arc::clone(&entry.actor))).collect();
         let mut answers = Vec::new();
-        for (key, actor) in open {
+        for (key, actor) in self.shared.open_actors() {
             match actor.lender().capture_owed() {
                 Captured::Done => continue,
                 Captured::Reopen => {
@@ -421,17 +419,16 @@ impl Shared {
     /// no commit of its own to notice it. A busy one sees to it after its next commit, or as
     /// it closes.
     fn capture_idle(self: &Arc<Self>) {
-        let open: Vec<(String, Arc<Actor>)> =
-            self.lock().actors.iter().map(|(key, entry)| (key.clone(), Arc::clone(&entry.actor))).collect();
-        for (key, actor) in open {
-            match actor.lender().capture_due() {
-                Captured::Done | Captured::Busy => {}
-                Captured::Reopen => self.reopen(&key),
-                Captured::CheckpointDue => {
-                    let _ = actor.post(Command::Exclusive(Box::new(Database::settle_history)));
-                }
+        for (key, actor) in self.open_actors() {
+            if !actor.is_busy() {
+                self.capture_due(&key, &actor);
             }
         }
+    }
+
+    /// The databases open now, each with its actor.
+    fn open_actors(&self) -> Vec<(String, Arc<Actor>)> {
+        self.lock().actors.iter().map(|(key, entry)| (key.clone(), Arc::clone(&entry.actor))).collect()
     }
 
     /// The open actor of `key`, to try a request on its database (marked used, as a send is).
