@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 use serde_json::{Value as Json, json};
@@ -34,16 +34,12 @@ impl Client {
         crate::server::post_ok(&self.http, &self.query, body).await;
     }
 
-    /// Has the server capture what the database's history is owed, by asking for a bookmark
-    /// for the present: kura captures commits in batches, up to a second after their answer,
-    /// and a load that takes turns ends with its own captures done, not left to the next
-    /// load's turn. Nothing for a server that keeps no history.
+    /// Has the server capture what the database's history owes
+    /// ([`crate::server::capture_by_bookmark`]); nothing for a server that keeps no history.
     async fn capture_history(&self) {
-        let Some(database) = self.query.strip_suffix("/query").filter(|_| self.history) else { return };
-        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
-        let url = format!("{database}/time_travel/bookmark?timestamp={now_ms}");
-        let answer = self.http.get(&url).bearer_auth(TOKEN).send().await.expect("bookmark request");
-        assert!(answer.status().is_success(), "GET {url}: {}", answer.status());
+        if let Some(database) = self.query.strip_suffix("/query").filter(|_| self.history) {
+            crate::server::capture_by_bookmark(&self.http, &format!("{database}/time_travel/bookmark")).await;
+        }
     }
 
     async fn post(&self, body: &Json) -> Json {
@@ -374,7 +370,7 @@ async fn insert_load_timed(
     duration: Duration,
 ) -> (Vec<Duration>, u64, Duration) {
     let (sender, next_id) = (client.clone(), Arc::clone(next_id));
-    let (latencies, rows, elapsed) = load::run_timed(clients, duration, move |_, _| {
+    let inserted = load::run_timed(clients, duration, move |_, _| {
         let (client, id) = (sender.clone(), next_id.fetch_add(1, Ordering::Relaxed));
         async move {
             client.send(format!(r#"{{"sql":"INSERT INTO kv (id, v) VALUES (?, ?)","params":[{id},"w"]}}"#)).await;
@@ -382,9 +378,7 @@ async fn insert_load_timed(
         }
     })
     .await;
-    let captured = Instant::now();
-    client.capture_history().await;
-    (latencies, rows, elapsed + captured.elapsed())
+    load::then_timed(inserted, client.capture_history()).await
 }
 
 const KV_TABLE: &str = "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT, version INTEGER NOT NULL DEFAULT 0)";

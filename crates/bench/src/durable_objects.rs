@@ -291,7 +291,7 @@ async fn measure_runtime(
                 if which == 1 {
                     return limit.take_turn(slice).await;
                 }
-                let (latencies, requests, elapsed) = load::run_timed(clients, slice, move |client, n| {
+                let served = load::run_timed(clients, slice, move |client, n| {
                     let (rooms, user) = (rooms.clone(), format!("u{}", next.fetch_add(1, Ordering::Relaxed)));
                     async move {
                         let count = rooms.get_by_name(&room_name(object_for(client, n))).call(add(user)).await;
@@ -303,9 +303,7 @@ async fn measure_runtime(
                 // The history captures commits in batches, up to a second after their answer:
                 // the turn ends with its commits captured, so their capture is not done in the
                 // limit's turn.
-                let captured = Instant::now();
-                engine.capture_histories().await;
-                (latencies, requests, elapsed + captured.elapsed())
+                load::then_timed(served, engine.capture_histories()).await
             }
         })
         .await;
@@ -397,24 +395,19 @@ async fn measure_http(
         let objects = Arc::clone(&objects);
         move |object: u64| format!("{objects}/{}/batch", room_name(object))
     };
-    // kura's history captures commits in batches, up to a second after their answer: each of
-    // its turns ends by asking every object for a bookmark for the present, which captures
-    // what the object owes, so none of that work is done in the next load's turn. It costs
-    // more than the captures alone (a request per object): the conservative side.
+    // Each of kura's turns ends with every object's captures done
+    // ([`crate::server::capture_by_bookmark`]). A request per object costs more than the
+    // captures alone: the conservative side.
     let capture_all = {
         let http = http.clone();
         move || {
             let (http, objects) = (http.clone(), Arc::clone(&objects));
             async move {
-                let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
                 futures_util::stream::iter(0..OBJECTS)
                     .for_each_concurrent(CLIENTS, |object| {
-                        let url = format!("{objects}/{}/bookmark?timestamp={now_ms}", room_name(object));
+                        let url = format!("{objects}/{}/bookmark", room_name(object));
                         let http = http.clone();
-                        async move {
-                            let answer = http.get(&url).bearer_auth(TOKEN).send().await.expect("bookmark request");
-                            assert!(answer.status().is_success(), "GET {url}: {}", answer.status());
-                        }
+                        async move { crate::server::capture_by_bookmark(&http, &url).await }
                     })
                     .await;
             }
@@ -454,7 +447,7 @@ async fn measure_http(
                 3 => return load::http_floor_timed(&http, &health, clients, slice).await,
                 _ => {}
             }
-            let (latencies, requests, elapsed) = load::run_timed(clients, slice, move |client, n| {
+            let served = load::run_timed(clients, slice, move |client, n| {
                 let user = format!("u{}", next.fetch_add(1, Ordering::Relaxed));
                 let object = object_for(client, n);
                 let body = batch_body(&[(WRITE, Some(user)), (READ, None)]);
@@ -469,11 +462,12 @@ async fn measure_http(
                 }
             })
             .await;
-            let captured = Instant::now();
-            if let Some(capture_all) = capture_all {
-                capture_all().await;
-            }
-            (latencies, requests, elapsed + captured.elapsed())
+            load::then_timed(served, async {
+                if let Some(capture_all) = capture_all {
+                    capture_all().await;
+                }
+            })
+            .await
         }
     };
     let in_turns = async |clients| -> anyhow::Result<[Stats; 4]> {

@@ -101,6 +101,18 @@ where
     (all, units, start.elapsed())
 }
 
+/// A load's figures ([`run_timed`]'s) with `after` run once they are in and its time added:
+/// the work a load leaves behind (kura's deferred history captures) done and paid for in its
+/// own turn.
+pub async fn then_timed(
+    (latencies, units, elapsed): (Vec<Duration>, u64, Duration),
+    after: impl Future<Output = ()>,
+) -> (Vec<Duration>, u64, Duration) {
+    let began = Instant::now();
+    after.await;
+    (latencies, units, elapsed + began.elapsed())
+}
+
 /// The HTTP floor: `clients` clients of `http` fetching `url` (a server's `/healthz`: no auth,
 /// no storage) back to back for `duration`: what HTTP alone costs on this server and client.
 /// Answers [`run_timed`]'s figures, to be taken in turns with the load it is set beside.

@@ -109,3 +109,14 @@ pub async fn post_ok(http: &reqwest::Client, url: &str, body: String) {
     let bytes = response.bytes().await.expect("response body");
     assert!(status.is_success(), "benchmark request failed: {}", String::from_utf8_lossy(&bytes));
 }
+
+/// Has kura capture what a database's (or an object's) history owes, by GETting `bookmark_url`
+/// (a bookmark endpoint) for the present: kura captures commits in batches, up to a second
+/// after their answer, and a load taking turns ends with its own captures done rather than
+/// leave them to the next load's turn.
+pub async fn capture_by_bookmark(http: &reqwest::Client, bookmark_url: &str) {
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+    let url = format!("{bookmark_url}?timestamp={now_ms}");
+    let answer = http.get(&url).bearer_auth(TOKEN).send().await.expect("bookmark request");
+    assert!(answer.status().is_success(), "GET {url}: {}", answer.status());
+}
