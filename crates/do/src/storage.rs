@@ -317,8 +317,7 @@ impl<'a> Storage<'a> {
     /// `user_version`, which no statement of the object's may set (the authorizer refuses the
     /// pragma) and which `delete_all` keeps, as the index keeps the object.
     fn listed(&mut self) -> Result<bool> {
-        self.internal(|c| c.prepare_cached("PRAGMA user_version")?.query_row([], |r| r.get::<_, i64>(0)))
-            .map(|v| v != 0)
+        self.db.user_version().map(|v| v != 0).map_err(DoError::from_sql)
     }
 
     /// How the alarm changed in this request, if it was touched and is different.

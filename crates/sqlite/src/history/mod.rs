@@ -720,9 +720,17 @@ impl History {
             return;
         }
         let to = end + WAL_WRITTEN_AHEAD;
-        let zeros = vec![0u8; (to - len) as usize];
-        if file.write_all_at(&zeros, len).is_ok() {
-            self.wal_len = to;
+        // From one buffer of zeros for the whole process: a fresh one, zeroed for every refill,
+        // cost as much CPU as the write.
+        static ZEROS: [u8; WAL_WRITTEN_AHEAD as usize] = [0; WAL_WRITTEN_AHEAD as usize];
+        let mut at = len;
+        while at < to {
+            let chunk = (to - at).min(WAL_WRITTEN_AHEAD) as usize;
+            if file.write_all_at(&ZEROS[..chunk], at).is_err() {
+                return;
+            }
+            at += chunk as u64;
+            self.wal_len = at;
         }
     }
 
