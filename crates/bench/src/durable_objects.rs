@@ -339,7 +339,7 @@ async fn measure_cold(dir: &Path, limit_dir: &Path) -> anyhow::Result<BesideLimi
                 kura.push(began.elapsed());
                 kura_time += began.elapsed();
             } else {
-                let conn = rusqlite::Connection::open(limit_dir.join(format!("{object}.sqlite")))?;
+                let conn = crate::limit::connect(&limit_dir.join(format!("{object}.sqlite")))?;
                 conn.pragma_update(None, "synchronous", "FULL")?;
                 limit_request(&conn, "first")?;
                 limit.push(began.elapsed());
@@ -483,7 +483,7 @@ async fn measure_http(
 
 /// One object file for the limit, as kura keeps it: WAL, `synchronous=FULL`.
 fn limit_open(dir: &Path, object: u64) -> anyhow::Result<rusqlite::Connection> {
-    let conn = rusqlite::Connection::open(dir.join(format!("{object}.sqlite")))?;
+    let conn = crate::limit::connect(&dir.join(format!("{object}.sqlite")))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.execute_batch(CREATE)?;
@@ -715,7 +715,7 @@ pub fn footprint_limit_child(dir: &Path) -> anyhow::Result<()> {
 /// A limit connection configured as kura configures an object's: WAL, exclusive locking, no
 /// lookaside, the compact cache.
 fn limit_open_compact(dir: &Path, object: u64) -> anyhow::Result<rusqlite::Connection> {
-    let conn = rusqlite::Connection::open(dir.join(format!("{object}.sqlite")))?;
+    let conn = crate::limit::connect(&dir.join(format!("{object}.sqlite")))?;
     conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
     kura_sqlite::make_compact(&conn)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;

@@ -8,9 +8,19 @@ use rusqlite::Connection;
 
 use crate::load::Stats;
 
+/// A connection to `path` as a stock SQLite build gives it. The workspace builds SQLite with
+/// scan counters (for D1's `rows_read`), which SQLite turns on for every connection, and which
+/// then read the CPU's timestamp counter twice per instruction; kura turns them on only for
+/// what it counts, and the limit does without.
+pub fn connect(path: &Path) -> anyhow::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_STMT_SCANSTATUS, false)?;
+    Ok(conn)
+}
+
 /// A file-backed database shaped like the benchmark's, prefilled with `rows` rows.
 pub fn open(dir: &Path, rows: i64) -> anyhow::Result<Connection> {
-    let conn = Connection::open(dir.join("limit.sqlite"))?;
+    let conn = connect(&dir.join("limit.sqlite"))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.execute_batch("CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT, version INTEGER NOT NULL DEFAULT 0)")?;
