@@ -231,6 +231,48 @@ async fn point_in_time_recovery_through_the_runtime() {
     assert_eq!(stub.call(increment()).await.unwrap(), 3, "the restore was undone (n = 2)");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_caller_stops_waiting_ends_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = Runtime::open(dir.path()).unwrap();
+    let (ns, _) = counters(&runtime);
+    let stub = ns.get_by_name("abandoned");
+    let late_write = stub.call(|c: &mut Counter| -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            c.state.storage().put("early", &1u64).await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            c.state.storage().put("late", &2u64).await
+        })
+    });
+    assert!(tokio::time::timeout(Duration::from_millis(30), late_write).await.is_err(), "the caller gave up");
+    let (early, late) = stub
+        .call(|c: &mut Counter| -> BoxFuture<'_, Result<(Option<u64>, Option<u64>)>> {
+            Box::pin(async move { Ok((c.state.storage().get("early").await?, c.state.storage().get("late").await?)) })
+        })
+        .await
+        .unwrap();
+    assert_eq!((early, late), (Some(1), Some(2)), "the abandoned request ran to its end and committed");
+
+    // A restore asked for by a request whose caller left is applied before the next request.
+    stub.call(increment()).await.unwrap();
+    let bookmark = stub
+        .call(|c: &mut Counter| -> BoxFuture<'_, Result<kura::Bookmark>> {
+            Box::pin(c.state.storage().get_current_bookmark())
+        })
+        .await
+        .unwrap();
+    stub.call(increment()).await.unwrap();
+    let restoring = stub.call(move |c: &mut Counter| -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            c.state.storage().on_next_session_restore_bookmark(bookmark).await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok(())
+        })
+    });
+    assert!(tokio::time::timeout(Duration::from_millis(30), restoring).await.is_err(), "the caller gave up");
+    assert_eq!(stub.call(increment()).await.unwrap(), 2, "restored to n = 1 before this request");
+}
+
 /// Resident memory of this process, in bytes (Linux).
 fn resident_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
