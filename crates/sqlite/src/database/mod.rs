@@ -142,6 +142,9 @@ pub struct Database {
     statements: HashMap<String, CachedStatement>,
     /// The statement that reads page 1 for `size_after`, prepared on first use.
     page_one: Option<RawStatement>,
+    /// kura's own statements (BEGIN, COMMIT, savepoints) by their text, each prepared on first
+    /// use: rusqlite's statement cache looked each up by hashing its text, twice a request.
+    own: Vec<(&'static str, RawStatement)>,
     conn: rusqlite::Connection,
     /// Keeps other processes off the file; declared after `conn`, so it outlives the close
     /// (which may checkpoint). `None` for a read-only connection.
@@ -421,6 +424,7 @@ impl Database {
         let mut database = Database {
             statements: HashMap::new(),
             page_one: None,
+            own: Vec::new(),
             conn: connected.conn,
             file_lock: connected.file_lock,
             authorizer,
@@ -491,9 +495,32 @@ impl Database {
         self.with_internal(|c| c.execute_batch(sql)).map_err(Error::internal)
     }
 
+    /// Finalizes every statement kept prepared, before the connection closes.
+    fn finalize_statements(&mut self) {
+        self.statements.clear();
+        self.page_one = None;
+        self.own.clear();
+    }
+
     /// Runs one of kura's own statements, kept prepared (BEGIN, COMMIT, savepoints).
-    fn internal(&mut self, sql: &str) -> Result<()> {
-        self.with_internal(|c| c.prepare_cached(sql)?.raw_execute()).map(|_| ()).map_err(Error::internal)
+    fn internal(&mut self, sql: &'static str) -> Result<()> {
+        let at = match self.own.iter().position(|(text, _)| *text == sql) {
+            Some(at) => at,
+            None => {
+                let text = SqlText::new(sql)?;
+                let db = self.handle();
+                // SAFETY: the handle is open and used by this thread only.
+                let prepared = self.authorizer.internal(|| unsafe { RawStatement::prepare(db, &text, 0) })?;
+                let statement =
+                    prepared.statement.ok_or_else(|| Error::sql(ffi::SQLITE_INTERNAL, "an empty statement of kura's"))?;
+                self.own.push((sql, statement));
+                self.own.len() - 1
+            }
+        };
+        let (authorizer, statement) = (&self.authorizer, &mut self.own[at].1);
+        let stepped = authorizer.internal(|| statement.step());
+        statement.reset();
+        stepped.map(drop)
     }
 
     /// Runs every statement of a request on the connection as it stands (the caller owns the

@@ -333,10 +333,9 @@ impl Database {
         self.capture_owed()?;
         self.history.as_ref().ok_or_else(|| self.no_history())?.check(bookmark)?;
         self.rollback();
-        let history = self.history.as_mut().ok_or(Error::NoHistory)?;
         // Close the file (finalizing every statement first); the history swaps it.
-        self.statements.clear();
-        self.page_one = None;
+        self.finalize_statements();
+        let history = self.history.as_mut().ok_or(Error::NoHistory)?;
         let closed =
             std::mem::replace(&mut self.conn, rusqlite::Connection::open_in_memory().map_err(Error::internal)?);
         drop(closed);
