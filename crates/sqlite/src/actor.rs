@@ -465,7 +465,12 @@ impl Actor {
                 return self.stop(Ending::Abandoned);
             };
             let mut committer = Committer { db };
-            if std::panic::catch_unwind(AssertUnwindSafe(|| committer.process(commands))).is_err() {
+            let processed = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                committer.process(commands);
+                // The round's answers are out; its commits' capture may follow.
+                committer.db.settle_if_due();
+            }));
+            if processed.is_err() {
                 drop(held);
                 tracing::error!(key = %self.identity.key, "database actor panicked; closing the database");
                 return self.stop(Ending::Abandoned);

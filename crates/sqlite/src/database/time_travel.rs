@@ -33,16 +33,14 @@ impl Database {
     ///
     /// Without a shipper nothing waits on the log, so the commit is owed to it
     /// ([`Database::after_commit_answered_first`]) and captured with others once
-    /// [`Database::capture_due`] says so.
+    /// [`Database::capture_due`] says so, after the answers are out: whoever runs the database
+    /// calls [`Database::settle_if_due`] then (the actor, after each round of its commands).
     pub(super) fn after_commit(&mut self) -> Result<()> {
         if self.history.is_none() {
             return Ok(());
         }
         if self.options.shipper.is_none() {
             self.after_commit_answered_first();
-            if self.capture_due() {
-                self.settle_history();
-            }
             return Ok(());
         }
         if self.capture_or_reopen().is_err() {
@@ -124,6 +122,16 @@ impl Database {
             }
         }
         self.measure_history();
+    }
+
+    /// Once the answers of a round of commands are out: captures the commits owed to the
+    /// history if that is due, then checkpoints if that is due. A capture of 32 commits, or a
+    /// checkpoint, on the path of the commit that made it due put the whole cost on one answer:
+    /// with 16 clients over a thousand objects, that tail cost more throughput than its CPU.
+    pub(crate) fn settle_if_due(&mut self) {
+        if self.capture_due() || self.checkpoint_due() {
+            self.settle_history();
+        }
     }
 
     /// Captures the commits owed to the history, then checkpoints if that is due: after a
@@ -458,7 +466,9 @@ mod tests {
         }
         assert!(db.checkpoint_overdue(), "a WAL far past its mark");
         db.execute_alone(&request("INSERT INTO t VALUES (1000)")).unwrap();
-        assert!(!db.checkpoint_due() && !db.checkpoint_overdue(), "a commit captured first checkpoints after");
+        assert!(db.checkpoint_overdue(), "answered first: the capture and the checkpoint follow the answer");
+        db.settle_if_due();
+        assert!(!db.checkpoint_due() && !db.checkpoint_overdue(), "captured, then checkpointed once answered");
         assert_eq!(ids(&mut db).len(), id + 1);
     }
 
