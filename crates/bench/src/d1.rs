@@ -68,6 +68,7 @@ pub(crate) fn one_after_the_other(first: &Stats, second: &Stats) -> Stats {
         p99: first.p99 + second.p99,
         cpu: None,
         switches: None,
+        flushed: None,
     }
 }
 

@@ -235,6 +235,15 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
                 beside.limit.switches_per_unit().unwrap_or(0.0),
             );
         }
+        // kura writes each commit twice (the WAL, then its history's copy, not synced per
+        // commit): the flush ending each turn writes the copies back, inside kura's time.
+        if let (Some(kura), Some(limit)) = (beside.kura.flushed_share(), beside.limit.flushed_share()) {
+            println!(
+                "runtime at {clients} client(s), the turns' closing flush of writes left to the kernel:                  {:.1}% of kura's time, {:.1}% of the limit's",
+                kura * 100.0,
+                limit * 100.0,
+            );
+        }
     }
     let (cold, limit_cold) = (cold.kura, cold.limit);
     let cold_ratio = cold.p50.as_secs_f64() / limit_cold.p50.as_secs_f64().max(f64::MIN_POSITIVE);

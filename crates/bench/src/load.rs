@@ -21,6 +21,9 @@ pub struct Stats {
     /// Context switches this process's threads made while the load ran (voluntary and not),
     /// where it was measured ([`alternately`]).
     pub switches: Option<u64>,
+    /// Of the wall time, how long the flush at the end of each turn took: writing back what
+    /// the load left for the kernel to write later ([`alternately`]).
+    pub flushed: Option<Duration>,
 }
 
 impl Stats {
@@ -36,12 +39,17 @@ impl Stats {
             latencies.get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1))).copied()
         };
         let (p50, p99) = (at(0.50).unwrap_or_default(), at(0.99).unwrap_or_default());
-        Stats { units, elapsed, p50, p99, cpu: None, switches: None }
+        Stats { units, elapsed, p50, p99, cpu: None, switches: None, flushed: None }
     }
 
     /// This process's CPU time per unit, where it was measured.
     pub fn cpu_per_unit(&self) -> Option<Duration> {
         self.cpu.map(|cpu| cpu.div_f64(self.units.max(1) as f64))
+    }
+
+    /// The share of the wall time spent flushing at the end of turns, where it was measured.
+    pub fn flushed_share(&self) -> Option<f64> {
+        self.flushed.map(|f| f.as_secs_f64() / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE))
     }
 
     /// This process's context switches per unit, where they were counted.
@@ -157,6 +165,7 @@ where
         elapsed: Duration,
         cpu: Duration,
         switches: u64,
+        flushed: Duration,
     }
     let slice = duration.min(Duration::from_secs(1));
     let rounds = (duration.as_secs_f64() / slice.as_secs_f64().max(1e-3)).round().max(1.0) as usize;
@@ -168,7 +177,8 @@ where
             let (latencies, units, elapsed) = load(i, slice).await;
             let flushed = Instant::now();
             flush_to_disk();
-            let elapsed = elapsed + flushed.elapsed();
+            let flushed = flushed.elapsed();
+            let elapsed = elapsed + flushed;
             let total = &mut totals[i];
             let after = process_usage();
             total.cpu += after.cpu.saturating_sub(before.cpu);
@@ -176,11 +186,13 @@ where
             total.latencies.extend(latencies);
             total.units += units;
             total.elapsed += elapsed;
+            total.flushed += flushed;
         }
     }
     totals.map(|t| Stats {
         cpu: Some(t.cpu),
         switches: Some(t.switches),
+        flushed: Some(t.flushed),
         ..Stats::from_latencies(t.latencies, t.units, t.elapsed)
     })
 }

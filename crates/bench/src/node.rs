@@ -64,6 +64,7 @@ fn node_client(api: &str, database: &str, clients: usize, duration: Duration, ra
         p99: Duration::from_secs_f64(number("p99_ms") / 1e3),
         cpu: None,
         switches: None,
+        flushed: None,
     })
 }
 
