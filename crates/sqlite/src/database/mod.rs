@@ -764,10 +764,28 @@ impl Database {
     }
 
     /// Pages in use, from page 1 of the current transaction: the database size in pages (header
-    /// offset 28) less the free pages (offset 36).
+    /// offset 28) less the free pages (offset 36). Reading the page through a statement kept
+    /// prepared costs a microsecond; `PRAGMA page_count` is prepared afresh on every run.
     #[cfg(kura_dbpage)]
     fn used_pages(&mut self) -> Result<u64> {
-        self.read_header(|word| word(28).saturating_sub(word(36)))
+        if self.page_one.is_none() {
+            let text = SqlText::new("SELECT data FROM sqlite_dbpage('main') WHERE pgno = 1")?;
+            let db = self.handle();
+            self.page_one = self.authorizer.internal(|| unsafe { RawStatement::prepare(db, &text, 0) })?.statement;
+        }
+        let (authorizer, statement) = (&self.authorizer, &mut self.page_one);
+        let statement = statement.as_mut().ok_or_else(|| Error::sql(ffi::SQLITE_INTERNAL, "cannot read page 1"))?;
+        let pages = authorizer.internal(|| -> Result<u64> {
+            if !statement.step()? {
+                return Err(Error::sql(ffi::SQLITE_CORRUPT, "page 1 is missing"));
+            }
+            let header = statement.column_bytes(0);
+            let word =
+                |at: usize| header.get(at..at + 4).map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64);
+            Ok(word(28).saturating_sub(word(36)))
+        });
+        statement.reset();
+        pages
     }
 
     /// Pages in use, from the pragmas, when SQLite was built without `sqlite_dbpage`.
@@ -779,43 +797,6 @@ impl Database {
             Ok(count.saturating_sub(free).max(0) as u64)
         })
         .map_err(Error::internal)
-    }
-
-    /// The file header's `user_version` (offset 60) as the current transaction sees it.
-    #[cfg(kura_dbpage)]
-    pub fn user_version(&mut self) -> Result<i64> {
-        self.read_header(|word| word(60) as u32 as i32 as i64)
-    }
-
-    /// The file header's `user_version`, from its pragma.
-    #[cfg(not(kura_dbpage))]
-    pub fn user_version(&mut self) -> Result<i64> {
-        self.with_internal(|conn| conn.query_row("PRAGMA user_version", [], |r| r.get(0))).map_err(Error::internal)
-    }
-
-    /// Reads the file header (page 1 of the current transaction) with `read`, given the header's
-    /// big-endian 32-bit words by offset. Through a statement kept prepared this costs a
-    /// microsecond; SQLite prepares a PRAGMA afresh every time it runs.
-    #[cfg(kura_dbpage)]
-    fn read_header<T>(&mut self, read: impl FnOnce(&dyn Fn(usize) -> u64) -> T) -> Result<T> {
-        if self.page_one.is_none() {
-            let text = SqlText::new("SELECT data FROM sqlite_dbpage('main') WHERE pgno = 1")?;
-            let db = self.handle();
-            self.page_one = self.authorizer.internal(|| unsafe { RawStatement::prepare(db, &text, 0) })?.statement;
-        }
-        let (authorizer, statement) = (&self.authorizer, &mut self.page_one);
-        let statement = statement.as_mut().ok_or_else(|| Error::sql(ffi::SQLITE_INTERNAL, "cannot read page 1"))?;
-        let value = authorizer.internal(|| -> Result<T> {
-            if !statement.step()? {
-                return Err(Error::sql(ffi::SQLITE_CORRUPT, "page 1 is missing"));
-            }
-            let header = statement.column_bytes(0);
-            let word =
-                |at: usize| header.get(at..at + 4).map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as u64);
-            Ok(read(&word))
-        });
-        statement.reset();
-        value
     }
 
     /// The current size in bytes, free pages excluded.
