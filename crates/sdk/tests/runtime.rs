@@ -202,6 +202,15 @@ async fn alarms_reach_alarm_and_retry() {
     serving.abort();
 }
 
+/// The object's bookmark now, asked for in a request of its own.
+async fn current_bookmark(stub: &kura::Stub<Counter>) -> kura::Bookmark {
+    stub.call(|c: &mut Counter| -> BoxFuture<'_, Result<kura::Bookmark>> {
+        Box::pin(c.state.storage().get_current_bookmark())
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn point_in_time_recovery_through_the_runtime() {
     let dir = tempfile::tempdir().unwrap();
@@ -209,12 +218,7 @@ async fn point_in_time_recovery_through_the_runtime() {
     let (ns, _) = counters(&runtime);
     let stub = ns.get_by_name("pitr");
     stub.call(increment()).await.unwrap();
-    let bookmark = stub
-        .call(|c: &mut Counter| -> BoxFuture<'_, Result<kura::Bookmark>> {
-            Box::pin(c.state.storage().get_current_bookmark())
-        })
-        .await
-        .unwrap();
+    let bookmark = current_bookmark(&stub).await;
     stub.call(increment()).await.unwrap();
     let undo = stub
         .call(move |c: &mut Counter| -> BoxFuture<'_, Result<kura::Bookmark>> {
@@ -255,12 +259,7 @@ async fn a_request_whose_caller_stops_waiting_ends_whole() {
 
     // A restore asked for by a request whose caller left is applied before the next request.
     stub.call(increment()).await.unwrap();
-    let bookmark = stub
-        .call(|c: &mut Counter| -> BoxFuture<'_, Result<kura::Bookmark>> {
-            Box::pin(c.state.storage().get_current_bookmark())
-        })
-        .await
-        .unwrap();
+    let bookmark = current_bookmark(&stub).await;
     stub.call(increment()).await.unwrap();
     let restoring = stub.call(move |c: &mut Counter| -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {

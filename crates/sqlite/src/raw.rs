@@ -343,9 +343,7 @@ impl Drop for VisitCounting {
 /// `db` must be a valid, open connection used only by the calling thread.
 unsafe fn set_visit_counting(db: *mut ffi::sqlite3, on: bool) {
     // Fails only for an unknown option, which a build without scan counters ignores anyway.
-    unsafe {
-        ffi::sqlite3_db_config(db, ffi::SQLITE_DBCONFIG_STMT_SCANSTATUS, on as c_int, ptr::null_mut::<c_int>())
-    };
+    unsafe { ffi::sqlite3_db_config(db, ffi::SQLITE_DBCONFIG_STMT_SCANSTATUS, on as c_int, ptr::null_mut::<c_int>()) };
 }
 
 impl Drop for RawStatement {

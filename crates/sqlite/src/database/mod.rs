@@ -511,8 +511,9 @@ impl Database {
                 let db = self.handle();
                 // SAFETY: the handle is open and used by this thread only.
                 let prepared = self.authorizer.internal(|| unsafe { RawStatement::prepare(db, &text, 0) })?;
-                let statement =
-                    prepared.statement.ok_or_else(|| Error::sql(ffi::SQLITE_INTERNAL, "an empty statement of kura's"))?;
+                let statement = prepared
+                    .statement
+                    .ok_or_else(|| Error::sql(ffi::SQLITE_INTERNAL, "an empty statement of kura's"))?;
                 self.own.push((sql, statement));
                 self.own.len() - 1
             }
