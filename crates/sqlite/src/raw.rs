@@ -48,8 +48,6 @@ impl SqlText {
 pub(crate) struct RawStatement {
     ptr: NonNull<ffi::sqlite3_stmt>,
     db: *mut ffi::sqlite3,
-    /// Whether the statement has loops whose visits `rows_visited` sums.
-    counts_visits: bool,
 }
 
 /// A statement prepared from some text, and where the next one starts.
@@ -73,7 +71,6 @@ impl RawStatement {
         let mut stmt = ptr::null_mut();
         let mut tail = ptr::null();
         let rc = unsafe {
-            let _counting = VisitCounting::on(db);
             ffi::sqlite3_prepare_v3(db, remaining.as_ptr().cast(), remaining.len() as c_int, 0, &mut stmt, &mut tail)
         };
         if rc != ffi::SQLITE_OK {
@@ -82,20 +79,10 @@ impl RawStatement {
         let consumed =
             if tail.is_null() { remaining.len() - 1 } else { (tail as usize) - (remaining.as_ptr() as usize) };
         Ok(Prepared {
-            statement: NonNull::new(stmt).map(|ptr| {
-                let mut statement = RawStatement { ptr, db, counts_visits: false };
-                statement.counts_visits = statement.has_loops();
-                statement
-            }),
+            statement: NonNull::new(stmt).map(|ptr| RawStatement { ptr, db }),
             start,
             next: start + consumed,
         })
-    }
-
-    /// Counts the visits of the statement's loops (if it has any) while it runs: call before
-    /// its first step, and keep the guard until its last.
-    pub(crate) fn counting_visits(&self) -> Option<VisitCounting> {
-        self.counts_visits.then(|| unsafe { VisitCounting::on(self.db) })
     }
 
     fn raw(&self) -> *mut ffi::sqlite3_stmt {
@@ -246,7 +233,16 @@ impl RawStatement {
     /// Rows the statement's loops visited so far: the sum of SQLite's per-loop visit counters.
     #[cfg(kura_scanstatus)]
     pub(crate) fn rows_visited(&self) -> u64 {
-        use scanstatus::{SQLITE_SCANSTAT_NVISIT, sqlite3_stmt_scanstatus_v2};
+        unsafe extern "C" {
+            fn sqlite3_stmt_scanstatus_v2(
+                stmt: *mut ffi::sqlite3_stmt,
+                idx: c_int,
+                op: c_int,
+                flags: c_int,
+                out: *mut std::ffi::c_void,
+            ) -> c_int;
+        }
+        const SQLITE_SCANSTAT_NVISIT: c_int = 1;
         let mut total = 0u64;
         for idx in 0.. {
             let mut visits: i64 = 0;
@@ -261,89 +257,11 @@ impl RawStatement {
         total
     }
 
-    /// Whether the statement has loops, whose visits it counts once prepared.
-    #[cfg(kura_scanstatus)]
-    fn has_loops(&self) -> bool {
-        let mut visits: i64 = 0;
-        unsafe {
-            scanstatus::sqlite3_stmt_scanstatus_v2(
-                self.raw(),
-                0,
-                scanstatus::SQLITE_SCANSTAT_NVISIT,
-                0,
-                (&mut visits as *mut i64).cast(),
-            ) == 0
-        }
-    }
-
-    /// Without scan counters, every statement counts its full-scan steps.
-    #[cfg(not(kura_scanstatus))]
-    fn has_loops(&self) -> bool {
-        false
-    }
-
     /// Without scan counters, the number of full-scan steps is the best public approximation.
     #[cfg(not(kura_scanstatus))]
     pub(crate) fn rows_visited(&self) -> u64 {
         unsafe { ffi::sqlite3_stmt_status(self.raw(), ffi::SQLITE_STMTSTATUS_FULLSCAN_STEP, 0) as u64 }
     }
-}
-
-/// The scan counters' functions, which libsqlite3-sys declares only for builds it configures
-/// itself.
-#[cfg(kura_scanstatus)]
-mod scanstatus {
-    use super::{c_int, ffi};
-
-    pub(super) const SQLITE_SCANSTAT_NVISIT: c_int = 1;
-
-    unsafe extern "C" {
-        pub(super) fn sqlite3_stmt_scanstatus_v2(
-            stmt: *mut ffi::sqlite3_stmt,
-            idx: c_int,
-            op: c_int,
-            flags: c_int,
-            out: *mut std::ffi::c_void,
-        ) -> c_int;
-    }
-}
-
-/// The connection's scan-status flag, on while the guard lives. SQLite records a statement's
-/// loops only if the flag is on when it is prepared, and counts their visits only while it is
-/// on as it runs; but while it is on, every instruction of every statement also reads the CPU's
-/// timestamp counter twice (for per-loop cycle counts kura does not use), which was a fifth of a
-/// 100-INSERT batch's CPU. So the flag is off but while a statement is prepared, and while one
-/// with loops runs. Off by default: [`VisitCounting::stop_by_default`].
-pub(crate) struct VisitCounting {
-    db: *mut ffi::sqlite3,
-}
-
-impl VisitCounting {
-    /// # Safety
-    /// `db` must be a valid, open connection used only by the calling thread.
-    unsafe fn on(db: *mut ffi::sqlite3) -> Self {
-        unsafe { set_visit_counting(db, true) };
-        VisitCounting { db }
-    }
-
-    /// Turns the flag off on a connection just opened (SQLite turns it on).
-    pub(crate) fn stop_by_default(conn: &rusqlite::Connection) {
-        // SAFETY: rusqlite's handle is open, and the connection is used by this thread only.
-        unsafe { set_visit_counting(conn.handle(), false) };
-    }
-}
-
-impl Drop for VisitCounting {
-    fn drop(&mut self) {
-        unsafe { set_visit_counting(self.db, false) };
-    }
-}
-
-/// # Safety
-/// `db` must be a valid, open connection used only by the calling thread.
-unsafe fn set_visit_counting(db: *mut ffi::sqlite3, on: bool) {
-    // Fails only for an unknown option, which a build without scan counters ignores anyway.
-    unsafe { ffi::sqlite3_db_config(db, ffi::SQLITE_DBCONFIG_STMT_SCANSTATUS, on as c_int, ptr::null_mut::<c_int>()) };
 }
 
 impl Drop for RawStatement {

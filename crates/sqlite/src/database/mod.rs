@@ -26,7 +26,7 @@ use crate::error::{
 };
 use crate::history::{self, History, HistorySettings, LogShipper};
 use crate::policy::{Authorizer, Limits, StatementFacts};
-use crate::raw::{RawStatement, SqlText, VisitCounting};
+use crate::raw::{RawStatement, SqlText};
 use crate::request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};
 
 /// How to open a database file.
@@ -309,7 +309,6 @@ fn connect(
     }
     conn.pragma_update(None, "foreign_keys", "ON").map_err(open_error)?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true).map_err(open_error)?;
-    VisitCounting::stop_by_default(conn);
     // Stable plans: without this, STAT4 builds re-prepare a cached statement whenever a
     // bound value the planner looked at changes, which is on nearly every call.
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).map_err(open_error)?;
@@ -688,7 +687,6 @@ impl Database {
         let schema_before = if facts.creates.is_some() { Some(self.schema_version()?) } else { None };
         let columns = raw.column_names();
         let mut rows = Vec::new();
-        let counting = raw.counting_visits();
         while raw.step()? {
             let row = raw.row(columns.len());
             let bytes = row.iter().map(Value::footprint).sum::<usize>();
@@ -703,7 +701,6 @@ impl Database {
             })?;
             rows.push(row);
         }
-        drop(counting);
         let duration_ms = started.elapsed().as_secs_f64() * 1000.0;
         if facts.alters_table && self.count_reserved_names()? > reserved_before {
             return Err(Error::sql(ffi::SQLITE_AUTH, "not authorized"));
