@@ -291,7 +291,8 @@ fn commit(db: &mut Database) -> Result<()> {
     if !db.in_transaction() {
         return Err(DoError::Reset("Cannot commit transaction due to an earlier SQL critical error".into()));
     }
-    db.commit().map_err(|e| match e {
+    // What the commit makes due in the history follows the answer (the actor's round ends so).
+    db.commit_answered_first().map_err(|e| match e {
         // A deferred constraint left violated is the request's fault, reported as workerd does.
         kura_sqlite::Error::Sql { message, code, .. } if code == libsqlite3_sys::SQLITE_CONSTRAINT => {
             DoError::Reset(format!(

@@ -467,7 +467,8 @@ impl Actor {
             let mut committer = Committer { db };
             let processed = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 committer.process(commands);
-                // The round's answers are out; its commits' capture may follow.
+                // The round's answers are out; its commits' capture may follow (not on a
+                // connection marked for reopening, which is closed below instead).
                 committer.db.settle_if_due();
             }));
             if processed.is_err() {
@@ -593,7 +594,7 @@ impl Committer<'_> {
                     }
                     if request.needs_own_transaction() {
                         self.flush(&mut group);
-                        let outcome = self.db.execute_alone(&request).map(|r| self.executed(r));
+                        let outcome = self.db.execute_alone_answered_first(&request).map(|r| self.executed(r));
                         let _ = reply.send(outcome);
                     } else {
                         self.run_grouped(request, reply, &mut group);
@@ -637,7 +638,7 @@ impl Committer<'_> {
             return;
         }
         if self.db.with_internal(|conn| work.run(conn)) {
-            let committed = self.db.commit();
+            let committed = self.db.commit_answered_first();
             work.finish(committed);
         } else {
             self.db.rollback();
@@ -664,7 +665,7 @@ impl Committer<'_> {
             }
             Grouped::RunAlone => {
                 self.flush(group);
-                let outcome = self.db.execute_alone(&request).map(|r| self.executed(r));
+                let outcome = self.db.execute_alone_answered_first(&request).map(|r| self.executed(r));
                 let _ = reply.send(outcome);
             }
             Grouped::Lost(Some(e)) => {
@@ -690,7 +691,7 @@ impl Committer<'_> {
             self.replay(group);
             return;
         }
-        match self.db.commit() {
+        match self.db.commit_answered_first() {
             Ok(()) => {
                 if let Some((stats, _)) = &self.db.options().stats {
                     stats.group_sizes.observe(group.len() as f64);
@@ -744,7 +745,7 @@ impl Committer<'_> {
                     let outcome = if self.db.is_poisoned() {
                         Err(Error::Reopening)
                     } else {
-                        self.db.execute_alone(&request).map(|r| self.executed(r))
+                        self.db.execute_alone_answered_first(&request).map(|r| self.executed(r))
                     };
                     let _ = reply.send(outcome);
                 }

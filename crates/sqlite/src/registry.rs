@@ -281,7 +281,11 @@ impl Registry {
         }
         let mut left = Vec::new();
         for part in capturing {
-            left.extend(part.await.unwrap_or_default());
+            match part.await {
+                Ok(part) => left.extend(part),
+                // Whatever it did not capture, the idle thread captures within a second.
+                Err(e) => tracing::error!(error = %e, "capturing a share of the open databases failed"),
+            }
         }
         let mut answers = Vec::new();
         for (key, actor, captured) in left {

@@ -65,8 +65,18 @@ impl Database {
         self.internal("BEGIN")
     }
 
-    /// Commits the open transaction; on failure it is rolled back and the error returned.
+    /// Commits the open transaction; on failure it is rolled back and the error returned. A
+    /// capture or checkpoint the commit makes due is done before this returns.
     pub fn commit(&mut self) -> Result<()> {
+        self.commit_then(Capture::BeforeAnswer)?;
+        self.settle_if_due();
+        Ok(())
+    }
+
+    /// Commits as [`Database::commit`] does, but leaves a capture or checkpoint the commit
+    /// makes due to [`Database::settle_if_due`], for the caller to run once its answer is out
+    /// (the actor does after each round of its commands).
+    pub fn commit_answered_first(&mut self) -> Result<()> {
         self.commit_then(Capture::BeforeAnswer)
     }
 
@@ -241,6 +251,15 @@ impl Database {
 
     /// Runs a request in a transaction of its own and commits it.
     pub fn execute_alone(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
+        let outcome = self.execute_alone_then(request, Capture::BeforeAnswer);
+        self.settle_if_due();
+        outcome
+    }
+
+    /// Runs a request alone as [`Database::execute_alone`] does, leaving a capture or
+    /// checkpoint it makes due to [`Database::settle_if_due`] (see
+    /// [`Database::commit_answered_first`]).
+    pub(crate) fn execute_alone_answered_first(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
         self.execute_alone_then(request, Capture::BeforeAnswer)
     }
 
