@@ -420,11 +420,14 @@ impl<T: DurableObject> Namespace<T> {
 /// stop waiting are the rare case.
 struct EndsWhole<F: Future<Output: Send + 'static> + Send + 'static> {
     future: Option<std::pin::Pin<Box<F>>>,
+    /// Where the rest goes: the runtime the request began on, wherever it is dropped.
+    runtime: tokio::runtime::Handle,
 }
 
 impl<F: Future<Output: Send + 'static> + Send + 'static> EndsWhole<F> {
+    /// Panics outside a tokio runtime, as spawning the request would.
     fn new(future: F) -> Self {
-        EndsWhole { future: Some(Box::pin(future)) }
+        EndsWhole { future: Some(Box::pin(future)), runtime: tokio::runtime::Handle::current() }
     }
 }
 
@@ -433,18 +436,26 @@ impl<F: Future<Output: Send + 'static> + Send + 'static> Future for EndsWhole<F>
 
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
         let Some(future) = self.future.as_mut() else { panic!("polled after it ended") };
-        let polled = future.as_mut().poll(cx);
-        if polled.is_ready() {
-            self.future = None;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(polled) => {
+                if polled.is_ready() {
+                    self.future = None;
+                }
+                polled
+            }
+            // A future that panicked cannot go on: nothing of it is left to finish.
+            Err(panic) => {
+                self.future = None;
+                std::panic::resume_unwind(panic)
+            }
         }
-        polled
     }
 }
 
 impl<F: Future<Output: Send + 'static> + Send + 'static> Drop for EndsWhole<F> {
     fn drop(&mut self) {
-        if let (Some(rest), Ok(runtime)) = (self.future.take(), tokio::runtime::Handle::try_current()) {
-            runtime.spawn(rest);
+        if let Some(rest) = self.future.take() {
+            self.runtime.spawn(rest);
         }
     }
 }
