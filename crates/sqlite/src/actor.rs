@@ -141,7 +141,7 @@ impl Lender {
         if db.is_poisoned() || db.in_transaction() || db.options().shipper.is_some() || db.checkpoint_overdue() {
             return Tried::NotRun;
         }
-        let outcome = match beside_the_actor(db, |db| db.execute_answering_first(request)) {
+        let outcome = match beside_the_actor(db, |db| db.execute_alone_answered_first(request)) {
             Ok(outcome) => outcome,
             Err(reopen) => return reopen,
         };

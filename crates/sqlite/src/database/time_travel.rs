@@ -405,11 +405,11 @@ mod tests {
         let before = db.bookmark().unwrap();
         let mut answered = Vec::new();
         for id in 1..=3 {
-            db.execute_answering_first(&request(&format!("INSERT INTO t VALUES ({id})"))).unwrap();
+            db.execute_alone_answered_first(&request(&format!("INSERT INTO t VALUES ({id})"))).unwrap();
             answered.push(db.bookmark().unwrap());
         }
         // A write that changes nothing commits nothing, and takes no position.
-        db.execute_answering_first(&request("DELETE FROM t WHERE id = 99")).unwrap();
+        db.execute_alone_answered_first(&request("DELETE FROM t WHERE id = 99")).unwrap();
         assert_eq!(db.bookmark().unwrap(), answered[2]);
         assert!(db.owes_capture());
         assert_eq!(answered.iter().map(|b| b.seq).collect::<Vec<_>>(), [1, 2, 3].map(|n| before.seq + n));
@@ -420,7 +420,7 @@ mod tests {
         assert_eq!(listed, answered.iter().rev().copied().collect::<Vec<_>>(), "same positions and times");
         assert_eq!(db.bookmark().unwrap(), answered[2]);
 
-        db.execute_answering_first(&request("INSERT INTO t VALUES (4)")).unwrap();
+        db.execute_alone_answered_first(&request("INSERT INTO t VALUES (4)")).unwrap();
         db.restore(&answered[1]).unwrap();
         assert_eq!(ids(&mut db), [1, 2]);
         let undo = db.timeline(1, None).unwrap()[0].bookmark;
@@ -441,7 +441,7 @@ mod tests {
         let mut id = 0;
         let mut insert = |db: &mut Database| {
             id += 1;
-            db.execute_answering_first(&request(&format!("INSERT INTO t VALUES ({id})"))).unwrap();
+            db.execute_alone_answered_first(&request(&format!("INSERT INTO t VALUES ({id})"))).unwrap();
         };
         for _ in 0..10 {
             if db.checkpoint_due() {
@@ -481,7 +481,7 @@ mod tests {
         db.execute_alone(&request("CREATE TABLE t (id INTEGER PRIMARY KEY)")).unwrap();
         db.execute_alone(&request("INSERT INTO t VALUES (1)")).unwrap();
         let first = db.bookmark().unwrap();
-        db.execute_answering_first(&request("INSERT INTO t VALUES (2)")).unwrap();
+        db.execute_alone_answered_first(&request("INSERT INTO t VALUES (2)")).unwrap();
         let answered = db.bookmark().unwrap();
         assert!(db.owes_capture());
         drop(db); // no clean close: the log lacks the commit, the WAL holds it

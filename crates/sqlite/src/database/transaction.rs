@@ -34,15 +34,6 @@ pub(crate) enum Inline {
     TooLong,
 }
 
-/// When the history captures a commit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Capture {
-    /// Before the commit is answered.
-    BeforeAnswer,
-    /// After: the commit is owed to the history meanwhile.
-    AfterAnswer,
-}
-
 const SAVEPOINT: &str = "SAVEPOINT _cf_kura_request";
 const RELEASE: &str = "RELEASE _cf_kura_request";
 const ROLLBACK_TO: &str = "ROLLBACK TO _cf_kura_request";
@@ -68,7 +59,7 @@ impl Database {
     /// Commits the open transaction; on failure it is rolled back and the error returned. A
     /// capture or checkpoint the commit makes due is done before this returns.
     pub fn commit(&mut self) -> Result<()> {
-        self.commit_then(Capture::BeforeAnswer)?;
+        self.commit_answered_first()?;
         self.settle_if_due();
         Ok(())
     }
@@ -77,13 +68,8 @@ impl Database {
     /// makes due to [`Database::settle_if_due`], for the caller to run once its answer is out
     /// (the actor does after each round of its commands).
     pub fn commit_answered_first(&mut self) -> Result<()> {
-        self.commit_then(Capture::BeforeAnswer)
-    }
-
-    /// Commits as [`Database::commit`] does; the history captures the commit when `capture` says.
-    fn commit_then(&mut self, capture: Capture) -> Result<()> {
         let started = std::time::Instant::now();
-        let committed = self.commit_and_capture(capture);
+        let committed = self.commit_and_capture();
         if let Some((stats, figures)) = &self.options.stats {
             match &committed {
                 Ok(()) => stats.committed(figures, started.elapsed()),
@@ -96,13 +82,9 @@ impl Database {
     }
 
     /// [`Database::commit`]'s work: COMMIT, then the history's capture and shipment.
-    fn commit_and_capture(&mut self, capture: Capture) -> Result<()> {
+    fn commit_and_capture(&mut self) -> Result<()> {
         let result = self.internal("COMMIT");
         match &result {
-            Ok(()) if capture == Capture::AfterAnswer => {
-                self.after_commit_answered_first();
-                return Ok(());
-            }
             Ok(()) => return self.after_commit(),
             Err(e) => {
                 if matches!(e.sqlite_code(), Some(ffi::SQLITE_IOERR | ffi::SQLITE_CORRUPT | ffi::SQLITE_NOTADB)) {
@@ -251,32 +233,19 @@ impl Database {
 
     /// Runs a request in a transaction of its own and commits it.
     pub fn execute_alone(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
-        let outcome = self.execute_alone_then(request, Capture::BeforeAnswer);
+        let outcome = self.execute_alone_answered_first(request);
         self.settle_if_due();
         outcome
     }
 
     /// Runs a request alone as [`Database::execute_alone`] does, leaving a capture or
     /// checkpoint it makes due to [`Database::settle_if_due`] (see
-    /// [`Database::commit_answered_first`]).
+    /// [`Database::commit_answered_first`]): for the actor, and for a write on its caller's
+    /// thread, whose caller captures once the answer is out ([`Database::capture_due`]).
     pub(crate) fn execute_alone_answered_first(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
-        self.execute_alone_then(request, Capture::BeforeAnswer)
-    }
-
-    /// Runs a request alone as [`Database::execute_alone`] does, on its caller's thread: its
-    /// commit is owed to the history, and a capture it makes due is left to the caller, to run
-    /// once the answer is out ([`Database::capture_due`]). The caller sees to it that the
-    /// database needs no shipping and that its WAL is not overdue a checkpoint (one this commit
-    /// makes due follows the capture: [`Database::checkpoint_due`]).
-    pub(crate) fn execute_answering_first(&mut self, request: &Request) -> Result<Vec<StatementResult>> {
-        debug_assert!(self.options().shipper.is_none() && !self.checkpoint_overdue());
-        self.execute_alone_then(request, Capture::AfterAnswer)
-    }
-
-    fn execute_alone_then(&mut self, request: &Request, capture: Capture) -> Result<Vec<StatementResult>> {
         self.begin()?;
         let outcome = match self.execute(request) {
-            Ok(results) => self.commit_then(capture).map(|()| results),
+            Ok(results) => self.commit_answered_first().map(|()| results),
             Err(e) => {
                 self.rollback();
                 Err(e)
