@@ -160,8 +160,10 @@ async fn inline_shipments_compact_into_a_base_and_rebuild_exactly() {
     let db = dir.path().join("orders/db.sqlite");
     std::fs::create_dir_all(db.parent().unwrap()).unwrap();
     let shipped = rebuild(&storage, &*coordinator, RESOURCE, &db).await.unwrap();
+    // Each of these commits, packed, ships a few hundred bytes: compacting every 16 KiB does it
+    // several times over the run.
     let shipper = Arc::new(
-        HistoryShipper::new(storage.clone(), coordinator.clone(), lease.clone(), shipped).compact_after(256 * 1024),
+        HistoryShipper::new(storage.clone(), coordinator.clone(), lease.clone(), shipped).compact_after(16 * 1024),
     );
     let for_opener = shipper.clone();
     let path = db.clone();

@@ -333,7 +333,7 @@ fn damaged_copy_path(segment: &Path, offset: u64) -> PathBuf {
 /// (which the WAL can rebuild) rather than damage to records already made durable.
 fn tail_is_torn(tail: &segment::BadTail, wal: &WalState, restore_interrupted: bool) -> bool {
     match tail.header {
-        Some(header) if header.kind == Kind::Commit => wal.holds(&header),
+        Some(header) if header.kind != Kind::Restore => wal.holds(&header),
         // A restore's entry is written while its marker exists and is the last thing written:
         // torn, the restore never happened. Without the marker, it was durable: damage.
         Some(header) => restore_interrupted && (tail.truncated || tail.offset + header.record_len() >= tail.file_len),
@@ -361,7 +361,7 @@ impl WalState {
     /// Whether the WAL still holds the transaction a record captured, so capturing again
     /// rebuilds the record exactly.
     fn holds(&self, record: &Header) -> bool {
-        record.kind == Kind::Commit && record.wal_salt == self.salt && record.wal_frame <= self.frames
+        record.kind != Kind::Restore && record.wal_salt == self.salt && record.wal_frame <= self.frames
     }
 }
 
@@ -471,10 +471,11 @@ impl History {
                 tracing::warn!(segment = %segment.display(), bytes = tail.file_len - tail.offset, "dropping the log's torn tail");
                 history.open.cut_tail(&tail, None).map_err(io_error("recovering the log"))?;
             } else {
-                // Positions the damaged bytes held (every record is longer than a header), and
-                // those of records that never reached the file (each came from at least one
-                // frame of the WAL), are never handed out again: the new base comes after all.
-                let lost = (tail.file_len - tail.offset) / HEADER_LEN as u64 + 1 + wal.frames as u64;
+                // Positions the damaged bytes held (each takes at least an index entry of a
+                // packed record), and those of records that never reached the file (each came
+                // from at least one frame of the WAL), are never handed out again: the new base
+                // comes after all.
+                let lost = (tail.file_len - tail.offset) / record::MIN_BYTES_PER_POSITION + 1 + wal.frames as u64;
                 let base = history.last_seq + lost + 1;
                 write_marker(&history.dir, REBASE_MARKER, base).map_err(io_error("writing the rebase marker"))?;
                 let keep = damaged_copy_path(&segment, tail.offset);
@@ -640,6 +641,7 @@ impl History {
                     wal_salt: header.salt,
                     wal_frame: txn.last_frame,
                     n_pages: txn.pages.len() as u32,
+                    packed_len: 0,
                 };
                 // A run fits one write, and ends where the segment is full, as one record alone
                 // would.
@@ -658,8 +660,8 @@ impl History {
                 Ok(())
             };
             match records.as_slice() {
-                [alone] => self.open.append(alone, |w| write_pages(0, w)),
-                together => self.open.append_together(together, write_pages),
+                [alone] if alone.record_len() > segment::WHOLE_RECORD => self.open.append(alone, |w| write_pages(0, w)),
+                together => self.open.append_together(together, write_pages).map(|_| ()),
             }
             .map_err(io_error("appending to the log"))?;
             self.last_seq = seq;
@@ -795,6 +797,7 @@ impl History {
             wal_salt,
             wal_frame,
             n_pages: 0,
+            packed_len: 0,
         };
         self.open.append(&entry, |_| Ok(())).map_err(io_error("appending to the log"))?;
         self.sync()?;
@@ -1153,8 +1156,11 @@ fn build(plan: &RestorePlan, out: &File, page_size: u32) -> Result<u32> {
         .map_err(|e| read_error(e, &format!("reading {}", plan.snapshot.display())))?;
     let mut db_pages = header.db_pages;
     let mut segment: Option<(&Path, File, u64)> = None;
-    let mut buf = Vec::new();
-    for (path, offset, seq) in &plan.records {
+    let mut bufs = record::ApplyBuffers::default();
+    // The positions of a packed record share its offset: it is read and unpacked once for all.
+    for same_record in plan.records.chunk_by(|a, b| (&a.0, a.1) == (&b.0, b.1)) {
+        let (path, offset, first) = &same_record[0];
+        let last = same_record[same_record.len() - 1].2;
         if segment.as_ref().is_none_or(|(p, _, _)| p != path) {
             let file = File::open(path).map_err(io_error("opening a log segment"))?;
             let len = file.metadata().map_err(io_error("reading a log segment"))?.len();
@@ -1162,10 +1168,17 @@ fn build(plan: &RestorePlan, out: &File, page_size: u32) -> Result<u32> {
         }
         let (_, file, len) = segment.as_ref().expect("just opened");
         let page_size = page_size as u64;
-        let record = record::apply_at(file, *offset, *len, &mut buf, |pgno, data| {
+        let record = record::apply_at(file, *offset, *len, &mut bufs, *first..=last, |pgno, data| {
             out.write_all_at(data, (pgno as u64 - 1) * page_size)
         })
-        .map_err(|e| read_error(e, &format!("record {seq} in {}", path.display())))?;
+        .map_err(|e| read_error(e, &format!("record {first} in {}", path.display())))?;
+        if record.seq != last {
+            return Err(damaged(format!(
+                "record {first} in {} ends at position {}, not {last}",
+                path.display(),
+                record.seq
+            )));
+        }
         db_pages = record.db_pages;
     }
     out.set_len(db_pages as u64 * page_size as u64).map_err(io_error("sizing the restored image"))?;

@@ -1,21 +1,35 @@
-//! The history log's record: one committed transaction (its changed pages) or one restore, with
-//! a CRC over every byte, so a torn or damaged record is detected and never applied.
+//! The history log's record: one committed transaction (its changed pages), one restore, or a
+//! run of consecutive commits compressed together, with a CRC over every byte, so a torn or
+//! damaged record is detected and never applied.
 //!
-//! Layout, little-endian (`HEADER_LEN` bytes of header, then the pages, then the CRC):
+//! Layout, little-endian (`HEADER_LEN` bytes of header, then the body, then the CRC):
 //!
 //! ```text
 //!  0  u64  total length of the record, CRC included (a transaction may exceed 4 GiB)
-//!  8  u8   kind: 1 = commit, 2 = restore (the state becomes the snapshot at `seq`)
-//!  9  [7]  zero
+//!  8  u8   kind: 1 = commit, 2 = restore (the state becomes the snapshot at `seq`),
+//!          3 = commits compressed together (below)
+//!  9  [3]  zero
+//! 12  u32  kind 3: bytes of the compressed pages; otherwise zero
 //! 16  u64  seq: the history position, strictly increasing, restores included
 //! 24  i64  commit time, Unix milliseconds (never decreasing within a database)
 //! 32  u32  page size
 //! 36  u32  database size after the commit, in pages
 //! 40  u64  WAL salts (salt-1 << 32 | salt-2) of the frames captured; 0 for a restore
 //! 48  u32  last WAL frame captured; 0 for a restore
-//! 52  u32  number of pages that follow
+//! 52  u32  number of pages that follow; kind 3: number of commits
 //! 56  n × (u32 page number, page bytes)
 //! end-4    u32  CRC-32 of every byte before it
+//! ```
+//!
+//! A record of kind 3 holds the commits one capture wrote together (positions `seq - n + 1` to
+//! `seq`); its header describes the last of them. Its body is an index of the commits, then
+//! their pages, one commit after another, as one LZ4 block. Successive commits to a small
+//! database rewrite the same few pages, so the block is a fraction of the pages: the history's
+//! copy of a busy Durable Object's commits was most of what it left the disk to write back.
+//!
+//! ```text
+//! 56  n × (i64 commit time, u32 database size in pages, u32 last WAL frame, u32 pages)
+//! 56 + 20n  the LZ4 block: every commit's n × (u32 page number, page bytes), in order
 //! ```
 
 use std::fs::File;
@@ -32,6 +46,8 @@ pub(crate) enum Kind {
     Commit = 1,
     /// A restore: from here on the state is the snapshot with this record's `seq`.
     Restore = 2,
+    /// Consecutive commits, their pages compressed together; the header describes the last.
+    Commits = 3,
 }
 
 impl Kind {
@@ -40,6 +56,7 @@ impl Kind {
         match byte {
             1 => Some(Kind::Commit),
             2 => Some(Kind::Restore),
+            3 => Some(Kind::Commits),
             _ => None,
         }
     }
@@ -55,19 +72,56 @@ pub(crate) struct Header {
     pub db_pages: u32,
     pub wal_salt: u64,
     pub wal_frame: u32,
+    /// Pages that follow; for [`Kind::Commits`], the number of commits.
     pub n_pages: u32,
+    /// For [`Kind::Commits`], bytes of the compressed pages; otherwise 0.
+    pub packed_len: u32,
 }
+
+/// Bytes of one commit's entry in the index of a [`Kind::Commits`] record.
+pub(crate) const INDEX_ENTRY_LEN: usize = 20;
+
+/// Fewest bytes of log one position takes (an index entry of a [`Kind::Commits`] record): a
+/// bound on how many positions damaged bytes held.
+pub(crate) const MIN_BYTES_PER_POSITION: u64 = INDEX_ENTRY_LEN as u64;
 
 impl Header {
     /// The record's total length, CRC included.
     pub(crate) fn record_len(&self) -> u64 {
-        HEADER_LEN as u64 + self.n_pages as u64 * (4 + self.page_size as u64) + 4
+        match self.kind {
+            Kind::Commits => {
+                HEADER_LEN as u64 + self.n_pages as u64 * INDEX_ENTRY_LEN as u64 + self.packed_len as u64 + 4
+            }
+            Kind::Commit | Kind::Restore => HEADER_LEN as u64 + self.n_pages as u64 * (4 + self.page_size as u64) + 4,
+        }
+    }
+
+    /// Bytes a commit's pages take, uncompressed.
+    fn pages_len(&self) -> u64 {
+        self.n_pages as u64 * (4 + self.page_size as u64)
+    }
+
+    /// The first position the record holds (its only one unless it packs commits).
+    pub(crate) fn first_seq(&self) -> u64 {
+        match self.kind {
+            Kind::Commits => self.seq + 1 - self.n_pages as u64,
+            Kind::Commit | Kind::Restore => self.seq,
+        }
+    }
+
+    /// What its last (or only) position is: a commit or a restore.
+    pub(crate) fn last_kind(&self) -> Kind {
+        match self.kind {
+            Kind::Restore => Kind::Restore,
+            Kind::Commit | Kind::Commits => Kind::Commit,
+        }
     }
 
     fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..8].copy_from_slice(&self.record_len().to_le_bytes());
         b[8] = self.kind as u8;
+        b[12..16].copy_from_slice(&self.packed_len.to_le_bytes());
         b[16..24].copy_from_slice(&self.seq.to_le_bytes());
         b[24..32].copy_from_slice(&self.time_ms.to_le_bytes());
         b[32..36].copy_from_slice(&self.page_size.to_le_bytes());
@@ -92,16 +146,23 @@ impl Header {
             wal_salt: u64_at(40),
             wal_frame: u32_at(48),
             n_pages: u32_at(52),
+            packed_len: u32_at(12),
         };
         let sane_page_size = header.page_size.is_power_of_two() && (512..=65536).contains(&header.page_size);
-        (sane_page_size && b[9..16].iter().all(|&z| z == 0) && u64_at(0) == header.record_len()).then_some(header)
+        let sane_kind = match kind {
+            Kind::Commits => header.n_pages > 0 && header.packed_len > 0 && header.seq >= header.n_pages as u64,
+            Kind::Commit | Kind::Restore => header.packed_len == 0,
+        };
+        (sane_page_size && sane_kind && b[9..12].iter().all(|&z| z == 0) && u64_at(0) == header.record_len())
+            .then_some(header)
     }
 }
 
-/// Writes one record, page by page, with its CRC; pages come from `next_page` in order.
+/// Writes one record, page by page, with its CRC; or only a commit's pages, for [`pack`].
 pub(crate) struct RecordWriter<'a, W: Write + ?Sized> {
     out: &'a mut W,
-    crc: crc32fast::Hasher,
+    /// `None` when only the pages are written.
+    crc: Option<crc32fast::Hasher>,
     remaining: u32,
 }
 
@@ -111,7 +172,12 @@ impl<'a, W: Write + ?Sized> RecordWriter<'a, W> {
         let mut crc = crc32fast::Hasher::new();
         crc.update(&bytes);
         out.write_all(&bytes)?;
-        Ok(RecordWriter { out, crc, remaining: header.n_pages })
+        Ok(RecordWriter { out, crc: Some(crc), remaining: header.n_pages })
+    }
+
+    /// Writes the pages of the commit `header` describes and nothing else: no header, no CRC.
+    pub(crate) fn pages_only(out: &'a mut W, header: &Header) -> Self {
+        RecordWriter { out, crc: None, remaining: header.n_pages }
     }
 
     pub(crate) fn page(&mut self, pgno: u32, data: &[u8]) -> io::Result<()> {
@@ -120,8 +186,10 @@ impl<'a, W: Write + ?Sized> RecordWriter<'a, W> {
         }
         self.remaining -= 1;
         let number = pgno.to_le_bytes();
-        self.crc.update(&number);
-        self.crc.update(data);
+        if let Some(crc) = &mut self.crc {
+            crc.update(&number);
+            crc.update(data);
+        }
         self.out.write_all(&number)?;
         self.out.write_all(data)
     }
@@ -130,8 +198,113 @@ impl<'a, W: Write + ?Sized> RecordWriter<'a, W> {
         if self.remaining != 0 {
             return Err(io::Error::other("fewer pages than the record's header announced"));
         }
-        self.out.write_all(&self.crc.finalize().to_le_bytes())
+        match self.crc {
+            Some(crc) => self.out.write_all(&crc.finalize().to_le_bytes()),
+            None => Ok(()),
+        }
     }
+}
+
+/// Packs consecutive commits into one [`Kind::Commits`] record in `out`, from their headers and
+/// their pages (written one commit after another by [`RecordWriter::pages_only`]), if that
+/// record takes at most `most` bytes; returns whether it did. Commits that are not consecutive,
+/// or differ in page size or WAL, are never packed together.
+pub(crate) fn pack(headers: &[Header], pages: &[u8], most: u64, out: &mut Vec<u8>) -> bool {
+    let Some(last) = headers.last() else { return false };
+    let together = headers.iter().enumerate().all(|(i, h)| {
+        h.kind == Kind::Commit
+            && h.page_size == last.page_size
+            && h.wal_salt == last.wal_salt
+            && h.seq + (headers.len() - 1 - i) as u64 == last.seq
+    });
+    let index_len = headers.len() * INDEX_ENTRY_LEN;
+    let block_at = HEADER_LEN + index_len;
+    let most_block = lz4_flex::block::get_maximum_output_size(pages.len());
+    if !together || headers.iter().map(Header::pages_len).sum::<u64>() != pages.len() as u64 {
+        return false;
+    }
+    out.clear();
+    out.resize(block_at + most_block, 0);
+    let Ok(packed_len) = lz4_flex::block::compress_into(pages, &mut out[block_at..]) else { return false };
+    let (Ok(n_commits), Ok(packed_len32)) = (u32::try_from(headers.len()), u32::try_from(packed_len)) else {
+        return false;
+    };
+    let header = Header { kind: Kind::Commits, n_pages: n_commits, packed_len: packed_len32, ..*last };
+    if header.record_len() > most {
+        return false;
+    }
+    out.truncate(block_at + packed_len);
+    out[..HEADER_LEN].copy_from_slice(&header.encode());
+    for (h, entry) in headers.iter().zip(out[HEADER_LEN..block_at].chunks_exact_mut(INDEX_ENTRY_LEN)) {
+        entry[0..8].copy_from_slice(&h.time_ms.to_le_bytes());
+        entry[8..12].copy_from_slice(&h.db_pages.to_le_bytes());
+        entry[12..16].copy_from_slice(&h.wal_frame.to_le_bytes());
+        entry[16..20].copy_from_slice(&h.n_pages.to_le_bytes());
+    }
+    let crc = crc32fast::hash(out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    debug_assert_eq!(out.len() as u64, header.record_len());
+    true
+}
+
+/// Writes the commits [`pack`] would not take as records of their own to `out`, from the same
+/// headers and pages.
+pub(crate) fn unpacked(headers: &[Header], pages: &[u8], out: &mut Vec<u8>) -> io::Result<()> {
+    out.clear();
+    let mut at = 0;
+    for header in headers {
+        let n = header.pages_len() as usize;
+        let own = pages.get(at..at + n).ok_or_else(|| io::Error::other("fewer pages than the headers announce"))?;
+        let start = out.len();
+        out.extend_from_slice(&header.encode());
+        out.extend_from_slice(own);
+        let crc = crc32fast::hash(&out[start..]);
+        out.extend_from_slice(&crc.to_le_bytes());
+        at += n;
+    }
+    match at == pages.len() {
+        true => Ok(()),
+        false => Err(io::Error::other("more pages than the headers announce")),
+    }
+}
+
+/// The commits a [`Kind::Commits`] record packs, each as a header of its own, from the index
+/// (the bytes after the record's header); refused unless the index agrees with the header.
+pub(crate) fn packed_headers(header: &Header, index: &[u8]) -> Result<Vec<Header>, ReadError> {
+    let corrupt = || ReadError::Corrupt(format!("record {} has an index that does not match it", header.seq));
+    if header.kind != Kind::Commits || index.len() != header.n_pages as usize * INDEX_ENTRY_LEN {
+        return Err(corrupt());
+    }
+    let first = header.first_seq();
+    let u32_at = |b: &[u8], i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+    let commits: Vec<Header> = index
+        .chunks_exact(INDEX_ENTRY_LEN)
+        .enumerate()
+        .map(|(i, entry)| Header {
+            kind: Kind::Commit,
+            seq: first + i as u64,
+            time_ms: i64::from_le_bytes(entry[0..8].try_into().expect("8 bytes")),
+            page_size: header.page_size,
+            db_pages: u32_at(entry, 8),
+            wal_salt: header.wal_salt,
+            wal_frame: u32_at(entry, 12),
+            n_pages: u32_at(entry, 16),
+            packed_len: 0,
+        })
+        .collect();
+    let last = commits.last().expect("a record of commits holds one");
+    let agrees = (last.seq, last.time_ms, last.db_pages, last.wal_frame)
+        == (header.seq, header.time_ms, header.db_pages, header.wal_frame)
+        && commits.windows(2).all(|pair| pair[0].time_ms <= pair[1].time_ms);
+    agrees.then_some(commits).ok_or_else(corrupt)
+}
+
+/// The index of the [`Kind::Commits`] record at `offset`, read on its own (not checked against
+/// the record's CRC: that is done when the record is applied).
+pub(crate) fn packed_headers_at(file: &File, offset: u64, header: &Header) -> Result<Vec<Header>, ReadError> {
+    let mut index = vec![0u8; header.n_pages as usize * INDEX_ENTRY_LEN];
+    file.read_exact_at(&mut index, offset + HEADER_LEN as u64)?;
+    packed_headers(header, &index)
 }
 
 /// Why reading a record stopped.
@@ -296,33 +469,76 @@ impl Walk<'_> {
 /// Records up to this size are read once, whole, into the caller's buffer.
 const WHOLE_RECORD_MAX: u64 = 8 << 20;
 
-/// Checks the record at `offset` (of a file `len` bytes long) and hands each of its pages to
-/// `page`, in order, only once every byte is checked. A record of up to `WHOLE_RECORD_MAX`
-/// bytes is read once into `buf` (kept by the caller across records); a larger one is streamed
-/// twice, to check it and then to apply it.
+/// Where [`apply_at`] reads records and unpacks their pages: kept by the caller across records.
+#[derive(Default)]
+pub(crate) struct ApplyBuffers {
+    record: Vec<u8>,
+    pages: Vec<u8>,
+}
+
+/// Checks the record at `offset` (of a file `len` bytes long) and hands each page of its commits
+/// at positions in `seqs` to `page`, in order, only once every byte is checked; returns the
+/// header of the last commit applied. A record of up to `WHOLE_RECORD_MAX` bytes is read once
+/// into `bufs`; a larger one (never a packed one) is streamed twice, to check it and then to
+/// apply it.
 pub(crate) fn apply_at(
     file: &File,
     offset: u64,
     len: u64,
-    buf: &mut Vec<u8>,
+    bufs: &mut ApplyBuffers,
+    seqs: std::ops::RangeInclusive<u64>,
     mut page: impl FnMut(u32, &[u8]) -> io::Result<()>,
 ) -> Result<Header, ReadError> {
     let (header, _) = raw_header_at(file, offset, len)?;
+    let corrupt = |why: &str| ReadError::Corrupt(format!("record {} (at byte {offset}) {why}", header.seq));
     if header.record_len() > WHOLE_RECORD_MAX {
+        if header.kind == Kind::Commits {
+            return Err(corrupt("packs more than any capture writes"));
+        }
         let checked = verify_at(file, offset, len)?.ok_or(ReadError::Truncated)?;
         pages_at(file, offset, &checked, page)?;
         return Ok(checked);
     }
+    let buf = &mut bufs.record;
     buf.resize(header.record_len() as usize, 0);
     file.read_exact_at(buf, offset)?;
     let body_end = buf.len() - 4;
     if crc32fast::hash(&buf[..body_end]).to_le_bytes() != buf[body_end..] {
-        return Err(ReadError::Corrupt(format!("record {} (at byte {offset}) fails its checksum", header.seq)));
+        return Err(corrupt("fails its checksum"));
     }
-    for entry in buf[HEADER_LEN..body_end].chunks_exact(4 + header.page_size as usize) {
-        page(u32::from_le_bytes(entry[..4].try_into().expect("4 bytes")), &entry[4..])?;
+    let stride = 4 + header.page_size as usize;
+    let hand_out = |pages: &[u8], page: &mut dyn FnMut(u32, &[u8]) -> io::Result<()>| -> io::Result<()> {
+        for entry in pages.chunks_exact(stride) {
+            page(u32::from_le_bytes(entry[..4].try_into().expect("4 bytes")), &entry[4..])?;
+        }
+        Ok(())
+    };
+    if header.kind != Kind::Commits {
+        hand_out(&buf[HEADER_LEN..body_end], &mut page)?;
+        return Ok(header);
     }
-    Ok(header)
+    let index_end = HEADER_LEN + header.n_pages as usize * INDEX_ENTRY_LEN;
+    let commits = packed_headers(&header, &buf[HEADER_LEN..index_end])?;
+    let unpacked_len: u64 = commits.iter().map(Header::pages_len).sum();
+    // LZ4 expands at most 255-fold: a larger claim is damage, not an allocation to make.
+    if unpacked_len > (header.packed_len as u64 + 16) * 255 {
+        return Err(corrupt("claims more pages than its block can hold"));
+    }
+    bufs.pages.resize(unpacked_len as usize, 0);
+    match lz4_flex::block::decompress_into(&buf[index_end..body_end], &mut bufs.pages) {
+        Ok(n) if n as u64 == unpacked_len => {}
+        _ => return Err(corrupt("does not unpack to its pages")),
+    }
+    let (mut at, mut applied) = (0, None);
+    for commit in commits {
+        let n = commit.pages_len() as usize;
+        if seqs.contains(&commit.seq) {
+            hand_out(&bufs.pages[at..at + n], &mut page)?;
+            applied = Some(commit);
+        }
+        at += n;
+    }
+    applied.ok_or_else(|| corrupt("holds none of the positions asked for"))
 }
 
 /// Hands each page of a record already checked by [`verify_at`] to `page`, in order.
@@ -363,6 +579,7 @@ mod tests {
             wal_salt: 0xdead_beef_0000_0001,
             wal_frame: 9,
             n_pages,
+            packed_len: 0,
         }
     }
 
@@ -410,9 +627,9 @@ mod tests {
     fn applying_checks_before_handing_out_pages() {
         let bytes = encoded();
         let (_keep, file) = file_of(&bytes);
-        let mut buf = Vec::new();
+        let mut buf = ApplyBuffers::default();
         let mut pages = Vec::new();
-        let h = apply_at(&file, 0, bytes.len() as u64, &mut buf, |n, d| {
+        let h = apply_at(&file, 0, bytes.len() as u64, &mut buf, 7..=7, |n, d| {
             pages.push((n, d[0]));
             Ok(())
         })
@@ -422,12 +639,91 @@ mod tests {
         bad[HEADER_LEN + 100] ^= 1;
         let (_keep, file) = file_of(&bad);
         let mut handed = 0;
-        let outcome = apply_at(&file, 0, bad.len() as u64, &mut buf, |_, _| {
+        let outcome = apply_at(&file, 0, bad.len() as u64, &mut buf, 7..=7, |_, _| {
             handed += 1;
             Ok(())
         });
         assert!(matches!(outcome, Err(ReadError::Corrupt(_))));
         assert_eq!(handed, 0, "no page of a damaged record is used");
+    }
+
+    /// Commits 5 to 8, each rewriting pages 1 and 2 with its own position inside, packed.
+    fn packed() -> (Vec<Header>, Vec<u8>) {
+        let headers: Vec<Header> = (5..=8u64)
+            .map(|seq| Header { seq, time_ms: 1_700_000_000_000 + seq as i64, db_pages: seq as u32, ..header(2) })
+            .collect();
+        let mut pages = Vec::new();
+        for h in &headers {
+            let mut w = RecordWriter::pages_only(&mut pages, h);
+            for pgno in 1..=2u32 {
+                let mut page = [pgno as u8; 512];
+                page[9] = h.seq as u8;
+                w.page(pgno, &page).unwrap();
+            }
+            w.finish().unwrap();
+        }
+        let mut out = Vec::new();
+        assert!(pack(&headers, &pages, u64::MAX, &mut out));
+        (headers, out)
+    }
+
+    #[test]
+    fn packed_commits_apply_any_run_of_their_positions_and_check_every_byte() {
+        let (headers, bytes) = packed();
+        let (_keep, file) = file_of(&bytes);
+        let outer = verify_at(&file, 0, bytes.len() as u64).unwrap().unwrap();
+        assert_eq!(
+            (outer.kind, outer.first_seq(), outer.seq, outer.record_len()),
+            (Kind::Commits, 5, 8, bytes.len() as u64)
+        );
+        assert_eq!(packed_headers_at(&file, 0, &outer).unwrap(), headers);
+        let mut bufs = ApplyBuffers::default();
+        let mut applied = Vec::new();
+        let last = apply_at(&file, 0, bytes.len() as u64, &mut bufs, 6..=7, |pgno, data| {
+            applied.push((pgno, data[0], data[9]));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(last, headers[2], "the header of the last commit applied");
+        assert_eq!(applied, [(1, 1, 6), (2, 2, 6), (1, 1, 7), (2, 2, 7)]);
+        assert!(apply_at(&file, 0, bytes.len() as u64, &mut bufs, 9..=9, |_, _| Ok(())).is_err());
+
+        for flip in [0usize, 13, 20, HEADER_LEN + 3, HEADER_LEN + 4 * INDEX_ENTRY_LEN + 2, bytes.len() - 1] {
+            let mut bad = bytes.clone();
+            bad[flip] ^= 0x40;
+            let (_keep, file) = file_of(&bad);
+            let mut handed = 0;
+            let outcome = apply_at(&file, 0, bad.len() as u64, &mut bufs, 5..=8, |_, _| {
+                handed += 1;
+                Ok(())
+            });
+            assert!(outcome.is_err() && handed == 0, "flipping byte {flip} went unnoticed");
+        }
+    }
+
+    #[test]
+    fn what_packing_would_not_save_is_written_as_records_of_their_own() {
+        let (headers, _) = packed();
+        let mut pages = Vec::new();
+        for h in &headers {
+            let mut w = RecordWriter::pages_only(&mut pages, h);
+            w.page(1, &[h.seq as u8; 512]).unwrap();
+            w.page(3, &[3u8; 512]).unwrap();
+            w.finish().unwrap();
+        }
+        let plain: u64 = headers.iter().map(Header::record_len).sum();
+        let mut out = Vec::new();
+        assert!(!pack(&headers, &pages, 100, &mut out), "not within the bytes allowed");
+        assert!(!pack(&[headers[0], headers[2]], &pages[..2 * 516 * 2], u64::MAX, &mut out), "not consecutive");
+        unpacked(&headers, &pages, &mut out).unwrap();
+        assert_eq!(out.len() as u64, plain);
+        let (_keep, file) = file_of(&out);
+        let mut offset = 0;
+        for h in &headers {
+            assert_eq!(verify_at(&file, offset, plain).unwrap(), Some(*h));
+            offset += h.record_len();
+        }
+        assert!(unpacked(&headers, &pages[..100], &mut out).is_err());
     }
 
     #[test]

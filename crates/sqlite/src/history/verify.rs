@@ -183,7 +183,7 @@ fn records(path: &Path, tail_may_tear: bool) -> Result<Records, LogDamage> {
         loop {
             match records.verify_at(offset) {
                 Ok(Some(header)) => {
-                    found.push((header.seq, header.kind));
+                    found.extend((header.first_seq()..=header.seq).map(|seq| (seq, header.last_kind())));
                     offset += header.record_len();
                 }
                 Ok(None) => return Ok(Records { records: found, torn_tail_bytes: 0 }),
