@@ -205,12 +205,13 @@ impl<'a, W: Write + ?Sized> RecordWriter<'a, W> {
     }
 }
 
-/// Packs consecutive commits into one [`Kind::Commits`] record in `out`, from their headers and
-/// their pages (written one commit after another by [`RecordWriter::pages_only`]), if that
-/// record takes at most `most` bytes; returns whether it did. Commits that are not consecutive,
-/// or differ in page size or WAL, are never packed together.
-pub(crate) fn pack(headers: &[Header], pages: &[u8], most: u64, out: &mut Vec<u8>) -> bool {
-    let Some(last) = headers.last() else { return false };
+/// Packs consecutive commits into one [`Kind::Commits`] record at the start of `out`, from their
+/// headers and their pages (written one commit after another by [`RecordWriter::pages_only`]),
+/// if that record takes at most `most` bytes; returns its length if it did. Commits that are not
+/// consecutive, or differ in page size or WAL, are never packed together. `out` only grows:
+/// zeroing the room a block may take, every time, cost as much as compressing into it.
+pub(crate) fn pack(headers: &[Header], pages: &[u8], most: u64, out: &mut Vec<u8>) -> Option<usize> {
+    let last = headers.last()?;
     let together = headers.iter().enumerate().all(|(i, h)| {
         h.kind == Kind::Commit
             && h.page_size == last.page_size
@@ -221,19 +222,20 @@ pub(crate) fn pack(headers: &[Header], pages: &[u8], most: u64, out: &mut Vec<u8
     let block_at = HEADER_LEN + index_len;
     let most_block = lz4_flex::block::get_maximum_output_size(pages.len());
     if !together || headers.iter().map(Header::pages_len).sum::<u64>() != pages.len() as u64 {
-        return false;
+        return None;
     }
-    out.clear();
-    out.resize(block_at + most_block, 0);
-    let Ok(packed_len) = lz4_flex::block::compress_into(pages, &mut out[block_at..]) else { return false };
+    if out.len() < block_at + most_block + 4 {
+        out.resize(block_at + most_block + 4, 0);
+    }
+    let packed_len = lz4_flex::block::compress_into(pages, &mut out[block_at..]).ok()?;
     let (Ok(n_commits), Ok(packed_len32)) = (u32::try_from(headers.len()), u32::try_from(packed_len)) else {
-        return false;
+        return None;
     };
     let header = Header { kind: Kind::Commits, n_pages: n_commits, packed_len: packed_len32, ..*last };
     if header.record_len() > most {
-        return false;
+        return None;
     }
-    out.truncate(block_at + packed_len);
+    let crc_at = block_at + packed_len;
     out[..HEADER_LEN].copy_from_slice(&header.encode());
     for (h, entry) in headers.iter().zip(out[HEADER_LEN..block_at].chunks_exact_mut(INDEX_ENTRY_LEN)) {
         entry[0..8].copy_from_slice(&h.time_ms.to_le_bytes());
@@ -241,10 +243,10 @@ pub(crate) fn pack(headers: &[Header], pages: &[u8], most: u64, out: &mut Vec<u8
         entry[12..16].copy_from_slice(&h.wal_frame.to_le_bytes());
         entry[16..20].copy_from_slice(&h.n_pages.to_le_bytes());
     }
-    let crc = crc32fast::hash(out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    debug_assert_eq!(out.len() as u64, header.record_len());
-    true
+    let crc = crc32fast::hash(&out[..crc_at]);
+    out[crc_at..crc_at + 4].copy_from_slice(&crc.to_le_bytes());
+    debug_assert_eq!(crc_at as u64 + 4, header.record_len());
+    Some(crc_at + 4)
 }
 
 /// Writes the commits [`pack`] would not take as records of their own to `out`, from the same
@@ -663,7 +665,8 @@ mod tests {
             w.finish().unwrap();
         }
         let mut out = Vec::new();
-        assert!(pack(&headers, &pages, u64::MAX, &mut out));
+        let len = pack(&headers, &pages, u64::MAX, &mut out).unwrap();
+        out.truncate(len);
         (headers, out)
     }
 
@@ -713,8 +716,8 @@ mod tests {
         }
         let plain: u64 = headers.iter().map(Header::record_len).sum();
         let mut out = Vec::new();
-        assert!(!pack(&headers, &pages, 100, &mut out), "not within the bytes allowed");
-        assert!(!pack(&[headers[0], headers[2]], &pages[..2 * 516 * 2], u64::MAX, &mut out), "not consecutive");
+        assert_eq!(pack(&headers, &pages, 100, &mut out), None, "not within the bytes allowed");
+        assert_eq!(pack(&[headers[0], headers[2]], &pages[..2 * 516 * 2], u64::MAX, &mut out), None, "not consecutive");
         unpacked(&headers, &pages, &mut out).unwrap();
         assert_eq!(out.len() as u64, plain);
         let (_keep, file) = file_of(&out);
@@ -724,6 +727,95 @@ mod tests {
             offset += h.record_len();
         }
         assert!(unpacked(&headers, &pages[..100], &mut out).is_err());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(
+            std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(300)
+        ))]
+
+        /// Any run of commits (each some of eight 512-byte pages, each page one of a few
+        /// contents, so that some runs pack and others do not), written as `append_together`
+        /// writes it, reads back exactly: every sub-run of its positions applies the pages of
+        /// those commits and no others, in order.
+        #[test]
+        fn any_run_of_commits_reads_back_exactly(
+            commits in proptest::collection::vec(
+                proptest::collection::vec((1u32..=8, 0u8..4, proptest::bool::ANY), 0..4), 1..12),
+            from in 0usize..12,
+            span in 0usize..12,
+        ) {
+            let headers: Vec<Header> = commits.iter().enumerate().map(|(i, pages)| Header {
+                seq: 20 + i as u64,
+                time_ms: 1_700_000_000_000 + i as i64,
+                db_pages: 8,
+                wal_frame: 3 * i as u32 + 1,
+                n_pages: pages.len() as u32,
+                ..header(0)
+            }).collect();
+            let mut noise = 0x2545_f491_4f6c_dd1du64;
+            let mut contents = Vec::new();
+            let mut pages = Vec::new();
+            for (h, commit) in headers.iter().zip(&commits) {
+                let mut w = RecordWriter::pages_only(&mut pages, h);
+                for &(pgno, fill, noisy) in commit {
+                    let mut page = [fill; 512];
+                    if noisy {
+                        for byte in page.iter_mut() {
+                            noise ^= noise << 13;
+                            noise ^= noise >> 7;
+                            noise ^= noise << 17;
+                            *byte = noise as u8;
+                        }
+                    }
+                    w.page(pgno, &page).unwrap();
+                    contents.push((h.seq, pgno, page.to_vec()));
+                }
+                w.finish().unwrap();
+            }
+            let mut bytes = Vec::new();
+            let records: Vec<(u64, Header)> = match pack(&headers, &pages, u64::MAX, &mut bytes) {
+                Some(len) => {
+                    bytes.truncate(len);
+                    let outer = Header { kind: Kind::Commits, ..headers[0] };
+                    vec![(0, outer)]
+                }
+                None => {
+                    unpacked(&headers, &pages, &mut bytes).unwrap();
+                    let mut at = 0;
+                    headers.iter().map(|h| { let r = (at, *h); at += h.record_len(); r }).collect()
+                }
+            };
+            let (_keep, file) = file_of(&bytes);
+            let first = 20 + from.min(headers.len() - 1) as u64;
+            let last = (first + span as u64).min(20 + headers.len() as u64 - 1);
+            let mut bufs = ApplyBuffers::default();
+            let mut applied = Vec::new();
+            let mut last_applied = None;
+            for (offset, _) in &records {
+                let outer = verify_at(&file, *offset, bytes.len() as u64).unwrap().unwrap();
+                if outer.seq < first || outer.first_seq() > last {
+                    continue;
+                }
+                let range = first.max(outer.first_seq())..=last.min(outer.seq);
+                let seqs: Vec<u64> = range.clone().collect();
+                let mut at = 0;
+                let got = apply_at(&file, *offset, bytes.len() as u64, &mut bufs, range, |pgno, data| {
+                    applied.push((pgno, data.to_vec()));
+                    at += 1;
+                    Ok(())
+                }).unwrap();
+                proptest::prop_assert_eq!(got, headers[(*seqs.last().unwrap() - 20) as usize]);
+                last_applied = Some(got.seq);
+            }
+            let expected: Vec<(u32, Vec<u8>)> = contents
+                .into_iter()
+                .filter(|(seq, _, _)| (first..=last).contains(seq))
+                .map(|(_, pgno, page)| (pgno, page))
+                .collect();
+            proptest::prop_assert_eq!(applied, expected);
+            proptest::prop_assert_eq!(last_applied, Some(last));
+        }
     }
 
     #[test]

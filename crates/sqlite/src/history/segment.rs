@@ -412,12 +412,16 @@ impl OpenSegment {
                     writer.finish()?;
                 }
                 let packed = record::pack(headers, pages, total - total / PACKING_SAVES_AT_LEAST, buffer);
-                if !packed {
-                    record::unpacked(headers, pages, buffer)?;
-                    debug_assert_eq!(buffer.len() as u64, total);
-                }
-                self.file.write_all_at(buffer, offset)?;
-                Ok((packed, buffer.len() as u64))
+                let record = match packed {
+                    Some(len) => &buffer[..len],
+                    None => {
+                        record::unpacked(headers, pages, buffer)?;
+                        debug_assert_eq!(buffer.len() as u64, total);
+                        &buffer[..]
+                    }
+                };
+                self.file.write_all_at(record, offset)?;
+                Ok((packed.is_some(), record.len() as u64))
             })
         })?;
         let mut at = offset;
