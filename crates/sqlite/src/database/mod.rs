@@ -501,18 +501,21 @@ impl Database {
         self.own.clear();
     }
 
+    /// Prepares one of kura's own statements (one statement, which the authorizer lets through).
+    fn prepare_own(&self, sql: &'static str) -> Result<RawStatement> {
+        let text = SqlText::new(sql)?;
+        let db = self.handle();
+        // SAFETY: the handle is open and used by this thread only.
+        let prepared = self.authorizer.internal(|| unsafe { RawStatement::prepare(db, &text, 0) })?;
+        prepared.statement.ok_or_else(|| Error::sql(ffi::SQLITE_INTERNAL, "an empty statement of kura's"))
+    }
+
     /// Runs one of kura's own statements, kept prepared (BEGIN, COMMIT, savepoints).
     fn internal(&mut self, sql: &'static str) -> Result<()> {
         let at = match self.own.iter().position(|(text, _)| *text == sql) {
             Some(at) => at,
             None => {
-                let text = SqlText::new(sql)?;
-                let db = self.handle();
-                // SAFETY: the handle is open and used by this thread only.
-                let prepared = self.authorizer.internal(|| unsafe { RawStatement::prepare(db, &text, 0) })?;
-                let statement = prepared
-                    .statement
-                    .ok_or_else(|| Error::sql(ffi::SQLITE_INTERNAL, "an empty statement of kura's"))?;
+                let statement = self.prepare_own(sql)?;
                 self.own.push((sql, statement));
                 self.own.len() - 1
             }
@@ -767,12 +770,10 @@ impl Database {
     #[cfg(kura_dbpage)]
     fn used_pages(&mut self) -> Result<u64> {
         if self.page_one.is_none() {
-            let text = SqlText::new("SELECT data FROM sqlite_dbpage('main') WHERE pgno = 1")?;
-            let db = self.handle();
-            self.page_one = self.authorizer.internal(|| unsafe { RawStatement::prepare(db, &text, 0) })?.statement;
+            self.page_one = Some(self.prepare_own("SELECT data FROM sqlite_dbpage('main') WHERE pgno = 1")?);
         }
         let (authorizer, statement) = (&self.authorizer, &mut self.page_one);
-        let statement = statement.as_mut().ok_or_else(|| Error::sql(ffi::SQLITE_INTERNAL, "cannot read page 1"))?;
+        let statement = statement.as_mut().expect("prepared just above");
         let pages = authorizer.internal(|| -> Result<u64> {
             if !statement.step()? {
                 return Err(Error::sql(ffi::SQLITE_CORRUPT, "page 1 is missing"));
