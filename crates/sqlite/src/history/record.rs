@@ -78,6 +78,10 @@ pub(crate) struct Header {
     pub packed_len: u32,
 }
 
+/// Most bytes of pages one [`Kind::Commits`] record may unpack to: a capture packs at most one
+/// write's worth of records (`segment::WHOLE_RECORD`).
+const PACKED_PAGES_MAX: u64 = super::segment::WHOLE_RECORD;
+
 /// Bytes of one commit's entry in the index of a [`Kind::Commits`] record.
 pub(crate) const INDEX_ENTRY_LEN: usize = 20;
 
@@ -104,7 +108,8 @@ impl Header {
     /// The first position the record holds (its only one unless it packs commits).
     pub(crate) fn first_seq(&self) -> u64 {
         match self.kind {
-            Kind::Commits => self.seq + 1 - self.n_pages as u64,
+            // `decode` holds `seq >= n_pages >= 1` for a record read from a file.
+            Kind::Commits => self.seq - (self.n_pages.max(1) as u64 - 1),
             Kind::Commit | Kind::Restore => self.seq,
         }
     }
@@ -221,7 +226,8 @@ pub(crate) fn pack(headers: &[Header], pages: &[u8], most: u64, out: &mut Vec<u8
     let index_len = headers.len() * INDEX_ENTRY_LEN;
     let block_at = HEADER_LEN + index_len;
     let most_block = lz4_flex::block::get_maximum_output_size(pages.len());
-    if !together || headers.iter().map(Header::pages_len).sum::<u64>() != pages.len() as u64 {
+    let pages_announced = headers.iter().try_fold(0u64, |sum, h| sum.checked_add(h.pages_len()));
+    if !together || pages_announced != Some(pages.len() as u64) || pages.len() as u64 > PACKED_PAGES_MAX {
         return None;
     }
     if out.len() < block_at + most_block + 4 {
@@ -493,6 +499,11 @@ pub(crate) fn apply_at(
 ) -> Result<Header, ReadError> {
     let (header, _) = raw_header_at(file, offset, len)?;
     let corrupt = |why: &str| ReadError::Corrupt(format!("record {} (at byte {offset}) {why}", header.seq));
+    // Every position asked for must be the record's: a plan that names others has read
+    // entries that do not match the file.
+    if *seqs.start() < header.first_seq() || *seqs.end() > header.seq || seqs.is_empty() {
+        return Err(corrupt(&format!("does not hold positions {} to {}", seqs.start(), seqs.end())));
+    }
     if header.record_len() > WHOLE_RECORD_MAX {
         if header.kind == Kind::Commits {
             return Err(corrupt("packs more than any capture writes"));
@@ -521,11 +532,12 @@ pub(crate) fn apply_at(
     }
     let index_end = HEADER_LEN + header.n_pages as usize * INDEX_ENTRY_LEN;
     let commits = packed_headers(&header, &buf[HEADER_LEN..index_end])?;
-    let unpacked_len: u64 = commits.iter().map(Header::pages_len).sum();
-    // LZ4 expands at most 255-fold: a larger claim is damage, not an allocation to make.
-    if unpacked_len > (header.packed_len as u64 + 16) * 255 {
-        return Err(corrupt("claims more pages than its block can hold"));
-    }
+    // A capture packs at most one write's worth of pages: a larger claim (even one that
+    // overflows) is damage, not an allocation to make.
+    let unpacked_len = commits.iter().try_fold(0u64, |sum, commit| sum.checked_add(commit.pages_len()));
+    let Some(unpacked_len) = unpacked_len.filter(|&n| n <= PACKED_PAGES_MAX) else {
+        return Err(corrupt("claims more pages than a capture packs"));
+    };
     bufs.pages.resize(unpacked_len as usize, 0);
     match lz4_flex::block::decompress_into(&buf[index_end..body_end], &mut bufs.pages) {
         Ok(n) if n as u64 == unpacked_len => {}
@@ -690,6 +702,24 @@ mod tests {
         assert_eq!(last, headers[2], "the header of the last commit applied");
         assert_eq!(applied, [(1, 1, 6), (2, 2, 6), (1, 1, 7), (2, 2, 7)]);
         assert!(apply_at(&file, 0, bytes.len() as u64, &mut bufs, 9..=9, |_, _| Ok(())).is_err());
+        assert!(
+            apply_at(&file, 0, bytes.len() as u64, &mut bufs, 4..=6, |_, _| Ok(())).is_err(),
+            "position 4 is not its"
+        );
+
+        // An index claiming more pages than any capture packs (with a CRC that matches, as a
+        // crafted file could have) is refused, not allocated for.
+        for claim in [u32::MAX, 1 << 20] {
+            let mut hostile = bytes.clone();
+            let at = HEADER_LEN + INDEX_ENTRY_LEN + 16;
+            hostile[at..at + 4].copy_from_slice(&claim.to_le_bytes());
+            let body_end = hostile.len() - 4;
+            let crc = crc32fast::hash(&hostile[..body_end]);
+            hostile[body_end..].copy_from_slice(&crc.to_le_bytes());
+            let (_keep, file) = file_of(&hostile);
+            let outcome = apply_at(&file, 0, hostile.len() as u64, &mut bufs, 5..=8, |_, _| Ok(()));
+            assert!(matches!(outcome, Err(ReadError::Corrupt(_))), "a claim of {claim} pages");
+        }
 
         for flip in [0usize, 13, 20, HEADER_LEN + 3, HEADER_LEN + 4 * INDEX_ENTRY_LEN + 2, bytes.len() - 1] {
             let mut bad = bytes.clone();
@@ -729,93 +759,102 @@ mod tests {
         assert!(unpacked(&headers, &pages[..100], &mut out).is_err());
     }
 
-    proptest::proptest! {
-        #![proptest_config(proptest::test_runner::Config::with_cases(
-            std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(300)
-        ))]
-
-        /// Any run of commits (each some of eight 512-byte pages, each page one of a few
-        /// contents, so that some runs pack and others do not), written as `append_together`
-        /// writes it, reads back exactly: every sub-run of its positions applies the pages of
-        /// those commits and no others, in order.
-        #[test]
-        fn any_run_of_commits_reads_back_exactly(
-            commits in proptest::collection::vec(
-                proptest::collection::vec((1u32..=8, 0u8..4, proptest::bool::ANY), 0..4), 1..12),
-            from in 0usize..12,
-            span in 0usize..12,
-        ) {
-            let headers: Vec<Header> = commits.iter().enumerate().map(|(i, pages)| Header {
-                seq: 20 + i as u64,
-                time_ms: 1_700_000_000_000 + i as i64,
-                db_pages: 8,
-                wal_frame: 3 * i as u32 + 1,
-                n_pages: pages.len() as u32,
-                ..header(0)
-            }).collect();
-            let mut noise = 0x2545_f491_4f6c_dd1du64;
-            let mut contents = Vec::new();
-            let mut pages = Vec::new();
-            for (h, commit) in headers.iter().zip(&commits) {
-                let mut w = RecordWriter::pages_only(&mut pages, h);
-                for &(pgno, fill, noisy) in commit {
-                    let mut page = [fill; 512];
-                    if noisy {
-                        for byte in page.iter_mut() {
-                            noise ^= noise << 13;
-                            noise ^= noise >> 7;
-                            noise ^= noise << 17;
-                            *byte = noise as u8;
+    /// Any run of commits (each some of eight 512-byte pages, each page one of a few contents or
+    /// noise, so that some runs pack and others do not), written as `append_together` writes
+    /// it (packed only if that saves an eighth), reads back exactly: every sub-run of its
+    /// positions applies the pages of those commits and no others, in order. Both forms occur.
+    #[test]
+    fn any_run_of_commits_reads_back_exactly() {
+        use proptest::prelude::*;
+        let cases = std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(300);
+        let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config::with_cases(cases));
+        let commits =
+            proptest::collection::vec(proptest::collection::vec((1u32..=8, 0u8..4, any::<bool>()), 0..4), 1..12);
+        let (packed_runs, unpacked_runs) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        runner
+            .run(&(commits, 0usize..12, 0usize..12), |(commits, from, span)| {
+                let headers: Vec<Header> = commits
+                    .iter()
+                    .enumerate()
+                    .map(|(i, pages)| Header {
+                        seq: 20 + i as u64,
+                        time_ms: 1_700_000_000_000 + i as i64,
+                        db_pages: 8,
+                        wal_frame: 3 * i as u32 + 1,
+                        n_pages: pages.len() as u32,
+                        ..header(0)
+                    })
+                    .collect();
+                let mut noise = 0x2545_f491_4f6c_dd1du64;
+                let (mut contents, mut pages) = (Vec::new(), Vec::new());
+                for (h, commit) in headers.iter().zip(&commits) {
+                    let mut w = RecordWriter::pages_only(&mut pages, h);
+                    for &(pgno, fill, noisy) in commit {
+                        let mut page = [fill; 512];
+                        if noisy {
+                            for byte in page.iter_mut() {
+                                noise ^= noise << 13;
+                                noise ^= noise >> 7;
+                                noise ^= noise << 17;
+                                *byte = noise as u8;
+                            }
                         }
+                        w.page(pgno, &page).unwrap();
+                        contents.push((h.seq, pgno, page.to_vec()));
                     }
-                    w.page(pgno, &page).unwrap();
-                    contents.push((h.seq, pgno, page.to_vec()));
+                    w.finish().unwrap();
                 }
-                w.finish().unwrap();
-            }
-            let mut bytes = Vec::new();
-            let records: Vec<(u64, Header)> = match pack(&headers, &pages, u64::MAX, &mut bytes) {
-                Some(len) => {
-                    bytes.truncate(len);
-                    let outer = Header { kind: Kind::Commits, ..headers[0] };
-                    vec![(0, outer)]
+                let plain: u64 = headers.iter().map(Header::record_len).sum();
+                let mut bytes = Vec::new();
+                let offsets: Vec<u64> = match pack(&headers, &pages, plain - plain / 8, &mut bytes) {
+                    Some(len) => {
+                        bytes.truncate(len);
+                        packed_runs.set(packed_runs.get() + 1);
+                        vec![0]
+                    }
+                    None => {
+                        unpacked(&headers, &pages, &mut bytes).unwrap();
+                        unpacked_runs.set(unpacked_runs.get() + 1);
+                        headers.iter().scan(0, |at, h| Some(std::mem::replace(at, *at + h.record_len()))).collect()
+                    }
+                };
+                let (_keep, file) = file_of(&bytes);
+                let len = bytes.len() as u64;
+                let first = 20 + from.min(headers.len() - 1) as u64;
+                let last = (first + span as u64).min(20 + headers.len() as u64 - 1);
+                let mut bufs = ApplyBuffers::default();
+                let (mut applied, mut last_applied) = (Vec::new(), None);
+                for offset in offsets {
+                    let outer = verify_at(&file, offset, len).unwrap().unwrap();
+                    if outer.seq < first || outer.first_seq() > last {
+                        continue;
+                    }
+                    let range = first.max(outer.first_seq())..=last.min(outer.seq);
+                    let end = *range.end();
+                    let got = apply_at(&file, offset, len, &mut bufs, range, |pgno, data| {
+                        applied.push((pgno, data.to_vec()));
+                        Ok(())
+                    })
+                    .unwrap();
+                    prop_assert_eq!(got, headers[(end - 20) as usize]);
+                    last_applied = Some(got.seq);
                 }
-                None => {
-                    unpacked(&headers, &pages, &mut bytes).unwrap();
-                    let mut at = 0;
-                    headers.iter().map(|h| { let r = (at, *h); at += h.record_len(); r }).collect()
-                }
-            };
-            let (_keep, file) = file_of(&bytes);
-            let first = 20 + from.min(headers.len() - 1) as u64;
-            let last = (first + span as u64).min(20 + headers.len() as u64 - 1);
-            let mut bufs = ApplyBuffers::default();
-            let mut applied = Vec::new();
-            let mut last_applied = None;
-            for (offset, _) in &records {
-                let outer = verify_at(&file, *offset, bytes.len() as u64).unwrap().unwrap();
-                if outer.seq < first || outer.first_seq() > last {
-                    continue;
-                }
-                let range = first.max(outer.first_seq())..=last.min(outer.seq);
-                let seqs: Vec<u64> = range.clone().collect();
-                let mut at = 0;
-                let got = apply_at(&file, *offset, bytes.len() as u64, &mut bufs, range, |pgno, data| {
-                    applied.push((pgno, data.to_vec()));
-                    at += 1;
-                    Ok(())
-                }).unwrap();
-                proptest::prop_assert_eq!(got, headers[(*seqs.last().unwrap() - 20) as usize]);
-                last_applied = Some(got.seq);
-            }
-            let expected: Vec<(u32, Vec<u8>)> = contents
-                .into_iter()
-                .filter(|(seq, _, _)| (first..=last).contains(seq))
-                .map(|(_, pgno, page)| (pgno, page))
-                .collect();
-            proptest::prop_assert_eq!(applied, expected);
-            proptest::prop_assert_eq!(last_applied, Some(last));
-        }
+                let expected: Vec<(u32, Vec<u8>)> = contents
+                    .into_iter()
+                    .filter(|(seq, _, _)| (first..=last).contains(seq))
+                    .map(|(_, pgno, page)| (pgno, page))
+                    .collect();
+                prop_assert_eq!(applied, expected);
+                prop_assert_eq!(last_applied, Some(last));
+                Ok(())
+            })
+            .unwrap();
+        assert!(
+            packed_runs.get() > 0 && unpacked_runs.get() > 0,
+            "{} packed, {} not",
+            packed_runs.get(),
+            unpacked_runs.get()
+        );
     }
 
     #[test]

@@ -182,13 +182,7 @@ async fn a_torn_or_lost_log_tail_is_dropped_and_recaptured_from_the_wal() {
     }
     cx.registry.close("db").await;
     let open = log_files(&cx, ".open").pop().unwrap();
-    // Where each record starts (each begins with its length; the segment with 16 bytes).
-    let bytes = std::fs::read(&open).unwrap();
-    let mut starts = vec![16usize];
-    while *starts.last().unwrap() < bytes.len() {
-        let at = *starts.last().unwrap();
-        starts.push(at + u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize);
-    }
+    let starts = record_starts(&std::fs::read(&open).unwrap());
     assert!(starts.len() >= 3, "the commits took more than one record");
     // Lose the last record (never synced), and leave half of the one before it (a torn write).
     let torn = starts[starts.len() - 3];
@@ -205,6 +199,17 @@ async fn a_torn_or_lost_log_tail_is_dropped_and_recaptured_from_the_wal() {
     }
 }
 
+/// Where each record of a segment's bytes starts (each begins with its length; the segment with
+/// 16 bytes), and where the last ends.
+fn record_starts(bytes: &[u8]) -> Vec<usize> {
+    let mut starts = vec![16usize];
+    while *starts.last().unwrap() < bytes.len() {
+        let at = *starts.last().unwrap();
+        starts.push(at + u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize);
+    }
+    starts
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damage_is_reported_and_never_applied() {
     let cx = Context::with_history(HistorySettings { snapshot_log_bytes: u64::MAX, ..small() });
@@ -218,8 +223,12 @@ async fn damage_is_reported_and_never_applied() {
     assert!(!sealed.is_empty());
     let victim = &sealed[0];
     let mut bytes = std::fs::read(victim).unwrap();
+    // A byte of the pages (the last before the CRC) of the record in the middle of the segment:
+    // the header stays readable, so the damage is found by the checksum.
+    let starts = record_starts(&bytes);
     let middle = bytes.len() / 2;
-    bytes[middle] ^= 0x5a;
+    let end = *starts.iter().find(|&&end| end > middle).unwrap();
+    bytes[end - 5] ^= 0x5a;
     std::fs::write(victim, bytes).unwrap();
     let found = kura_sqlite::verify_history(&cx.dir.path().join("db/db.sqlite")).unwrap_err().to_string();
     assert!(found.contains("fails its checksum"), "the offline check finds the damage: {found}");
