@@ -263,11 +263,11 @@ pub(crate) fn unpacked(headers: &[Header], pages: &[u8], out: &mut Vec<u8>) -> i
     for header in headers {
         let n = header.pages_len() as usize;
         let own = pages.get(at..at + n).ok_or_else(|| io::Error::other("fewer pages than the headers announce"))?;
-        let start = out.len();
-        out.extend_from_slice(&header.encode());
-        out.extend_from_slice(own);
-        let crc = crc32fast::hash(&out[start..]);
-        out.extend_from_slice(&crc.to_le_bytes());
+        let mut writer = RecordWriter::begin(out, header)?;
+        for entry in own.chunks_exact(4 + header.page_size as usize) {
+            writer.page(u32::from_le_bytes(entry[..4].try_into().expect("4 bytes")), &entry[4..])?;
+        }
+        writer.finish()?;
         at += n;
     }
     match at == pages.len() {
@@ -455,6 +455,17 @@ impl Walk<'_> {
         }
         let record = self.bytes(offset, header.record_len() as usize)?.ok_or(ReadError::Truncated)?;
         check_crc(&header, record, offset).map(|()| Some(header))
+    }
+
+    /// The commits the packed record at `offset` holds, as [`packed_headers_at`] reads them, but
+    /// through the window, which holds them already once the record is checked.
+    pub(crate) fn packed_headers_at(&mut self, offset: u64, header: &Header) -> Result<Vec<Header>, ReadError> {
+        let index_len = header.n_pages as usize * INDEX_ENTRY_LEN;
+        if index_len > CHUNK {
+            return packed_headers_at(self.file, offset, header);
+        }
+        let index = self.bytes(offset + HEADER_LEN as u64, index_len)?.ok_or(ReadError::Truncated)?;
+        packed_headers(header, index)
     }
 
     /// The `n` bytes (at most [`CHUNK`]) at `offset`, the window moved there first if it does

@@ -82,7 +82,7 @@ pub(crate) fn entries_of(path: &Path) -> Result<Vec<Entry>, ReadError> {
     let mut offset = SEGMENT_HEADER_LEN;
     while offset < len {
         let header = record::header_at(&file, offset, len)?;
-        push_entries(&file, &header, offset, &mut entries)?;
+        push_entries(&header, offset, &mut entries, || record::packed_headers_at(&file, offset, &header))?;
         offset += header.record_len();
     }
     Ok(entries)
@@ -100,14 +100,16 @@ fn entry(header: &Header, offset: u64) -> Entry {
     }
 }
 
-/// Appends an entry for every position the record at `offset` of `file` holds: one, or one per
-/// commit it packs (read from its index).
-fn push_entries(file: &File, header: &Header, offset: u64, entries: &mut Vec<Entry>) -> Result<(), ReadError> {
+/// Appends an entry for every position the record at `offset` holds: one, or one per commit it
+/// packs (read from its index by `packed`).
+fn push_entries(
+    header: &Header,
+    offset: u64,
+    entries: &mut Vec<Entry>,
+    packed: impl FnOnce() -> Result<Vec<Header>, ReadError>,
+) -> Result<(), ReadError> {
     match header.kind {
-        record::Kind::Commits => {
-            let commits = record::packed_headers_at(file, offset, header)?;
-            entries.extend(commits.iter().map(|commit| entry(commit, offset)));
-        }
+        record::Kind::Commits => entries.extend(packed()?.iter().map(|commit| entry(commit, offset))),
         record::Kind::Commit | record::Kind::Restore => entries.push(entry(header, offset)),
     }
     Ok(())
@@ -289,14 +291,17 @@ impl OpenSegment {
         let tail = record::walk(&file, len, |records| -> Result<Option<BadTail>, ReadError> {
             loop {
                 let (truncated, why) = match records.verify_at(offset) {
-                    Ok(Some(header)) => match push_entries(&file, &header, offset, &mut entries) {
-                        Ok(()) => {
-                            offset += header.record_len();
-                            continue;
+                    Ok(Some(header)) => {
+                        match push_entries(&header, offset, &mut entries, || records.packed_headers_at(offset, &header))
+                        {
+                            Ok(()) => {
+                                offset += header.record_len();
+                                continue;
+                            }
+                            Err(ReadError::Corrupt(why)) => (false, why),
+                            Err(e) => return Err(e),
                         }
-                        Err(ReadError::Corrupt(why)) => (false, why),
-                        Err(e) => return Err(e),
-                    },
+                    }
                     Ok(None) => return Ok(None),
                     Err(ReadError::Truncated) => (true, "a record is cut short".to_owned()),
                     Err(ReadError::Corrupt(why)) => (false, why),

@@ -185,7 +185,7 @@ fn records(path: &Path, tail_may_tear: bool) -> Result<Records, LogDamage> {
                 Ok(Some(header)) => {
                     // A packed record's index must agree with it, as opening the log requires.
                     if header.kind == Kind::Commits {
-                        record::packed_headers_at(&file, offset, &header).map_err(&damage)?;
+                        records.packed_headers_at(offset, &header).map_err(&damage)?;
                     }
                     found.extend((header.first_seq()..=header.seq).map(|seq| (seq, header.last_kind())));
                     offset += header.record_len();
