@@ -242,7 +242,8 @@ impl Serialize for JsonRow<'_> {
     }
 }
 
-struct JsonRows<'a>(&'a [Vec<Value>]);
+/// Rows as arrays of values.
+pub struct JsonRows<'a>(pub &'a [Vec<Value>]);
 
 impl Serialize for JsonRows<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {

@@ -64,7 +64,9 @@ impl std::hash::Hash for ObjectId {
 /// 64 lowercase hex digits, as `toString()` gives them.
 impl fmt::Display for ObjectId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&hex::encode(self.bytes))
+        let mut digits = [0u8; 64];
+        hex::encode_to_slice(self.bytes, &mut digits).expect("64 digits for 32 bytes");
+        f.write_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"))
     }
 }
 

@@ -397,31 +397,31 @@ impl DurableObjects {
         Ok(outcome)
     }
 
-    /// Makes sure the object's directory exists; the object joins the namespace's index with
-    /// the first request that writes to it.
-    async fn ensure(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
+    /// Makes sure the object's directory exists, and returns the object's key in the registry;
+    /// the object joins the namespace's index with the first request that writes to it.
+    async fn ensure(&self, ns: &Namespace, id: &ObjectId) -> Result<String> {
         self.runs_here(ns)?;
+        let key = ns.object_key(id);
         self.claim_object(ns, id).await?;
         // An open object's directory exists (nothing removes one): no look at the disk.
-        if self.inner.registry.is_open(&ns.object_key(id)) {
-            return Ok(());
+        if self.inner.registry.is_open(&key) {
+            return Ok(key);
         }
         let dir = self.object_dir(ns, id);
-        if dir.exists() {
-            return Ok(());
+        if !dir.exists() {
+            std::fs::create_dir_all(&dir).map_err(|e| DoError::Storage(format!("creating {}: {e}", dir.display())))?;
         }
-        std::fs::create_dir_all(&dir).map_err(|e| DoError::Storage(format!("creating {}: {e}", dir.display())))
+        Ok(key)
     }
 
     /// Starts a request on an object (creating it on first use): its transaction opens once
     /// the requests before it have finished.
     pub async fn begin(&self, ns: &Namespace, id: &ObjectId) -> Result<Session> {
-        self.ensure(ns, id).await?;
+        let key = self.ensure(ns, id).await?;
         let (tx, rx) = std::sync::mpsc::channel();
         let (ready, is_ready) = oneshot::channel();
         let idle_limit = self.inner.settings.session_idle_limit;
         let registry = self.inner.registry.clone();
-        let key = ns.object_key(id);
         tokio::spawn(async move {
             let _ = registry.with_database(&key, move |db| session::serve(db, rx, ready, idle_limit)).await;
         });
@@ -446,20 +446,24 @@ impl DurableObjects {
     /// The thread is the object's alone until the request ends (the pool starts another for
     /// other objects' work), so the request may await anything, except another request to the same
     /// object, which would wait for it forever. Storage calls from other threads fail.
-    pub async fn serve<T: Send + 'static>(
+    pub async fn serve<T, F>(
         &self,
         ns: &Namespace,
         id: &ObjectId,
-        request: impl FnOnce(Session) -> BoxFuture<'static, T> + Send + 'static,
-    ) -> Result<T> {
-        self.ensure(ns, id).await?;
+        request: impl FnOnce(Session) -> F + Send + 'static,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = T>,
+    {
+        let key = self.ensure(ns, id).await?;
         let handle = tokio::runtime::Handle::current();
         let limit = self.inner.settings.session_idle_limit;
         let (engine, namespace, object) = (self.clone(), ns.clone(), id.clone());
         let served = self
             .inner
             .registry
-            .with_database(&ns.object_key(id), move |db| {
+            .with_database(&key, move |db| {
                 // Timers, spawned tasks and I/O the request uses run on the caller's runtime.
                 let _runtime = handle.enter();
                 session::serve_local(db, |link| {
@@ -484,19 +488,19 @@ impl DurableObjects {
         id: &ObjectId,
         f: impl FnOnce(&mut Storage<'_>) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        self.serve(ns, id, move |session| {
-            Box::pin(async move {
-                match session.call(f).await {
-                    Ok(Ok(value)) => {
-                        session.commit().await?;
-                        Ok(value)
-                    }
-                    Ok(Err(e)) | Err(e) => {
-                        session.rollback().await;
-                        Err(e)
-                    }
+        // The request's future stays on the object's thread's stack: a box the size of its
+        // states cost a large allocation per request.
+        self.serve(ns, id, move |session| async move {
+            match session.call(f).await {
+                Ok(Ok(value)) => {
+                    session.commit().await?;
+                    Ok(value)
                 }
-            })
+                Ok(Err(e)) | Err(e) => {
+                    session.rollback().await;
+                    Err(e)
+                }
+            }
         })
         .await?
     }
@@ -665,13 +669,8 @@ impl DurableObjects {
             let (hosted, ns, hex) = (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string());
             return blocking(move || hosted.bookmark(&ns, &hex)).await;
         }
-        self.ensure(ns, id).await?;
-        self.inner
-            .registry
-            .with_database(&ns.object_key(id), |db| db.bookmark())
-            .await
-            .and_then(|b| b)
-            .map_err(DoError::from_sql)
+        let key = self.ensure(ns, id).await?;
+        self.inner.registry.with_database(&key, |db| db.bookmark()).await.and_then(|b| b).map_err(DoError::from_sql)
     }
 
     /// Writes into every open object's history the commits it still owes, and waits
@@ -686,10 +685,10 @@ impl DurableObjects {
             let (hosted, ns, hex) = (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string());
             return blocking(move || hosted.bookmark_for_time(&ns, &hex, time_ms)).await;
         }
-        self.ensure(ns, id).await?;
+        let key = self.ensure(ns, id).await?;
         self.inner
             .registry
-            .with_database(&ns.object_key(id), move |db| db.bookmark_for_time(time_ms))
+            .with_database(&key, move |db| db.bookmark_for_time(time_ms))
             .await
             .and_then(|b| b)
             .map_err(DoError::from_sql)
@@ -704,12 +703,12 @@ impl DurableObjects {
                 (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string(), *bookmark);
             return blocking(move || hosted.restore(&ns, &hex, &bookmark)).await;
         }
-        self.ensure(ns, id).await?;
+        let key = self.ensure(ns, id).await?;
         let bookmark = *bookmark;
         let restored = self
             .inner
             .registry
-            .with_database(&ns.object_key(id), move |db| db.restore(&bookmark))
+            .with_database(&key, move |db| db.restore(&bookmark))
             .await
             .and_then(|r| r)
             .map_err(DoError::from_sql)?;

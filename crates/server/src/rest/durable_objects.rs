@@ -8,11 +8,12 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json, json};
 
 use kura_catalog::{DoNamespace, NewDoNamespace};
-use kura_d1::wire::{JsonParams, JsonValue};
+use kura_d1::wire::{JsonParams, JsonRows};
 use kura_do::{Cursor, DoError, FanOutRow, ListOptions, Namespace, ObjectId, ObjectSummary, Storage};
 
 use super::extract::{V4Path, V4Query, read_body};
@@ -285,13 +286,44 @@ enum Operation {
     DatabaseSize,
 }
 
-/// A statement's answer: `{columns, rows, meta: {rows_read, rows_written}}`.
+/// A statement's answer: `{columns, rows, meta: {rows_read, rows_written}}`, written straight
+/// from the cursor (no tree of JSON values built and dropped per request).
+pub struct CursorJson<'a>(pub &'a Cursor);
+
+impl Serialize for CursorJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Meta {
+            rows_read: u64,
+            rows_written: u64,
+        }
+        let cursor = self.0;
+        let mut out = s.serialize_struct("Cursor", 3)?;
+        out.serialize_field("columns", &cursor.columns)?;
+        out.serialize_field("rows", &JsonRows(&cursor.rows))?;
+        out.serialize_field("meta", &Meta { rows_read: cursor.rows_read, rows_written: cursor.rows_written })?;
+        out.end()
+    }
+}
+
+/// [`CursorJson`] as a JSON value.
 pub fn cursor_json(cursor: &Cursor) -> Json {
-    json!({
-        "columns": cursor.columns,
-        "rows": cursor.rows.iter().map(|r| r.iter().map(|v| serde_json::to_value(JsonValue(v)).unwrap_or(Json::Null)).collect::<Vec<_>>()).collect::<Vec<_>>(),
-        "meta": { "rows_read": cursor.rows_read, "rows_written": cursor.rows_written },
-    })
+    serde_json::to_value(CursorJson(cursor)).unwrap_or(Json::Null)
+}
+
+/// One operation's result: a statement's cursor, or a KV or alarm answer.
+enum OpResult {
+    Cursor(Cursor),
+    Json(Json),
+}
+
+impl Serialize for OpResult {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            OpResult::Cursor(cursor) => CursorJson(cursor).serialize(s),
+            OpResult::Json(json) => json.serialize(s),
+        }
+    }
 }
 
 /// KV values travel as JSON and are stored as its text.
@@ -307,9 +339,9 @@ fn invalid(message: &str) -> DoError {
     DoError::Invalid(message.to_owned())
 }
 
-fn apply(storage: &mut Storage<'_>, op: Operation) -> kura_do::Result<Json> {
-    Ok(match op {
-        Operation::Sql { sql, params } => cursor_json(&storage.exec(&sql, params.0)?),
+fn apply(storage: &mut Storage<'_>, op: Operation) -> kura_do::Result<OpResult> {
+    Ok(OpResult::Json(match op {
+        Operation::Sql { sql, params } => return Ok(OpResult::Cursor(storage.exec(&sql, params.0)?)),
         Operation::KvGet { key: Some(key), keys: None } => storage.kv_get(&key)?.map_or(Json::Null, |v| kv_value(&v)),
         Operation::KvGet { key: None, keys: Some(keys) } => kv_entries(storage.kv_get_many(&keys)?),
         Operation::KvGet { .. } => return Err(invalid("kv_get takes either key or keys")),
@@ -353,7 +385,7 @@ fn apply(storage: &mut Storage<'_>, op: Operation) -> kura_do::Result<Json> {
             Json::Null
         }
         Operation::DatabaseSize => json!(storage.database_size()?),
-    })
+    }))
 }
 
 #[derive(Deserialize)]
@@ -389,7 +421,7 @@ pub async fn batch(
 struct BatchAnswer<'a> {
     id: String,
     name: Option<&'a str>,
-    results: Vec<Json>,
+    results: Vec<OpResult>,
 }
 
 #[derive(Deserialize)]
@@ -417,7 +449,7 @@ async fn run_queries(
     ns: &Namespace,
     id: &ObjectId,
     queries: Vec<SqlQuery>,
-) -> Result<Vec<Json>, ApiError> {
+) -> Result<Vec<OpResult>, ApiError> {
     if queries.is_empty() {
         return Err(ApiError::bad_request("No SQL statements detected."));
     }
@@ -436,7 +468,7 @@ async fn run_queries(
                     } else {
                         storage.exec(&q.sql, q.params.0)?
                     };
-                    Ok(cursor_json(&cursor))
+                    Ok(OpResult::Cursor(cursor))
                 })
                 .collect::<kura_do::Result<Vec<_>>>()
         })
