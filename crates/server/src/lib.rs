@@ -109,7 +109,7 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics::metrics))
         .route("/d1-transfers/{token}", get(transfer::download).put(transfer::upload))
-        .nest("/client/v4", rest::routes())
+        .merge(rest::routes())
         .merge(binding::routes())
         .merge(console::routes())
         .layer(axum::middleware::from_fn_with_state(state.clone(), api_edge))
