@@ -245,6 +245,28 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
             );
         }
     }
+    // The in-process limit has no HTTP to pay: what an endpoint can reach is bounded by the
+    // server doing only the limit's work behind HTTP, measured in the same turns.
+    for (clients, kura, floor, limit) in
+        [(CLIENTS, http_16, http.object_floor_16, http.limit_16), (1, http_1, http.object_floor_1, http.limit_1)]
+    {
+        let (kura, floor, limit) = (kura.rate(), floor.rate(), limit.rate());
+        if kura > 0.0 && floor > 0.0 && limit > 0.0 {
+            let reached = kura / floor;
+            let target = match clients {
+                CLIENTS if reached >= 0.7 => " (target ≥ 0.7× ✓)",
+                CLIENTS => " (target ≥ 0.7× ✗)",
+                _ => "",
+            };
+            println!(
+                "HTTP batch at {clients} client(s): a server doing only the limit's work behind HTTP reaches {:.2}× \
+                 the in-process limit on these cores, the bound for any server; kura reaches {reached:.2}× that \
+                 server{target} and {:.2}× the limit",
+                floor / limit,
+                kura / limit,
+            );
+        }
+    }
     let (cold, limit_cold) = (cold.kura, cold.limit);
     let cold_ratio = cold.p50.as_secs_f64() / limit_cold.p50.as_secs_f64().max(f64::MIN_POSITIVE);
     println!(
