@@ -112,7 +112,11 @@ impl RequestId {
         let mut bytes = [0u8; 16];
         bytes[..8].copy_from_slice(prefix);
         bytes[8..].copy_from_slice(&COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed).to_be_bytes());
-        RequestId(hex::encode_upper(bytes))
+        // One pass into a buffer: `hex::encode_upper` pushes the digits one `char` at a time.
+        let mut digits = [0u8; 32];
+        hex::encode_to_slice(bytes, &mut digits).expect("32 digits for 16 bytes");
+        digits.make_ascii_uppercase();
+        RequestId(String::from_utf8(digits.to_vec()).expect("hex digits are ASCII"))
     }
 }
 

@@ -191,12 +191,22 @@ pub struct ResultInfo {
 
 /// Wraps a result in the success envelope.
 pub fn ok<T: Serialize>(result: T) -> Response {
-    axum::Json(Envelope { result, success: true, errors: [], messages: [], result_info: None }).into_response()
+    json_response(&Envelope { result, success: true, errors: [], messages: [], result_info: None })
 }
 
 /// Wraps a page of results in the success envelope.
 pub fn ok_paged<T: Serialize>(result: T, info: ResultInfo) -> Response {
-    axum::Json(Envelope { result, success: true, errors: [], messages: [], result_info: Some(info) }).into_response()
+    json_response(&Envelope { result, success: true, errors: [], messages: [], result_info: Some(info) })
+}
+
+/// A JSON answer, written into a buffer sized for a typical envelope (`axum::Json` starts at
+/// 128 bytes and reallocates its way up, several times for a D1 result's `meta`).
+fn json_response(value: &impl Serialize) -> Response {
+    let mut body = Vec::with_capacity(512);
+    match serde_json::to_writer(&mut body, value) {
+        Ok(()) => ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
 }
 
 /// An error in Cloudflare's envelope: `{result: null, success: false, errors: [{code, message}]}`.
