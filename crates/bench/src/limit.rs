@@ -69,6 +69,41 @@ pub fn insert(conn: &Connection, first_id: i64, duration: Duration) -> anyhow::R
     })
 }
 
+/// Single-row durable INSERTs as [`insert`] makes them, each after `pause` of the CPU kept busy
+/// (so the pause costs no wake-up): on a disk whose flush is slower after a pause, the time a
+/// server spends between two commits costs more than itself.
+pub fn insert_after_pause(
+    conn: &Connection,
+    first_id: i64,
+    pause: Duration,
+    duration: Duration,
+) -> anyhow::Result<CommitsAfterPause> {
+    let mut insert = conn.prepare("INSERT INTO kv (id, v) VALUES (?1, ?2)")?;
+    let start = Instant::now();
+    let mut latencies = Vec::new();
+    while start.elapsed() < duration {
+        let paused = Instant::now();
+        while paused.elapsed() < pause {
+            std::hint::spin_loop();
+        }
+        let began = Instant::now();
+        insert.execute((first_id + latencies.len() as i64, "p"))?;
+        latencies.push(began.elapsed());
+    }
+    latencies.sort_unstable();
+    let n = latencies.len().max(1);
+    Ok(CommitsAfterPause {
+        mean: latencies.iter().sum::<Duration>() / n as u32,
+        p90: latencies.get(n * 9 / 10).copied().unwrap_or_default(),
+    })
+}
+
+/// What [`insert_after_pause`] measured: the commits' own time, the pauses left out.
+pub struct CommitsAfterPause {
+    pub mean: Duration,
+    pub p90: Duration,
+}
+
 /// 100-row INSERT transactions, one durable commit each.
 pub fn batch(conn: &Connection, first_id: i64, duration: Duration) -> anyhow::Result<Stats> {
     let mut insert = conn.prepare("INSERT INTO kv (id, v) VALUES (?1, ?2)")?;
