@@ -111,11 +111,19 @@ async fn graphql_reports_real_usage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_routes_and_methods_answer_in_the_envelope() {
     let server = Server::start().await;
-    let (status, body) = server.call(Method::GET, "/nope", None).await;
-    assert_eq!((status, body["errors"][0]["code"].as_i64()), (StatusCode::NOT_FOUND, Some(7003)));
+    // The v4 routes are registered at their full paths: everything under the prefix that
+    // matches none of them, the prefix itself included, still answers in the envelope.
+    for path in ["/nope", "", "/", &server.d1("/some-db/nope")] {
+        let (status, body) = server.call(Method::GET, path, None).await;
+        assert_eq!((status, body["errors"][0]["code"].as_i64()), (StatusCode::NOT_FOUND, Some(7003)), "{path}");
+    }
     let (status, body) = server.call(Method::PUT, &server.d1(""), None).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(body["success"], false);
+    assert_eq!(body["errors"][0]["code"].as_i64(), Some(7001));
+    // Outside the prefix, no envelope.
+    let outside = server.http.get(format!("{}/nope", server.root)).send().await.unwrap();
+    assert_eq!(outside.status(), StatusCode::NOT_FOUND);
     let health = server.http.get(format!("{}/healthz", server.root)).send().await.unwrap();
     assert_eq!(health.status(), StatusCode::OK);
     server.stop().await;
