@@ -109,9 +109,8 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
     let limit_insert = limit::insert(&conn, 1_000_000, duration)?;
     let limit_batch = limit::batch(&conn, 10_000_000, duration)?;
     let mut after_pauses = Vec::new();
-    for (i, pause_us) in COMMIT_PAUSES_US.into_iter().enumerate() {
-        let first_id = 20_000_000 + i as i64 * 10_000_000;
-        let stats = limit::insert_after_pause(&conn, first_id, Duration::from_micros(pause_us), duration / 4)?;
+    for pause_us in COMMIT_PAUSES_US {
+        let stats = limit::insert_after_pause(&conn, Duration::from_micros(pause_us), duration / 4)?;
         after_pauses.push((pause_us, stats));
     }
     drop(conn);
