@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use serde_json::{Value as Json, json};
 
 use crate::load::{self, Stats};
-use crate::report::{self, Row};
+use crate::report::{self, Row, micros};
 use crate::{Settings, limit, peer, worker};
 
 use crate::floor_server::FloorServer;
@@ -402,10 +402,6 @@ async fn insert_load_timed(
 
 /// The pauses before a commit at which the limit's commit is measured (see `run`).
 const COMMIT_PAUSES_US: [u64; 4] = [0, 25, 50, 100];
-
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
 
 const KV_TABLE: &str = "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT, version INTEGER NOT NULL DEFAULT 0)";
 

@@ -19,7 +19,7 @@ use serde_json::{Value as Json, json};
 
 use crate::floor_server::FloorServer;
 use crate::load::{self, Stats};
-use crate::report::{self, Row};
+use crate::report::{self, Row, micros};
 use crate::server::{ACCOUNT, Kura, TOKEN};
 use crate::{Settings, peer};
 
@@ -286,10 +286,6 @@ pub fn run(settings: &Settings, on_disk: u64) -> anyhow::Result<()> {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
 }
 
 /// One of kura's loads and the limit, measured in turns.

@@ -13,6 +13,11 @@ pub struct Row {
     pub target: Option<f64>,
 }
 
+/// A duration in microseconds, for the lines printed beside the table.
+pub fn micros(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
 fn ms(d: std::time::Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1000.0)
 }
