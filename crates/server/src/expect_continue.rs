@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, header};
 use axum::response::Response;
@@ -31,16 +30,19 @@ use crate::stall::StallLimited;
 /// expected `100 Continue` and its body was never read. Only those requests pay for more than
 /// the application's own future.
 #[derive(Clone)]
-pub struct Served(pub Router);
+pub struct Served<S>(pub S);
 
-impl tower::Service<Request<hyper::body::Incoming>> for Served {
+impl<S> tower::Service<Request<hyper::body::Incoming>> for Served<S>
+where
+    S: tower::Service<Request<Body>, Response = Response, Error = Infallible>,
+    S::Future: Send + 'static,
+{
     type Response = Response;
     type Error = Infallible;
-    type Future =
-        Either<axum::routing::future::RouteFuture<Infallible>, BoxFuture<'static, Result<Response, Infallible>>>;
+    type Future = Either<S::Future, BoxFuture<'static, Result<Response, Infallible>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        tower::Service::<Request<Body>>::poll_ready(&mut self.0, cx)
+        self.0.poll_ready(cx)
     }
 
     fn call(&mut self, request: Request<hyper::body::Incoming>) -> Self::Future {
