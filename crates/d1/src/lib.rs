@@ -179,15 +179,39 @@ pub struct D1 {
 /// Most database records kept in memory.
 const RECORD_CACHE_SIZE: usize = 100_000;
 
-/// Database records by (account, id or name), with a generation that every change bumps, so a
-/// record read before a change is never cached after it.
+/// Database records by account, then by id or name (so a lookup allocates nothing), with a
+/// generation that every change bumps, so a record read before a change is never cached after
+/// it.
 #[derive(Default)]
 struct RecordCache {
     generation: u64,
     /// The catalog's install count the records were read under (a shared catalog's copy can be
     /// replaced by a newer one another node wrote).
     installs: u64,
-    records: HashMap<(String, String), D1Database>,
+    records: HashMap<String, HashMap<String, Arc<D1Database>>>,
+    /// Records kept, in all accounts.
+    len: usize,
+}
+
+impl RecordCache {
+    fn get(&self, account_id: &str, id_or_name: &str) -> Option<&Arc<D1Database>> {
+        self.records.get(account_id)?.get(id_or_name)
+    }
+
+    fn insert(&mut self, account_id: &str, id_or_name: &str, record: Arc<D1Database>) {
+        if self.len >= RECORD_CACHE_SIZE {
+            self.clear();
+        }
+        let account = self.records.entry(account_id.to_owned()).or_default();
+        if account.insert(id_or_name.to_owned(), record).is_none() {
+            self.len += 1;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.records.clear();
+        self.len = 0;
+    }
 }
 
 fn database_file(root: &Path, uuid: &str) -> PathBuf {
@@ -311,33 +335,30 @@ impl D1 {
     }
 
     /// The account's database with this id or name.
-    pub fn get(&self, account_id: &str, id_or_name: &str) -> Result<D1Database> {
-        let key = (account_id.to_owned(), id_or_name.to_owned());
+    pub fn get(&self, account_id: &str, id_or_name: &str) -> Result<Arc<D1Database>> {
         let installs = self.catalog.installs();
         let generation = {
             let cache = self.records.read().unwrap_or_else(|p| p.into_inner());
             if cache.installs == installs
-                && let Some(found) = cache.records.get(&key)
+                && let Some(found) = cache.get(account_id, id_or_name)
             {
-                return Ok(found.clone());
+                return Ok(Arc::clone(found));
             }
             cache.generation
         };
         if !is_uuid(&id_or_name.to_ascii_lowercase()) && !kura_catalog::is_valid_database_name(id_or_name) {
             return Err(Error::InvalidId(id_or_name.to_owned()));
         }
-        let found =
-            self.catalog.d1_database(account_id, id_or_name)?.ok_or_else(|| Error::NotFound(id_or_name.to_owned()))?;
+        let found = Arc::new(
+            self.catalog.d1_database(account_id, id_or_name)?.ok_or_else(|| Error::NotFound(id_or_name.to_owned()))?,
+        );
         let mut cache = self.records.write().unwrap_or_else(|p| p.into_inner());
         if cache.installs != installs {
-            cache.records.clear();
+            cache.clear();
             cache.installs = installs;
         }
         if cache.generation == generation {
-            if cache.records.len() >= RECORD_CACHE_SIZE {
-                cache.records.clear();
-            }
-            cache.records.insert(key, found.clone());
+            cache.insert(account_id, id_or_name, Arc::clone(&found));
         }
         Ok(found)
     }
@@ -370,7 +391,7 @@ impl D1 {
     fn forget_records(&self) {
         let mut cache = self.records.write().unwrap_or_else(|p| p.into_inner());
         cache.generation += 1;
-        cache.records.clear();
+        cache.clear();
     }
 
     /// The database with its table count and size.
@@ -392,7 +413,7 @@ impl D1 {
             })
             .await?;
         Ok(DatabaseDetails {
-            database,
+            database: Arc::unwrap_or_clone(database),
             num_tables: num_tables.map_err(|e| Error::Invalid(e.to_string()))?.max(0) as u64,
             file_size: file_size?,
         })
@@ -422,7 +443,7 @@ impl D1 {
             .map_err(|e| Error::Invalid(format!("deleting the database files failed: {e}")))?
             .map_err(|source| Error::Io { context: "removing the database files".into(), source })?;
         tracing::info!(account = account_id, uuid = %database.uuid, "deleted D1 database");
-        Ok(database)
+        Ok(Arc::unwrap_or_clone(database))
     }
 
     /// Sets the read replication mode (recorded only: kura serves every query from the primary).
@@ -431,7 +452,7 @@ impl D1 {
         let changed = self.catalog.set_d1_read_replication(account_id, &database.uuid, mode);
         self.forget_records();
         changed?;
-        self.get(account_id, &database.uuid)
+        self.get(account_id, &database.uuid).map(Arc::unwrap_or_clone)
     }
 
     /// Runs a request on the account's database `id`, atomically; answers once it is durable.
@@ -447,7 +468,7 @@ impl D1 {
             Ok(executed) => executed,
             // Deleted while the request was on its way.
             Err(kura_sqlite::Error::Closed) if self.catalog.d1_database_by_uuid(&database.uuid)?.is_none() => {
-                return Err(Error::NotFound(database.uuid));
+                return Err(Error::NotFound(database.uuid.clone()));
             }
             Err(e) => return Err(e.into()),
         };

@@ -186,10 +186,10 @@ impl Backend {
             Backend::Local(l) => {
                 let d1 = l.node.d1();
                 if let Some(found) = target.id.as_deref().and_then(|id| d1.get(&l.account, id).ok()) {
-                    return Ok(found.uuid);
+                    return Ok(found.uuid.clone());
                 }
                 match d1.get(&l.account, &target.name) {
-                    Ok(db) => Ok(db.uuid),
+                    Ok(db) => Ok(db.uuid.clone()),
                     // A database the configuration declares is created locally on first use, as
                     // wrangler's local mode does.
                     Err(kura_d1::Error::NotFound(_)) if target.binding.is_some() => {
