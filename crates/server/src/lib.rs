@@ -143,15 +143,16 @@ pub fn app(state: AppState) -> impl Application {
 /// layer boxes the request's future and clones the services below it, per request; three cost
 /// 13% of the server threads' time on a Durable Object batch): the request's id, span and
 /// figures ([`observe::observe_api`]) around the cluster's placement ([`cluster::place`]),
-/// and `Retry-After` on answers that ask for a retry.
+/// and the answer [`finished`].
 async fn api_edge(
     axum::extract::State(state): axum::extract::State<AppState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let figures = Arc::clone(&state.http);
+    let head = request.method() == axum::http::Method::HEAD;
     observe::observe_api(&figures, request, |request| async move {
-        with_retry_after(cluster::place(axum::extract::State(state), request, next).await)
+        finished(head, cluster::place(axum::extract::State(state), request, next).await)
     })
     .await
 }
@@ -265,26 +266,32 @@ pub async fn serve_all(
 
 /// The S3 listener's work common to every request, as one middleware (see [`api_edge`]): the
 /// request's id (S3's request id too), span and figures around the cluster's placement, and
-/// `Retry-After` on answers that ask for a retry.
+/// the answer [`finished`].
 async fn s3_edge(
     axum::extract::State((state, domains)): axum::extract::State<(AppState, Arc<Vec<String>>)>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let figures = Arc::clone(&state.http);
+    let head = request.method() == axum::http::Method::HEAD;
     observe::observe_surface(&figures, observe::Surface::S3, request, |request| async move {
-        with_retry_after(cluster::place_s3(axum::extract::State((state, domains)), request, next).await)
+        finished(head, cluster::place_s3(axum::extract::State((state, domains)), request, next).await)
     })
     .await
 }
 
-/// Overload (429) and unavailability (503) answers tell a client when to come back, so an
-/// overloaded server sheds load instead of being asked again at once: `Retry-After: 1` on a
-/// 429 or 503 that does not say when to retry.
-fn with_retry_after(mut response: axum::response::Response) -> axum::response::Response {
+/// An answer as the edge sends it. Overload (429) and unavailability (503) answers tell a
+/// client when to come back, so an overloaded server sheds load instead of being asked again
+/// at once: `Retry-After: 1` on a 429 or 503 that does not say when to retry. An answer to a
+/// HEAD request carries no body, whether the router made it (which empties it too) or the
+/// edge did (a cluster's refusal): HTTP/2 would send the body.
+fn finished(head: bool, mut response: axum::response::Response) -> axum::response::Response {
     use axum::http::{HeaderValue, StatusCode, header};
     if matches!(response.status(), StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE) {
         response.headers_mut().entry(header::RETRY_AFTER).or_insert(HeaderValue::from_static("1"));
+    }
+    if head {
+        *response.body_mut() = axum::body::Body::empty();
     }
     response
 }
