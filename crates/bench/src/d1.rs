@@ -83,6 +83,11 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
     let figures = client_runtime.block_on(measure_kura(&kura.base, &commit_url, duration, &settings.only))?;
     drop(commit_floor);
     kura.shutdown();
+    let wanted = |name: &str| settings.only.is_empty() || settings.only.iter().any(|o| o == name);
+    let in_memory = match wanted("insert1mem") {
+        true => measure_in_memory(&client_runtime, duration)?,
+        false => None,
+    };
     let log_cost = if settings.only.is_empty() {
         eprintln!("measuring Time Travel's log: the same server with capture on and off, alternating…");
         let with = Kura::start(&scratch.path().join("log-on"), true)?;
@@ -97,6 +102,10 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
     if !settings.only.is_empty() {
         for (name, stats) in figures.measured() {
             println!("{name}: {:.0}/s p50 {:?} p99 {:?}", stats.rate(), stats.p50, stats.p99);
+        }
+        if let Some((kura, floor)) = in_memory {
+            println!("insert1mem: {:.0}/s p50 {:?} p99 {:?}", kura.rate(), kura.p50, kura.p99);
+            println!("commitfloor1mem: {:.0}/s p50 {:?} p99 {:?}", floor.rate(), floor.p50, floor.p99);
         }
         return Ok(());
     }
@@ -267,6 +276,17 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         commits.join(", "),
         micros(figures.insert_1.p50) - micros(figures.commit_floor_1.p50),
     );
+    match in_memory {
+        Some((kura, floor)) => println!(
+            "kura's own time, apart from the disk (both on tmpfs, where a commit flushes nothing, in turns): \
+             kura's one-client INSERT {:.0}/s against the commit floor's {:.0}/s ({:.2}×), {:.1} µs more per request",
+            kura.rate(),
+            floor.rate(),
+            kura.rate() / floor.rate().max(1e-9),
+            1e6 / kura.rate().max(1e-9) - 1e6 / floor.rate().max(1e-9),
+        ),
+        None => println!("kura's own time, apart from the disk: not measured (no /dev/shm)"),
+    }
     if !peer_figures.is_empty() {
         match worker::workerd() {
             Some(workerd) => {
@@ -375,6 +395,44 @@ async fn measure_log_cost(with: &str, without: &str, duration: Duration) -> anyh
     Ok(out)
 }
 
+/// The one-client INSERT in turns with the commit floor as `measure_kura` takes it, both
+/// servers on tmpfs (`/dev/shm`), where a commit flushes nothing: what is left of the difference
+/// is kura's own time per request, which on a disk whose flush slows after a pause decides how
+/// much the disk adds (`None` without `/dev/shm`).
+fn measure_in_memory(
+    client_runtime: &tokio::runtime::Runtime,
+    duration: Duration,
+) -> anyhow::Result<Option<(Stats, Stats)>> {
+    let Ok(memory) = tempfile::tempdir_in("/dev/shm") else { return Ok(None) };
+    eprintln!("measuring the one-client INSERT with the commit floor on tmpfs, in turns…");
+    let kura = Kura::start(&memory.path().join("kura"), true).context("starting kura on tmpfs")?;
+    let floor_server =
+        FloorServer::commit(&memory.path().join("commit-floor")).context("starting the commit floor on tmpfs")?;
+    let measured = client_runtime.block_on(async {
+        let client = prepare(&kura.base).await?;
+        let next_id = Arc::new(AtomicI64::new(1_000_000));
+        let floor_url = format!("{}/commit", floor_server.base);
+        let [kura, floor] = one_client_inserts_in_turns(&client, &floor_url, &next_id, duration).await;
+        anyhow::Ok((kura, floor))
+    })?;
+    drop(floor_server);
+    kura.shutdown();
+    Ok(Some(measured))
+}
+
+/// One client's single-row INSERTs to kura and to the commit floor at `commit_floor` (its
+/// `/commit`), in turns: the ratio is the figure that counts.
+async fn one_client_inserts_in_turns(
+    client: &Client,
+    commit_floor: &str,
+    next_id: &Arc<AtomicI64>,
+    duration: Duration,
+) -> [Stats; 2] {
+    let floor = Client { http: client.http.clone(), query: commit_floor.into(), uuid: "".into(), history: false };
+    load::alternately(duration, |i, slice| insert_load_timed(if i == 0 { client } else { &floor }, next_id, 1, slice))
+        .await
+}
+
 /// Single-row durable INSERTs from `clients` concurrent clients.
 async fn insert_load(client: &Client, next_id: &Arc<AtomicI64>, clients: usize, duration: Duration) -> Stats {
     let (latencies, units, elapsed) = insert_load_timed(client, next_id, clients, duration).await;
@@ -475,14 +533,8 @@ async fn measure_kura(
     let next_id = Arc::new(AtomicI64::new(1_000_000));
     let insert = |clients| insert_load(&client, &next_id, clients, duration);
     if wanted("insert1") {
-        // Against the server that only commits, in turns: the ratio is the figure that counts.
-        let floor = Client { http: client.http.clone(), query: commit_floor.into(), uuid: "".into(), history: false };
-        let [kura, floor] = load::alternately(duration, |i, slice| {
-            insert_load_timed(if i == 0 { &client } else { &floor }, &next_id, 1, slice)
-        })
-        .await;
-        figures.insert_1 = kura;
-        figures.commit_floor_1 = floor;
+        [figures.insert_1, figures.commit_floor_1] =
+            one_client_inserts_in_turns(&client, commit_floor, &next_id, duration).await;
     }
     if wanted("insert16") {
         figures.insert_16 = insert(16).await;
