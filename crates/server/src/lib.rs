@@ -226,12 +226,15 @@ pub async fn serve_all(
         let socket = workers.bindings_socket().to_owned();
         let _ = std::fs::remove_file(&socket);
         let bindings = tokio::net::UnixListener::bind(&socket)?;
-        let binding_routes = binding::worker_routes()
-            .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-            .layer(observed(observe::Surface::WorkerBindings))
-            .with_state(state.clone());
+        // Wrapped whole, as the API's edge is (see [`app`]): the Workers' binding calls are a
+        // hot path too.
+        let binding_routes = binding::worker_routes().with_state(state.clone());
+        let binding_app = observed(observe::Surface::WorkerBindings)
+            .layer(DefaultBodyLimit::max(MAX_BODY_BYTES).layer(binding_routes));
         workers_servers.push(tokio::spawn(
-            axum::serve(bindings, binding_routes).with_graceful_shutdown(stopped(stop_rx.clone())).into_future(),
+            axum::serve(bindings, tower::make::Shared::new(binding_app))
+                .with_graceful_shutdown(stopped(stop_rx.clone()))
+                .into_future(),
         ));
         let proxy = serve_tcp(
             listener,
