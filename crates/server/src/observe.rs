@@ -190,22 +190,21 @@ pub async fn observe_surface<F: Future<Output = Response>>(
         .map(|v| RequestId(v.to_owned()))
         .unwrap_or_else(RequestId::new);
     request.extensions_mut().insert(id.clone());
-    let span = tracing::info_span!(
-        "request",
-        request_id = %id.0,
-        surface = surface.name(),
-        method = %request.method(),
-        path = %request.uri().path(),
-    );
+    // The span carries the id alone: a subscriber formats a span's fields as it opens, escaping
+    // each character, and the method and path took two thirds of that on every request (6% of
+    // a D1 INSERT's instructions under `kura serve`). They go in the line that answers it.
+    let span = tracing::info_span!("request", request_id = %id.0, surface = surface.name());
+    // Cheap clones: the URI shares the request's bytes.
+    let (method, uri) = (request.method().clone(), request.uri().clone());
     let started = Instant::now();
     let mut response = inner(request).instrument(span.clone()).await;
     let took = started.elapsed();
     let status = response.status();
     span.in_scope(|| {
         if status.is_server_error() {
-            tracing::warn!(status = status.as_u16(), latency_ms = took.as_secs_f64() * 1e3, "answered");
+            tracing::warn!(%method, path = uri.path(), status = status.as_u16(), latency_ms = took.as_secs_f64() * 1e3, "answered");
         } else {
-            tracing::debug!(status = status.as_u16(), latency_ms = took.as_secs_f64() * 1e3, "answered");
+            tracing::debug!(%method, path = uri.path(), status = status.as_u16(), latency_ms = took.as_secs_f64() * 1e3, "answered");
         }
     });
     figures.record(surface, status.as_u16(), took.as_secs_f64());

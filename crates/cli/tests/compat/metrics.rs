@@ -149,5 +149,7 @@ async fn metrics_and_request_ids() {
             .unwrap_or_else(|| panic!("no log line for request {id}: {logs}"));
         assert_eq!(line["span"]["surface"], "v4", "{line}");
         assert_eq!(line["fields"]["status"], 200, "{line}");
+        assert!(line["fields"]["method"].is_string(), "{line}");
+        assert!(line["fields"]["path"].as_str().is_some_and(|p| p.starts_with("/client/v4/")), "{line}");
     }
 }
