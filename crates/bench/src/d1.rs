@@ -42,6 +42,11 @@ impl Client {
         }
     }
 
+    /// A client for a server that keeps no history, with this one's connections.
+    fn elsewhere(&self, url: &str) -> Client {
+        Client { http: self.http.clone(), query: url.into(), uuid: "".into(), history: false }
+    }
+
     async fn post(&self, body: &Json) -> Json {
         let response = self.http.post(&*self.query).bearer_auth(TOKEN).json(body).send().await.expect("request");
         let json: Json = response.json().await.expect("JSON response");
@@ -78,16 +83,26 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
     let kura = Kura::start(&scratch.path().join("kura"), true).context("starting kura")?;
     let commit_floor =
         FloorServer::commit(&scratch.path().join("commit-floor")).context("starting the commit floor")?;
-    let commit_url = format!("{}/commit", commit_floor.base);
     let client_runtime = crate::load::client_runtime()?;
-    let figures = client_runtime.block_on(measure_kura(&kura.base, &commit_url, duration, &settings.only))?;
-    drop(commit_floor);
-    kura.shutdown();
     let wanted = |name: &str| settings.only.is_empty() || settings.only.iter().any(|o| o == name);
-    let in_memory = match wanted("insert1mem") {
+    // First, as the disk's one-client INSERT takes its figure for kura's own time from it.
+    let in_memory = match wanted("insert1mem") || wanted("insert1") {
         true => measure_in_memory(&client_runtime, duration)?,
         false => None,
     };
+    // In whole microseconds, as the floor's `/commit/{µs}` takes it.
+    let own_time = in_memory
+        .as_ref()
+        .map(|(kura, floor)| Duration::from_micros(micros(own_time_per_request(kura, floor)).round() as u64));
+    let figures = client_runtime.block_on(measure_kura(
+        &kura.base,
+        &commit_floor.base,
+        own_time.unwrap_or_default(),
+        duration,
+        &settings.only,
+    ))?;
+    drop(commit_floor);
+    kura.shutdown();
     let log_cost = if settings.only.is_empty() {
         eprintln!("measuring Time Travel's log: the same server with capture on and off, alternating…");
         let with = Kura::start(&scratch.path().join("log-on"), true)?;
@@ -100,12 +115,22 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         None
     };
     if !settings.only.is_empty() {
+        // CPU per request (the whole process's, the client's included) is steadier than the
+        // rate on this machine: the difference between two loads in turns is the server's.
+        let line = |name: &str, stats: &Stats| {
+            let cpu = stats.cpu_per_unit().map_or(String::new(), |c| format!(" cpu/op {:.1} µs", micros(c)));
+            println!("{name}: {:.0}/s p50 {:?} p99 {:?}{cpu}", stats.rate(), stats.p50, stats.p99);
+        };
         for (name, stats) in figures.measured() {
-            println!("{name}: {:.0}/s p50 {:?} p99 {:?}", stats.rate(), stats.p50, stats.p99);
+            line(name, &stats);
+        }
+        if figures.commit_floor_after_work_1.units > 0 {
+            let name = format!("commitfloor1 after {:.0} µs of work", micros(own_time.unwrap_or_default()));
+            line(&name, &figures.commit_floor_after_work_1);
         }
         if let Some((kura, floor)) = in_memory {
-            println!("insert1mem: {:.0}/s p50 {:?} p99 {:?}", kura.rate(), kura.p50, kura.p99);
-            println!("commitfloor1mem: {:.0}/s p50 {:?} p99 {:?}", floor.rate(), floor.p50, floor.p99);
+            line("insert1mem", &kura);
+            line("commitfloor1mem", &floor);
         }
         return Ok(());
     }
@@ -222,6 +247,18 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
             target: None,
         },
         Row {
+            workload: format!(
+                "INSERT vs the same server after {:.1} µs of work, kura's own time measured on tmpfs",
+                micros(own_time.unwrap_or_default())
+            ),
+            clients: 1,
+            unit: "rows",
+            kura: figures.insert_1,
+            peer: None,
+            limit: Some(figures.commit_floor_after_work_1),
+            target: None,
+        },
+        Row {
             workload: "INSERT vs 1 round trip + 1 fsync, measured apart".into(),
             clients: 1,
             unit: "rows",
@@ -277,14 +314,26 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         micros(figures.insert_1.p50) - micros(figures.commit_floor_1.p50),
     );
     match in_memory {
-        Some((kura, floor)) => println!(
-            "kura's own time, apart from the disk (both on tmpfs, where a commit flushes nothing, in turns): \
-             kura's one-client INSERT {:.0}/s against the commit floor's {:.0}/s ({:.2}×), {:.1} µs more per request",
-            kura.rate(),
-            floor.rate(),
-            kura.rate() / floor.rate().max(1e-9),
-            1e6 / kura.rate().max(1e-9) - 1e6 / floor.rate().max(1e-9),
-        ),
+        Some((kura, floor)) => {
+            println!(
+                "kura's own time, apart from the disk (both on tmpfs, where a commit flushes nothing, in turns): \
+                 kura's one-client INSERT {:.0}/s against the commit floor's {:.0}/s ({:.2}×), {:.1} µs more per request",
+                kura.rate(),
+                floor.rate(),
+                kura.rate() / floor.rate().max(1e-9),
+                micros(own_time_per_request(&kura, &floor)),
+            );
+            let (floor, after_work) = (figures.commit_floor_1, figures.commit_floor_after_work_1);
+            println!(
+                "what this disk makes of that time: the commit floor doing {:.1} µs of work before each commit \
+                 served {:.0}/s against its {:.0}/s without ({:.2}×), in turns with kura; kura {:.2}× of it",
+                micros(own_time.unwrap_or_default()),
+                after_work.rate(),
+                floor.rate(),
+                after_work.rate() / floor.rate().max(1e-9),
+                figures.insert_1.rate() / after_work.rate().max(1e-9),
+            );
+        }
         None => println!("kura's own time, apart from the disk: not measured (no /dev/shm)"),
     }
     if !peer_figures.is_empty() {
@@ -349,6 +398,8 @@ struct KuraFigures {
     insert_1: Stats,
     /// One client's single-row writes to [`FloorServer::commit`], in turns with `insert_1`.
     commit_floor_1: Stats,
+    /// The same, each after kura's own time per request of work (`/commit/{µs}`), in the same turns.
+    commit_floor_after_work_1: Stats,
     insert_16: Stats,
     batch_1: Stats,
     batch_4: Stats,
@@ -411,8 +462,8 @@ fn measure_in_memory(
     let measured = client_runtime.block_on(async {
         let client = prepare(&kura.base).await?;
         let next_id = Arc::new(AtomicI64::new(1_000_000));
-        let floor_url = format!("{}/commit", floor_server.base);
-        let [kura, floor] = one_client_inserts_in_turns(&client, &floor_url, &next_id, duration).await;
+        let floor = client.elsewhere(&format!("{}/commit", floor_server.base));
+        let [kura, floor] = one_client_inserts_in_turns([&client, &floor], &next_id, duration).await;
         anyhow::Ok((kura, floor))
     })?;
     drop(floor_server);
@@ -420,17 +471,20 @@ fn measure_in_memory(
     Ok(Some(measured))
 }
 
-/// One client's single-row INSERTs to kura and to the commit floor at `commit_floor` (its
-/// `/commit`), in turns: the ratio is the figure that counts.
-async fn one_client_inserts_in_turns(
-    client: &Client,
-    commit_floor: &str,
+/// What kura spends per request beyond the commit floor, from the two measured in turns.
+fn own_time_per_request(kura: &Stats, floor: &Stats) -> Duration {
+    let per_request = |s: &Stats| 1.0 / s.rate().max(1e-9);
+    Duration::from_secs_f64((per_request(kura) - per_request(floor)).max(0.0))
+}
+
+/// One client's single-row INSERTs to each of `servers` in turns: the ratios are the figures
+/// that count.
+async fn one_client_inserts_in_turns<const N: usize>(
+    servers: [&Client; N],
     next_id: &Arc<AtomicI64>,
     duration: Duration,
-) -> [Stats; 2] {
-    let floor = Client { http: client.http.clone(), query: commit_floor.into(), uuid: "".into(), history: false };
-    load::alternately(duration, |i, slice| insert_load_timed(if i == 0 { client } else { &floor }, next_id, 1, slice))
-        .await
+) -> [Stats; N] {
+    load::alternately(duration, |i, slice| insert_load_timed(servers[i], next_id, 1, slice)).await
 }
 
 /// Single-row durable INSERTs from `clients` concurrent clients.
@@ -484,9 +538,12 @@ pub(crate) async fn prepare(base: &str) -> anyhow::Result<Client> {
     Ok(client)
 }
 
+/// kura's workloads; the one-client INSERT in turns with the commit floor at `commit_floor`
+/// (its base address), as is and after `own_time` of work per request.
 async fn measure_kura(
     base: &str,
     commit_floor: &str,
+    own_time: Duration,
     duration: Duration,
     only: &[String],
 ) -> anyhow::Result<KuraFigures> {
@@ -533,8 +590,10 @@ async fn measure_kura(
     let next_id = Arc::new(AtomicI64::new(1_000_000));
     let insert = |clients| insert_load(&client, &next_id, clients, duration);
     if wanted("insert1") {
-        [figures.insert_1, figures.commit_floor_1] =
-            one_client_inserts_in_turns(&client, commit_floor, &next_id, duration).await;
+        let floor = client.elsewhere(&format!("{commit_floor}/commit"));
+        let after_work = client.elsewhere(&format!("{commit_floor}/commit/{}", own_time.as_micros()));
+        [figures.insert_1, figures.commit_floor_1, figures.commit_floor_after_work_1] =
+            one_client_inserts_in_turns([&client, &floor, &after_work], &next_id, duration).await;
     }
     if wanted("insert16") {
         figures.insert_16 = insert(16).await;

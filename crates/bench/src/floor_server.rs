@@ -29,12 +29,16 @@ pub struct FloorServer {
 impl FloorServer {
     /// D1's floor: `POST /commit` answers after one durable single-row INSERT (the limit's),
     /// run on the worker that took the request, as kura runs a lone write. Two workers, as
-    /// kura's runtime has.
+    /// kura's runtime has. `POST /commit/{µs}` first keeps the CPU busy that long: a server
+    /// with that much work of its own per request, in the same place on the same disk.
     pub fn commit(dir: &Path) -> anyhow::Result<FloorServer> {
         std::fs::create_dir_all(dir)?;
         let committer =
             Arc::new(Committer { conn: Mutex::new(crate::limit::open(dir, 0)?), next_id: AtomicI64::new(1) });
-        let app = axum::Router::new().route("/commit", axum::routing::post(commit)).with_state(committer);
+        let app = axum::Router::new()
+            .route("/commit", axum::routing::post(commit))
+            .route("/commit/{work_us}", axum::routing::post(commit_after_work))
+            .with_state(committer);
         FloorServer::serve("commit-floor", 2, app)
     }
 
@@ -116,11 +120,28 @@ struct Committer {
 }
 
 async fn commit(State(committer): State<Arc<Committer>>, _body: bytes::Bytes) -> impl IntoResponse {
-    let id = committer.next_id.fetch_add(1, Ordering::Relaxed);
-    let conn = committer.conn.lock().unwrap_or_else(|p| p.into_inner());
-    let inserted =
-        conn.prepare_cached("INSERT INTO kv (id, v) VALUES (?1, ?2)").and_then(|mut insert| insert.execute((id, "w")));
-    answer(inserted.is_ok())
+    committer.insert()
+}
+
+/// [`commit`] after `work_us` µs of CPU kept busy ([`crate::limit::busy_for`]).
+async fn commit_after_work(
+    State(committer): State<Arc<Committer>>,
+    UrlPath(work_us): UrlPath<u64>,
+    _body: bytes::Bytes,
+) -> impl IntoResponse {
+    crate::limit::busy_for(std::time::Duration::from_micros(work_us));
+    committer.insert()
+}
+
+impl Committer {
+    fn insert(&self) -> impl IntoResponse + use<> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let inserted = conn
+            .prepare_cached("INSERT INTO kv (id, v) VALUES (?1, ?2)")
+            .and_then(|mut insert| insert.execute((id, "w")));
+        answer(inserted.is_ok())
+    }
 }
 
 /// The object floor's connections, one per object, and its request.

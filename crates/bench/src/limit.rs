@@ -79,10 +79,7 @@ pub fn insert_after_pause(conn: &Connection, pause: Duration, duration: Duration
     let start = Instant::now();
     let mut latencies = Vec::new();
     while start.elapsed() < duration {
-        let paused = Instant::now();
-        while paused.elapsed() < pause {
-            std::hint::spin_loop();
-        }
+        busy_for(pause);
         let began = Instant::now();
         insert.execute(["p"])?;
         latencies.push(began.elapsed());
@@ -93,6 +90,14 @@ pub fn insert_after_pause(conn: &Connection, pause: Duration, duration: Duration
         mean: latencies.iter().sum::<Duration>() / n as u32,
         p90: latencies.get(n * 9 / 10).copied().unwrap_or_default(),
     })
+}
+
+/// Keeps this thread's CPU busy for `pause`, as work would: a sleep would let the vCPU idle.
+pub fn busy_for(pause: Duration) {
+    let paused = Instant::now();
+    while paused.elapsed() < pause {
+        std::hint::spin_loop();
+    }
 }
 
 /// What [`insert_after_pause`] measured: the commits' own time, the pauses left out.

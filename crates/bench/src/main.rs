@@ -146,8 +146,9 @@ pub struct Settings {
     #[arg(long, default_value_t = 2000)]
     pub peer_ops: u64,
     /// Run only these kura workloads (comma-separated; d1: floor1, floor16, select16, select1,
-    /// insert1 (in turns with a server that only commits), insert1mem (the same on tmpfs), insert16, batch1, batch4; do: sdk16,
-    /// sdk1 and cold (each in turns with the limit), http16 and http1 (in turns with a server
+    /// insert1 (in turns with a server that only commits, as is and after kura's own time of
+    /// work, which insert1mem measures first), insert1mem (the same on tmpfs), insert16,
+    /// batch1, batch4; do: sdk16, sdk1 and cold (each in turns with the limit), http16 and http1 (in turns with a server
     /// doing only the limit's work and with the limit), memory; cluster: engine, takeover, d1, r2), skipping the
     /// peer (and, but for do's, the limit); for profiling.
     #[arg(long, value_delimiter = ',')]
