@@ -91,9 +91,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         false => None,
     };
     // In whole microseconds, as the floor's `/commit/{µs}` takes it.
-    let own_time = in_memory
-        .as_ref()
-        .map(|(kura, floor)| Duration::from_micros(micros(own_time_per_request(kura, floor)).round() as u64));
+    let own_time = in_memory.as_ref().map(|own| Duration::from_micros(micros(own.median()).round() as u64));
     let figures = client_runtime.block_on(measure_kura(
         &kura.base,
         &commit_floor.base,
@@ -128,9 +126,8 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
             let name = format!("commitfloor1 after {:.0} µs of work", micros(own_time.unwrap_or_default()));
             line(&name, &figures.commit_floor_after_work_1);
         }
-        if let Some((kura, floor)) = in_memory {
-            line("insert1mem", &kura);
-            line("commitfloor1mem", &floor);
+        if let Some(own) = in_memory {
+            println!("{}", own.describe());
         }
         return Ok(());
     }
@@ -314,15 +311,8 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         micros(figures.insert_1.p50) - micros(figures.commit_floor_1.p50),
     );
     match in_memory {
-        Some((kura, floor)) => {
-            println!(
-                "kura's own time, apart from the disk (both on tmpfs, where a commit flushes nothing, in turns): \
-                 kura's one-client INSERT {:.0}/s against the commit floor's {:.0}/s ({:.2}×), {:.1} µs more per request",
-                kura.rate(),
-                floor.rate(),
-                kura.rate() / floor.rate().max(1e-9),
-                micros(own_time_per_request(&kura, &floor)),
-            );
+        Some(own) => {
+            println!("{}", own.describe());
             let (floor, after_work) = (figures.commit_floor_1, figures.commit_floor_after_work_1);
             println!(
                 "what this disk makes of that time: the commit floor doing {:.1} µs of work before each commit \
@@ -446,14 +436,61 @@ async fn measure_log_cost(with: &str, without: &str, duration: Duration) -> anyh
     Ok(out)
 }
 
+/// kura's one-client INSERT beside the commit floor's with both on tmpfs, where a commit
+/// flushes nothing: what is left of the difference is kura's own time per request.
+struct OwnTime {
+    kura: Rate,
+    floor: Rate,
+    /// The difference per request in each one-second round of turns.
+    rounds: Vec<Duration>,
+}
+
+/// Requests over wall time, summed over rounds.
+#[derive(Default)]
+struct Rate {
+    units: u64,
+    elapsed: Duration,
+}
+
+impl Rate {
+    fn add(&mut self, stats: &Stats) {
+        self.units += stats.units;
+        self.elapsed += stats.elapsed;
+    }
+
+    fn per_second(&self) -> f64 {
+        self.units as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+impl OwnTime {
+    /// The median round's difference: a second in which the machine's neighbours took a core
+    /// from one of the two moves the sum far more than the median.
+    fn median(&self) -> Duration {
+        let mut rounds = self.rounds.clone();
+        rounds.sort_unstable();
+        rounds.get(rounds.len() / 2).copied().unwrap_or_default()
+    }
+
+    fn describe(&self) -> String {
+        let rounds: Vec<String> = self.rounds.iter().map(|d| format!("{:.1}", micros(*d))).collect();
+        format!(
+            "kura's own time, apart from the disk (both on tmpfs, where a commit flushes nothing, in turns): \
+             kura's one-client INSERT {:.0}/s against the commit floor's {:.0}/s ({:.2}×); per request, \
+             {:.1} µs more in the median one-second round (rounds: {} µs)",
+            self.kura.per_second(),
+            self.floor.per_second(),
+            self.kura.per_second() / self.floor.per_second().max(1e-9),
+            micros(self.median()),
+            rounds.join(", "),
+        )
+    }
+}
+
 /// The one-client INSERT in turns with the commit floor as `measure_kura` takes it, both
-/// servers on tmpfs (`/dev/shm`), where a commit flushes nothing: what is left of the difference
-/// is kura's own time per request, which on a disk whose flush slows after a pause decides how
-/// much the disk adds (`None` without `/dev/shm`).
-fn measure_in_memory(
-    client_runtime: &tokio::runtime::Runtime,
-    duration: Duration,
-) -> anyhow::Result<Option<(Stats, Stats)>> {
+/// servers on tmpfs (`/dev/shm`): kura's own time per request, which on a disk whose flush
+/// slows after a pause decides how much the disk adds (`None` without `/dev/shm`).
+fn measure_in_memory(client_runtime: &tokio::runtime::Runtime, duration: Duration) -> anyhow::Result<Option<OwnTime>> {
     let Ok(memory) = tempfile::tempdir_in("/dev/shm") else { return Ok(None) };
     eprintln!("measuring the one-client INSERT with the commit floor on tmpfs, in turns…");
     let kura = Kura::start(&memory.path().join("kura"), true).context("starting kura on tmpfs")?;
@@ -463,8 +500,22 @@ fn measure_in_memory(
         let client = prepare(&kura.base).await?;
         let next_id = Arc::new(AtomicI64::new(1_000_000));
         let floor = client.elsewhere(&format!("{}/commit", floor_server.base));
-        let [kura, floor] = one_client_inserts_in_turns([&client, &floor], &next_id, duration).await;
-        anyhow::Ok((kura, floor))
+        let mut own = OwnTime { kura: Rate::default(), floor: Rate::default(), rounds: Vec::new() };
+        for round in 0..duration.as_secs().max(1) {
+            // Each goes first in every other round, as in longer turns.
+            let second = Duration::from_secs(1);
+            let [kura, floor] = match round % 2 {
+                0 => one_client_inserts_in_turns([&client, &floor], &next_id, second).await,
+                _ => {
+                    let [floor, kura] = one_client_inserts_in_turns([&floor, &client], &next_id, second).await;
+                    [kura, floor]
+                }
+            };
+            own.kura.add(&kura);
+            own.floor.add(&floor);
+            own.rounds.push(own_time_per_request(&kura, &floor));
+        }
+        anyhow::Ok(own)
     })?;
     drop(floor_server);
     kura.shutdown();
