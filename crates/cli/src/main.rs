@@ -32,7 +32,7 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// How logs are written to stderr: `text` for people, `json` (one object per line, with
-    /// the request's span — its id, surface, method and path) for log collectors.
+    /// the request's span — its id and surface) for log collectors.
     #[arg(long, global = true, env = "KURA_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
 }

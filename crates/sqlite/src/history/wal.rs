@@ -71,9 +71,10 @@ fn frame_offset(header: &WalHeader, frame: u32) -> u64 {
 pub(crate) struct Frames {
     header: WalHeader,
     first: u32,
-    /// Frames `first..` as they are in the file, when the range was small enough to buffer (at
-    /// its start: the buffer may be longer, from an earlier read).
+    /// Frames `first..` as they are in the file, when the range was small enough to buffer:
+    /// its first `buffered` bytes (the rest is left from an earlier read).
     buffer: Option<Vec<u8>>,
+    buffered: usize,
     transactions: Vec<WalTransaction>,
 }
 
@@ -96,6 +97,7 @@ impl Frames {
         let buffer = if bytes <= BUFFERED_BYTES {
             let mut buf = READ_BUFFER.take();
             if buf.len() < bytes as usize {
+                buf.reserve_exact(bytes as usize - buf.len());
                 buf.resize(bytes as usize, 0);
             }
             let read = file.read_exact_at(&mut buf[..bytes as usize], frame_offset(header, after + 1));
@@ -107,14 +109,15 @@ impl Frames {
         } else {
             None
         };
-        let mut frames = Frames { header: *header, first: after + 1, buffer, transactions: Vec::new() };
+        let buffered = if buffer.is_some() { bytes as usize } else { 0 };
+        let mut frames = Frames { header: *header, first: after + 1, buffer, buffered, transactions: Vec::new() };
         let mut pending: HashMap<u32, u32> = HashMap::new();
         let mut head = [0u8; FRAME_HEADER_LEN as usize];
         for frame in after + 1..=upto {
             let head = match &frames.buffer {
                 Some(buf) => {
                     let at = ((frame - frames.first) as u64 * stride) as usize;
-                    &buf[at..at + FRAME_HEADER_LEN as usize]
+                    &buf[..frames.buffered][at..at + FRAME_HEADER_LEN as usize]
                 }
                 None => {
                     file.read_exact_at(&mut head, frame_offset(header, frame))?;
@@ -151,7 +154,7 @@ impl Frames {
             Some(buf) => {
                 let stride = FRAME_HEADER_LEN as usize + page_size;
                 let at = (frame - self.first) as usize * stride + FRAME_HEADER_LEN as usize;
-                Ok(&buf[at..at + page_size])
+                Ok(&buf[..self.buffered][at..at + page_size])
             }
             None => {
                 scratch.resize(page_size, 0);
