@@ -921,10 +921,12 @@ impl History {
         self.writing(|h| h.open.sync().map_err(io_error("syncing the log")))
     }
 
-    /// Every entry, oldest first (sealed segments' headers are read from disk).
-    fn entries(&self) -> Result<Vec<(PathBuf, Entry)>> {
+    /// Every entry after position `after` up to `upto` and perhaps a few either side, oldest
+    /// first: the sealed segments' headers are read from disk, only those of segments that hold
+    /// a position in that range.
+    fn entries_between(&self, after: u64, upto: u64) -> Result<Vec<(PathBuf, Entry)>> {
         let mut all = Vec::new();
-        for s in &self.sealed {
+        for s in self.sealed.iter().filter(|s| s.last_seq > after && s.first_seq <= upto) {
             let entries = s.entries().map_err(|e| read_error(e, &format!("reading {}", s.path.display())))?;
             all.extend(entries.into_iter().map(|e| (s.path.clone(), e)));
         }
@@ -1042,9 +1044,12 @@ impl History {
         Ok(())
     }
 
-    /// The snapshot and records that rebuild the state at `target`.
+    /// The snapshot and records that rebuild the state at `target`. Segments wholly before the
+    /// snapshot or after the target are not read: a long history's restore reads only what it
+    /// applies, and damage in a segment it does not pass through does not stop it.
     fn plan(&self, target: u64) -> Result<RestorePlan> {
-        plan(&self.dir, &self.snapshots, self.entries()?, target)
+        let base = base_snapshot(&self.snapshots, target)?;
+        plan(&self.dir, &self.snapshots, self.entries_between(base, target)?, target)
     }
 
     /// Restores the state at `target`: rebuilds it, records it in history as a new entry, and
@@ -1121,12 +1126,7 @@ impl History {
 /// The snapshot and records that rebuild the state at `target`, from the snapshots and the
 /// entries (in order) of a log in `dir`.
 fn plan(dir: &Path, snapshots: &[u64], entries: Vec<(PathBuf, Entry)>, target: u64) -> Result<RestorePlan> {
-    let base = snapshots
-        .iter()
-        .rev()
-        .find(|&&s| s <= target)
-        .copied()
-        .ok_or_else(|| damaged(format!("no snapshot at or before position {target}")))?;
+    let base = base_snapshot(snapshots, target)?;
     let mut records = Vec::new();
     let mut expected = base + 1;
     for (path, e) in entries {
@@ -1147,6 +1147,16 @@ fn plan(dir: &Path, snapshots: &[u64], entries: Vec<(PathBuf, Entry)>, target: u
         return Err(damaged(format!("the log is missing positions {expected} to {target}")));
     }
     Ok(RestorePlan { snapshot: snapshot::path_for(dir, base), records })
+}
+
+/// The snapshot a restore to `target` starts from: the last at or before it.
+fn base_snapshot(snapshots: &[u64], target: u64) -> Result<u64> {
+    snapshots
+        .iter()
+        .rev()
+        .find(|&&s| s <= target)
+        .copied()
+        .ok_or_else(|| damaged(format!("no snapshot at or before position {target}")))
 }
 
 /// Rebuilds the state a plan names into `out`, checking every byte read; returns its size in
@@ -1199,19 +1209,22 @@ pub fn materialize(db_path: &Path) -> Result<Option<u64>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_error("reading the log directory")(e)),
     };
+    let mut sealed = Vec::new();
     for entry in listing {
         let path = entry.map_err(io_error("reading the log directory"))?.path();
-        if let Some(sealed) = Sealed::from_path(&path) {
-            segments.push((sealed.first_seq, path));
+        if let Some(s) = Sealed::from_path(&path) {
+            sealed.push(s);
         } else if let Some(seq) = snapshot::seq_of(&path) {
             snapshots.push(seq);
         }
     }
+    snapshots.sort_unstable();
+    let Some(&newest_snapshot) = snapshots.last() else { return Ok(None) };
+    // As a restore does (`History::plan`): segments wholly before the snapshot are not read.
+    segments.extend(sealed.into_iter().filter(|s| s.last_seq > newest_snapshot).map(|s| (s.first_seq, s.path)));
     segments
         .extend(open_segments(&dir).map_err(io_error("reading the log directory"))?.into_iter().map(|(p, f)| (f, p)));
     segments.sort();
-    snapshots.sort_unstable();
-    let Some(&newest_snapshot) = snapshots.last() else { return Ok(None) };
     let mut entries = Vec::new();
     for (_, path) in &segments {
         let found = segment::entries_of(path).map_err(|e| read_error(e, &format!("reading {}", path.display())))?;

@@ -244,6 +244,52 @@ async fn damage_is_reported_and_never_applied() {
     cx.ok("INSERT INTO t VALUES (1000, 'still writable')").await;
 }
 
+/// A restore reads only the segments between its snapshot and its target: a header damaged in
+/// an older segment stops the restores that need it, and only those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_in_a_segment_a_restore_does_not_need_does_not_stop_it() {
+    let cx = Context::with_history(small());
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
+    let mut marks = Vec::new();
+    for i in 0..60 {
+        cx.ok(&format!("INSERT INTO t VALUES ({i}, hex(randomblob(450)))")).await;
+        marks.push((bookmark(&cx).await, i as usize + 1));
+    }
+    let sealed = log_files(&cx, ".seg");
+    let snapshots = log_files(&cx, ".snap");
+    assert!(sealed.len() >= 2 && snapshots.len() >= 2, "segments were sealed and snapshots taken");
+    let oldest = &sealed[0];
+    let oldest_last = u64::from_str_radix(&oldest.file_name().unwrap().to_string_lossy()[17..33], 16).unwrap();
+    let mut bytes = std::fs::read(oldest).unwrap();
+    bytes[16 + 8] = 0x7f; // the first record's kind: no kind at all
+    std::fs::write(oldest, bytes).unwrap();
+
+    let before = rows(&cx).await;
+    let (early, _) = marks[0];
+    let e = restore(&cx, early).await.unwrap_err();
+    assert!(matches!(e, Error::HistoryDamaged { .. }), "a restore through the damage is refused: {e}");
+    assert_eq!(rows(&cx).await, before, "a failed restore changes nothing");
+    let (late, n) = *marks.last().unwrap();
+    assert!(late.seq > oldest_last, "the last bookmark lies past the damaged segment");
+    let (middle, m) = marks[40];
+    restore(&cx, middle).await.unwrap();
+    assert_eq!(rows(&cx).await.len(), m);
+    restore(&cx, late).await.unwrap();
+    assert_eq!(rows(&cx).await.len(), n);
+
+    // Another node building the file from the log alone starts at its newest snapshot too.
+    cx.registry.close("db").await;
+    let other = Context::with_history(small());
+    let log = other.dir.path().join("db/log");
+    std::fs::create_dir_all(&log).unwrap();
+    for entry in std::fs::read_dir(cx.dir.path().join("db/log")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, log.join(path.file_name().unwrap())).unwrap();
+    }
+    assert!(kura_sqlite::materialize(&other.dir.path().join("db/db.sqlite")).unwrap().is_some());
+    assert_eq!(rows(&other).await.len(), n);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_interrupted_before_its_entry_is_forgotten() {
     let cx = Context::with_history(small());
