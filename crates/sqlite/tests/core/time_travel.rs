@@ -139,8 +139,9 @@ async fn bad_bookmarks_and_timestamps_are_refused() {
     assert_eq!(ids(&rows(&cx).await), [1], "refused restores change nothing");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn history_survives_reopening_and_segments_roll() {
+/// A database with small segments and snapshots after 60 commits of a row each, with each
+/// commit's bookmark and the rows it leaves.
+async fn sixty_commits_over_segments() -> (Context, Vec<(Bookmark, usize)>) {
     let cx = Context::with_history(small());
     cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
     let mut marks = Vec::new();
@@ -149,6 +150,22 @@ async fn history_survives_reopening_and_segments_roll() {
         cx.ok(&format!("INSERT INTO t VALUES ({i}, hex(randomblob(450)))")).await;
         marks.push((bookmark(&cx).await, i + 1));
     }
+    (cx, marks)
+}
+
+/// Copies `from`'s history log to `to`, as another node fetches it from shared storage.
+fn copy_log(from: &Context, to: &Context) {
+    let log = to.dir.path().join("db/log");
+    std::fs::create_dir_all(&log).unwrap();
+    for entry in std::fs::read_dir(from.dir.path().join("db/log")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, log.join(path.file_name().unwrap())).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_survives_reopening_and_segments_roll() {
+    let (cx, marks) = sixty_commits_over_segments().await;
     assert!(log_files(&cx, ".seg").len() >= 2, "small segments were sealed");
     assert!(log_files(&cx, ".snap").len() >= 2, "snapshots were taken");
     cx.registry.close("db").await;
@@ -167,7 +184,7 @@ async fn history_survives_reopening_and_segments_roll() {
     assert_eq!(log_files(&cx, ".open").len(), 1);
     for (b, n) in marks.iter().rev().step_by(7) {
         restore(&cx, *b).await.unwrap();
-        assert_eq!(rows(&cx).await.len(), *n as usize, "bookmark {b}");
+        assert_eq!(rows(&cx).await.len(), *n, "bookmark {b}");
     }
 }
 
@@ -248,13 +265,7 @@ async fn damage_is_reported_and_never_applied() {
 /// an older segment stops the restores that need it, and only those.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damage_in_a_segment_a_restore_does_not_need_does_not_stop_it() {
-    let cx = Context::with_history(small());
-    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
-    let mut marks = Vec::new();
-    for i in 0..60 {
-        cx.ok(&format!("INSERT INTO t VALUES ({i}, hex(randomblob(450)))")).await;
-        marks.push((bookmark(&cx).await, i as usize + 1));
-    }
+    let (cx, marks) = sixty_commits_over_segments().await;
     let sealed = log_files(&cx, ".seg");
     let snapshots = log_files(&cx, ".snap");
     assert!(sealed.len() >= 2 && snapshots.len() >= 2, "segments were sealed and snapshots taken");
@@ -280,12 +291,7 @@ async fn damage_in_a_segment_a_restore_does_not_need_does_not_stop_it() {
     // Another node building the file from the log alone starts at its newest snapshot too.
     cx.registry.close("db").await;
     let other = Context::with_history(small());
-    let log = other.dir.path().join("db/log");
-    std::fs::create_dir_all(&log).unwrap();
-    for entry in std::fs::read_dir(cx.dir.path().join("db/log")).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, log.join(path.file_name().unwrap())).unwrap();
-    }
+    copy_log(&cx, &other);
     assert!(kura_sqlite::materialize(&other.dir.path().join("db/db.sqlite")).unwrap().is_some());
     assert_eq!(rows(&other).await.len(), n);
 }
@@ -537,12 +543,7 @@ async fn a_database_is_materialized_from_its_log_alone() {
     assert!(log_files(&first, ".seg").len() > 1, "the history spans several segments");
 
     let second = Context::with_history(small());
-    let log = second.dir.path().join("db/log");
-    std::fs::create_dir_all(&log).unwrap();
-    for entry in std::fs::read_dir(first.dir.path().join("db/log")).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, log.join(path.file_name().unwrap())).unwrap();
-    }
+    copy_log(&first, &second);
     let db = second.dir.path().join("db/db.sqlite");
     assert_eq!(kura_sqlite::materialize(&db).unwrap(), Some(last.seq));
     assert!(kura_sqlite::materialize(&db).is_err(), "an existing file is never replaced");
