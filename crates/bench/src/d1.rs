@@ -90,8 +90,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         true => measure_in_memory(&client_runtime, duration)?,
         false => None,
     };
-    // In whole microseconds, as the floor's `/commit/{µs}` takes it.
-    let own_time = in_memory.as_ref().map(|own| Duration::from_micros(micros(own.median()).round() as u64));
+    let own_time = in_memory.as_ref().map(OwnTime::work);
     let figures =
         client_runtime.block_on(measure_kura(&kura.base, &commit_floor.base, own_time, duration, &settings.only))?;
     drop(commit_floor);
@@ -309,8 +308,9 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         commits.join(", "),
         micros(figures.insert_1.p50) - micros(figures.commit_floor_1.p50),
     );
-    match (in_memory, own_time) {
-        (Some(own), Some(work)) => {
+    match in_memory {
+        Some(own) => {
+            let work = own.work();
             println!("{}", own.describe());
             let (floor, after_work) = (figures.commit_floor_1, figures.commit_floor_after_work_1);
             println!(
@@ -323,7 +323,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
                 figures.insert_1.rate() / after_work.rate().max(1e-9),
             );
         }
-        _ => println!("kura's own time, apart from the disk: not measured (no /dev/shm)"),
+        None => println!("kura's own time, apart from the disk: not measured (no /dev/shm)"),
     }
     if !peer_figures.is_empty() {
         match worker::workerd() {
@@ -469,6 +469,12 @@ impl OwnTime {
         let mut rounds = self.rounds.clone();
         rounds.sort_unstable();
         rounds.get(rounds.len() / 2).copied().unwrap_or_default()
+    }
+
+    /// The work the commit floor does per request to stand for kura's own time: the median,
+    /// in whole microseconds, as its `/commit/{µs}` takes it.
+    fn work(&self) -> Duration {
+        Duration::from_micros(micros(self.median()).round() as u64)
     }
 
     fn describe(&self) -> String {

@@ -148,9 +148,10 @@ pub struct Settings {
     /// Run only these kura workloads (comma-separated; d1: floor1, floor16, select16, select1,
     /// insert1 (in turns with a server that only commits, as is and after kura's own time of
     /// work, which insert1mem measures first), insert1mem (the same on tmpfs), insert16,
-    /// batch1, batch4; do: sdk16, sdk1 and cold (each in turns with the limit), http16 and http1 (in turns with a server
-    /// doing only the limit's work and with the limit), memory; cluster: engine, takeover, d1, r2), skipping the
-    /// peer (and, but for do's, the limit); for profiling.
+    /// batch1, batch4; do: sdk16, sdk1 and cold (each in turns with the limit), http16 and
+    /// http1 (in turns with a server doing only the limit's work and with the limit), memory;
+    /// cluster: engine, takeover, d1, r2), skipping the peer (and, but for do's, the limit);
+    /// for profiling.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Where to keep data files (default: the system's temporary directory).
