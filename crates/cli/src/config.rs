@@ -312,7 +312,7 @@ mod tests {
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(
-            std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(1_000)
+            kura_testkit::count("KURA_FUZZ_CASES", 1_000)
         ))]
 
         /// Any JSON, its strings holding `//`, `/*` and commas, with comments and trailing commas

@@ -188,7 +188,7 @@ mod tests {
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(
-            std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(2_000)
+            kura_testkit::count("KURA_FUZZ_CASES", 2_000)
         ))]
 
         /// A continuation token from outside decodes to a bound or is refused with S3's

@@ -53,7 +53,7 @@ pub use node::{Bootstrap, CredentialsConfig, Node, NodeError, NodeSettings, boot
 /// with `KURA_FUZZ_CASES` (the long mode).
 #[cfg(test)]
 pub(crate) fn fuzz_cases() -> u32 {
-    std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(2_000)
+    kura_testkit::count("KURA_FUZZ_CASES", 2_000)
 }
 
 /// Largest request body accepted, in bytes: room for a batch of statements with 2 MB values.

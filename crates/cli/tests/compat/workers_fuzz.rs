@@ -267,7 +267,8 @@ fn fuzz_uploads() {
         let request = client.request(method, v4(&path)).bearer_auth(TOKEN).header("content-type", content_type);
         let answer = request.body(body).send().await.map_err(|e| format!("no answer: {e}"))?;
         let status = answer.status().as_u16();
-        Ok((status, answer.text().await.unwrap_or_default()))
+        let text = answer.text().await.map_err(|e| format!("answered {status}, then broke off: {e}"))?;
+        Ok((status, text))
     };
     let serves = async |script: &str, expected: &str| {
         let url = server.workers.clone();
@@ -306,7 +307,7 @@ fn fuzz_uploads() {
         made["result"]["uuid"].as_str().expect("the fixture database's uuid").to_owned()
     });
 
-    let cases = std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(200);
+    let cases = kura_testkit::count("KURA_FUZZ_CASES", 200);
     let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
     let statuses = std::cell::RefCell::new(std::collections::BTreeMap::<u16, u32>::new());
     runner

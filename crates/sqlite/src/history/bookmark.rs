@@ -130,7 +130,7 @@ mod tests {
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(
-            std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(2_000)
+            kura_testkit::count("KURA_FUZZ_CASES", 2_000)
         ))]
 
         /// Any text parses to a bookmark or an error, never a panic; what parses prints back

@@ -777,7 +777,7 @@ mod tests {
     #[test]
     fn any_run_of_commits_reads_back_exactly() {
         use proptest::prelude::*;
-        let cases = std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(300);
+        let cases = kura_testkit::count("KURA_FUZZ_CASES", 300);
         let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config::with_cases(cases));
         let commits =
             proptest::collection::vec(proptest::collection::vec((1u32..=8, 0u8..4, any::<bool>()), 0..4), 1..12);
