@@ -68,6 +68,30 @@ fn request() -> impl Strategy<Value = String> {
     .prop_map(|parts| parts.into_iter().map(|(statement, join)| format!("{statement}{join}")).collect())
 }
 
+/// What a request could change, as compared: the whole schema (every `sqlite_master` row) and
+/// each table's row count, with the canary's sum (its `UPDATE` changes no count). Reading it
+/// needs nothing the fuzzed requests may drop, so it reads after any request that left the
+/// engine usable.
+async fn state(cx: &Context) -> Result<Vec<Vec<Value>>, Error> {
+    let schema = cx.run("SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY type, name").await?;
+    let mut state = schema[0].rows.clone();
+    let tables: Vec<String> = schema[0]
+        .rows
+        .iter()
+        .filter(|row| row[0] == Value::Text("table".into()))
+        .filter_map(|row| match &row[1] {
+            Value::Text(name) if !name.starts_with("_cf_") => Some(name.clone()),
+            _ => None,
+        })
+        .collect();
+    for table in tables {
+        let sum = if table == "canary" { "coalesce(sum(x), 0)" } else { "NULL" };
+        let counted = cx.run(&format!("SELECT '{table}', count(*), {sum} FROM \"{table}\"")).await?;
+        state.extend(counted[0].rows.iter().cloned());
+    }
+    Ok(state)
+}
+
 #[test]
 fn any_sql_text_runs_or_fails_whole() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -75,40 +99,38 @@ fn any_sql_text_runs_or_fails_whole() {
     runtime.block_on(async {
         cx.ok("CREATE TABLE canary (x INTEGER); CREATE TABLE t (a, b, c); INSERT INTO canary VALUES (0)").await;
     });
-    let cases = std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(1_500);
+    let cases = kura_testkit::count("KURA_FUZZ_CASES", 1_500);
     let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
     let (succeeded, failed) = (std::cell::Cell::new(0u32), std::cell::Cell::new(0u32));
     runner
         .run(&request(), |sql| {
             runtime.block_on(async {
-                let before = cx.run("SELECT count(*), coalesce(sum(x), 0) FROM canary").await;
+                let before = state(&cx).await;
+                prop_assert!(before.is_ok(), "the state before {sql:?} does not read: {before:?}");
                 let outcome = cx.run(&sql).await;
-                let after = cx.run("SELECT count(*), coalesce(sum(x), 0) FROM canary").await;
-                // The engine answers after any request: the canary table (or its absence) reads.
-                prop_assert!(
-                    after.is_ok() || before.is_err() || sql.contains("canary"),
-                    "{sql:?} left the engine unusable: {after:?}"
-                );
+                // The engine answers after any request: the schema and every table read …
+                let after = state(&cx).await;
+                prop_assert!(after.is_ok(), "{sql:?} left the engine unusable: {after:?}");
                 match outcome {
                     Ok(_) => succeeded.set(succeeded.get() + 1),
                     Err(e) => {
                         failed.set(failed.get() + 1);
                         prop_assert!(!e.to_string().is_empty());
-                        if let (Ok(b), Ok(a)) = (&before, &after) {
-                            prop_assert_eq!(
-                                &b[0].rows,
-                                &a[0].rows,
-                                "a failed request changed the canary: {:?} ({})",
-                                sql,
-                                e
-                            );
-                        }
+                        prop_assert_eq!(
+                            before.unwrap(),
+                            after.unwrap(),
+                            "a failed request changed the schema or a table: {:?} ({})",
+                            sql,
+                            e
+                        );
                     }
                 }
-                // Put the fixtures back if a request dropped them (DROP TABLE is allowed).
-                let _ = cx
+                // … and takes writes: the fixtures put back if a request dropped them (DROP
+                // TABLE is allowed).
+                let restored = cx
                     .run("CREATE TABLE IF NOT EXISTS canary (x INTEGER); CREATE TABLE IF NOT EXISTS t (a, b, c)")
                     .await;
+                prop_assert!(restored.is_ok(), "after {sql:?} the engine takes no write: {restored:?}");
                 Ok(())
             })
         })
