@@ -293,7 +293,7 @@ fn hostile_json_and_frames_get_answers_in_shape_and_the_server_keeps_serving() {
         canaries().await
     });
 
-    let cases = std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(600);
+    let cases = kura_testkit::count("KURA_FUZZ_CASES", 600);
     let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
     let statuses = std::cell::RefCell::new(std::collections::BTreeMap::<u16, u32>::new());
     runner
@@ -313,7 +313,14 @@ fn hostile_json_and_frames_get_answers_in_shape_and_the_server_keeps_serving() {
                 let status = answer.status().as_u16();
                 let r2_error = answer.headers().get("cf-r2-error").is_some();
                 *statuses.borrow_mut().entry(status).or_default() += 1;
-                let text = answer.text().await.unwrap_or_default();
+                let text = match answer.text().await {
+                    Ok(text) => text,
+                    Err(e) => {
+                        return Err(proptest::test_runner::TestCaseError::fail(format!(
+                            "{h:?}: answered {status}, then broke off: {e}"
+                        )));
+                    }
+                };
                 prop_assert!(status < 500, "{h:?} answered {status}: {text}");
                 if status >= 400 {
                     let shaped = if h.path.starts_with("/client/v4/") {

@@ -11,7 +11,7 @@
 //! number.
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use crate::common::{KuraProcess, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY};
 
@@ -216,20 +216,32 @@ fn hostile_s3_requests_get_s3_answers_and_change_nothing() {
         (etag, id)
     });
 
-    let cases = std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(400);
+    let cases = kura_testkit::count("KURA_FUZZ_CASES", 400);
     let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
     let statuses = std::cell::RefCell::new(std::collections::BTreeMap::<u16, u32>::new());
     runner
         .run(&hostile(upload_id), |h| {
             runtime.block_on(async {
                 let url = format!("{}{}{}{}", server.s3, h.path, if h.query.is_empty() { "" } else { "?" }, h.query);
-                let Ok(answer) = send(h.method, &url, &h.headers, h.body.clone(), h.signing).await else {
-                    // reqwest refused to send it (an invalid URL): nothing reached the server.
-                    return Ok(());
+                let answer = match send(h.method, &url, &h.headers, h.body.clone(), h.signing).await {
+                    Ok(answer) => answer,
+                    // reqwest would not build it (an invalid URL): nothing reached the server.
+                    Err(e) if e.is_builder() => {
+                        *statuses.borrow_mut().entry(0).or_default() += 1;
+                        return Ok(());
+                    }
+                    // A reset or a closed connection: the request's task died (a panic) or the
+                    // server did.
+                    Err(e) => return Err(TestCaseError::fail(format!("{h:?}: no answer: {e}"))),
                 };
                 let status = answer.status().as_u16();
                 *statuses.borrow_mut().entry(status).or_default() += 1;
-                let text = answer.text().await.unwrap_or_default();
+                let text = match answer.text().await {
+                    Ok(text) => text,
+                    Err(e) => {
+                        return Err(TestCaseError::fail(format!("{h:?}: answered {status}, then broke off: {e}")));
+                    }
+                };
                 prop_assert!(status < 500 || status == 501, "{h:?} answered {status}: {text}");
                 if status >= 400 && h.method != "HEAD" && !text.is_empty() {
                     prop_assert!(text.contains("<Error>") && text.contains("<Code>"), "{h:?}: not an S3 error: {text}");
@@ -245,7 +257,10 @@ fn hostile_s3_requests_get_s3_answers_and_change_nothing() {
         let head = send("HEAD", &format!("{}/{BUCKET}/fixture", server.s3), &[], vec![], Signing::Plain).await.unwrap();
         assert_eq!(head.headers()["etag"].to_str().unwrap(), fixture_etag, "the fixture changed");
     });
-    eprintln!("S3 fuzz: {cases} hostile requests, answers by status: {:?}", statuses.borrow());
+    eprintln!(
+        "S3 fuzz: {cases} hostile requests, answers by status (0: the client would not build it): {:?}",
+        statuses.borrow()
+    );
 }
 
 /// Sends a request, signed with the real key as `signing` says (a header value the signer
@@ -365,7 +380,7 @@ fn aws_chunked_uploads_store_exactly_what_they_frame() {
         let made = send_signed(&client, "PUT", &format!("{base}/{BUCKET}"), &[], vec![], Signing::Plain).await;
         assert!(made.unwrap().status().is_success());
     });
-    let cases = std::env::var("KURA_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(200);
+    let cases = kura_testkit::count("KURA_FUZZ_CASES", 200);
     let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
     runner
         .run(&framed(), |f| {
