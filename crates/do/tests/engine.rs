@@ -283,25 +283,31 @@ async fn alarms_fire_once_and_retry_with_backoff() {
     ));
     let at = now_ms() + 300;
     e.run(&ns, &once, move |s| s.set_alarm(at)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Delivered, then cleared: after that no second delivery can come.
+    let delivered = |id, n: usize| {
+        let (e, ns, recorder) = (&e, &ns, &recorder);
+        move || async move {
+            let cleared = e.run(ns, id, |s| s.get_alarm()).await.unwrap().is_none();
+            (recorder.calls.lock().unwrap().len() >= n && cleared).then_some(())
+        }
+    };
+    kura_testkit::poll("the alarm delivered and cleared", Duration::from_secs(10), delivered(&once, 1)).await;
     {
         let calls = recorder.calls.lock().unwrap();
         assert_eq!(calls.len(), 1, "{calls:?}");
         assert_eq!(calls[0].scheduled_ms, at);
         assert!(!calls[0].is_retry());
     }
-    assert_eq!(e.run(&ns, &once, |s| s.get_alarm()).await.unwrap(), None);
     // One failure, then success: a retry about 2 s later that says so.
     *recorder.failures_left.lock().unwrap() = 1;
     recorder.calls.lock().unwrap().clear();
     e.run(&ns, &flaky, |s| s.set_alarm(1)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(3500)).await;
+    kura_testkit::poll("the retried alarm delivered and cleared", Duration::from_secs(15), delivered(&flaky, 2)).await;
     {
         let calls = recorder.calls.lock().unwrap();
         assert_eq!(calls.len(), 2, "{calls:?}");
         assert_eq!((calls[0].retry_count, calls[1].retry_count), (0, 1));
     }
-    assert_eq!(e.run(&ns, &flaky, |s| s.get_alarm()).await.unwrap(), None);
     let _ = stop_tx.send(());
     task.await.unwrap();
     let bad = e.run(&ns, &once, |s| s.set_alarm(0)).await.unwrap_err();

@@ -189,7 +189,23 @@ async fn alarms_reach_alarm_and_retry() {
             .await
             .unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(4000)).await;
+    // Both delivered (the flaky one retried), then cleared: after that no more can come.
+    kura_testkit::poll("both alarms delivered and cleared", Duration::from_secs(15), || async {
+        for name in ["steady", "flaky"] {
+            let pending = ns
+                .get_by_name(name)
+                .call(|c: &mut Counter| -> BoxFuture<'_, Result<Option<i64>>> {
+                    Box::pin(c.state.storage().get_alarm())
+                })
+                .await
+                .unwrap();
+            if pending.is_some() {
+                return None;
+            }
+        }
+        (alarms.load(Ordering::SeqCst) >= 3).then_some(())
+    })
+    .await;
     assert_eq!(alarms.load(Ordering::SeqCst), 3, "steady once, flaky twice");
     let retry: Option<u32> = ns
         .get_by_name("flaky")

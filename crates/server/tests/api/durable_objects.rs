@@ -260,7 +260,17 @@ async fn alarms_are_posted_to_the_namespace_url_and_retried() {
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["result"]["results"][1], json!(soon));
     }
-    tokio::time::sleep(Duration::from_millis(4500)).await;
+    // Both delivered (the flaky one retried), then cleared: after that no more can come.
+    kura_testkit::poll("both alarms delivered and cleared", Duration::from_secs(15), || async {
+        for room in ["room:once", "room:flaky"] {
+            let (_, body) = batch(&server, room, json!([{ "op": "get_alarm" }])).await;
+            if !body["result"]["results"][0].is_null() {
+                return None;
+            }
+        }
+        (received.lock().unwrap().len() >= 3).then_some(())
+    })
+    .await;
     let calls = received.lock().unwrap().clone();
     let once: Vec<&Json> = calls.iter().filter(|c| c["name"] == "room:once").collect();
     let flaky: Vec<&Json> = calls.iter().filter(|c| c["name"] == "room:flaky").collect();
