@@ -12,24 +12,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::cluster::{Cluster, TTL_SECONDS, Write, assert_consistent, run_writers_for};
+use crate::cluster::{Cluster, Outcome, TTL_SECONDS, Write, assert_consistent, kill_mid_write};
 use crate::common::{ACCOUNT, TOKEN};
 
 const OBJECTS: u64 = 4;
 
 fn namespaces(api: &str) -> String {
     format!("{api}/accounts/{ACCOUNT}/workers/durable_objects/namespaces")
-}
-
-/// A batch on an object of the `rooms` namespace through `api`: the result's rows, and the
-/// node that served it.
-async fn batch(
-    client: &reqwest::Client,
-    api: &str,
-    object: &str,
-    operations: Value,
-) -> Result<(Value, String), String> {
-    batch_in(client, api, "rooms", object, operations).await
 }
 
 /// A batch outside the crash: a 503 (the v4 API's "retry", as when a lease renewal came late
@@ -67,7 +56,7 @@ async fn batch_in(
     let url = format!("{}/{namespace}/objects/{object}/batch", namespaces(api));
     let sent = client.post(url).bearer_auth(TOKEN).json(&json!({ "operations": operations })).send().await;
     let answer = sent.map_err(|e| format!("no answer: {e}"))?;
-    let served_by = answer.headers().get("x-kura-node").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let served_by = crate::cluster::served_by(&answer);
     let status = answer.status();
     let body: Value = answer.json().await.map_err(|e| format!("no body: {e}"))?;
     if status.is_success() && body["success"] == true {
@@ -93,7 +82,9 @@ fn events() -> Write {
                 { "op": "sql", "sql": "CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY)" },
                 { "op": "sql", "sql": "INSERT INTO events VALUES (?1)", "params": [id] },
             ]);
-            batch(&client, &api, &object, operations).await.map(drop)
+            let url = format!("{}/rooms/objects/{object}/batch", namespaces(&api));
+            let sent = client.post(url).bearer_auth(TOKEN).json(&json!({ "operations": operations })).send();
+            Outcome::of(sent).await
         })
     })
 }
@@ -262,24 +253,8 @@ fn three_nodes_serve_durable_objects_through_a_kill_with_alarms_adopted() {
     });
 
     // kill -9 of the node serving the namespace during requests through every node.
-    let killed_at = Arc::new(Mutex::new(None));
-    let outcomes = runtime.block_on(run_writers_for(apis.clone(), events(), 1_000, async || {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        cluster.signal(owner, "-KILL");
-        *killed_at.lock().unwrap() = Some(Instant::now());
-        tokio::time::sleep(Duration::from_secs(TTL_SECONDS + 6)).await;
-    }));
+    let (outcomes, _) = runtime.block_on(kill_mid_write(&cluster, owner, apis.clone(), events(), 1_000));
     cluster.nodes[owner] = None;
-    let killed_at = killed_at.lock().unwrap().unwrap();
-    let first_after = outcomes.acked_at.iter().filter(|t| **t > killed_at).min().copied();
-    let takeover = first_after.expect("requests were acknowledged after the node died") - killed_at;
-    eprintln!(
-        "kill -9 of the namespace's node: {} requests acknowledged, {} refused, {} unanswered; first acknowledgement {:.2} s after the kill",
-        outcomes.acknowledged.len(),
-        outcomes.refused.len(),
-        outcomes.ambiguous.len(),
-        takeover.as_secs_f64()
-    );
     for &i in &others {
         let present = runtime.block_on(recorded(&client, &apis[i]));
         let written: BTreeSet<u64> = present.iter().copied().filter(|id| *id >= 1_000).collect();

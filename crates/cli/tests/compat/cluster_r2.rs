@@ -9,11 +9,11 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use md5::Digest;
 
-use crate::cluster::{Cluster, Write, assert_consistent, run_writers_for};
+use crate::cluster::{Cluster, Outcome, Write, assert_consistent, kill_mid_write, pause_owner_until_fenced};
 use crate::common::{KuraProcess, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, Wrangler};
 
 const BUCKET: &str = "uploads";
@@ -49,10 +49,7 @@ fn uploads() -> Write {
         Box::pin(async move {
             let sent =
                 signed(&client, reqwest::Method::PUT, &s3, &format!("/{BUCKET}/{}", key(id))).body(content(id)).send();
-            let answer = sent.await.map_err(|e| format!("no answer: {e}"))?;
-            let status = answer.status();
-            let text = answer.text().await.unwrap_or_default();
-            if status.is_success() { Ok(()) } else { Err(format!("answered {status}: {text}")) }
+            Outcome::of(sent).await
         })
     })
 }
@@ -116,7 +113,7 @@ async fn owner_of(client: &reqwest::Client, s3: &str, bucket: &str) -> usize {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert!(answer.status().is_success(), "listing {bucket}: {}", answer.status());
-    let node = answer.headers().get("x-kura-node").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let node = crate::cluster::served_by(&answer);
     node.strip_prefix("node").and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no serving node: {node:?}"))
 }
 
@@ -206,24 +203,8 @@ fn three_nodes_serve_r2_to_boto3_and_the_aws_cli_through_kill_and_pause() {
     aws(cluster.node(1), &["s3", "mb", &format!("s3://{BUCKET}")]);
     let owner = runtime.block_on(owner_of(&client, &s3s[0], BUCKET));
     assert_eq!(owner, 1);
-    let killed_at = Arc::new(std::sync::Mutex::new(None));
-    let outcomes = runtime.block_on(run_writers_for(s3s.clone(), uploads(), 1_000, async || {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
-        cluster.signal(owner, "-KILL");
-        *killed_at.lock().unwrap() = Some(Instant::now());
-        tokio::time::sleep(Duration::from_secs(crate::cluster::TTL_SECONDS + 6)).await;
-    }));
+    let (outcomes, _) = runtime.block_on(kill_mid_write(&cluster, owner, s3s.clone(), uploads(), 1_000));
     cluster.nodes[owner] = None;
-    let killed_at = killed_at.lock().unwrap().unwrap();
-    let first_after = outcomes.acked_at.iter().filter(|t| **t > killed_at).min().copied();
-    let takeover = first_after.expect("uploads were acknowledged after the owner died") - killed_at;
-    eprintln!(
-        "kill -9 of the bucket's owner: {} uploads acknowledged, {} refused, {} unanswered; first acknowledgement {:.2} s after the kill",
-        outcomes.acknowledged.len(),
-        outcomes.refused.len(),
-        outcomes.ambiguous.len(),
-        takeover.as_secs_f64()
-    );
     let survivors: Vec<usize> = (0..3).filter(|&i| i != owner).collect();
     for &i in &survivors {
         let present = runtime.block_on(listed_and_intact(&client, &s3s[i]));
@@ -234,41 +215,15 @@ fn three_nodes_serve_r2_to_boto3_and_the_aws_cli_through_kill_and_pause() {
     // resumes, are refused as fenced and never appear.
     let zombie = runtime.block_on(owner_of(&client, &s3s[survivors[0]], BUCKET));
     let other = *survivors.iter().find(|&&i| i != zombie).unwrap();
-    let paused = runtime.block_on(run_writers_for(
-        vec![s3s[zombie].clone(), s3s[other].clone()],
-        uploads(),
-        5_000_000,
-        async || {
-            tokio::time::sleep(Duration::from_millis(800)).await;
-            cluster.signal(zombie, "-STOP");
-            tokio::time::sleep(Duration::from_secs(crate::cluster::TTL_SECONDS + 1)).await;
-            let write = uploads();
-            let client = reqwest::Client::new();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while let Err(e) = write(client.clone(), s3s[other].clone(), 20_000_000).await {
-                assert!(Instant::now() < deadline, "no node took the bucket over from the paused owner: {e}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            cluster.signal(zombie, "-CONT");
-            tokio::time::sleep(Duration::from_secs(3)).await;
-        },
-    ));
-    eprintln!(
-        "the paused owner: {} uploads acknowledged, {} refused ({} of them fenced by the coordinator), {} unanswered, {} held across the pause",
-        paused.acknowledged.len(),
-        paused.refused.len(),
-        paused.superseded,
-        paused.ambiguous.len(),
-        paused.held
-    );
-    // Uploads were in flight at the paused node: once it resumed, each was fenced, refused by
-    // its ended lease, or sent on to the new owner — never acknowledged from the old state.
-    assert!(paused.held > 0, "uploads were in flight at the paused owner (else the pause tested nothing)");
+    let paused = runtime.block_on(pause_owner_until_fenced(&cluster, (zombie, other), &s3s, uploads(), 5_000_000));
+    let (zombie, other) = (paused.zombie, paused.other);
     for i in [zombie, other] {
         let present = runtime.block_on(listed_and_intact(&client, &s3s[i]));
         assert!(present.contains(&20_000_000));
         assert_consistent(&outcomes, &present, &format!("node {i} after the pause (first writers)"));
-        assert_consistent(&paused, &present, &format!("node {i} after the pause"));
+        for (round, outcomes) in paused.rounds.iter().enumerate() {
+            assert_consistent(outcomes, &present, &format!("node {i} after pause {round}"));
+        }
     }
     assert_eq!(runtime.block_on(owner_of(&client, &s3s[zombie], BUCKET)), other, "the resumed node forwards");
 }
