@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::cluster::{Cluster, Outcome, TTL_SECONDS, Write, assert_consistent, kill_mid_write};
+use crate::cluster::{Cluster, TTL_SECONDS};
 use crate::common::{ACCOUNT, TOKEN};
+use crate::writers::{Outcome, Write, assert_consistent, kill_mid_write};
 
 const OBJECTS: u64 = 4;
 
@@ -56,7 +57,7 @@ async fn batch_in(
     let url = format!("{}/{namespace}/objects/{object}/batch", namespaces(api));
     let sent = client.post(url).bearer_auth(TOKEN).json(&json!({ "operations": operations })).send().await;
     let answer = sent.map_err(|e| format!("no answer: {e}"))?;
-    let served_by = crate::cluster::served_by(&answer);
+    let served_by = crate::writers::served_by(&answer);
     let status = answer.status();
     let body: Value = answer.json().await.map_err(|e| format!("no body: {e}"))?;
     if status.is_success() && body["success"] == true {

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use md5::Digest;
 
-use crate::cluster::{Cluster, Outcome, Write, assert_consistent, kill_mid_write, pause_owner_until_fenced};
+use crate::cluster::Cluster;
 use crate::common::{KuraProcess, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, Wrangler};
+use crate::writers::{Outcome, Write, assert_consistent, kill_mid_write, pause_owner_until_fenced};
 
 const BUCKET: &str = "uploads";
 
@@ -113,7 +114,7 @@ async fn owner_of(client: &reqwest::Client, s3: &str, bucket: &str) -> usize {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert!(answer.status().is_success(), "listing {bucket}: {}", answer.status());
-    let node = crate::cluster::served_by(&answer);
+    let node = crate::writers::served_by(&answer);
     node.strip_prefix("node").and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no serving node: {node:?}"))
 }
 

@@ -26,3 +26,4 @@ mod workerd;
 mod workers;
 mod workers_fuzz;
 mod wrangler;
+mod writers;
