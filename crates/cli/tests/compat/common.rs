@@ -286,3 +286,47 @@ impl<'a> Wrangler<'a> {
         self.run(cwd, args).expect_ok(&format!("wrangler {}", args.join(" ")))
     }
 }
+
+/// Why a call gave no result: the server refused it (in its own words, or in a reply that is
+/// not one), the request was never sent (no connection could be made), or it went out and no
+/// reply came (the connection failed or broke off).
+#[derive(Debug)]
+pub(crate) enum Failed {
+    Refused(String),
+    NotSent(String),
+    Gone(String),
+}
+
+impl Failed {
+    /// What a client's error means for the request: not sent when the connection could not be
+    /// made, else gone (it may have reached the server).
+    pub fn of(error: reqwest::Error) -> Failed {
+        match error.is_connect() {
+            true => Failed::NotSent(error.to_string()),
+            false => Failed::Gone(error.to_string()),
+        }
+    }
+}
+
+/// A reply that says something went wrong, or makes no sense: a refusal.
+impl From<String> for Failed {
+    fn from(why: String) -> Failed {
+        Failed::Refused(why)
+    }
+}
+
+impl From<&str> for Failed {
+    fn from(why: &str) -> Failed {
+        Failed::Refused(why.to_owned())
+    }
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Refused(why) => write!(f, "refused: {why}"),
+            Failed::NotSent(why) => write!(f, "not sent: {why}"),
+            Failed::Gone(why) => write!(f, "no reply: {why}"),
+        }
+    }
+}

@@ -8,41 +8,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value as Json, json};
 
-use crate::common::{ACCOUNT, KuraProcess, TOKEN, kura, post_json};
+use crate::common::{ACCOUNT, Failed, KuraProcess, TOKEN, kura, post_json};
 
 struct Api {
     http: reqwest::Client,
     base: String,
-}
-
-/// Why a call gave no result: the server refused it (in its own words, or in a reply that is
-/// not one), or no reply came (the connection failed or broke off).
-#[derive(Debug)]
-pub(crate) enum Failed {
-    Refused(String),
-    Gone(String),
-}
-
-/// A reply that says something went wrong, or makes no sense: a refusal.
-impl From<String> for Failed {
-    fn from(why: String) -> Failed {
-        Failed::Refused(why)
-    }
-}
-
-impl From<&str> for Failed {
-    fn from(why: &str) -> Failed {
-        Failed::Refused(why.to_owned())
-    }
-}
-
-impl std::fmt::Display for Failed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failed::Refused(why) => write!(f, "refused: {why}"),
-            Failed::Gone(why) => write!(f, "no reply: {why}"),
-        }
-    }
 }
 
 impl Api {
@@ -55,9 +25,9 @@ impl Api {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let response = request.send().await.map_err(|e| Failed::Gone(e.to_string()))?;
+        let response = request.send().await.map_err(Failed::of)?;
         let status = response.status();
-        let text = response.text().await.map_err(|e| Failed::Gone(e.to_string()))?;
+        let text = response.text().await.map_err(Failed::of)?;
         let json: Json = serde_json::from_str(&text).map_err(|_| Failed::Refused(format!("{status}: {text}")))?;
         if json["success"] != true {
             return Err(Failed::Refused(format!("{status}: {json}")));
@@ -104,7 +74,8 @@ fn kill_9_under_write_load_loses_no_acknowledged_write() {
             let (in_flight, killing) = (in_flight.clone(), killing.clone());
             runtime.spawn(async move {
                 let mut writer = Writer::default();
-                loop {
+                // Once the kill is decided no write begins: each one in flight began before it.
+                while !killing.load(Ordering::SeqCst) {
                     let _writing = gate.read().await;
                     let id = next.fetch_add(1, Ordering::SeqCst);
                     writer.in_flight = Some(id);
@@ -113,6 +84,8 @@ fn kill_9_under_write_load_loses_no_acknowledged_write() {
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                     match written {
                         Ok(_) => writer.acked.push(id),
+                        // Never sent: the server was already gone.
+                        Err(Failed::NotSent(_)) if killing.load(Ordering::SeqCst) => {}
                         // The kill: the write stays in flight.
                         Err(Failed::Gone(_)) if killing.load(Ordering::SeqCst) => return writer,
                         Err(e) => {
@@ -122,6 +95,7 @@ fn kill_9_under_write_load_loses_no_acknowledged_write() {
                     }
                     writer.in_flight = None;
                 }
+                writer
             })
         })
         .collect();
@@ -135,12 +109,13 @@ fn kill_9_under_write_load_loses_no_acknowledged_write() {
         let at_bookmark = api.ids(&db).await;
         drop(paused);
         tokio::time::sleep(Duration::from_millis(700)).await;
-        // kill -9 while writes are in flight.
+        // kill -9 while writes are in flight: half the writers' at least, so some still are
+        // when the signal lands a moment later.
         let deadline = Instant::now() + Duration::from_secs(10);
         // (A writer that stopped has failed: the check below says why.)
-        while in_flight.load(Ordering::SeqCst) == 0 && !writers.iter().any(|w| w.is_finished()) {
+        while in_flight.load(Ordering::SeqCst) < 4 && !writers.iter().any(|w| w.is_finished()) {
             assert!(Instant::now() < deadline, "no write was ever in flight");
-            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         killing.store(true, Ordering::SeqCst);
         (bookmark, at_bookmark)
@@ -225,7 +200,8 @@ fn kill_9_during_uploads_and_overwrites_keeps_every_acknowledged_object() {
                 (http.clone(), objects.clone(), killing.clone(), in_flight.clone());
             uploaders.push(tokio::spawn(async move {
                 let mut state = Uploads::default();
-                for n in 0.. {
+                // Once the kill is decided no upload begins: each one in flight began before it.
+                for n in (0..).take_while(|_| !killing.load(Ordering::SeqCst)) {
                     // Each uploader overwrites its own five keys over and over.
                     let key = format!("u{u}/key-{}", n % 5);
                     let bytes = body(u, n);
@@ -237,6 +213,11 @@ fn kill_9_during_uploads_and_overwrites_keeps_every_acknowledged_object() {
                         Ok(r) if r.status().is_success() => {
                             state.acknowledged.insert(key, bytes);
                             state.in_flight = None;
+                        }
+                        // Never sent: the server was already gone.
+                        Err(e) if e.is_connect() && killing.load(Ordering::SeqCst) => {
+                            state.in_flight = None;
+                            break;
                         }
                         // The kill: the upload stays in flight.
                         Err(_) if killing.load(Ordering::SeqCst) => break,
@@ -256,12 +237,13 @@ fn kill_9_during_uploads_and_overwrites_keeps_every_acknowledged_object() {
             }));
         }
         tokio::time::sleep(Duration::from_millis(2500)).await;
-        // kill -9 in the middle of uploads.
+        // kill -9 in the middle of uploads: half the uploaders' at least, so some still are
+        // when the signal lands a moment later.
         let deadline = Instant::now() + Duration::from_secs(10);
         // (An uploader that stopped has failed: the check below says why.)
-        while in_flight.load(Ordering::SeqCst) == 0 && !uploaders.iter().any(|u| u.is_finished()) {
+        while in_flight.load(Ordering::SeqCst) < 3 && !uploaders.iter().any(|u| u.is_finished()) {
             assert!(Instant::now() < deadline, "no upload was ever in flight");
-            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         killing.store(true, Ordering::SeqCst);
         uploaders
@@ -365,7 +347,18 @@ fn kill_9_during_uploads_and_overwrites_keeps_every_acknowledged_object() {
     assert!(!checked.ok && checked.stdout.contains("is missing"), "{}{}", checked.stdout, checked.stderr);
 }
 
-/// A tiny HTTP receiver for alarm POSTs: answers 200 to each and keeps the JSON bodies.
+/// Now, in milliseconds since the epoch (alarms' own clock).
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// Alarms that arrived before the time they were set for (each kept with `arrived_ms`).
+pub(crate) fn early_alarms(received: &[Json]) -> Vec<&Json> {
+    received.iter().filter(|a| a["arrived_ms"].as_i64() < a["scheduledTime"].as_i64()).collect()
+}
+
+/// A tiny HTTP receiver for alarm POSTs: answers 200 to each and keeps the JSON bodies, each
+/// with the time it arrived (`arrived_ms`).
 pub(crate) fn alarm_receiver() -> (String, Arc<std::sync::Mutex<Vec<Json>>>) {
     use std::io::{BufRead, BufReader, Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -390,6 +383,9 @@ pub(crate) fn alarm_receiver() -> (String, Arc<std::sync::Mutex<Vec<Json>>>) {
             if reader.read_exact(&mut body).is_ok()
                 && let Ok(json) = serde_json::from_slice::<Json>(&body)
             {
+                let mut json = json;
+                // When it arrived, to hold against the time it was set for.
+                json["arrived_ms"] = Json::from(now_ms());
                 sink.lock().unwrap().push(json);
             }
             let _ = stream.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
@@ -413,7 +409,6 @@ fn durable_object_alarms_survive_kill_9() {
             answer["result"].clone()
         }
     };
-    let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     // One alarm falls due while the server is down, the other after it is back.
     let (early, late) = (now_ms() + 3_000, now_ms() + 8_000);
     runtime.block_on(async {
@@ -439,33 +434,34 @@ fn durable_object_alarms_survive_kill_9() {
     }
     let server = KuraProcess::start_on(dir, data);
     let namespaces = format!("{}/accounts/{ACCOUNT}/workers/durable_objects/namespaces", server.api);
-    // Each fires, and is cleared once delivered: after that no second delivery can come.
-    let pending = |object: &'static str| {
+    // Each fires, and is cleared once delivered; then a sentinel alarm set after that fires
+    // too, so a second delivery of either, had one been scheduled, would have come by then.
+    let alarm_of = |object: &'static str, ops: Json| {
         let call = &call;
         let namespaces = namespaces.clone();
-        async move {
-            let ops = json!({ "operations": [{ "op": "get_alarm" }] });
-            let result = call(namespaces, format!("/TIMERS/objects/{object}/batch"), ops).await;
-            !result["results"][0].is_null()
-        }
+        async move { call(namespaces, format!("/TIMERS/objects/{object}/batch"), json!({ "operations": ops })).await }
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let named = |name: &str| received.lock().unwrap().iter().filter(|a| a["name"] == name).count();
     runtime.block_on(async {
-        loop {
-            let delivered = received.lock().unwrap().len();
-            if delivered >= 2 && !pending("early").await && !pending("late").await {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the alarms never fired and cleared: {:?}", received.lock().unwrap());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        kura_testkit::poll("both alarms delivered and cleared", Duration::from_secs(30), || async {
+            let cleared = alarm_of("early", json!([{ "op": "get_alarm" }])).await["results"][0].is_null()
+                && alarm_of("late", json!([{ "op": "get_alarm" }])).await["results"][0].is_null();
+            (named("early") >= 1 && named("late") >= 1 && cleared).then_some(())
+        })
+        .await;
+        alarm_of("sentinel", json!([{ "op": "set_alarm", "time": now_ms() + 300 }])).await;
+        kura_testkit::poll("the sentinel alarm delivered", Duration::from_secs(30), || async {
+            (named("sentinel") == 1).then_some(())
+        })
+        .await;
     });
-    let got = received.lock().unwrap().clone();
+    let got: Vec<Json> = received.lock().unwrap().iter().filter(|a| a["name"] != "sentinel").cloned().collect();
     let mut fired: Vec<(String, i64)> = got
         .iter()
         .map(|a| (a["name"].as_str().unwrap_or_default().to_owned(), a["scheduledTime"].as_i64().unwrap_or(0)))
         .collect();
     fired.sort();
     assert_eq!(fired, [("early".to_owned(), early), ("late".to_owned(), late)], "each alarm fired once: {got:?}");
+    assert!(early_alarms(&received.lock().unwrap()).is_empty(), "alarms before their time: {got:?}");
     assert!(got.iter().all(|a| a["isRetry"] == false));
 }

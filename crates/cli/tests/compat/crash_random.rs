@@ -31,8 +31,8 @@ use std::time::Duration;
 use md5::Digest;
 use serde_json::{Value as Json, json};
 
-use crate::common::{ACCOUNT, KuraProcess, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, TOKEN, kura};
-use crate::crash::{Failed, alarm_receiver};
+use crate::common::{ACCOUNT, Failed, KuraProcess, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, TOKEN, kura};
+use crate::crash::{alarm_receiver, early_alarms, now_ms};
 
 /// splitmix64: a small, seedable generator, so a failing run can be replayed.
 struct Rng(u64);
@@ -96,9 +96,9 @@ impl Server {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let response = request.send().await.map_err(|e| Failed::Gone(e.to_string()))?;
+        let response = request.send().await.map_err(Failed::of)?;
         let status = response.status();
-        let text = response.text().await.map_err(|e| Failed::Gone(e.to_string()))?;
+        let text = response.text().await.map_err(Failed::of)?;
         let json: Json = serde_json::from_str(&text).map_err(|_| Failed::Refused(format!("{status}: {text}")))?;
         match json["success"] == true {
             true => Ok(json["result"].clone()),
@@ -124,19 +124,19 @@ impl Server {
         for (name, value) in headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).chain(signed) {
             request = request.header(name, value);
         }
-        let response = request.send().await.map_err(|e| Failed::Gone(e.to_string()))?;
+        let response = request.send().await.map_err(Failed::of)?;
         let status = response.status().as_u16();
         let etag = response.headers().get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-        let text = response.text().await.map_err(|e| Failed::Gone(e.to_string()))?;
+        let text = response.text().await.map_err(Failed::of)?;
         Ok((status, etag.trim_matches('"').to_owned(), text))
     }
 
     /// A request to the crash test's Worker: its JSON answer, or why not.
     async fn worker(&self, method: reqwest::Method, path: &str, body: Vec<u8>) -> Answer {
         let request = self.http.request(method, format!("{}{path}", self.workers)).header("host", WORKER_HOST);
-        let response = request.body(body).send().await.map_err(|e| Failed::Gone(e.to_string()))?;
+        let response = request.body(body).send().await.map_err(Failed::of)?;
         let status = response.status();
-        let text = response.text().await.map_err(|e| Failed::Gone(e.to_string()))?;
+        let text = response.text().await.map_err(Failed::of)?;
         match status.is_success() {
             true => serde_json::from_str(&text).map_err(|e| Failed::Refused(format!("{path}: {e}: {text}"))),
             false => Err(Failed::Refused(format!("{path}: {status}: {text}"))),
@@ -151,18 +151,19 @@ fn xml_field(xml: &str, tag: &str) -> Option<String> {
     Some(xml[start..end].replace("&quot;", "").trim_matches('"').to_owned())
 }
 
-/// How the writes in flight at the kills turned out, over the whole run. A kill that lands
-/// mid-write leaves some applied (committed, the answer lost) and some not: a run that sees only
-/// one kind is not killing the server mid-write, or is losing what it should keep.
+/// How the writes in flight at the kills turned out, over the whole run (each had begun before
+/// the kill was decided; one never sent is not counted). A kill that lands mid-write leaves some
+/// applied (committed, the answer lost) and some not: a run that sees only one kind is not
+/// killing the server mid-write, or is losing what it should keep.
 #[derive(Default, Debug)]
-struct InFlight {
+struct AtTheKills {
     applied: u32,
     not_applied: u32,
     /// Writes whose outcome cannot be told apart (the write would leave what was there).
     untold: u32,
 }
 
-impl InFlight {
+impl AtTheKills {
     /// One write in flight at a kill, checked after the restart: whether the state found is
     /// what was acknowledged before it, and whether it is what the write would have left.
     fn record(&mut self, acknowledged: bool, written: bool) {
@@ -304,7 +305,7 @@ impl D1Client {
         let path = format!("/d1/database/{}/import", self.uuid);
         let init = server.v4(reqwest::Method::POST, &path, Some(json!({ "action": "init", "etag": etag }))).await?;
         let url = init["upload_url"].as_str().ok_or("no upload_url")?;
-        let uploaded = server.http.put(url).body(sql).send().await.map_err(|e| Failed::Gone(e.to_string()))?;
+        let uploaded = server.http.put(url).body(sql).send().await.map_err(Failed::of)?;
         if !uploaded.status().is_success() {
             return Err(Failed::Refused(format!("upload refused: {}", uploaded.status())));
         }
@@ -320,10 +321,10 @@ impl D1Client {
 
     /// After a restart: the rows are what was acknowledged (or that plus the write in flight),
     /// then a few bookmarks from any earlier life restore exactly what they named.
-    async fn verify(&mut self, server: &Server, rng: &mut Rng, in_flight: &mut InFlight) {
+    async fn verify(&mut self, server: &Server, rng: &mut Rng, tally: &mut AtTheKills) {
         let found = self.read(server).await.unwrap();
         if let Some(write) = &self.in_flight {
-            in_flight.record(found == self.rows, found == *write);
+            tally.record(found == self.rows, found == *write);
         }
         if found != self.rows {
             assert_eq!(
@@ -378,6 +379,14 @@ impl R2Client {
         format!("{}key-{:02}", self.prefix, rng.below(12))
     }
 
+    /// An object of another key to copy onto `key`, if there is one (copying onto itself needs
+    /// a metadata change, not this test's).
+    fn copy_source(&self, key: &str, rng: &mut Rng) -> Option<(String, Object)> {
+        let others: Vec<(&String, &Object)> = self.objects.iter().filter(|(k, _)| *k != key).collect();
+        let (source, object) = others.get(rng.below(others.len().max(1) as u64) as usize)?;
+        Some(((*source).clone(), (*object).clone()))
+    }
+
     async fn step(&mut self, server: &Server, rng: &mut Rng) -> Result<(), Failed> {
         self.ops += 1;
         let seed = rng.next();
@@ -424,16 +433,9 @@ impl R2Client {
                 return Err(Failed::Refused(format!("complete: {status}: {text} (expected {etag})")));
             }
             Some(object)
-        } else if roll < 80 {
-            let Some((source, object)) = self.objects.iter().nth(rng.below(self.objects.len().max(1) as u64) as usize)
-            else {
-                return Ok(());
-            };
+        } else if let Some((source, object)) = (roll < 80).then(|| self.copy_source(&key, rng)).flatten() {
             // A copy is one new object: its ETag is its bytes' MD5, whatever the source's was.
-            let (source, object) = (source.clone(), Object { etag: object.md5.clone(), ..object.clone() });
-            if source == key {
-                return Ok(()); // copying onto itself needs a metadata change, not this test's
-            }
+            let object = Object { etag: object.md5.clone(), ..object };
             self.in_flight = Some((key.clone(), Some(object.clone())));
             let copy_source = format!("/{BUCKET}/{source}");
             let (status, _, text) = server.s3("PUT", &path, &[("x-amz-copy-source", &copy_source)], Vec::new()).await?;
@@ -460,7 +462,7 @@ impl R2Client {
 
 /// Every listed object of the bucket, each read back whole; then each uploader's keys against
 /// what it was acknowledged.
-async fn verify_bucket(server: &Server, clients: Vec<&mut R2Client>, tally: &mut InFlight) {
+async fn verify_bucket(server: &Server, clients: Vec<&mut R2Client>, tally: &mut AtTheKills) {
     let mut listed: BTreeMap<String, (u64, String)> = BTreeMap::new();
     let mut cursor: Option<String> = None;
     loop {
@@ -547,10 +549,6 @@ struct DoClient {
     ops: u64,
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
-}
-
 impl DoClient {
     async fn batch(server: &Server, object: usize, operations: Json) -> Answer {
         let path = format!("/workers/durable_objects/namespaces/CRASH/objects/o{object}/batch");
@@ -586,7 +584,7 @@ impl DoClient {
 
     /// After a restart: each object's KV and SQL are what was acknowledged (or that plus the
     /// batch in flight); a pending alarm is the one last set, and one no longer pending fired.
-    async fn verify(&mut self, server: &Server, fired: &dyn Fn() -> Vec<(usize, i64)>, tally: &mut InFlight) {
+    async fn verify(&mut self, server: &Server, fired: &dyn Fn() -> Vec<(usize, i64)>, tally: &mut AtTheKills) {
         for (i, model) in self.objects.iter_mut().enumerate() {
             let operations = json!([
                 { "op": "kv_list" },
@@ -768,7 +766,7 @@ impl WorkerClient {
     /// After a restart, through the Worker: its database and its object hold what was
     /// acknowledged (or that plus the write in flight). Its objects are checked with the bucket.
     /// workerd starts with kura: the first requests may find it starting.
-    async fn verify(&mut self, server: &Server, tally: &mut InFlight) {
+    async fn verify(&mut self, server: &Server, tally: &mut AtTheKills) {
         let read = |path: &'static str| async move {
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
             loop {
@@ -826,8 +824,11 @@ fn processes_in(dir: &std::path::Path) -> Vec<u32> {
 trait Workload: Send + 'static {
     /// What the client is, for a failure's message.
     fn name(&self) -> String;
-    /// One request of the workload; `Err` once the server is gone (the request then in flight).
+    /// One step of the workload, each with a request answered; `Err` once the server is gone
+    /// (the request then in flight).
     fn next(&mut self, server: &Server, rng: &mut Rng) -> impl std::future::Future<Output = Result<(), Failed>> + Send;
+    /// Forgets the write in flight: its request was never sent (the server was gone).
+    fn not_sent(&mut self);
 }
 
 impl Workload for D1Client {
@@ -836,6 +837,9 @@ impl Workload for D1Client {
     }
     fn next(&mut self, server: &Server, rng: &mut Rng) -> impl std::future::Future<Output = Result<(), Failed>> + Send {
         self.step(server, rng)
+    }
+    fn not_sent(&mut self) {
+        self.in_flight = None;
     }
 }
 
@@ -846,6 +850,9 @@ impl Workload for R2Client {
     fn next(&mut self, server: &Server, rng: &mut Rng) -> impl std::future::Future<Output = Result<(), Failed>> + Send {
         self.step(server, rng)
     }
+    fn not_sent(&mut self) {
+        self.in_flight = None;
+    }
 }
 
 impl Workload for DoClient {
@@ -855,6 +862,9 @@ impl Workload for DoClient {
     fn next(&mut self, server: &Server, rng: &mut Rng) -> impl std::future::Future<Output = Result<(), Failed>> + Send {
         self.step(server, rng)
     }
+    fn not_sent(&mut self) {
+        self.in_flight = None;
+    }
 }
 
 impl Workload for WorkerClient {
@@ -863,6 +873,10 @@ impl Workload for WorkerClient {
     }
     fn next(&mut self, server: &Server, rng: &mut Rng) -> impl std::future::Future<Output = Result<(), Failed>> + Send {
         self.step(server, rng)
+    }
+    fn not_sent(&mut self) {
+        self.in_flight = None;
+        self.r2.in_flight = None;
     }
 }
 
@@ -876,7 +890,8 @@ struct Running<C> {
 
 /// Runs `client` until the server is killed; answers it with its model. Any failure before
 /// the kill — a refusal, a reply that is not one, a connection that breaks — fails the test;
-/// one after it leaves the request in flight.
+/// one after it leaves the request in flight, unless it was never sent. Once the kill is
+/// decided no step begins, so each write in flight at the kill began before it.
 fn run_until_killed<C: Workload>(
     mut client: C,
     server: &Server,
@@ -888,10 +903,14 @@ fn run_until_killed<C: Workload>(
     let name = client.name();
     let count = Arc::clone(&answered);
     let task = tokio::spawn(async move {
-        loop {
+        while !killing.load(Ordering::SeqCst) {
             match client.next(&server, &mut rng).await {
                 Ok(()) => {
                     count.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(Failed::NotSent(_)) if killing.load(Ordering::SeqCst) => {
+                    client.not_sent();
+                    break;
                 }
                 Err(_) if killing.load(Ordering::SeqCst) => break,
                 Err(e) => panic!("{}: {e}, while the server served", client.name()),
@@ -928,14 +947,12 @@ struct Clients {
     worker: WorkerClient,
 }
 
-fn setting(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 #[test]
 fn kill_9_at_random_moments_loses_nothing_acknowledged() {
     let iterations = kura_testkit::count("KURA_CRASH_ITERATIONS", 10);
-    let seed = setting("KURA_CRASH_SEED", now_ms() as u64);
+    let seed = std::env::var("KURA_CRASH_SEED").map_or(now_ms() as u64, |v| {
+        v.parse().unwrap_or_else(|_| panic!("KURA_CRASH_SEED={v:?} is not a seed: set a whole number, or unset it"))
+    });
     println!("crash test: {iterations} kills, seed {seed} (KURA_CRASH_SEED replays it)");
     let mut rng = Rng(seed);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
@@ -985,7 +1002,7 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
             .collect()
     };
     let mut requests = 0;
-    let mut in_flight = InFlight::default();
+    let mut at_the_kills = AtTheKills::default();
     for iteration in 0..iterations {
         let server = Server::of(&process);
         let killing = Arc::new(AtomicBool::new(false));
@@ -1079,13 +1096,13 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
         let server = Server::of(&process);
         runtime.block_on(async {
             for client in &mut clients.d1 {
-                client.verify(&server, &mut rng, &mut in_flight).await;
+                client.verify(&server, &mut rng, &mut at_the_kills).await;
             }
             // The Worker first: its answer shows workerd up again.
-            clients.worker.verify(&server, &mut in_flight).await;
+            clients.worker.verify(&server, &mut at_the_kills).await;
             let uploaders = clients.r2.iter_mut().chain([&mut clients.worker.r2]).collect();
-            verify_bucket(&server, uploaders, &mut in_flight).await;
-            clients.durable.verify(&server, &fired, &mut in_flight).await;
+            verify_bucket(&server, uploaders, &mut at_the_kills).await;
+            clients.durable.verify(&server, &fired, &mut at_the_kills).await;
         });
     }
 
@@ -1109,6 +1126,10 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
     for (object, time) in fired() {
         assert!(clients.durable.alarms_set[object].contains(&time), "o{object} fired an alarm for {time}, never set");
     }
+    {
+        let received = received.lock().unwrap();
+        assert!(early_alarms(&received).is_empty(), "alarms before their time: {:?}", early_alarms(&received));
+    }
     // Bookmarks from every life of the server, spread over the whole run, restore exactly.
     let server = Server::of(&process);
     let mut restored = 0;
@@ -1125,13 +1146,13 @@ fn kill_9_at_random_moments_loses_nothing_acknowledged() {
     let bookmarks: usize = clients.d1.iter().map(|c| c.marks.len()).sum();
     println!(
         "crash test: of the writes in flight at the kills, {} were found applied, {} not, {} could not tell",
-        in_flight.applied, in_flight.not_applied, in_flight.untold
+        at_the_kills.applied, at_the_kills.not_applied, at_the_kills.untold
     );
     // Over a run of several kills both outcomes occur, or the kills are not landing mid-write.
     if iterations >= 5 {
         assert!(
-            in_flight.applied > 0 && in_flight.not_applied > 0,
-            "the kills did not land mid-write both before and after a commit: {in_flight:?}"
+            at_the_kills.applied > 0 && at_the_kills.not_applied > 0,
+            "the kills did not land mid-write both before and after a commit: {at_the_kills:?}"
         );
     }
     println!(
