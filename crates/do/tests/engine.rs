@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kura_do::alarm::{AlarmInvocation, AlarmRunner, BoxFuture, Deliver};
-use kura_do::{DoError, DoSettings, DurableObjects, ListOptions, Namespace, Value, now_ms};
+use kura_do::{DoError, DoSettings, DurableObjects, ListOptions, Namespace, ObjectId, Value, now_ms};
 
 fn engine(dir: &std::path::Path) -> DurableObjects {
     DurableObjects::open(dir.join("do"), DoSettings::default()).unwrap()
@@ -283,31 +283,36 @@ async fn alarms_fire_once_and_retry_with_backoff() {
     ));
     let at = now_ms() + 300;
     e.run(&ns, &once, move |s| s.set_alarm(at)).await.unwrap();
-    // Delivered, then cleared: after that no second delivery can come.
+    // `id`'s alarm delivered `n` times, and cleared.
     let delivered = |id, n: usize| {
         let (e, ns, recorder) = (&e, &ns, &recorder);
         move || async move {
             let cleared = e.run(ns, id, |s| s.get_alarm()).await.unwrap().is_none();
-            (recorder.calls.lock().unwrap().len() >= n && cleared).then_some(())
+            let calls = recorder.calls.lock().unwrap().iter().filter(|c| c.id == *id).count();
+            (calls >= n && cleared).then_some(())
         }
     };
+    let calls_of = |id: &ObjectId| -> Vec<AlarmInvocation> {
+        recorder.calls.lock().unwrap().iter().filter(|c| c.id == *id).cloned().collect()
+    };
     kura_testkit::poll("the alarm delivered and cleared", Duration::from_secs(10), delivered(&once, 1)).await;
-    {
-        let calls = recorder.calls.lock().unwrap();
-        assert_eq!(calls.len(), 1, "{calls:?}");
-        assert_eq!(calls[0].scheduled_ms, at);
-        assert!(!calls[0].is_retry());
-    }
     // One failure, then success: a retry about 2 s later that says so.
     *recorder.failures_left.lock().unwrap() = 1;
-    recorder.calls.lock().unwrap().clear();
     e.run(&ns, &flaky, |s| s.set_alarm(1)).await.unwrap();
     kura_testkit::poll("the retried alarm delivered and cleared", Duration::from_secs(15), delivered(&flaky, 2)).await;
-    {
-        let calls = recorder.calls.lock().unwrap();
-        assert_eq!(calls.len(), 2, "{calls:?}");
-        assert_eq!((calls[0].retry_count, calls[1].retry_count), (0, 1));
-    }
+    // A sentinel set now and delivered: a second delivery of either, had one been scheduled,
+    // would have come by then.
+    let sentinel = ns.id_from_name("sentinel");
+    let soon = now_ms() + 300;
+    e.run(&ns, &sentinel, move |s| s.set_alarm(soon)).await.unwrap();
+    kura_testkit::poll("the sentinel delivered", Duration::from_secs(10), delivered(&sentinel, 1)).await;
+    let calls = calls_of(&once);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].scheduled_ms, at);
+    assert!(!calls[0].is_retry());
+    let calls = calls_of(&flaky);
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!((calls[0].retry_count, calls[1].retry_count), (0, 1));
     let _ = stop_tx.send(());
     task.await.unwrap();
     let bad = e.run(&ns, &once, |s| s.set_alarm(0)).await.unwrap_err();

@@ -189,24 +189,35 @@ async fn alarms_reach_alarm_and_retry() {
             .await
             .unwrap();
     }
-    // Both delivered (the flaky one retried), then cleared: after that no more can come.
-    kura_testkit::poll("both alarms delivered and cleared", Duration::from_secs(15), || async {
-        for name in ["steady", "flaky"] {
-            let pending = ns
-                .get_by_name(name)
-                .call(|c: &mut Counter| -> BoxFuture<'_, Result<Option<i64>>> {
-                    Box::pin(c.state.storage().get_alarm())
-                })
-                .await
-                .unwrap();
-            if pending.is_some() {
-                return None;
+    // Each object's alarm delivered and cleared: `names` pending none, `total` calls of alarm().
+    let settled = |names: &'static [&'static str], total: u32| {
+        let (ns, alarms) = (&ns, &alarms);
+        move || async move {
+            for name in names {
+                let pending = ns
+                    .get_by_name(name)
+                    .call(|c: &mut Counter| -> BoxFuture<'_, Result<Option<i64>>> {
+                        Box::pin(c.state.storage().get_alarm())
+                    })
+                    .await
+                    .unwrap();
+                if pending.is_some() {
+                    return None;
+                }
             }
+            (alarms.load(Ordering::SeqCst) >= total).then_some(())
         }
-        (alarms.load(Ordering::SeqCst) >= 3).then_some(())
-    })
-    .await;
-    assert_eq!(alarms.load(Ordering::SeqCst), 3, "steady once, flaky twice");
+    };
+    kura_testkit::poll("both alarms delivered and cleared", Duration::from_secs(15), settled(&["steady", "flaky"], 3))
+        .await;
+    // A sentinel set now and delivered: a second delivery of either, had one been scheduled,
+    // would have come by then.
+    ns.get_by_name("sentinel")
+        .call(|c: &mut Counter| -> BoxFuture<'_, Result<()>> { Box::pin(c.state.storage().set_alarm(1)) })
+        .await
+        .unwrap();
+    kura_testkit::poll("the sentinel delivered", Duration::from_secs(15), settled(&["sentinel"], 4)).await;
+    assert_eq!(alarms.load(Ordering::SeqCst), 4, "steady once, flaky twice, the sentinel once");
     let retry: Option<u32> = ns
         .get_by_name("flaky")
         .call(|c: &mut Counter| -> BoxFuture<'_, Result<Option<u32>>> {

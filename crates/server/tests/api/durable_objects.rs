@@ -260,17 +260,27 @@ async fn alarms_are_posted_to_the_namespace_url_and_retried() {
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["result"]["results"][1], json!(soon));
     }
-    // Both delivered (the flaky one retried), then cleared: after that no more can come.
-    kura_testkit::poll("both alarms delivered and cleared", Duration::from_secs(15), || async {
-        for room in ["room:once", "room:flaky"] {
-            let (_, body) = batch(&server, room, json!([{ "op": "get_alarm" }])).await;
-            if !body["result"]["results"][0].is_null() {
-                return None;
+    // The rooms' alarms delivered (`total` in all) and cleared.
+    let settled = |rooms: &'static [&'static str], total: usize| {
+        let (server, received) = (&server, &received);
+        move || async move {
+            for room in rooms {
+                let (_, body) = batch(server, room, json!([{ "op": "get_alarm" }])).await;
+                if !body["result"]["results"][0].is_null() {
+                    return None;
+                }
             }
+            (received.lock().unwrap().len() >= total).then_some(())
         }
-        (received.lock().unwrap().len() >= 3).then_some(())
-    })
-    .await;
+    };
+    let both = &["room:once", "room:flaky"];
+    kura_testkit::poll("both alarms delivered and cleared", Duration::from_secs(15), settled(both, 3)).await;
+    // A sentinel set now and delivered: a second delivery of either, had one been scheduled,
+    // would have come by then.
+    let sentinel = jiff::Timestamp::now().as_millisecond() + 200;
+    let (status, body) = batch(&server, "room:sentinel", json!([{ "op": "set_alarm", "time": sentinel }])).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    kura_testkit::poll("the sentinel delivered", Duration::from_secs(15), settled(&["room:sentinel"], 4)).await;
     let calls = received.lock().unwrap().clone();
     let once: Vec<&Json> = calls.iter().filter(|c| c["name"] == "room:once").collect();
     let flaky: Vec<&Json> = calls.iter().filter(|c| c["name"] == "room:flaky").collect();
