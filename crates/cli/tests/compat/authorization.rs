@@ -111,7 +111,8 @@ fn allowed(credential: Credential, need: Need, surface: Surface) -> bool {
     }
 }
 
-/// The credentials an allowed write is sent with, narrowest first.
+/// The credentials an allowed write is sent with, narrowest first: every valid credential of
+/// this account (checked in the test).
 const NARROWEST_FIRST: [Credential; 9] = [
     Credential::BucketLimited,
     Credential::D1Read,
@@ -143,6 +144,16 @@ fn shows(e: &Endpoint, c: Credential, body: &str) -> Result<(), String> {
         "r2 binding list closed" => (vec!["\"name\":\"k\"".into()], vec![]),
         "s3 list closed" => (vec!["<Key>k</Key>".into()], vec![]),
         "r2 get closed" | "s3 get closed" | "s3 get open" | "r2 binding get closed" => (vec!["fixture".into()], vec![]),
+        "d1 list" | "d1 details" => (vec!["\"name\":\"fixture\"".into()], vec![]),
+        "d1 select" | "d1 binding select" => (vec!["\"x\":1".into()], vec![]),
+        "d1 raw select" => (vec!["[1]".into()], vec![]),
+        "do namespaces" | "do namespace details" => (vec!["\"name\":\"ns\"".into()], vec![]),
+        "do select" | "do explorer select" => (vec!["[1]".into()], vec![]),
+        "do fan-out" => (vec!["\"name\":\"obj\"".into(), "\"rows\":[[2]]".into()], vec![]),
+        "tokens list" => (vec!["\"name\":\"D1Read\"".into()], vec![]),
+        "workers scripts" => (vec![WORKER.into()], vec![]),
+        "workers script" => (vec!["the fixture".into()], vec![]),
+        "worker fetch" => (vec!["the fixture".into()], vec![]),
         _ => (vec![], vec![]),
     };
     if let Some(missing) = must.iter().find(|m| !body.contains(m.as_str())) {
@@ -1209,6 +1220,14 @@ fn every_endpoint_against_every_credential() {
         }
     });
     let endpoints = endpoints(&bookmarks);
+    use Credential as C;
+    let valid_here: Vec<Credential> = CREDENTIALS
+        .into_iter()
+        .filter(|c| !matches!(c, C::None | C::Malformed | C::Unknown | C::Revoked | C::OtherAccountAdmin))
+        .collect();
+    let mut narrowest = NARROWEST_FIRST.to_vec();
+    narrowest.sort_by_key(|c| CREDENTIALS.iter().position(|k| k == c));
+    assert_eq!(narrowest, valid_here, "NARROWEST_FIRST ranks every valid credential of this account");
     let mut failures = Vec::new();
     let mut cells = 0;
     runtime.block_on(async {

@@ -299,7 +299,9 @@ fn r2_not_miniflare(mut case: Json, r2: R2Says) -> Json {
     case
 }
 
-/// kura's whole answer where Miniflare is not the oracle, as R2's documentation has it: the
+/// kura's whole answer where Miniflare is not the oracle, as documentation has it (R2's, S3's
+/// where R2 defers to it or is silent, kura's own for its one leniency; docs/compatibility.md
+/// names which for each): the
 /// status; every compared header (those `fidelity/s3.mjs` reads), each with its exact value and
 /// no other present; and the body, exactly or, for XML, elements its canonical form must hold
 /// (error messages R2 does not publish are not pinned, their codes are).
@@ -983,7 +985,7 @@ fn s3_matches_miniflare() {
         match case.get("kura_expect") {
             // Where R2 does what Miniflare's emulation does not, kura follows R2.
             Some(expect) => match as_r2_says(expect, &answer["kura"]) {
-                Err(wrong) => found.push(format!("{name} (R2's documented answer)\n    kura: {wrong}")),
+                Err(wrong) => found.push(format!("{name} (the documented answer)\n    kura: {wrong}")),
                 Ok(()) if want == got => found.push(format!("{name}: Miniflare now answers as R2 does: compare it")),
                 Ok(()) => {}
             },

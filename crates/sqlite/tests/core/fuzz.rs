@@ -1,8 +1,11 @@
 //! SQL text from outside, fuzzed through the engine (statement splitting, the authorizer, the
 //! limits): fragments of SQL, quotes, comments and control bytes in any order. Whatever a
-//! request does, the engine never panics, stays usable, and a request that fails leaves
-//! nothing behind (its statements run in one transaction). `KURA_FUZZ_CASES` sets how many
-//! requests run (the long mode); `scripts/test` runs a bounded number.
+//! request does, the engine never panics, stays usable (its schema and every table read, and it
+//! takes a write), and a request that fails leaves nothing behind (its statements run in one
+//! transaction): the whole schema and every table's row count (and the canary's sum) as they
+//! were — counts, not rows, so a failed request that changed a row of `t` in place would pass.
+//! `KURA_FUZZ_CASES` sets how many requests run (the long mode); `scripts/test` runs a bounded
+//! number.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
