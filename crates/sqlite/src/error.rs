@@ -46,11 +46,12 @@ pub enum Error {
     /// The database is closing or was deleted while the request waited; nothing was run.
     #[error("the database closed before the request ran")]
     Closed,
-    /// A write before this request failed on the disk (full, or an I/O error), so the
-    /// connection is being reopened; this request did not run. Retry: the reopened file
-    /// answers (with the disk's error, if it persists).
+    /// A commit before this request failed — on the disk (full, or an I/O error), or in
+    /// shipping its history (in a cluster, a node whose ownership ended) — so the connection is
+    /// being reopened; this request did not run. Retry: the reopened file answers (with the
+    /// disk's error if it persists; a node that no longer owns the database sends it on).
     #[error(
-        "the database is reopening after a write failed on the disk (is it full?); the request did not run, retry it"
+        "the database is reopening after a commit failed (on the disk, or in shipping its history); the request did not run, retry it"
     )]
     Reopening,
     /// The database file could not be opened or configured.
