@@ -291,16 +291,23 @@ pub(crate) async fn kill_mid_write(
         in_flight.len(),
         takeover.as_secs_f64()
     );
+    let missed = "no write to the owner was in flight at the kill (else the kill tested nothing)";
+    assert_disruption(&outcomes, in_flight.len(), missed, &format!("kill -9 of node {owner}"));
+    (outcomes, takeover)
+}
+
+/// The checks of one disruption (`what`): it caught writes (`caught` of them; `missed` says what
+/// none means), and no more answers left their write unknown than it explains.
+fn assert_disruption(outcomes: &Outcomes, caught: usize, missed: &str, what: &str) {
     let mut wrong = Vec::new();
-    if in_flight.is_empty() {
-        wrong.push("no write to the owner was in flight at the kill (else the kill tested nothing)".to_owned());
+    if caught == 0 {
+        wrong.push(missed.to_owned());
     }
     let ambiguous = outcomes.ambiguous();
     if ambiguous.len() > AMBIGUITY_BOUND {
-        wrong.push(format!("more answers left their write unknown than a kill explains: {ambiguous:#?}"));
+        wrong.push(format!("more answers left their write unknown than this explains: {ambiguous:#?}"));
     }
-    assert!(wrong.is_empty(), "kill -9 of node {owner}:\n{}", wrong.join("\n"));
-    (outcomes, takeover)
+    assert!(wrong.is_empty(), "{what}:\n{}", wrong.join("\n"));
 }
 
 /// The checks every reading after a disruption makes: each acknowledged write is `present`,
@@ -441,14 +448,7 @@ async fn pause_past_lease(
     }
     // Writes were in flight at the paused node: once it resumed, each was fenced, refused by its
     // ended lease, or sent on to the new owner — never acknowledged from the old state.
-    let mut wrong = Vec::new();
-    if held.is_empty() {
-        wrong.push("no write was held at the paused owner (else the pause tested nothing)".to_owned());
-    }
-    let ambiguous = outcomes.ambiguous();
-    if ambiguous.len() > AMBIGUITY_BOUND {
-        wrong.push(format!("more answers left their write unknown than a pause explains: {ambiguous:#?}"));
-    }
-    assert!(wrong.is_empty(), "pause {round} of the owner, node {zombie}:\n{}", wrong.join("\n"));
+    let missed = "no write was held at the paused owner (else the pause tested nothing)";
+    assert_disruption(&outcomes, held.len(), missed, &format!("pause {round} of the owner, node {zombie}"));
     Outcomes { superseded_node: Some((format!("node{zombie}"), took_over_at)), ..outcomes }
 }
