@@ -45,6 +45,23 @@ impl Api {
     }
 }
 
+/// Decides the kill (sets `killing`) once `at_least` of the clients' writes are in flight, so some
+/// still are when the signal lands a moment later — or once a client stopped: it failed, and
+/// the caller's check of its outcome says why.
+async fn decide_the_kill<T>(
+    in_flight: &AtomicUsize,
+    at_least: usize,
+    clients: &[tokio::task::JoinHandle<T>],
+    killing: &AtomicBool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_flight.load(Ordering::SeqCst) < at_least && !clients.iter().any(|c| c.is_finished()) {
+        assert!(Instant::now() < deadline, "fewer than {at_least} writes were ever in flight at once");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    killing.store(true, Ordering::SeqCst);
+}
+
 /// What one writer saw: the ids acknowledged, the one in flight when the server died, and why
 /// it stopped if not because of the kill.
 #[derive(Default)]
@@ -109,15 +126,8 @@ fn kill_9_under_write_load_loses_no_acknowledged_write() {
         let at_bookmark = api.ids(&db).await;
         drop(paused);
         tokio::time::sleep(Duration::from_millis(700)).await;
-        // kill -9 while writes are in flight: half the writers' at least, so some still are
-        // when the signal lands a moment later.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        // (A writer that stopped has failed: the check below says why.)
-        while in_flight.load(Ordering::SeqCst) < 4 && !writers.iter().any(|w| w.is_finished()) {
-            assert!(Instant::now() < deadline, "no write was ever in flight");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        killing.store(true, Ordering::SeqCst);
+        // kill -9 while writes are in flight: half the writers'.
+        decide_the_kill(&in_flight, 4, &writers, &killing).await;
         (bookmark, at_bookmark)
     });
     let (dir, data) = server.stop();
@@ -237,15 +247,8 @@ fn kill_9_during_uploads_and_overwrites_keeps_every_acknowledged_object() {
             }));
         }
         tokio::time::sleep(Duration::from_millis(2500)).await;
-        // kill -9 in the middle of uploads: half the uploaders' at least, so some still are
-        // when the signal lands a moment later.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        // (An uploader that stopped has failed: the check below says why.)
-        while in_flight.load(Ordering::SeqCst) < 3 && !uploaders.iter().any(|u| u.is_finished()) {
-            assert!(Instant::now() < deadline, "no upload was ever in flight");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        killing.store(true, Ordering::SeqCst);
+        // kill -9 in the middle of uploads: half the uploaders'.
+        decide_the_kill(&in_flight, 3, &uploaders, &killing).await;
         uploaders
     });
     let (dir, data) = server.stop();
