@@ -86,7 +86,7 @@ pub(crate) struct Outcomes {
 /// [`WRITERS`] has at most one write in flight when a node dies or resumes, and its next may
 /// meet a pooled connection to that node already closed under it — its own, or the forwarding
 /// node's. (Seen: 2 to 4 per kill, none per pause.)
-pub(crate) const AMBIGUITY_BOUND: usize = 3 * WRITERS as usize;
+const AMBIGUITY_BOUND: usize = 3 * WRITERS as usize;
 
 impl Outcomes {
     pub fn acknowledged(&self) -> BTreeSet<u64> {
@@ -155,12 +155,12 @@ pub(crate) type Write =
     Arc<dyn Fn(reqwest::Client, String, u64) -> futures_util::future::BoxFuture<'static, Outcome> + Send + Sync>;
 
 /// How many writers write at once.
-pub(crate) const WRITERS: u64 = 4;
+const WRITERS: u64 = 4;
 
 /// Each writer's write in flight: when it began and the node it went to (`None`: the writer is
 /// between writes).
 #[derive(Clone)]
-pub(crate) struct InFlight(Arc<Mutex<Vec<Option<(Instant, String)>>>>);
+struct InFlight(Arc<Mutex<Vec<Option<(Instant, String)>>>>);
 
 impl InFlight {
     fn new() -> InFlight {
@@ -224,7 +224,7 @@ pub(crate) fn served_by(answer: &reqwest::Response) -> String {
 
 /// Runs writers through `targets` while `during` runs (given the count of writes in flight),
 /// and says what they saw.
-pub(crate) async fn run_writers_for(
+async fn run_writers_for(
     targets: Vec<String>,
     write: Write,
     first_id: u64,
@@ -244,7 +244,7 @@ pub(crate) async fn run_writers_for(
 /// Sends `signal` to node `i` once a write sent to it (at `target`) has been in flight for 2 ms
 /// (so it lands while the node commits and ships, not between writes); answers when the signal
 /// had been sent.
-pub(crate) async fn signal_mid_write(
+async fn signal_mid_write(
     cluster: &Cluster,
     (i, target): (usize, &str),
     signal: &str,
