@@ -171,10 +171,10 @@ impl InFlight {
         self.0.lock().unwrap()[writer as usize] = write;
     }
 
-    /// Whether a write sent to `target` has been in flight for `age` or more: past the node's
+    /// How many writes sent to `target` have been in flight for `age` or more: past the node's
     /// parsing, into its commit and shipping, where a signal should land.
-    fn one_older_than(&self, target: &str, age: Duration) -> bool {
-        self.0.lock().unwrap().iter().flatten().any(|(began, to)| to == target && began.elapsed() >= age)
+    fn older_than(&self, target: &str, age: Duration) -> usize {
+        self.0.lock().unwrap().iter().flatten().filter(|(began, to)| to == target && began.elapsed() >= age).count()
     }
 
     /// Whether a write sent to `target` before `moment` is still unanswered.
@@ -241,17 +241,18 @@ async fn run_writers_for(
     Arc::try_unwrap(outcomes).ok().unwrap().into_inner().unwrap()
 }
 
-/// Sends `signal` to node `i` once a write sent to it (at `target`) has been in flight for 2 ms
-/// (so it lands while the node commits and ships, not between writes); answers when the signal
-/// had been sent.
+/// Sends `signal` to node `i` once `writes` sent to it (at `target`) have been in flight for
+/// 2 ms (so it lands while the node commits and ships, not between writes: with more than one,
+/// not all can be answered in the moment before the signal lands); answers when the signal had
+/// been sent.
 async fn signal_mid_write(
     cluster: &Cluster,
     (i, target): (usize, &str),
-    signal: &str,
+    (signal, writes): (&str, usize),
     in_flight: &InFlight,
 ) -> Instant {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !in_flight.one_older_than(target, Duration::from_millis(2)) {
+    while in_flight.older_than(target, Duration::from_millis(2)) < writes {
         assert!(Instant::now() < deadline, "no write was in flight to {signal} node {i} under");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -275,7 +276,7 @@ pub(crate) async fn kill_mid_write(
     let owner_target = targets[owner].clone();
     let outcomes = run_writers_for(targets, write, first_id, async |in_flight| {
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let killed = signal_mid_write(cluster, (owner, &owner_target), "-KILL", &in_flight).await;
+        let killed = signal_mid_write(cluster, (owner, &owner_target), ("-KILL", 2), &in_flight).await;
         *killed_at.lock().unwrap() = Some(killed);
         tokio::time::sleep(Duration::from_secs(TTL_SECONDS + 6)).await;
     })
@@ -403,7 +404,7 @@ async fn pause_past_lease(
         // Paused with a write to it unanswered: one whose answer was already on its way when the
         // signal landed would not be held, so the pause is tried again at another moment.
         for attempt in 0.. {
-            let stopped = signal_mid_write(cluster, (zombie, zombie_target), "-STOP", &in_flight).await;
+            let stopped = signal_mid_write(cluster, (zombie, zombie_target), ("-STOP", 1), &in_flight).await;
             tokio::time::sleep(Duration::from_millis(50)).await;
             if in_flight.one_since(zombie_target, stopped) {
                 break;
