@@ -243,7 +243,7 @@ pub struct NodeStatus {
 }
 
 #[async_trait::async_trait]
-impl kura_server::cluster::ClusterStatus for NodeStatus {
+impl kura_server::ClusterStatus for NodeStatus {
     async fn drain(&self) -> serde_json::Value {
         tracing::info!("draining: giving every database, bucket and namespace up");
         for placement in &self.placements {

@@ -103,7 +103,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(joined) = &joined {
         let status = crate::cluster::NodeStatus { joined: Arc::clone(joined), placements: placements.clone() };
         settings.forwarding =
-            Some(kura_server::cluster::Forwarding::new(&joined.member.node, Arc::new(status), &joined.forwarding_key));
+            Some(kura_server::Forwarding::new(&joined.member.node, Arc::new(status), &joined.forwarding_key));
     }
     let cluster_node = joined.as_ref().map(|j| (j.member.node.clone(), args.cluster.store_description()));
     crate::membership::claim_directory(&args.data.data, cluster_node.as_ref().map(|(n, s)| (n.as_str(), s.as_str())))?;

@@ -1,7 +1,8 @@
-//! What the R2 engine answers when it cannot do what was asked, with R2's codes and texts.
+//! What the R2 engine answers when it cannot do what was asked, with R2's own texts. Which
+//! status and code each failure is on the wire (S3's, the v4 API's, the binding's) is the
+//! server's to say.
 
-/// An R2 failure. Each maps to one S3 error code, HTTP status and v4 code (see the accessors),
-/// with R2's own message.
+/// An R2 failure, with R2's own message.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum R2Error {
@@ -76,70 +77,6 @@ pub enum R2Error {
 }
 
 impl R2Error {
-    /// S3's error code.
-    pub fn code(&self) -> &'static str {
-        match self {
-            R2Error::NoSuchBucket => "NoSuchBucket",
-            R2Error::NoSuchKey => "NoSuchKey",
-            R2Error::NoSuchUpload => "NoSuchUpload",
-            R2Error::PreconditionFailed => "PreconditionFailed",
-            R2Error::NotModified => "NotModified",
-            R2Error::InvalidRange => "InvalidRange",
-            R2Error::InvalidObjectName => "InvalidObjectName",
-            R2Error::MetadataTooLarge => "MetadataTooLarge",
-            R2Error::EntityTooLarge => "EntityTooLarge",
-            R2Error::EntityTooSmall => "EntityTooSmall",
-            R2Error::BadDigest { .. } => "BadDigest",
-            R2Error::InvalidPart | R2Error::BadUpload => "InvalidPart",
-            R2Error::BucketNotEmpty => "BucketNotEmpty",
-            R2Error::InvalidArgument(_) => "InvalidArgument",
-            R2Error::IncompleteBody(_) => "IncompleteBody",
-            R2Error::Busy => "SlowDown",
-            R2Error::Unavailable(_) => "ServiceUnavailable",
-            R2Error::Storage(_) => "InternalError",
-            R2Error::InsufficientStorage => "InsufficientStorage",
-        }
-    }
-
-    /// The HTTP status R2's S3 endpoint answers with.
-    pub fn status(&self) -> u16 {
-        match self {
-            R2Error::NoSuchBucket | R2Error::NoSuchKey | R2Error::NoSuchUpload => 404,
-            R2Error::PreconditionFailed => 412,
-            R2Error::NotModified => 304,
-            R2Error::InvalidRange => 416,
-            R2Error::BucketNotEmpty => 409,
-            R2Error::Busy | R2Error::Unavailable(_) => 503,
-            R2Error::Storage(_) => 500,
-            R2Error::InsufficientStorage => 507,
-            _ => 400,
-        }
-    }
-
-    /// Cloudflare's v4 error code for the same failure.
-    pub fn v4_code(&self) -> u32 {
-        match self {
-            R2Error::NoSuchBucket => 10006,
-            R2Error::NoSuchKey => 10007,
-            R2Error::NoSuchUpload => 10024,
-            R2Error::PreconditionFailed | R2Error::NotModified => 10031,
-            R2Error::InvalidRange => 10039,
-            R2Error::InvalidObjectName => 10020,
-            R2Error::MetadataTooLarge => 10012,
-            R2Error::EntityTooLarge => 100100,
-            R2Error::EntityTooSmall => 10011,
-            R2Error::BadDigest { .. } => 10037,
-            R2Error::InvalidPart => 10025,
-            R2Error::BadUpload => 10048,
-            R2Error::BucketNotEmpty => 10008,
-            R2Error::InvalidArgument(_) => 10029,
-            R2Error::IncompleteBody(_) => 10013,
-            R2Error::Busy => 10058,
-            R2Error::Unavailable(_) => 10043,
-            R2Error::Storage(_) | R2Error::InsufficientStorage => 10001,
-        }
-    }
-
     /// The message as the Workers binding words it: every digest in hex.
     pub fn binding_message(&self) -> String {
         match self {

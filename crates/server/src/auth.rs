@@ -8,8 +8,8 @@ use axum::http::request::Parts;
 
 use kura_catalog::{Scope, Token};
 
-use crate::AppState;
-use crate::rest::ApiError;
+use crate::error::ApiError;
+use crate::state::AppState;
 
 /// The authenticated caller of a request.
 #[derive(Debug, Clone)]

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use serde_json::json;
 
-use crate::AppState;
+use crate::state::AppState;
 
 /// One file of the console.
 struct Asset {

@@ -17,28 +17,39 @@
 
 #![deny(missing_docs)]
 
+// The modules in their layers, lowest first: each uses only the layers below it (checked by
+// `tests/layers.rs`; ARCHITECTURE.md draws the map).
 mod alarms;
-pub mod auth;
-mod binding;
 pub mod buckets;
-pub mod cluster;
-mod console;
 mod expect_continue;
 pub mod metrics;
-mod node;
 pub mod observe;
-pub mod rest;
-mod s3;
 pub mod sigv4;
 mod stall;
 pub mod transfer;
+
+mod error;
+mod extract;
+mod forward;
+mod state;
+
+pub mod auth;
+mod resources;
+mod routing;
+
+mod binding;
+mod console;
+pub mod rest;
+mod s3;
+
+pub mod cluster;
+mod node;
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::response::Response;
 use axum::routing::get;
@@ -47,53 +58,17 @@ use kura_d1::D1;
 use tokio::net::TcpListener;
 use tower::Layer;
 
+use routing::{RouteTable, Routes, Touches};
+
+pub use forward::{ClusterStatus, Forwarding, SERVED_BY};
 pub use node::{Bootstrap, CredentialsConfig, Node, NodeError, NodeSettings, bootstrap, lock_directory};
+pub use state::{AppState, MAX_BODY_BYTES, Shared};
 
 /// Cases each property test of an outside parser runs: a bounded number in `scripts/test`, more
 /// with `KURA_FUZZ_CASES` (the long mode).
 #[cfg(test)]
 pub(crate) fn fuzz_cases() -> u32 {
     kura_testkit::count("KURA_FUZZ_CASES", 2_000)
-}
-
-/// Largest request body accepted, in bytes: room for a batch of statements with 2 MB values.
-pub const MAX_BODY_BYTES: usize = 100 * 1024 * 1024;
-
-/// What every handler can reach.
-/// What every handler shares. One allocation behind one reference count: axum clones the state
-/// for every extractor and layer of every request, and cloning each engine's handle instead
-/// cost about 2% of a point SELECT's CPU time (perf, issue 15).
-#[derive(Clone)]
-pub struct AppState(Arc<Shared>);
-
-impl std::ops::Deref for AppState {
-    type Target = Shared;
-
-    fn deref(&self) -> &Shared {
-        &self.0
-    }
-}
-
-/// The engines and settings behind [`AppState`].
-pub struct Shared {
-    /// Accounts and tokens.
-    pub catalog: Arc<Catalog>,
-    /// The D1 engine.
-    pub d1: Arc<D1>,
-    /// Export downloads and import uploads.
-    pub transfers: Arc<transfer::Transfers>,
-    /// The R2 engine.
-    pub r2: Arc<kura_r2::R2>,
-    /// The Durable Objects engine.
-    pub durable_objects: kura_do::DurableObjects,
-    /// The Workers layer, when this server runs Workers.
-    pub workers: Option<kura_workers::Workers>,
-    /// In a cluster, how requests reach the node that owns what they touch.
-    pub forwarding: Option<cluster::Forwarding>,
-    /// Requests answered, for `/metrics`.
-    pub http: Arc<observe::HttpFigures>,
-    /// Where this server's S3 listener is, for the console's presigned URLs.
-    pub s3_address: Option<std::net::SocketAddr>,
 }
 
 /// The listeners a server serves on.
@@ -127,15 +102,17 @@ impl<S> Application for S where
 /// each route's handler, and every request then pays for each layer a boxed clone of the
 /// services below it and a boxed future (a fifth of the allocations of a one-row D1 INSERT).
 pub fn app(state: AppState) -> impl Application {
-    let routes = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/metrics", get(metrics::metrics))
-        .route("/d1-transfers/{token}", get(transfer::download).put(transfer::upload))
+    let (routes, table) = Routes::default()
+        .route("/healthz", Touches::Anywhere, get(|| async { "ok" }))
+        .route("/metrics", Touches::Anywhere, get(metrics::metrics))
+        .route("/d1-transfers/{token}", Touches::Transfer, get(transfer::download).put(transfer::upload))
         .merge(rest::routes())
         .merge(binding::routes())
-        .merge(console::routes())
-        .with_state(state.clone());
-    let edge = axum::middleware::from_fn_with_state(state, api_edge);
+        .merge(cluster::routes())
+        .with_router(|router| router.merge(console::routes()))
+        .split();
+    let routes = routes.with_state(state.clone());
+    let edge = axum::middleware::from_fn_with_state((state, Arc::new(table)), api_edge);
     DefaultBodyLimit::max(MAX_BODY_BYTES).layer(edge.layer(routes))
 }
 
@@ -145,14 +122,14 @@ pub fn app(state: AppState) -> impl Application {
 /// figures ([`observe::observe_api`]) around the cluster's placement ([`cluster::place`]),
 /// and the answer [`finished`].
 async fn api_edge(
-    axum::extract::State(state): axum::extract::State<AppState>,
+    axum::extract::State((state, table)): axum::extract::State<(AppState, Arc<RouteTable>)>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let figures = Arc::clone(&state.http);
     let head = request.method() == axum::http::Method::HEAD;
     observe::observe_api(&figures, request, |request| async move {
-        finished(head, cluster::place(axum::extract::State(state), request, next).await)
+        finished(head, cluster::place(state, &table, request, next).await)
     })
     .await
 }

@@ -20,7 +20,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use kura_sqlite::{HistogramSnapshot, Stats};
 
-use crate::AppState;
+use crate::state::AppState;
 
 /// Prometheus' text exposition format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

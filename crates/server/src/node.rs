@@ -83,7 +83,7 @@ pub struct NodeSettings {
     /// `d1.placement`). `None` for a node alone.
     pub catalog_replication: Option<Arc<dyn kura_catalog::Replication>>,
     /// In a cluster: how requests reach other nodes.
-    pub forwarding: Option<crate::cluster::Forwarding>,
+    pub forwarding: Option<crate::forward::Forwarding>,
 }
 
 /// An opened data directory. Dropping it releases the directory.
@@ -94,7 +94,7 @@ pub struct Node {
     r2: Arc<R2>,
     durable_objects: kura_do::DurableObjects,
     s3_domains: Vec<String>,
-    forwarding: Option<crate::cluster::Forwarding>,
+    forwarding: Option<crate::forward::Forwarding>,
     _lock: File,
 }
 
@@ -151,7 +151,7 @@ impl Node {
     }
 
     /// In a cluster, how requests reach other nodes; `None` alone.
-    pub fn forwarding(&self) -> Option<&crate::cluster::Forwarding> {
+    pub fn forwarding(&self) -> Option<&crate::forward::Forwarding> {
         self.forwarding.as_ref()
     }
 

@@ -18,8 +18,6 @@ use http_body_util::BodyExt;
 use md5::{Digest, Md5};
 use tokio::io::AsyncWriteExt;
 
-use crate::AppState;
-
 /// How long a transfer URL works.
 pub const TRANSFER_LIFETIME: Duration = Duration::from_secs(3600);
 
@@ -237,8 +235,8 @@ fn plain(status: StatusCode, text: &str) -> Response {
 }
 
 /// `GET /d1-transfers/{token}`: an export's SQL.
-pub async fn download(State(app): State<AppState>, UrlPath(token): UrlPath<String>) -> Response {
-    let found = app.transfers.lock().downloads.get(&token).filter(|(_, t)| *t > Instant::now()).map(|(p, _)| p.clone());
+pub async fn download(State(transfers): State<std::sync::Arc<Transfers>>, UrlPath(token): UrlPath<String>) -> Response {
+    let found = transfers.lock().downloads.get(&token).filter(|(_, t)| *t > Instant::now()).map(|(p, _)| p.clone());
     let Some(path) = found else {
         return plain(StatusCode::NOT_FOUND, "This download link is unknown or has expired.");
     };
@@ -281,8 +279,12 @@ impl Drop for ReceivingGuard<'_> {
 }
 
 /// `PUT /d1-transfers/{token}`: an import's SQL; answers with its MD5 as the ETag.
-pub async fn upload(State(app): State<AppState>, UrlPath(token): UrlPath<String>, body: Body) -> Response {
-    let expected = match app.transfers.begin_receiving(&token) {
+pub async fn upload(
+    State(transfers): State<std::sync::Arc<Transfers>>,
+    UrlPath(token): UrlPath<String>,
+    body: Body,
+) -> Response {
+    let expected = match transfers.begin_receiving(&token) {
         Ok(upload) => upload,
         Err(UploadRefused::Unknown) => {
             return plain(StatusCode::NOT_FOUND, "This upload link is unknown or has expired.");
@@ -291,11 +293,11 @@ pub async fn upload(State(app): State<AppState>, UrlPath(token): UrlPath<String>
             return plain(StatusCode::CONFLICT, "This upload link has already been used.");
         }
     };
-    let mut guard = ReceivingGuard { transfers: &app.transfers, token: &token, path: &expected.path, finished: false };
+    let mut guard = ReceivingGuard { transfers: &transfers, token: &token, path: &expected.path, finished: false };
     match receive(body, &expected.path).await {
         Ok(md5) => {
             guard.finished = true;
-            if !app.transfers.end_receiving(&token, Some(md5.clone())) {
+            if !transfers.end_receiving(&token, Some(md5.clone())) {
                 let _ = tokio::fs::remove_file(&expected.path).await;
                 return plain(StatusCode::NOT_FOUND, "This upload link expired while the file arrived.");
             }

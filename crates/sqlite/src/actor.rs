@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::TrySendError;
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError, Weak};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -20,7 +20,6 @@ use crate::database::{Database, DatabaseOptions, Grouped, Inline};
 use crate::error::{Error, Result};
 use crate::history::Bookmark;
 use crate::pool::Pool;
-use crate::registry::{DoneSignal, Shared};
 use crate::request::{Request, StatementResult};
 
 /// A request's answer: its results, and the database's bookmark once they were durable (for
@@ -253,8 +252,43 @@ fn beside_the_actor<T>(db: &mut Database, f: impl FnOnce(&mut Database) -> T) ->
 pub(crate) struct Identity {
     pub key: String,
     pub generation: u64,
-    pub registry: Weak<Shared>,
+    pub registry: Weak<dyn Owner>,
     pub done: Arc<DoneSignal>,
+}
+
+/// What holds the actors (the registry), as an actor tells it about its own end. Rare calls:
+/// once per actor at most.
+pub(crate) trait Owner: Send + Sync {
+    /// An actor told to close that could get no thread: the owner's own thread closes it.
+    fn close_later(&self, actor: Arc<Actor>);
+    /// An actor that must reopen its file steps aside: new commands go to a successor.
+    fn step_aside(&self, key: &str, generation: u64);
+    /// An actor let go of its file: a successor may open it.
+    fn forget(&self, key: &str, generation: u64, done: &Arc<DoneSignal>);
+}
+
+/// Set once when an actor has closed its file.
+pub(crate) struct DoneSignal {
+    done: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl DoneSignal {
+    pub(crate) fn new() -> Self {
+        DoneSignal { done: Mutex::new(false), changed: Condvar::new() }
+    }
+
+    pub(crate) fn set(&self) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.changed.notify_all();
+    }
+
+    pub(crate) fn wait(&self) {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        while !*done {
+            done = self.changed.wait(done).unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
 
 /// What waits in the open group transaction for its COMMIT.

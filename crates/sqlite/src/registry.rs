@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::actor::{Actor, Afterwards, Captured, Command, Executed, Identity, Start, Tried};
+use crate::actor::{Actor, Afterwards, Captured, Command, DoneSignal, Executed, Identity, Owner, Start, Tried};
 use crate::database::{CAPTURE_DELAY, Database, DatabaseOptions};
 use crate::error::{Error, Result};
 use crate::pool::Pool;
@@ -46,30 +46,6 @@ const INLINE_READ_BUDGET: Duration = Duration::from_millis(1);
 
 /// Maps a database key to the options its file opens with (`None`: no such database).
 pub type Opener = dyn Fn(&str) -> Option<DatabaseOptions> + Send + Sync;
-
-/// Set once when an actor has closed its file.
-pub(crate) struct DoneSignal {
-    done: Mutex<bool>,
-    changed: Condvar,
-}
-
-impl DoneSignal {
-    fn new() -> Self {
-        DoneSignal { done: Mutex::new(false), changed: Condvar::new() }
-    }
-
-    pub(crate) fn set(&self) {
-        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        self.changed.notify_all();
-    }
-
-    pub(crate) fn wait(&self) {
-        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
-        while !*done {
-            done = self.changed.wait(done).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-}
 
 struct Entry {
     actor: Arc<Actor>,
@@ -497,8 +473,12 @@ impl Shared {
         state.next_generation += 1;
         let done = Arc::new(DoneSignal::new());
         let previous_owner = state.closing.get(key).cloned();
-        let identity =
-            Identity { key: key.to_owned(), generation, registry: Arc::downgrade(self), done: Arc::clone(&done) };
+        let identity = Identity {
+            key: key.to_owned(),
+            generation,
+            registry: Arc::downgrade(self) as std::sync::Weak<dyn Owner>,
+            done: Arc::clone(&done),
+        };
         let actor = Actor::new(
             identity,
             previous_owner,
@@ -540,15 +520,17 @@ impl Shared {
             actor.close_here();
         }
     }
+}
 
+impl Owner for Shared {
     /// Keeps an actor whose close could get no thread, for [`Shared::close_idle`].
-    pub(crate) fn close_later(&self, actor: Arc<Actor>) {
+    fn close_later(&self, actor: Arc<Actor>) {
         self.unclosed.lock().unwrap_or_else(|p| p.into_inner()).push(actor);
     }
 
     /// Called by an actor that must reopen its file (a write failed on the disk): new commands
     /// go to a successor, which waits for this actor to let go of the file first.
-    pub(crate) fn step_aside(&self, key: &str, generation: u64) {
+    fn step_aside(&self, key: &str, generation: u64) {
         let mut state = self.lock();
         if state.actors.get(key).is_some_and(|e| e.generation == generation) {
             let entry = state.actors.remove(key).expect("entry just seen");
@@ -557,7 +539,7 @@ impl Shared {
     }
 
     /// Called as an actor ends: drops whatever the registry still holds for it.
-    pub(crate) fn forget(&self, key: &str, generation: u64, done: &Arc<DoneSignal>) {
+    fn forget(&self, key: &str, generation: u64, done: &Arc<DoneSignal>) {
         let mut state = self.lock();
         if state.actors.get(key).is_some_and(|e| e.generation == generation) {
             state.actors.remove(key);

@@ -160,7 +160,10 @@ const WRITERS: u64 = 4;
 /// Each writer's write in flight: when it began and the node it went to (`None`: the writer is
 /// between writes).
 #[derive(Clone)]
-struct InFlight(Arc<Mutex<Vec<Option<(Instant, String)>>>>);
+struct InFlight(Arc<Mutex<Vec<Started>>>);
+
+/// Each writer's write in flight: when it started, and the node it went to.
+type Started = Option<(Instant, String)>;
 
 impl InFlight {
     fn new() -> InFlight {

@@ -14,10 +14,10 @@ use serde::Deserialize;
 use kura_d1::wire::{JsonParams, JsonResults, RowFormat};
 use kura_d1::{Access, Bookmark, Request, ResultMode, Statement};
 
-use crate::AppState;
 use crate::auth::{Caller, Need};
-use crate::rest::ApiError;
-use crate::rest::extract::read_body;
+use crate::error::ApiError;
+use crate::extract::read_body;
+use crate::state::AppState;
 
 /// The header naming the database, for clients whose URL is fixed (workerd's shim).
 pub const DATABASE_HEADER: &str = "x-kura-d1-database";
@@ -42,10 +42,7 @@ impl From<kura_d1::Error> for BindingError {
 
 impl IntoResponse for BindingError {
     fn into_response(self) -> Response {
-        // The status is the v4 API's for the same error (a SQL error is a 400, where Miniflare
-        // answers 500): the shim reads only `error`, and a user's bad SQL is not a server fault.
-        let body = serde_json::json!({ "success": false, "error": self.0.message() });
-        (self.0.status(), axum::Json(body)).into_response()
+        crate::error::binding::d1_error(&self.0)
     }
 }
 

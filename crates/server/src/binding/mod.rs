@@ -16,32 +16,34 @@ use axum::Router;
 use axum::http::HeaderMap;
 use axum::routing::{get, post};
 
-use crate::AppState;
-use crate::rest::ApiError;
+use crate::error::{ApiError, Wire};
+use crate::routing::{Routes, Touches};
+use crate::state::AppState;
 use kura_workers::config::headers;
 
 pub(crate) use d1::DATABASE_HEADER;
-pub(crate) use r2::error_response as r2_error_response;
 
 /// The binding routes, on the API listener.
-pub fn routes() -> Router<AppState> {
-    Router::new()
+pub(crate) fn routes() -> Routes {
+    let in_path = Touches::Database(Wire::D1Binding);
+    Routes::default()
         // workerd's D1 shim posts to `http://d1/query` and `/execute`; the database is named by a
         // header the service's configuration injects.
-        .route("/query", post(d1::query))
-        .route("/execute", post(d1::query))
+        .route("/query", Touches::DatabaseByHeader, post(d1::query))
+        .route("/execute", Touches::DatabaseByHeader, post(d1::query))
         // The same, with the database in the path, for clients that choose their URLs.
-        .route("/binding/d1/{database}/query", post(d1::query_at))
-        .route("/binding/d1/{database}/execute", post(d1::query_at))
+        .route("/binding/d1/{database}/query", in_path, post(d1::query_at))
+        .route("/binding/d1/{database}/execute", in_path, post(d1::query_at))
         // R2's, with the bucket in the path: the requests and replies of a Worker's `env.BUCKET`.
         .route(
             "/binding/r2/{bucket}",
+            Touches::BindingBucket,
             get(r2::read_at).put(r2::write_at).layer(axum::extract::DefaultBodyLimit::disable()),
         )
 }
 
 /// The routes of the Workers' binding socket.
-pub fn worker_routes() -> Router<AppState> {
+pub(crate) fn worker_routes() -> Router<AppState> {
     Router::new()
         .route("/query", post(d1::query_from_worker))
         .route("/execute", post(d1::query_from_worker))

@@ -23,13 +23,12 @@ use kura_r2::{
 };
 use kura_workers::config::headers;
 
-use crate::AppState;
 use crate::auth::{Caller, Need};
-use crate::rest::ApiError;
+use crate::error::{self, ApiError};
+use crate::state::AppState;
 
 const REQUEST_HEADER: &str = "cf-r2-request";
 const METADATA_SIZE_HEADER: &str = "cf-r2-metadata-size";
-const ERROR_HEADER: &str = "cf-r2-error";
 
 /// Largest request JSON accepted (workerd's own bound on replies).
 const MAX_METADATA: usize = 1 << 20;
@@ -59,29 +58,18 @@ impl BindingError {
 
 impl From<R2Error> for BindingError {
     fn from(e: R2Error) -> Self {
-        let status = match &e {
-            R2Error::NotModified => StatusCode::PRECONDITION_FAILED,
-            other => StatusCode::from_u16(other.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-        };
-        BindingError::new(status, e.v4_code(), e.binding_message())
+        let (status, code, message) = error::binding::r2_binding_failure(&e);
+        BindingError::new(status, code, message)
     }
-}
-
-/// A failure in the binding's shape, for the cluster's placement to refuse a request with.
-pub(crate) fn error_response(status: StatusCode, code: u32, message: &str) -> Response {
-    BindingError::new(status, code, message).into_response()
 }
 
 impl IntoResponse for BindingError {
     fn into_response(self) -> Response {
-        let error = json!({"version": 1, "v4code": self.code, "message": self.message}).to_string();
         let mut response = match self.object {
             Some(object) => metadata_reply(self.status, &object, Body::empty(), 0),
             None => self.status.into_response(),
         };
-        if let Ok(value) = HeaderValue::from_bytes(error.as_bytes()) {
-            response.headers_mut().insert(ERROR_HEADER, value);
-        }
+        error::binding::mark_r2_error(&mut response, self.code, &self.message);
         response
     }
 }
@@ -317,7 +305,7 @@ fn bucket_for_token(app: &AppState, headers: &HeaderMap, name: &str, need: Need)
     let caller = Caller::from_headers(headers, app).map_err(refused)?;
     let account = caller.token.account_id.clone();
     caller.require(&account, need).map_err(refused)?;
-    match crate::rest::r2::find_bucket(app, &caller, &account, name) {
+    match crate::resources::find_bucket(app, &caller, &account, name) {
         Ok(bucket) => Ok(bucket.id),
         Err(e) => Err(refused(e)),
     }

@@ -9,9 +9,9 @@ use serde::Deserialize;
 
 use kura_workers::config::headers;
 
-use crate::AppState;
-use crate::rest::ApiError;
-use crate::rest::extract::read_body;
+use crate::error::ApiError;
+use crate::extract::read_body;
+use crate::state::AppState;
 
 #[derive(Deserialize)]
 struct Announcement {
@@ -33,12 +33,12 @@ pub async fn announce(State(app): State<AppState>, headers: HeaderMap, body: Bod
     let outcome = async {
         let script = script_of(&app, &headers)?;
         let body = read_body(body).await?;
-        let announced: Announcement = crate::rest::parse_json(&body)?;
+        let announced: Announcement = crate::extract::parse_json(&body)?;
         let workers = app.workers.as_ref().expect("checked");
         let namespace = workers.class_namespace(&script, &announced.class)?.ok_or_else(|| {
             ApiError::bad_request(format!("'{}' is no Durable Object class of '{}'", announced.class, script.name))
         })?;
-        let engine_namespace = crate::rest::durable_objects::engine_namespace(&namespace)?;
+        let engine_namespace = crate::resources::engine_namespace(&namespace)?;
         let id = engine_namespace.id_from_string(&announced.id).map_err(|e| ApiError::bad_request(e.to_string()))?;
         let id = match announced.name {
             Some(name) if engine_namespace.id_from_name(&name) == id => engine_namespace.id_from_name(&name),
@@ -56,7 +56,7 @@ pub async fn logs(State(app): State<AppState>, headers: HeaderMap, body: Body) -
     let outcome = async {
         let script = script_of(&app, &headers)?;
         let body = read_body(body).await?;
-        let events: Vec<serde_json::Value> = crate::rest::parse_json(&body)?;
+        let events: Vec<serde_json::Value> = crate::extract::parse_json(&body)?;
         app.workers.as_ref().expect("checked").record_logs(&script.id, events)?;
         Ok::<_, ApiError>(StatusCode::NO_CONTENT.into_response())
     };

@@ -1,19 +1,21 @@
-//! The API listener's placement: v4 routes and binding endpoints that name a D1 database or
-//! an R2 bucket go to its owner; the catalog's routes are served by any node.
+//! The API listener's placement: v4 routes and binding endpoints that touch a D1 database, an
+//! R2 bucket or a Durable Object namespace go to its owner; the catalog's routes are served by
+//! any node. What a route touches is declared where the route is ([`crate::routing`]).
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::{Placed, Shape, serve_placed};
-use crate::AppState;
-use crate::rest::ApiError;
+use super::{Placed, serve_placed};
+use crate::error::{ApiError, Wire};
+use crate::routing::{RouteTable, Touches};
+use crate::state::AppState;
 
 /// What a request reaches, as far as placement goes.
 enum Target<'a> {
     /// One D1 database, by id or name (`account` known for names from the v4 path).
-    Database { account: Option<&'a str>, id: &'a str, binding: bool },
+    Database { account: Option<&'a str>, id: &'a str, wire: Wire },
     /// One R2 bucket of the account, by name.
     Bucket { account: &'a str, name: &'a str },
     /// One R2 bucket of the token's account, by name, for the R2 binding.
@@ -28,38 +30,35 @@ enum Target<'a> {
     Anywhere,
 }
 
-fn classify<'a>(path: &'a str, headers: &'a HeaderMap) -> Target<'a> {
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    match parts.as_slice() {
-        ["client", "v4", "accounts", account, "d1", "database", id, ..] => {
-            Target::Database { account: Some(account), id, binding: false }
-        }
-        ["client", "v4", "accounts", account, "r2", "buckets", name, ..] => Target::Bucket { account, name },
+/// What `path` reaches, by the route table the router was built from.
+fn classify<'a>(table: &'a RouteTable, path: &'a str, headers: &'a HeaderMap) -> Target<'a> {
+    let Some(found) = table.find(path) else { return Target::Anywhere };
+    let param = |name| found.param(name).unwrap_or_default();
+    match found.touches {
+        Touches::Anywhere => Target::Anywhere,
+        Touches::Database(wire) => Target::Database { account: found.param("account_id"), id: param("database"), wire },
+        Touches::DatabaseByHeader => match headers.get(crate::binding::DATABASE_HEADER).and_then(|v| v.to_str().ok()) {
+            Some(id) => Target::Database { account: None, id, wire: Wire::D1Binding },
+            None => Target::Anywhere,
+        },
+        Touches::Bucket => Target::Bucket { account: param("account_id"), name: param("bucket") },
+        Touches::BindingBucket => Target::BindingBucket { name: param("bucket") },
         // A namespace's details (its object count), objects, queries and fan-outs go to the node
         // serving it; the list of namespaces is the catalog's.
-        ["client", "v4", "accounts", account, "workers", "durable_objects", "namespaces", namespace, ..] => {
-            Target::Namespace { account, namespace }
-        }
-        ["client", "v4", "accounts", _, "workers", "durable_objects", ..] => Target::Anywhere,
-        ["client", "v4", "accounts", _, "workers", ..] => Target::NotClustered("Workers"),
-        ["d1-transfers", token] => match token.split_once(crate::transfer::NODE_SEPARATOR) {
+        Touches::Namespace => Target::Namespace { account: param("account_id"), namespace: param("namespace") },
+        Touches::Transfer => match param("token").split_once(crate::transfer::NODE_SEPARATOR) {
             Some((node, _)) => Target::Transfer { node },
             None => Target::Anywhere,
         },
-        ["binding", "d1", id, _] => Target::Database { account: None, id, binding: true },
-        ["binding", "r2", name] => Target::BindingBucket { name },
-        ["query"] | ["execute"] => match headers.get(crate::binding::DATABASE_HEADER).and_then(|v| v.to_str().ok()) {
-            Some(id) => Target::Database { account: None, id, binding: true },
-            None => Target::Anywhere,
-        },
-        _ => Target::Anywhere,
+        Touches::NotClustered(what) => Target::NotClustered(what),
     }
 }
 
-/// The API listener's middleware: places each request (see the module's documentation).
-pub async fn place(State(app): State<AppState>, request: Request, next: Next) -> Response {
+/// The API listener's placement: places each request (see the module's documentation) by
+/// what its route touches in `table`.
+pub async fn place(app: AppState, table: &RouteTable, request: Request, next: Next) -> Response {
     let Some(forwarding) = app.forwarding.clone() else { return next.run(request).await };
-    let (placed, shape) = match classify(request.uri().path(), request.headers()) {
+    let (placed, shape) = match classify(table, request.uri().path(), request.headers()) {
         Target::Anywhere => return next.run(request).await,
         Target::Transfer { node } if node == forwarding.node() => return next.run(request).await,
         Target::Transfer { node } => {
@@ -67,42 +66,39 @@ pub async fn place(State(app): State<AppState>, request: Request, next: Next) ->
             return forwarding.forward_transfer(request, &node).await;
         }
         Target::NotClustered(what) => {
-            return Shape::V4.refuse(ApiError::new(
+            return Wire::V4.refuse(ApiError::new(
                 StatusCode::NOT_IMPLEMENTED,
                 7500,
                 format!("{what} is not served by a kura cluster yet; run it on a single node"),
             ));
         }
-        Target::Database { account, id, binding } => {
-            let shape = if binding { Shape::Binding } else { Shape::V4 };
-            match resolve_database(&app, &request, account, id) {
-                Ok(uuid) => (Placed::Database(uuid), shape),
-                Err(e) => return shape.refuse(e),
-            }
-        }
+        Target::Database { account, id, wire: shape } => match resolve_database(&app, &request, account, id) {
+            Ok(uuid) => (Placed::Database(uuid), shape),
+            Err(e) => return shape.refuse(e),
+        },
         Target::Namespace { account, namespace } => match app.catalog.do_namespace(account, namespace) {
-            Ok(Some(found)) => (Placed::Namespace(found.id), Shape::V4),
+            Ok(Some(found)) => (Placed::Namespace(found.id), Wire::V4),
             // Unknown here (yet): answered here. A namespace made on another node a moment ago
             // may be found by the handler; its engine then claims it before serving, as the
             // placement would have.
             Ok(None) => return forwarding.served_here(next.run(request).await),
-            Err(e) => return Shape::V4.refuse(ApiError::internal(&e)),
+            Err(e) => return Wire::V4.refuse(ApiError::internal(&e)),
         },
         Target::Bucket { account, name } => match app.catalog.r2_bucket(account, name) {
-            Ok(Some(bucket)) => (Placed::Bucket(bucket.id), Shape::V4),
+            Ok(Some(bucket)) => (Placed::Bucket(bucket.id), Wire::V4),
             // An unknown bucket is nobody's: answered here (as not found).
             Ok(None) => return forwarding.served_here(next.run(request).await),
-            Err(e) => return Shape::V4.refuse(ApiError::internal(&e)),
+            Err(e) => return Wire::V4.refuse(ApiError::internal(&e)),
         },
         Target::BindingBucket { name } => {
             let account = match crate::auth::Caller::from_headers(request.headers(), &app) {
                 Ok(caller) => caller.token.account_id,
-                Err(e) => return Shape::R2Binding.refuse(e),
+                Err(e) => return Wire::R2Binding.refuse(e),
             };
             match app.catalog.r2_bucket(&account, name) {
-                Ok(Some(bucket)) => (Placed::Bucket(bucket.id), Shape::R2Binding),
+                Ok(Some(bucket)) => (Placed::Bucket(bucket.id), Wire::R2Binding),
                 Ok(None) => return forwarding.served_here(next.run(request).await),
-                Err(e) => return Shape::R2Binding.refuse(ApiError::internal(&e)),
+                Err(e) => return Wire::R2Binding.refuse(ApiError::internal(&e)),
             }
         }
     };

@@ -15,268 +15,19 @@ mod s3;
 pub use api::place;
 pub use s3::place_s3;
 
-use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, StatusCode, header};
+use axum::http::StatusCode;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
+use axum::routing::{get, post};
 use kura_sqlite::PlacementError;
 
-use crate::AppState;
-use crate::rest::ApiError;
-
-/// Marks a request another node sent on: it is served where it lands or refused, never sent
-/// on again (ownership moving while it travelled). Its value is `<node> <proof>`, the proof an
-/// HMAC of the node's name under the cluster's key, so a client cannot pass for a node.
-const FORWARDED_BY: &str = "x-kura-forwarded-by";
-
-/// How long a forwarded request may go without a byte from the owner: past a D1 query's own
-/// limit (30 s) and a lease's TTL, so only a node that stopped answering reaches it.
-pub(crate) const FORWARD_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Names the node that served a database's or bucket's request, for operators (and the
-/// cluster tests).
-pub const SERVED_BY: &str = "x-kura-node";
-
-/// What `kura node status` shows of a node: its view of the cluster (implemented over the
-/// coordinator and the placement by the binary that joins the cluster).
-#[async_trait::async_trait]
-pub trait ClusterStatus: Send + Sync {
-    /// The members, and what this node owns with its shipping counts, as JSON.
-    async fn status(&self) -> serde_json::Value;
-    /// Gives everything up and takes nothing more; answers the status after.
-    async fn drain(&self) -> serde_json::Value;
-    /// The node's figures in Prometheus' text format (see [`crate::metrics::family`]).
-    async fn metrics(&self) -> String;
-    /// The API URL of the live member named `node`.
-    async fn member_api(&self, node: &str) -> Option<String>;
-}
-
-/// How this node reaches the others.
-#[derive(Clone)]
-pub struct Forwarding {
-    node: String,
-    client: reqwest::Client,
-    status: std::sync::Arc<dyn ClusterStatus>,
-    /// Shared by every node of the cluster: proves a forwarded request came from one.
-    key: std::sync::Arc<[u8]>,
-    /// This node's `FORWARDED_BY` value.
-    stamp: axum::http::HeaderValue,
-}
-
-fn proof(key: &[u8], node: &str) -> String {
-    use hmac::Mac;
-    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes any key length");
-    mac.update(node.as_bytes());
-    hex::encode(mac.finalize().into_bytes())
-}
-
-impl std::fmt::Debug for Forwarding {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Forwarding").field("node", &self.node).finish_non_exhaustive()
-    }
-}
-
-/// The protocol a request speaks, so that a refusal reads as its own errors do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Shape {
-    /// Cloudflare's v4 envelope.
-    V4,
-    /// The D1 binding's `{success, error}`.
-    Binding,
-    /// S3's XML error.
-    S3,
-    /// The R2 binding's `cf-r2-error` header.
-    R2Binding,
-}
-
-impl Shape {
-    fn refuse(self, error: ApiError) -> Response {
-        match self {
-            Shape::V4 => error.into_response(),
-            Shape::Binding => {
-                let body = serde_json::json!({ "success": false, "error": error.message() });
-                (error.status(), axum::Json(body)).into_response()
-            }
-            Shape::S3 => {
-                let code = match error.status() {
-                    StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
-                    StatusCode::NOT_IMPLEMENTED => "NotImplemented",
-                    _ => "InternalError",
-                };
-                crate::s3::error_response(error.status(), code, error.message())
-            }
-            Shape::R2Binding => crate::binding::r2_error_response(error.status(), error.code(), error.message()),
-        }
-    }
-}
-
-impl Forwarding {
-    /// `response`, answered by this node, saying so.
-    pub(crate) fn served_here(&self, mut response: Response) -> Response {
-        if let Ok(node) = self.node.parse() {
-            response.headers_mut().insert(HeaderName::from_static(SERVED_BY), node);
-        }
-        response
-    }
-
-    /// This node's name.
-    pub fn node(&self) -> &str {
-        &self.node
-    }
-
-    /// How the node reports itself.
-    pub fn status(&self) -> &dyn ClusterStatus {
-        &*self.status
-    }
-
-    /// Whether another node of the cluster sent this request on (its stamp checks out).
-    fn is_forwarded(&self, headers: &HeaderMap) -> bool {
-        let Some((node, given)) =
-            headers.get(FORWARDED_BY).and_then(|v| v.to_str().ok()).and_then(|v| v.split_once(' '))
-        else {
-            return false;
-        };
-        let expected = proof(&self.key, node);
-        // Compared in constant time: the proof is a secret's function.
-        expected.len() == given.len() && expected.bytes().zip(given.bytes()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
-    }
-
-    /// Forwarding for the node named `node`, which reports itself through `status`; `key`, the
-    /// same on every node, authenticates requests nodes send each other.
-    pub fn new(node: impl Into<String>, status: std::sync::Arc<dyn ClusterStatus>, key: &[u8]) -> Self {
-        let client = reqwest::Client::builder()
-            .connect_timeout(std::time::Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .build()
-            .expect("an HTTP client builds");
-        let node = node.into();
-        let stamp = format!("{node} {}", proof(key, &node)).parse().expect("node ids are header-safe");
-        Forwarding { node, client, status, key: key.into(), stamp }
-    }
-
-    /// Sends a D1 export's or import's transfer to the node holding its file.
-    async fn forward_transfer(&self, request: Request, node: &str) -> Response {
-        match self.status.member_api(node).await {
-            Some(url) => self.forward(request, node, &url, Shape::V4).await,
-            None => Shape::V4.refuse(ApiError::new(
-                StatusCode::NOT_FOUND,
-                7404,
-                format!("this transfer's node, {node}, is no longer a member; start the export or import again"),
-            )),
-        }
-    }
-
-    /// Sends `request` to the node `owner` at `url` and streams its answer back. An S3 request
-    /// keeps its `Host` (the client signed it).
-    async fn forward(&self, request: Request, owner: &str, url: &str, shape: Shape) -> Response {
-        let (parts, body) = request.into_parts();
-        let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let mut headers = without_hop_headers(&parts.headers);
-        if shape != Shape::S3 {
-            // The owner's answers may name this host (a D1 export's download URL).
-            if let Some(host) = headers.remove(header::HOST)
-                && !headers.contains_key("x-forwarded-host")
-            {
-                headers.insert(HeaderName::from_static("x-forwarded-host"), host);
-            }
-        }
-        headers.insert(HeaderName::from_static(FORWARDED_BY), self.stamp.clone());
-        if let Some(id) = parts.extensions.get::<crate::observe::RequestId>()
-            && let Ok(value) = id.0.parse()
-        {
-            headers.insert(HeaderName::from_static(crate::observe::REQUEST_ID), value);
-        }
-        // A paused owner accepts connections into its backlog and never answers: once the body
-        // is all sent, its answer must begin within the timeout, and then never stall for as
-        // long (an upload itself takes as long as the client takes).
-        let (sent_tx, sent_rx) = tokio::sync::oneshot::channel::<()>();
-        let body = reqwest::Body::wrap_stream(until_end(body.into_data_stream(), sent_tx));
-        let request = self.client.request(parts.method, format!("{url}{path}")).headers(headers).body(body).send();
-        let answered = tokio::select! {
-            answered = request => answered.map_err(Some),
-            () = async {
-                let _ = sent_rx.await;
-                tokio::time::sleep(FORWARD_READ_TIMEOUT).await;
-            } => Err(None),
-        };
-        match answered {
-            Ok(answer) => {
-                let mut response = Response::builder().status(answer.status());
-                if let Some(out) = response.headers_mut() {
-                    *out = without_hop_headers(answer.headers());
-                }
-                let stream = idle_timeout(answer.bytes_stream(), FORWARD_READ_TIMEOUT);
-                response.body(Body::from_stream(stream)).unwrap_or_else(|e| ApiError::internal(&e).into_response())
-            }
-            Err(Some(e)) if e.is_connect() => {
-                tracing::warn!(owner, url, error = %e, "could not reach an owner");
-                shape
-                    .refuse(ApiError::unavailable(format!("its owner, node {owner}, cannot be reached; retry shortly")))
-            }
-            // The request reached the owner: whether it took effect is unknown, as when a
-            // client's own connection breaks.
-            Err(e) => {
-                let error = e.map_or_else(|| "no answer within the timeout".to_owned(), |e| e.to_string());
-                tracing::warn!(owner, url, error, "an owner failed while answering");
-                shape.refuse(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    7500,
-                    format!(
-                        "its owner, node {owner}, failed while answering; the request may or may not have taken effect"
-                    ),
-                ))
-            }
-        }
-    }
-}
-
-/// `stream`, telling `ended` once it has ended (or failed).
-fn until_end<S, T, E>(
-    stream: S,
-    ended: tokio::sync::oneshot::Sender<()>,
-) -> impl futures_util::Stream<Item = Result<T, E>>
-where
-    S: futures_util::Stream<Item = Result<T, E>>,
-{
-    futures_util::stream::unfold((Box::pin(stream), Some(ended)), |(mut stream, mut ended)| async move {
-        use futures_util::StreamExt;
-        match stream.next().await {
-            Some(Ok(item)) => Some((Ok(item), (stream, ended))),
-            Some(Err(e)) => {
-                ended.take().map(|e| e.send(()));
-                Some((Err(e), (stream, None)))
-            }
-            None => {
-                ended.take().map(|e| e.send(()));
-                None
-            }
-        }
-    })
-}
-
-/// `stream`'s bytes, failing once it has sent nothing for `limit` (an answer from a node that
-/// stopped answering).
-pub(crate) fn idle_timeout<S>(
-    stream: S,
-    limit: std::time::Duration,
-) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static
-where
-    S: futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send + 'static,
-{
-    futures_util::stream::unfold(Some(Box::pin(stream)), move |stream| async move {
-        use futures_util::StreamExt;
-        let mut stream = stream?;
-        match tokio::time::timeout(limit, stream.next()).await {
-            Ok(Some(Ok(chunk))) => Some((Ok(chunk), Some(stream))),
-            Ok(Some(Err(e))) => Some((Err(std::io::Error::other(e)), None)),
-            Ok(None) => None,
-            Err(_) => {
-                Some((Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the node stopped answering")), None))
-            }
-        }
-    })
-}
+use crate::auth::Caller;
+use crate::error::{ApiError, Wire, ok};
+use crate::extract::V4Path;
+use crate::forward::{FORWARDED_BY, Forwarding};
+use crate::routing::{Routes, Touches};
+use crate::state::AppState;
 
 /// The file a request is placed by: one D1 database, one R2 bucket or one Durable Object
 /// namespace, by its id.
@@ -328,7 +79,7 @@ async fn serve_placed(
     app: &AppState,
     forwarding: &Forwarding,
     placed: Placed,
-    shape: Shape,
+    shape: Wire,
     request: Request,
     next: Next,
 ) -> Response {
@@ -353,7 +104,7 @@ async fn serve_placed(
                 let what = placed.what();
                 return shape.refuse(ApiError::unavailable(format!("the {what}'s ownership is moving; retry shortly")));
             }
-            let target = if shape == Shape::S3 { s3 } else { url };
+            let target = if shape == Wire::S3 { s3 } else { url };
             let response = forwarding.forward(request, &node, &target, shape).await;
             if matches!(response.status(), StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY) {
                 // The owner is gone or no longer owns it: look again next time.
@@ -366,64 +117,39 @@ async fn serve_placed(
     }
 }
 
+/// The cluster's own v4 routes: a node's view of the cluster, and draining it.
+pub(crate) fn routes() -> Routes {
+    Routes::default().route("/client/v4/accounts/{account_id}/kura/cluster", Touches::Anywhere, get(status)).route(
+        "/client/v4/accounts/{account_id}/kura/cluster/drain",
+        Touches::Anywhere,
+        post(drain),
+    )
+}
+
 /// `GET /accounts/{account_id}/kura/cluster`: this node's view of the cluster, for an admin
 /// token of the account (`kura node status`).
-pub async fn status(
+async fn status(
     State(app): State<AppState>,
-    caller: crate::auth::Caller,
-    crate::rest::extract::V4Path(account_id): crate::rest::extract::V4Path<String>,
+    caller: Caller,
+    V4Path(account_id): V4Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(crate::rest::ok(cluster_for(&app, &caller, &account_id)?.status.status().await))
+    Ok(ok(cluster_for(&app, &caller, &account_id)?.status().status().await))
 }
 
 /// `POST /accounts/{account_id}/kura/cluster/drain`: this node gives every database up and
 /// takes none from now on (`kura node drain`), for an admin token of the account.
-pub async fn drain(
+async fn drain(
     State(app): State<AppState>,
-    caller: crate::auth::Caller,
-    crate::rest::extract::V4Path(account_id): crate::rest::extract::V4Path<String>,
+    caller: Caller,
+    V4Path(account_id): V4Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(crate::rest::ok(cluster_for(&app, &caller, &account_id)?.status.drain().await))
+    Ok(ok(cluster_for(&app, &caller, &account_id)?.status().drain().await))
 }
 
 /// The node's cluster side, for an admin token of `account_id` with no bucket limit.
-fn cluster_for<'a>(
-    app: &'a AppState,
-    caller: &crate::auth::Caller,
-    account_id: &str,
-) -> Result<&'a Forwarding, ApiError> {
+fn cluster_for<'a>(app: &'a AppState, caller: &Caller, account_id: &str) -> Result<&'a Forwarding, ApiError> {
     caller.require_unlimited_admin(account_id)?;
     app.forwarding
         .as_ref()
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, 7404, "this kura node runs alone, not in a cluster"))
-}
-
-/// Headers that belong to one connection, not to the request.
-fn without_hop_headers(headers: &HeaderMap) -> HeaderMap {
-    let mut kept = headers.clone();
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        kept.remove(name);
-    }
-    for name in [
-        header::CONNECTION,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::TE,
-        header::TRAILER,
-        header::PROXY_AUTHORIZATION,
-        // The entry node has answered it already; the owner reads the body as it streams.
-        header::EXPECT,
-        HeaderName::from_static("keep-alive"),
-        HeaderName::from_static("proxy-connection"),
-    ] {
-        kept.remove(name);
-    }
-    kept
 }

@@ -10,9 +10,9 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::Response;
 
-use super::{Placed, Shape, serve_placed};
-use crate::AppState;
-use crate::rest::ApiError;
+use super::{Placed, serve_placed};
+use crate::error::{ApiError, Wire};
+use crate::state::AppState;
 
 /// The S3 listener's middleware: places each request (see the module's documentation).
 pub async fn place_s3(
@@ -27,14 +27,14 @@ pub async fn place_s3(
     let account = match app.catalog.s3_credential(&access_key) {
         Ok(Some(credential)) => credential.account_id,
         Ok(None) => return next.run(request).await,
-        Err(e) => return Shape::S3.refuse(ApiError::internal(&e)),
+        Err(e) => return Wire::S3.refuse(ApiError::internal(&e)),
     };
     let bucket = match app.catalog.r2_bucket(&account, &name) {
         Ok(Some(bucket)) => bucket,
         Ok(None) => return next.run(request).await,
-        Err(e) => return Shape::S3.refuse(ApiError::internal(&e)),
+        Err(e) => return Wire::S3.refuse(ApiError::internal(&e)),
     };
-    serve_placed(&app, &forwarding, Placed::Bucket(bucket.id), Shape::S3, request, next).await
+    serve_placed(&app, &forwarding, Placed::Bucket(bucket.id), Wire::S3, request, next).await
 }
 
 /// The bucket a request addresses: by its host under one of `domains`, else the first segment

@@ -8,10 +8,11 @@ use serde::Deserialize;
 use kura_d1::wire::{JsonParams, JsonResults, RowFormat, created_database, database_details, database_list_item};
 use kura_d1::{Access, CreateOptions, Request, Statement};
 
-use super::extract::{V4Path, V4Query, read_body};
-use super::{ApiError, ResultInfo, ok, ok_paged, parse_json, query_number};
-use crate::AppState;
 use crate::auth::{Caller, Need};
+use crate::error::{ApiError, ResultInfo, ok, ok_paged};
+use crate::extract::{V4Path, V4Query, read_body};
+use crate::extract::{parse_json, query_number};
+use crate::state::AppState;
 
 const LOCATION_HINTS: &[&str] = &["wnam", "enam", "weur", "eeur", "apac", "oc"];
 const JURISDICTIONS: &[&str] = &["eu", "fedramp", "us"];

@@ -16,28 +16,13 @@ use kura_catalog::{DoNamespace, NewDoNamespace};
 use kura_d1::wire::{JsonParams, JsonRows};
 use kura_do::{Cursor, DoError, FanOutRow, ListOptions, Namespace, ObjectId, ObjectSummary, Storage};
 
-use super::extract::{V4Path, V4Query, read_body};
-use super::{ApiError, ok, parse_json, query_number};
-use crate::AppState;
 use crate::auth::{Caller, Need};
-
-impl From<DoError> for ApiError {
-    fn from(e: DoError) -> Self {
-        let (status, code) = match &e {
-            DoError::Id(_) => (StatusCode::BAD_REQUEST, 10011),
-            DoError::Sql { .. } => (StatusCode::BAD_REQUEST, 10021),
-            DoError::Invalid(_) => (StatusCode::BAD_REQUEST, 10022),
-            DoError::InvalidBookmark(_) => (StatusCode::BAD_REQUEST, 10023),
-            DoError::Reset(_) => (StatusCode::BAD_REQUEST, 10024),
-            DoError::ReadOnly { .. } => (StatusCode::FORBIDDEN, 10000),
-            DoError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, 10025),
-            DoError::Closed => (StatusCode::SERVICE_UNAVAILABLE, 10026),
-            DoError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, 10026),
-            _ => return ApiError::internal(&e),
-        };
-        ApiError::new(status, code, e.to_string())
-    }
-}
+use crate::error::{ApiError, ok};
+use crate::extract::{V4Path, V4Query, read_body};
+use crate::extract::{parse_json, query_number};
+pub use crate::resources::engine_namespace;
+use crate::resources::find_namespace;
+use crate::state::AppState;
 
 /// A namespace as the API shows it.
 pub fn namespace_json(ns: &DoNamespace) -> Json {
@@ -52,21 +37,6 @@ pub fn namespace_json(ns: &DoNamespace) -> Json {
         "alarm_url": ns.alarm_url,
         "created_on": ns.created_at,
     })
-}
-
-/// The engine's view of a namespace: objects workerd runs are read, never written, by kura.
-pub fn engine_namespace(ns: &DoNamespace) -> Result<Namespace, DoError> {
-    let engine_ns = Namespace::new(&ns.id, &ns.unique_key)?;
-    Ok(if ns.hosted_by_workerd() { engine_ns.hosted_elsewhere() } else { engine_ns })
-}
-
-/// The caller's namespace (by id or name) and the engine's view of it.
-fn find_namespace(app: &AppState, account_id: &str, id_or_name: &str) -> Result<(DoNamespace, Namespace), ApiError> {
-    let ns = app.catalog.do_namespace(account_id, id_or_name)?.ok_or_else(|| {
-        ApiError::new(StatusCode::NOT_FOUND, 10066, format!("Durable Object namespace '{id_or_name}' not found"))
-    })?;
-    let engine_ns = engine_namespace(&ns)?;
-    Ok((ns, engine_ns))
 }
 
 /// Checks the caller may do `need` in the account, and finds the namespace.

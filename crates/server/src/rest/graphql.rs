@@ -6,10 +6,11 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use super::extract::read_body;
-use super::{ApiError, parse_json};
-use crate::AppState;
 use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::extract::parse_json;
+use crate::extract::read_body;
+use crate::state::AppState;
 use axum::body::Body;
 
 #[derive(Deserialize)]

@@ -12,10 +12,11 @@ use serde_json::{Value as Json, json};
 use kura_d1::dump::DumpOptions;
 use kura_d1::wire::JsonMeta;
 
-use super::extract::{V4Path, read_body};
-use super::{ApiError, ok, parse_json};
-use crate::AppState;
 use crate::auth::{Caller, Need};
+use crate::error::{ApiError, ok};
+use crate::extract::parse_json;
+use crate::extract::{V4Path, read_body};
+use crate::state::AppState;
 use crate::transfer;
 
 #[derive(Deserialize, Default)]

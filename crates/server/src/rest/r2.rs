@@ -10,37 +10,16 @@ use serde::Deserialize;
 use serde_json::json;
 
 use kura_catalog::R2Bucket;
-use kura_r2::{GetOptions, ListOptions, ObjectInfo, PutOptions, R2Error};
+use kura_r2::{GetOptions, ListOptions, ObjectInfo, PutOptions};
 
-use super::extract::{V4Path, V4Query, read_body};
-use super::{ApiError, ok, parse_json};
-use crate::AppState;
 use crate::auth::{Caller, Need};
-use crate::buckets::BucketError;
+use crate::error::{ApiError, ok};
+use crate::extract::parse_json;
+use crate::extract::{V4Path, V4Query, read_body};
+use crate::resources::{find_bucket, require_reach};
+use crate::state::AppState;
 
 const LOCATION_HINTS: &[&str] = &["apac", "eeur", "enam", "weur", "wnam", "oc"];
-
-impl From<R2Error> for ApiError {
-    fn from(e: R2Error) -> Self {
-        if let R2Error::Storage(detail) = &e {
-            return ApiError::internal(detail);
-        }
-        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
-        ApiError::new(status, e.v4_code(), e.to_string())
-    }
-}
-
-impl From<BucketError> for ApiError {
-    fn from(e: BucketError) -> Self {
-        match e {
-            BucketError::InvalidName(m) => ApiError::new(StatusCode::BAD_REQUEST, 10005, m),
-            BucketError::Exists => ApiError::new(StatusCode::CONFLICT, 10004, e.to_string()),
-            BucketError::NotFound => R2Error::NoSuchBucket.into(),
-            BucketError::Catalog(e) => ApiError::internal(&e),
-            BucketError::Engine(e) => e.into(),
-        }
-    }
-}
 
 fn bucket_json(bucket: &R2Bucket) -> serde_json::Value {
     json!({
@@ -63,28 +42,6 @@ fn object_json(info: &ObjectInfo) -> serde_json::Value {
         "custom_metadata": info.custom,
         "storage_class": info.storage_class,
     })
-}
-
-/// Refuses a token whose bucket limit leaves out `name` (whether or not that bucket exists).
-fn require_reach(app: &AppState, caller: &Caller, name: &str) -> Result<(), ApiError> {
-    let reaches = app
-        .catalog
-        .s3_credential(&caller.token.id)
-        .map_err(|e| ApiError::internal(&e))?
-        .is_some_and(|c| c.reaches(name));
-    if !reaches {
-        return Err(ApiError::forbidden());
-    }
-    Ok(())
-}
-
-/// The caller's bucket `name`, if its token reaches it.
-pub(crate) fn find_bucket(app: &AppState, caller: &Caller, account_id: &str, name: &str) -> Result<R2Bucket, ApiError> {
-    require_reach(app, caller, name)?;
-    app.catalog
-        .r2_bucket(account_id, name)
-        .map_err(|e| ApiError::internal(&e))?
-        .ok_or_else(|| R2Error::NoSuchBucket.into())
 }
 
 /// `GET /accounts/{account_id}/r2/buckets`

@@ -6,10 +6,10 @@ use serde_json::json;
 
 use kura_d1::{RestoreTarget, parse_timestamp};
 
-use super::extract::{V4Path, V4Query};
-use super::{ApiError, ok};
-use crate::AppState;
 use crate::auth::{Caller, Need};
+use crate::error::{ApiError, ok};
+use crate::extract::{V4Path, V4Query};
+use crate::state::AppState;
 
 /// `GET …/{database}/time_travel/bookmark[?timestamp=]`
 pub async fn bookmark(
@@ -64,7 +64,7 @@ pub async fn history(
     V4Query(query): V4Query,
 ) -> Result<Response, ApiError> {
     caller.require(&account_id, Need::D1Read)?;
-    let limit = super::query_number(&query, "limit")?.unwrap_or(100);
+    let limit = crate::extract::query_number(&query, "limit")?.unwrap_or(100);
     if limit == 0 || limit > HISTORY_PAGE {
         return Err(ApiError::bad_request(format!("limit must be 1 to {HISTORY_PAGE}")));
     }

@@ -11,10 +11,11 @@ use kura_catalog::{Scope, Token};
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use super::extract::{V4Path, read_body};
-use super::{ApiError, ResultInfo, ok, ok_paged, parse_json};
-use crate::AppState;
 use crate::auth::Caller;
+use crate::error::{ApiError, ResultInfo, ok, ok_paged};
+use crate::extract::parse_json;
+use crate::extract::{V4Path, read_body};
+use crate::state::AppState;
 
 /// Tokens are managed by the account's unlimited admin tokens only: an admin token limited to
 /// some buckets could otherwise mint itself an unlimited one.

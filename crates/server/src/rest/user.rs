@@ -5,10 +5,10 @@ use axum::extract::State;
 use axum::response::Response;
 use serde_json::json;
 
-use super::extract::V4Path;
-use super::{ApiError, ResultInfo, ok, ok_paged};
-use crate::AppState;
 use crate::auth::Caller;
+use crate::error::{ApiError, ResultInfo, ok, ok_paged};
+use crate::extract::V4Path;
+use crate::state::AppState;
 
 fn one_page() -> ResultInfo {
     ResultInfo { page: 1, per_page: 20, count: 1, total_count: 1 }

@@ -17,27 +17,11 @@ use kura_workers::{
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use super::extract::{V4Path, V4Query, read_body};
-use super::{ApiError, ResultInfo, ok, ok_paged, parse_json};
-use crate::AppState;
 use crate::auth::Caller;
-
-impl From<WorkersError> for ApiError {
-    fn from(e: WorkersError) -> Self {
-        match e {
-            WorkersError::InvalidUpload(m) | WorkersError::ScriptRejected(m) => {
-                ApiError::new(StatusCode::BAD_REQUEST, 10021, m)
-            }
-            WorkersError::MissingTarget { code, message } => ApiError::new(StatusCode::BAD_REQUEST, code, message),
-            WorkersError::ScriptNotFound => ApiError::new(StatusCode::NOT_FOUND, 10007, e.to_string()),
-            WorkersError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, 10007, m),
-            WorkersError::MigrationConflict(m) => ApiError::new(StatusCode::BAD_REQUEST, 10079, m),
-            WorkersError::NoWorkerd { .. } => ApiError::new(StatusCode::BAD_REQUEST, 10021, e.to_string()),
-            WorkersError::Catalog(e) => e.into(),
-            other => ApiError::internal(&other),
-        }
-    }
-}
+use crate::error::{ApiError, ResultInfo, ok, ok_paged};
+use crate::extract::parse_json;
+use crate::extract::{V4Path, V4Query, read_body};
+use crate::state::AppState;
 
 /// The Workers layer, for an admin of the account with no bucket limit: a Worker's R2 bindings
 /// reach any bucket.

@@ -9,18 +9,13 @@ use kura_catalog::{Catalog, S3Credential};
 use s3s::access::{S3Access, S3AccessContext};
 use s3s::auth::{S3Auth, SecretKey};
 use s3s::path::S3Path;
-use s3s::{S3Error, S3ErrorCode, S3Result};
+use s3s::{S3Error, S3Result};
+
+use crate::error::s3::error;
 
 /// The authenticated key of a request, for the operations to read.
 #[derive(Debug, Clone)]
 pub(crate) struct Caller(pub S3Credential);
-
-pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> S3Error {
-    let mut e =
-        S3Error::with_message(code.parse::<S3ErrorCode>().unwrap_or(S3ErrorCode::InternalError), message.into());
-    e.set_status_code(status);
-    e
-}
 
 fn unauthorized() -> S3Error {
     error(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")

@@ -38,7 +38,7 @@ pub(super) async fn with_length(request: Request) -> Result<(Request, Option<Sem
     let mut held: Option<SemaphorePermit<'static>> = None;
     while let Some(chunk) = futures_util::StreamExt::next(&mut body).await {
         let chunk = chunk.map_err(|_| {
-            super::xml::error(StatusCode::BAD_REQUEST, "IncompleteBody", "The request body ended early.")
+            crate::error::s3::xml_error(StatusCode::BAD_REQUEST, "IncompleteBody", "The request body ended early.")
         })?;
         bytes.extend_from_slice(&chunk);
         if bytes.len() > UNSIZED_BODY_MAX {
@@ -69,7 +69,7 @@ const DISCARDING_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 /// (within a bound): a client that writes its whole body before reading the answer (Node's
 /// fetch does) would otherwise find the connection closed mid-write and never see the 411.
 async fn refuse_past_bound(mut rest: axum::body::BodyDataStream) -> Response {
-    let mut refusal = super::xml::error(
+    let mut refusal = crate::error::s3::xml_error(
         StatusCode::LENGTH_REQUIRED,
         "MissingContentLength",
         &format!(
@@ -99,7 +99,7 @@ async fn refuse_past_bound(mut rest: axum::body::BodyDataStream) -> Response {
 
 fn busy() -> Response {
     let mut refusal =
-        super::xml::error(StatusCode::SERVICE_UNAVAILABLE, "SlowDown", "Please reduce your request rate.");
+        crate::error::s3::xml_error(StatusCode::SERVICE_UNAVAILABLE, "SlowDown", "Please reduce your request rate.");
     refusal.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     refusal
 }

@@ -12,10 +12,8 @@ mod remote;
 mod rfc2047;
 mod signature_debug;
 mod url;
-mod xml;
 
 pub(crate) use url::query_pairs;
-pub(crate) use xml::error as error_response;
 
 use std::sync::Arc;
 
@@ -27,6 +25,8 @@ use axum::response::Response;
 use kura_catalog::Catalog;
 use kura_r2::R2;
 use s3s::service::{S3Service, S3ServiceBuilder};
+
+use crate::error::s3 as xml;
 
 /// The S3 listener's routes. With `domains`, a request to `<bucket>.<domain>` addresses the
 /// bucket virtual-hosted style (as `<bucket>.<account>.r2.cloudflarestorage.com` does on R2);
@@ -107,7 +107,7 @@ async fn with_request_id(response: Response, id: &str) -> Response {
     use http_body_util::BodyExt;
     let (parts, body) = response.into_parts();
     let Ok(collected) = http_body_util::Limited::new(body, 64 * 1024).collect().await else {
-        return xml::error(parts.status, "InternalError", "We encountered an internal error. Please try again.");
+        return xml::xml_error(parts.status, "InternalError", "We encountered an internal error. Please try again.");
     };
     let text = String::from_utf8_lossy(&collected.to_bytes()).into_owned();
     let text = match text.rfind("</Error>") {
@@ -152,7 +152,7 @@ async fn answer(service: Arc<S3Service>, request: Request) -> Response {
         }
         Err(e) => {
             tracing::error!(error = ?e, "the S3 service failed");
-            xml::error(
+            xml::xml_error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "InternalError",
                 "We encountered an internal error. Please try again.",
@@ -169,7 +169,7 @@ async fn reshape_error(
 ) -> Response {
     use http_body_util::BodyExt;
     let Ok(collected) = http_body_util::Limited::new(body, 64 * 1024).collect().await else {
-        return xml::error(parts.status, "InternalError", "We encountered an internal error. Please try again.");
+        return xml::xml_error(parts.status, "InternalError", "We encountered an internal error. Please try again.");
     };
     let bytes = collected.to_bytes();
     let text = String::from_utf8_lossy(&bytes);
@@ -186,7 +186,7 @@ async fn reshape_error(
         "SignatureDoesNotMatch" => {
             let message = "The request signature we calculated does not match the signature you provided. Check your secret access key and signing method.";
             return match signed.details() {
-                Some(details) => xml::error_with(
+                Some(details) => xml::xml_error_with(
                     StatusCode::FORBIDDEN,
                     "SignatureDoesNotMatch",
                     message,
@@ -198,7 +198,7 @@ async fn reshape_error(
                         ("SignatureProvided", details.signature_provided),
                     ],
                 ),
-                None => xml::error(StatusCode::FORBIDDEN, "SignatureDoesNotMatch", message),
+                None => xml::xml_error(StatusCode::FORBIDDEN, "SignatureDoesNotMatch", message),
             };
         }
         "AccessDenied" if message.contains("expired") => {
@@ -245,7 +245,7 @@ async fn reshape_error(
         ),
         _ => return Response::from_parts(parts, Body::from(bytes)),
     };
-    let mut response = xml::error(status, code, &message);
+    let mut response = xml::xml_error(status, code, &message);
     for (name, value) in parts.headers.iter() {
         if name != header::CONTENT_LENGTH && name != header::CONTENT_TYPE {
             response.headers_mut().insert(name.clone(), value.clone());

@@ -16,8 +16,9 @@ use kura_r2::{
 use s3s::dto::*;
 use s3s::{S3, S3Error, S3Request, S3Response, S3Result};
 
-use super::access::{Caller, error};
+use super::access::Caller;
 use super::url::uri_encode;
+use crate::error::s3::{bucket_error, catalog_error, engine_error, error};
 
 #[derive(Clone)]
 pub(crate) struct KuraS3 {
@@ -25,44 +26,6 @@ pub(crate) struct KuraS3 {
     pub r2: Arc<R2>,
     /// In a cluster, reads copy sources from the nodes that own them.
     http: reqwest::Client,
-}
-
-pub(super) fn engine_error(e: R2Error) -> S3Error {
-    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    error(status, e.code(), e.to_string())
-}
-
-fn catalog_error(e: kura_catalog::Error) -> S3Error {
-    match e {
-        kura_catalog::Error::Invalid(m) => error(StatusCode::BAD_REQUEST, "InvalidBucketName", m),
-        kura_catalog::Error::Duplicate { .. } => {
-            error(StatusCode::CONFLICT, "BucketAlreadyExists", "The requested bucket name is not available.")
-        }
-        other if kura_sqlite::is_disk_full(&other.to_string()) => engine_error(R2Error::storage("catalog", other)),
-        other => {
-            tracing::error!(error = %other, "catalog failure");
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "InternalError",
-                "We encountered an internal error. Please try again.",
-            )
-        }
-    }
-}
-
-fn bucket_error(e: crate::buckets::BucketError) -> S3Error {
-    use crate::buckets::BucketError as B;
-    match e {
-        B::InvalidName(m) => error(StatusCode::BAD_REQUEST, "InvalidBucketName", m),
-        B::Exists => error(
-            StatusCode::CONFLICT,
-            "BucketAlreadyOwnedByYou",
-            "The bucket you tried to create already exists, and you own it.",
-        ),
-        B::NotFound => engine_error(R2Error::NoSuchBucket),
-        B::Catalog(e) => catalog_error(e),
-        B::Engine(e) => engine_error(e),
-    }
 }
 
 fn caller<T>(req: &S3Request<T>) -> S3Result<&Caller> {

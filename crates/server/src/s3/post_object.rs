@@ -11,10 +11,11 @@ use s3s::dto::StreamingBlob;
 use s3s::route::S3Route;
 use s3s::{Body, S3Request, S3Response, S3Result};
 
-use super::access::{authorize, error};
-use super::ops::{KuraS3, conditional, digests, engine_error, storage_class_in};
+use super::access::authorize;
+use super::ops::{KuraS3, conditional, digests, storage_class_in};
 use super::url::percent_decode;
 use super::virtual_bucket;
+use crate::error::s3::{engine_error, error};
 
 pub(crate) struct PostAsPut {
     pub s3: KuraS3,

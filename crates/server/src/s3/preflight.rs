@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 
 use super::url::query_pairs;
-use super::xml;
+use crate::error::s3 as xml;
 
 /// The longest a presigned URL may live, in seconds (a week).
 const MAX_PRESIGNED_EXPIRY: u64 = 604_800;
@@ -18,7 +18,7 @@ const PRESIGN_PARAMETERS: [&str; 5] =
     ["X-Amz-Algorithm", "X-Amz-Signature", "X-Amz-Date", "X-Amz-SignedHeaders", "X-Amz-Expires"];
 
 fn refusal(status: StatusCode, code: &str, message: impl AsRef<str>) -> Option<Response> {
-    Some(xml::error(status, code, message.as_ref()))
+    Some(xml::xml_error(status, code, message.as_ref()))
 }
 
 fn invalid_argument(message: impl AsRef<str>) -> Option<Response> {

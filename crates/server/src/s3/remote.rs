@@ -43,7 +43,7 @@ pub(super) async fn read(
     if let Some(range) = range {
         request = request.header("range", range);
     }
-    let limit = crate::cluster::FORWARD_READ_TIMEOUT;
+    let limit = crate::forward::FORWARD_READ_TIMEOUT;
     let answer = tokio::time::timeout(limit, request.send())
         .await
         .map_err(|_| R2Error::Unavailable("the source bucket's owner did not answer; retry shortly".into()))?
@@ -56,7 +56,7 @@ pub(super) async fn read(
     let info = object_info(key, answer.headers()).ok_or_else(|| failed(&"its answer lacks an object's headers"))?;
     options.conditional.check_read(Some(&info))?;
     let range = answer.headers().get("content-range").and_then(|v| v.to_str().ok()).and_then(content_range);
-    let body = crate::cluster::idle_timeout(answer.bytes_stream(), limit);
+    let body = crate::forward::idle_timeout(answer.bytes_stream(), limit);
     Ok(ObjectBody { info, range, body: kura_r2::byte_stream(body) })
 }
 

@@ -645,7 +645,7 @@ impl History {
                 };
                 // A run fits one write, and ends where the segment is full, as one record alone
                 // would.
-                let room = segment::WHOLE_RECORD.min(self.settings.segment_bytes.saturating_sub(self.open.len));
+                let room = record::WHOLE_RECORD.min(self.settings.segment_bytes.saturating_sub(self.open.len));
                 if !records.is_empty() && bytes + record.record_len() > room {
                     break;
                 }
@@ -660,7 +660,7 @@ impl History {
                 Ok(())
             };
             match records.as_slice() {
-                [alone] if alone.record_len() > segment::WHOLE_RECORD => self.open.append(alone, |w| write_pages(0, w)),
+                [alone] if alone.record_len() > record::WHOLE_RECORD => self.open.append(alone, |w| write_pages(0, w)),
                 together => self.open.append_together(together, write_pages).map(|_| ()),
             }
             .map_err(io_error("appending to the log"))?;

@@ -79,8 +79,13 @@ pub(crate) struct Header {
 }
 
 /// Most bytes of pages one [`Kind::Commits`] record may unpack to: a capture packs at most one
-/// write's worth of records (`segment::WHOLE_RECORD`).
-const PACKED_PAGES_MAX: u64 = super::segment::WHOLE_RECORD;
+/// write's worth of records ([`WHOLE_RECORD`]).
+const PACKED_PAGES_MAX: u64 = WHOLE_RECORD;
+
+/// Largest record built whole in a thread's buffer, then written with one system call; a
+/// larger one (a bulk write: records can be as large as the database) is streamed to its place
+/// through a buffer of its own (`segment.rs`).
+pub(crate) const WHOLE_RECORD: u64 = 1 << 20;
 
 /// Bytes of one commit's entry in the index of a [`Kind::Commits`] record.
 pub(crate) const INDEX_ENTRY_LEN: usize = 20;

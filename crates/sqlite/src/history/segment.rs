@@ -168,11 +168,6 @@ pub(crate) struct OpenSegment {
 /// before a checkpoint finds little left to do.
 const WRITEBACK_BYTES: u64 = 1 << 20;
 
-/// Largest record built whole in a thread's buffer, then written with one system call; a
-/// larger one (a bulk write: records can be as large as the database) is streamed to its place
-/// through [`STREAM_BUFFER`] bytes.
-pub(crate) const WHOLE_RECORD: u64 = 1 << 20;
-
 /// The buffer a large record is streamed through.
 const STREAM_BUFFER: usize = 256 * 1024;
 
@@ -371,7 +366,7 @@ impl OpenSegment {
         // is unusable after a failed append until reopened, and reopening cuts a torn tail). The
         // length and the entries move on only once the whole record is in the file.
         let offset = self.len;
-        if header.record_len() > WHOLE_RECORD {
+        if header.record_len() > record::WHOLE_RECORD {
             let mut out = BufWriter::with_capacity(STREAM_BUFFER, FileAt { file: &self.file, at: offset });
             let mut writer = record::RecordWriter::begin(&mut out as &mut dyn Write, header)?;
             write_pages(&mut writer)?;
@@ -395,7 +390,7 @@ impl OpenSegment {
     /// Appends commits built whole in one buffer, with one write for them all: `write_pages(i,
     /// writer)` writes the pages of the `i`th. They are packed into one compressed record
     /// ([`record::pack`]) when that pays, else written as records of their own. As records
-    /// they take at most [`WHOLE_RECORD`] bytes (a larger one goes alone through
+    /// they take at most [`record::WHOLE_RECORD`] bytes (a larger one goes alone through
     /// [`OpenSegment::append`]). As with one record, the length and the entries move on only
     /// once every byte is in the file. Returns the bytes appended.
     pub(crate) fn append_together(
@@ -404,7 +399,7 @@ impl OpenSegment {
         mut write_pages: impl FnMut(usize, &mut record::RecordWriter<'_, dyn Write + '_>) -> io::Result<()>,
     ) -> io::Result<u64> {
         let total: u64 = headers.iter().map(Header::record_len).sum();
-        if total > WHOLE_RECORD {
+        if total > record::WHOLE_RECORD {
             return Err(io::Error::other("records appended together take more than one write's buffer"));
         }
         let offset = self.len;

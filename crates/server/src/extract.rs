@@ -1,4 +1,5 @@
-//! Extractors whose rejections come out in the v4 envelope instead of axum's plain text.
+//! Reading requests: extractors whose rejections come out in the v4 envelope instead of
+//! axum's plain text, bodies within the server's limit, JSON bodies and query numbers.
 
 use std::collections::HashMap;
 
@@ -9,7 +10,7 @@ use axum::http::request::Parts;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
-use super::ApiError;
+use crate::error::ApiError;
 
 /// Path parameters.
 pub struct V4Path<T>(pub T);
@@ -46,16 +47,35 @@ impl<S: Send + Sync> FromRequestParts<S> for V4Query {
 /// Reads a whole request body, within the server's limit. Handlers call it after checking the
 /// caller, so nobody without access to the account makes the server buffer a large body.
 pub async fn read_body(body: Body) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(body, crate::MAX_BODY_BYTES).await.map_err(|e| {
+    axum::body::to_bytes(body, crate::state::MAX_BODY_BYTES).await.map_err(|e| {
         let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
         if too_large {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 7400,
-                format!("The request body is larger than {} MB", crate::MAX_BODY_BYTES / (1024 * 1024)),
+                format!("The request body is larger than {} MB", crate::state::MAX_BODY_BYTES / (1024 * 1024)),
             )
         } else {
             ApiError::bad_request(format!("The request body could not be read: {e}"))
         }
     })
+}
+
+/// Parses a JSON body; anything malformed is a 400 with serde's explanation.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request("The request is malformed: the body must be a JSON object"));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("The request is malformed: {e}")))
+}
+
+/// Reads an optional positive integer from the query string.
+pub fn query_number(query: &HashMap<String, String>, name: &str) -> Result<Option<u64>, ApiError> {
+    match query.get(name) {
+        None => Ok(None),
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => v.parse::<u64>().map(Some).map_err(|_| {
+            ApiError::bad_request(format!("Invalid query parameter {name}: expected a positive integer, got '{v}'"))
+        }),
+    }
 }

@@ -1,0 +1,204 @@
+//! The one place where a failure becomes its wire form. Handlers return [`ApiError`] (or an
+//! engine's error, converted here); each protocol renders it in its own shape:
+//!
+//! - the v4 API's envelope, `{result: null, success: false, errors: [{code, message}]}`, and
+//!   its success twin ([`ok`], [`ok_paged`]);
+//! - [`engines`]: every engine's error as a status, a Cloudflare code and a message;
+//! - [`s3`]: S3's XML errors with R2's codes, and the R2 engine's errors as S3 answers them;
+//! - [`binding`]: the D1 binding's `{success: false, error}` and the R2 binding's `cf-r2-error`;
+//! - [`Wire`]: a refusal made before any handler ran (the cluster's placement) in the shape of
+//!   the protocol the request speaks.
+
+pub mod binding;
+mod engines;
+pub mod s3;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+pub use engines::{r2_status, r2_v4_code};
+
+/// The success envelope: `{result, success: true, errors: [], messages: [], result_info?}`.
+#[derive(Serialize)]
+pub struct Envelope<T: Serialize> {
+    result: T,
+    success: bool,
+    errors: [(); 0],
+    messages: [(); 0],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result_info: Option<ResultInfo>,
+}
+
+/// Pagination of a listing.
+#[derive(Serialize, Debug, Clone, Copy)]
+pub struct ResultInfo {
+    /// The page (1-based).
+    pub page: u64,
+    /// Items per page.
+    pub per_page: u64,
+    /// Items on this page.
+    pub count: u64,
+    /// Items on all pages.
+    pub total_count: u64,
+}
+
+/// Wraps a result in the success envelope.
+pub fn ok<T: Serialize>(result: T) -> Response {
+    json_response(&Envelope { result, success: true, errors: [], messages: [], result_info: None })
+}
+
+/// Wraps a page of results in the success envelope.
+pub fn ok_paged<T: Serialize>(result: T, info: ResultInfo) -> Response {
+    json_response(&Envelope { result, success: true, errors: [], messages: [], result_info: Some(info) })
+}
+
+/// A JSON answer, written into a buffer sized for a typical envelope (`axum::Json` starts at
+/// 128 bytes and reallocates its way up, several times for a D1 result's `meta`).
+pub(crate) fn json_response(value: &impl Serialize) -> Response {
+    let mut body = Vec::with_capacity(512);
+    match serde_json::to_writer(&mut body, value) {
+        Ok(()) => ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// An error in Cloudflare's envelope: `{result: null, success: false, errors: [{code, message}]}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: u32,
+    message: String,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    result: (),
+    success: bool,
+    errors: [ErrorItem<'a>; 1],
+    messages: [(); 0],
+}
+
+#[derive(Serialize)]
+struct ErrorItem<'a> {
+    code: u32,
+    message: &'a str,
+}
+
+impl ApiError {
+    /// An error with an explicit status, Cloudflare code and message.
+    pub fn new(status: StatusCode, code: u32, message: impl Into<String>) -> Self {
+        ApiError { status, code, message: message.into() }
+    }
+
+    /// A malformed request (D1's code 7400).
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, 7400, message)
+    }
+
+    /// No credentials at all.
+    pub fn missing_credentials() -> Self {
+        ApiError::new(StatusCode::UNAUTHORIZED, 9106, "Missing X-Auth-Key, X-Auth-Email or Authorization headers")
+    }
+
+    /// An Authorization header that is not `Bearer <token>`.
+    pub fn malformed_credentials() -> Self {
+        ApiError::new(StatusCode::UNAUTHORIZED, 6111, "Invalid format for Authorization header")
+    }
+
+    /// A token that is unknown or revoked.
+    pub fn invalid_token() -> Self {
+        ApiError::new(StatusCode::UNAUTHORIZED, 10000, "Authentication error")
+    }
+
+    /// A valid token that may not do this (another account, or too narrow a scope).
+    pub fn forbidden() -> Self {
+        ApiError::new(StatusCode::FORBIDDEN, 10000, "Authentication error")
+    }
+
+    /// A failure that is kura's fault: logged in full, answered with a reference.
+    pub fn internal(error: &dyn std::fmt::Display) -> Self {
+        let reference = format!("{:016x}", jiff::Timestamp::now().as_nanosecond() as u64);
+        tracing::error!(reference, error = %error, "internal error");
+        if kura_sqlite::is_disk_full(&error.to_string()) {
+            return ApiError::insufficient_storage();
+        }
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, 7500, format!("internal error; reference = {reference}"))
+    }
+
+    /// The server's disk is full: nothing was changed, and writes succeed again once space is
+    /// freed (no restart needed).
+    pub fn insufficient_storage() -> Self {
+        ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            7500,
+            "Insufficient storage: the server's disk is full; nothing was changed. Free some space and retry.",
+        )
+    }
+
+    /// A cluster that cannot serve this right now (an owner being replaced, the coordinator or
+    /// the store out of reach): worth retrying in a moment.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, 7500, message)
+    }
+
+    /// The status this error is answered with.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// Cloudflare's code for it.
+    pub fn code(&self) -> u32 {
+        self.code
+    }
+
+    /// The message, as the envelope carries it.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            result: (),
+            success: false,
+            errors: [ErrorItem { code: self.code, message: &self.message }],
+            messages: [],
+        };
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// The protocol a request speaks, so that a refusal made before its handler ran (by the
+/// cluster's placement) reads as that protocol's own errors do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// Cloudflare's v4 envelope.
+    V4,
+    /// The D1 binding's `{success, error}`.
+    D1Binding,
+    /// S3's XML error.
+    S3,
+    /// The R2 binding's `cf-r2-error` header.
+    R2Binding,
+}
+
+impl Wire {
+    /// `error` in this protocol's shape.
+    pub fn refuse(self, error: ApiError) -> Response {
+        match self {
+            Wire::V4 => error.into_response(),
+            Wire::D1Binding => binding::d1_error(&error),
+            Wire::S3 => {
+                let code = match error.status() {
+                    StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailable",
+                    StatusCode::NOT_IMPLEMENTED => "NotImplemented",
+                    _ => "InternalError",
+                };
+                s3::xml_error(error.status(), code, error.message())
+            }
+            Wire::R2Binding => binding::r2_error(error.status(), error.code(), error.message()),
+        }
+    }
+}
