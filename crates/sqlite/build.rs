@@ -3,8 +3,8 @@
 //! `rows_read` comes from `sqlite3_stmt_scanstatus_v2`, which exists only when SQLite is compiled
 //! with `SQLITE_ENABLE_STMT_SCANSTATUS`; `size_after` is read from page 1 through the
 //! `sqlite_dbpage` table (`SQLITE_ENABLE_DBPAGE_VTAB`). The workspace's `.cargo/config.toml`
-//! asks for both through `LIBSQLITE3_FLAGS`; a build without them still works, with coarser
-//! `rows_read` and slower `size_after`.
+//! asks for both through `LIBSQLITE3_FLAGS`; a build without them is refused (`src/lib.rs`),
+//! rather than silently building a different engine no test runs.
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(kura_scanstatus)");
     println!("cargo::rustc-check-cfg=cfg(kura_dbpage)");

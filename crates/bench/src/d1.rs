@@ -228,8 +228,8 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
             target: Some(2_500.0),
         },
         Row {
-            // The target's floor until session 29 was the sum below; measured whole it is lower
-            // (docs/design.md, "Floors measured whole").
+            // The target's floor was once the sum below; measured whole it is lower
+            // (docs/performance.md, "How the figures are taken").
             workload: "INSERT vs a server that commits once per request (>= 0.80x; was vs the sum)".into(),
             clients: 1,
             unit: "rows",

@@ -1,5 +1,5 @@
 //! `kura import wrangler-state DIR`: a `wrangler dev` project's local state
-//! (`.wrangler/state/v3`, Miniflare's layout: reference anchors.md §Miniflare, r2.md §2) into
+//! (`.wrangler/state/v3`, Miniflare's layout) into
 //! the data directory — its D1 databases (as SQL, through D1's import, so Time Travel starts
 //! with them), its R2 buckets (objects with their metadata, bytes from Miniflare's blob store)
 //! and its Durable Objects (each object's SQLite file, copied consistently with SQLite's backup,

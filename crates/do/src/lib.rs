@@ -22,6 +22,7 @@ mod error;
 mod hosted;
 pub mod id;
 mod index;
+mod namespace;
 mod session;
 mod storage;
 
@@ -42,6 +43,8 @@ pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T
 pub use id::{IdError, IdFactory, ObjectId};
 pub use index::{DueAlarm, ObjectEntry};
 pub use kura_sqlite::{Bookmark, Restored, Value};
+pub use namespace::Namespace;
+pub use session::Session;
 pub use storage::{AlarmChange, CommitNotice, Cursor, ListOptions, MAX_KV_BATCH, MAX_KV_ENTRY_BYTES, Storage, now_ms};
 
 /// How the engine runs.
@@ -95,71 +98,6 @@ impl Default for DoSettings {
             fan_out_parallelism: 4,
             cluster: None,
         }
-    }
-}
-
-/// A namespace as the engine needs it: where its objects live and how their ids derive.
-#[derive(Debug, Clone)]
-pub struct Namespace {
-    storage_id: String,
-    ids: IdFactory,
-    elsewhere: bool,
-}
-
-impl Namespace {
-    /// The namespace stored under `storage_id` (32 hex digits) whose ids derive from
-    /// `unique_key`.
-    pub fn new(storage_id: &str, unique_key: &str) -> Result<Self> {
-        if storage_id.len() != 32 || !storage_id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
-            return Err(DoError::Invalid(format!("'{storage_id}' is not a namespace storage id")));
-        }
-        Ok(Namespace { storage_id: storage_id.to_owned(), ids: IdFactory::new(unique_key), elsewhere: false })
-    }
-
-    /// The same namespace, its objects run by another process (workerd, for a deployed
-    /// Worker's class) in `<namespace id>/workerd/<object id>.sqlite`: the engine lists,
-    /// exports and reads them, never writes them or runs requests on them.
-    pub fn hosted_elsewhere(mut self) -> Self {
-        self.elsewhere = true;
-        self
-    }
-
-    /// Whether another process runs the objects.
-    pub fn is_hosted_elsewhere(&self) -> bool {
-        self.elsewhere
-    }
-
-    /// The storage id.
-    pub fn storage_id(&self) -> &str {
-        &self.storage_id
-    }
-
-    /// The id of the object called `name`.
-    pub fn id_from_name(&self, name: &str) -> ObjectId {
-        self.ids.id_from_name(name)
-    }
-
-    /// A new random id.
-    pub fn new_unique_id(&self, jurisdiction: Option<&str>) -> Result<ObjectId> {
-        Ok(self.ids.new_unique_id(jurisdiction)?)
-    }
-
-    /// Parses and checks an id.
-    pub fn id_from_string(&self, text: &str) -> Result<ObjectId> {
-        Ok(self.ids.id_from_string(text)?)
-    }
-
-    /// An id given as 64 hex digits, or else a name.
-    pub fn id_from_name_or_string(&self, text: &str) -> Result<ObjectId> {
-        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            self.id_from_string(text)
-        } else {
-            Ok(self.id_from_name(text))
-        }
-    }
-
-    fn object_key(&self, id: &ObjectId) -> String {
-        format!("{}/{id}", self.storage_id)
     }
 }
 
@@ -745,71 +683,6 @@ impl DurableObjects {
     /// Waits until an alarm may have become due earlier than the schedule last said.
     pub(crate) async fn alarm_changed(&self) {
         self.inner.alarm_wake.notified().await;
-    }
-}
-
-/// A request in progress on one object: storage calls run in its transaction, in order.
-pub struct Session {
-    link: session::SessionLink,
-    engine: DurableObjects,
-    namespace: Namespace,
-    id: ObjectId,
-}
-
-impl Session {
-    /// The object's id.
-    pub fn id(&self) -> &ObjectId {
-        &self.id
-    }
-
-    /// Runs `f` on the object's storage, inside the request's transaction.
-    pub async fn call<T: Send + 'static>(&self, f: impl FnOnce(&mut Storage<'_>) -> T + Send + 'static) -> Result<T> {
-        self.link.call(f).await
-    }
-
-    /// Commits what the request wrote; answers once it is durable (and the namespace's index
-    /// lists the object, and its alarm schedule follows any alarm change).
-    pub async fn commit(self) -> Result<()> {
-        let Some(notice) = self.link.finish(true).await? else { return Ok(()) };
-        let (ns, hex, name) = (&self.namespace, self.id.to_string(), self.id.name().map(str::to_owned));
-        let alarm_at = notice.alarm.and_then(|change| change.after);
-        if notice.first_write || alarm_at.is_some() {
-            // Before the commit: the object is listed, and the schedule may only move earlier,
-            // so it never runs late.
-            let (hex, name, now) = (hex.clone(), name.clone(), now_ms());
-            let listed = self
-                .engine
-                .index_write(ns, move |c| {
-                    if notice.first_write {
-                        index::register(c, &hex, name.as_deref(), now)?;
-                    }
-                    if let Some(at) = alarm_at {
-                        index::schedule_no_later(c, &hex, name.as_deref(), at)?;
-                    }
-                    Ok(())
-                })
-                .await;
-            if let Err(e) = listed {
-                let _ = self.link.decide(false).await;
-                return Err(e);
-            }
-        }
-        self.link.decide(true).await?;
-        if let Some(change) = notice.alarm {
-            // After it, exactly; should this fail, the schedule runs early and is corrected then.
-            let outcome =
-                self.engine.index_write(ns, move |c| index::schedule(c, &hex, name.as_deref(), change.after, 0)).await;
-            if let Err(e) = outcome {
-                tracing::warn!(error = %e, "could not update the alarm schedule after a commit");
-            }
-            self.engine.inner.alarm_wake.notify_one();
-        }
-        Ok(())
-    }
-
-    /// Undoes everything the request wrote.
-    pub async fn rollback(self) {
-        let _ = self.link.finish(false).await;
     }
 }
 

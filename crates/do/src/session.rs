@@ -1,7 +1,7 @@
-//! A request's hold on one object: its transaction stays open on the object's actor thread
-//! while the request's code runs elsewhere and sends it storage calls, one at a time. Ending
-//! the session commits everything the request wrote, or rolls it all back. Dropping it
-//! rolls back.
+//! A request's hold on one object ([`Session`]): its transaction stays open on the object's
+//! actor thread while the request's code runs elsewhere and sends it storage calls, one at a
+//! time. Ending the session commits everything the request wrote, or rolls it all back.
+//! Dropping it rolls back.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
@@ -10,7 +10,73 @@ use kura_sqlite::Database;
 use tokio::sync::oneshot;
 
 use crate::error::{DoError, Result};
-use crate::storage::{CommitNotice, Storage};
+use crate::storage::{CommitNotice, Storage, now_ms};
+use crate::{DurableObjects, Namespace, ObjectId, index};
+
+/// A request in progress on one object: storage calls run in its transaction, in order.
+pub struct Session {
+    pub(crate) link: SessionLink,
+    pub(crate) engine: DurableObjects,
+    pub(crate) namespace: Namespace,
+    pub(crate) id: ObjectId,
+}
+
+impl Session {
+    /// The object's id.
+    pub fn id(&self) -> &ObjectId {
+        &self.id
+    }
+
+    /// Runs `f` on the object's storage, inside the request's transaction.
+    pub async fn call<T: Send + 'static>(&self, f: impl FnOnce(&mut Storage<'_>) -> T + Send + 'static) -> Result<T> {
+        self.link.call(f).await
+    }
+
+    /// Commits what the request wrote; answers once it is durable (and the namespace's index
+    /// lists the object, and its alarm schedule follows any alarm change).
+    pub async fn commit(self) -> Result<()> {
+        let Some(notice) = self.link.finish(true).await? else { return Ok(()) };
+        let (ns, hex, name) = (&self.namespace, self.id.to_string(), self.id.name().map(str::to_owned));
+        let alarm_at = notice.alarm.and_then(|change| change.after);
+        if notice.first_write || alarm_at.is_some() {
+            // Before the commit: the object is listed, and the schedule may only move earlier,
+            // so it never runs late.
+            let (hex, name, now) = (hex.clone(), name.clone(), now_ms());
+            let listed = self
+                .engine
+                .index_write(ns, move |c| {
+                    if notice.first_write {
+                        index::register(c, &hex, name.as_deref(), now)?;
+                    }
+                    if let Some(at) = alarm_at {
+                        index::schedule_no_later(c, &hex, name.as_deref(), at)?;
+                    }
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = listed {
+                let _ = self.link.decide(false).await;
+                return Err(e);
+            }
+        }
+        self.link.decide(true).await?;
+        if let Some(change) = notice.alarm {
+            // After it, exactly; should this fail, the schedule runs early and is corrected then.
+            let outcome =
+                self.engine.index_write(ns, move |c| index::schedule(c, &hex, name.as_deref(), change.after, 0)).await;
+            if let Err(e) = outcome {
+                tracing::warn!(error = %e, "could not update the alarm schedule after a commit");
+            }
+            self.engine.inner.alarm_wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Undoes everything the request wrote.
+    pub async fn rollback(self) {
+        let _ = self.link.finish(false).await;
+    }
+}
 
 type Call = Box<dyn FnOnce(&mut Storage<'_>) + Send>;
 

@@ -1,4 +1,4 @@
-//! Export: a database as SQL text in D1's dump format (reference d1.md §3.6), which imports
+//! Export: a database as SQL text in D1's dump format (what `wrangler d1 export` downloads), which imports
 //! back to exactly the same contents. D1's export and Durable Objects' export (which includes
 //! the KV table `_cf_KV`) share it.
 //!

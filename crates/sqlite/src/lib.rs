@@ -38,6 +38,16 @@
 
 #![deny(missing_docs)]
 
+// kura's SQLite is built with scan counters (D1's `rows_read`) and the `sqlite_dbpage` table
+// (`size_after`, snapshots through the connection, following another writer's WAL). Without
+// them this would be a different engine that no test runs.
+#[cfg(not(all(kura_scanstatus, kura_dbpage)))]
+compile_error!(
+    "kura-sqlite needs SQLite built with its options: set LIBSQLITE3_FLAGS as the workspace's \
+     .cargo/config.toml does (SQLITE_ENABLE_STMT_SCANSTATUS SQLITE_ENABLE_DBPAGE_VTAB \
+     SQLITE_ENABLE_MATH_FUNCTIONS -DHAVE_FDATASYNC=1 -D__STRICT_ANSI__), or build inside the workspace"
+);
+
 mod actor;
 mod database;
 pub mod dump;

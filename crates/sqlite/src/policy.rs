@@ -1,4 +1,5 @@
-//! What user SQL may do: D1's SQLite limits and its authorizer (reference d1.md §7, §8).
+//! What user SQL may do: D1's SQLite limits and its authorizer (developers.cloudflare.com/d1/platform/limits and
+//! /d1/sql-api/sql-statements).
 //!
 //! D1 and Durable Objects run the same SQLite rules (workerd's), so one policy serves both.
 //! The authorizer also records facts about the statement being prepared (which table it writes,
@@ -307,7 +308,7 @@ fn is_allowed_module(module: &str) -> bool {
     ["fts5", "fts5vocab", "rtree", "rtree_i32"].iter().any(|m| m.eq_ignore_ascii_case(module))
 }
 
-/// SQL functions user SQL may call (reference d1.md §8): SQLite's core, date and time,
+/// SQL functions user SQL may call (D1's documented SQL functions): SQLite's core, date and time,
 /// aggregate, window, math, JSON and FTS5 functions, and the internals ALTER TABLE uses.
 const ALLOWED_FUNCTIONS: &[&str] = &[
     // core scalar

@@ -3,7 +3,7 @@
 //!
 //! A thread of its own for each open database cost about 85 KiB of resident memory per idle
 //! Durable Object (its stack, its signal stack, the allocator's leftovers), half of what an idle
-//! object held (docs/design.md). The pool starts a thread only when every thread it has is
+//! object held (docs/performance.md, "An idle Durable Object's memory"). The pool starts a thread only when every thread it has is
 //! busy, so a database with work never waits behind another's long query, as it never did with
 //! threads of its own; a thread idle for [`KEEP_ALIVE`] ends.
 

@@ -144,18 +144,11 @@ impl RawStatement {
     }
 
     /// Zeroes the per-loop visit counters, which `sqlite3_reset` keeps.
-    #[cfg(kura_scanstatus)]
     fn reset_counters(&mut self) {
         unsafe extern "C" {
             fn sqlite3_stmt_scanstatus_reset(stmt: *mut ffi::sqlite3_stmt);
         }
         unsafe { sqlite3_stmt_scanstatus_reset(self.raw()) };
-    }
-
-    /// Zeroes the full-scan counter, which `sqlite3_reset` keeps.
-    #[cfg(not(kura_scanstatus))]
-    fn reset_counters(&mut self) {
-        unsafe { ffi::sqlite3_stmt_status(self.raw(), ffi::SQLITE_STMTSTATUS_FULLSCAN_STEP, 1) };
     }
 
     /// Advances to the next row: `Ok(true)` on a row, `Ok(false)` when done.
@@ -216,7 +209,6 @@ impl RawStatement {
     }
 
     /// The current row's bytes in column `i`, without copying them.
-    #[cfg_attr(not(kura_dbpage), allow(dead_code))]
     pub(crate) fn column_bytes(&self, i: usize) -> &[u8] {
         unsafe {
             let p = ffi::sqlite3_column_blob(self.raw(), i as c_int);
@@ -231,7 +223,6 @@ impl RawStatement {
     }
 
     /// Rows the statement's loops visited so far: the sum of SQLite's per-loop visit counters.
-    #[cfg(kura_scanstatus)]
     pub(crate) fn rows_visited(&self) -> u64 {
         unsafe extern "C" {
             fn sqlite3_stmt_scanstatus_v2(
@@ -255,12 +246,6 @@ impl RawStatement {
             total += visits.max(0) as u64;
         }
         total
-    }
-
-    /// Without scan counters, the number of full-scan steps is the best public approximation.
-    #[cfg(not(kura_scanstatus))]
-    pub(crate) fn rows_visited(&self) -> u64 {
-        unsafe { ffi::sqlite3_stmt_status(self.raw(), ffi::SQLITE_STMTSTATUS_FULLSCAN_STEP, 0) as u64 }
     }
 }
 

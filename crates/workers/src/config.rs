@@ -3,7 +3,7 @@
 //! carry bindings to kura (D1 and R2 requests, object announcements, logs) with the headers
 //! that say whose they are, and the disks Durable Object classes store their objects on.
 //!
-//! The format is capnp text (workerd has no other text format, reference workers.md §5.4).
+//! The format is capnp text (workerd has no other text format).
 //! Module bytes are `embed`ded from their files (paths relative to the config file, as capnp
 //! requires); vars are written as escaped literals; secrets never reach the file — they are
 //! `fromEnvironment` bindings, handed to the process in its environment.

@@ -1,5 +1,5 @@
-//! What one upload is: wrangler's metadata as it arrives (the multipart form's `metadata` part,
-//! reference workers.md §3.3), and the version kura keeps of it (its modules' files and its
+//! What one upload is: wrangler's metadata as it arrives (the multipart form's `metadata`
+//! part), and the version kura keeps of it (its modules' files and its
 //! resolved bindings), frozen as JSON in the catalog.
 
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! D1's binding protocol (reference d1.md §2.1, §2.3): `POST /query` and `/execute` with one
+//! D1's binding protocol (what workerd's `cloudflare/internal/d1-api.ts` sends): `POST /query` and `/execute` with one
 //! statement `{"sql", "params"}` or an array of them, run as one transaction; an array of
 //! `{"success", "meta", "results"}` back, or `{"success": false, "error"}`. Every answer
 //! carries the database's bookmark in `x-cf-d1-session-commit-token`, which D1's sessions keep.

@@ -1,4 +1,4 @@
-//! workerd's R2 binding protocol (reference workers.md §1), what a deployed Worker's
+//! workerd's R2 binding protocol (workerd's `src/workerd/api/r2*.c++`), what a deployed Worker's
 //! `env.BUCKET` sends: `GET /` with the request in `cf-r2-request` for head, get and list;
 //! `PUT /` with `cf-r2-metadata-size` bytes of JSON before the payload for put, delete and
 //! multipart. Replies carry their JSON first (`cf-r2-metadata-size`) and the object's bytes

@@ -1,5 +1,5 @@
 //! Workers in the v4 API, as `wrangler deploy`, `versions`, `deployments`, `secret` and
-//! `delete` call it (reference workers.md §3): script uploads (multipart: metadata + modules),
+//! `delete` call it (wrangler 4.85's calls, as docs/workers.md lists them): script uploads (multipart: metadata + modules),
 //! versions and deployments, settings, secrets, the subdomain calls wrangler makes on its way,
 //! and kura's own `logs`. Every call needs an admin token.
 

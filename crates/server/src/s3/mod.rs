@@ -4,12 +4,18 @@
 //! presigned-URL expiry cap, and the operations themselves ([`ops`]).
 
 mod access;
+mod bucket;
+mod convert;
 mod length;
+mod list;
+mod multipart;
+mod object;
 mod ops;
 mod post_object;
 mod preflight;
 mod remote;
 mod rfc2047;
+mod service;
 mod signature_debug;
 mod url;
 
@@ -32,7 +38,7 @@ use crate::error::s3 as xml;
 /// bucket virtual-hosted style (as `<bucket>.<account>.r2.cloudflarestorage.com` does on R2);
 /// every other host is path-style.
 pub fn routes(catalog: Arc<Catalog>, r2: Arc<R2>, domains: &[String]) -> Router {
-    let kura = ops::KuraS3::new(Arc::clone(&catalog), Arc::clone(&r2));
+    let kura = service::KuraS3::new(Arc::clone(&catalog), Arc::clone(&r2));
     let mut builder = S3ServiceBuilder::new(kura.clone());
     builder.set_auth(access::CatalogAuth { catalog: Arc::clone(&catalog) });
     builder.set_route(post_object::PostAsPut {

@@ -12,7 +12,8 @@ use s3s::route::S3Route;
 use s3s::{Body, S3Request, S3Response, S3Result};
 
 use super::access::authorize;
-use super::ops::{KuraS3, conditional, digests, storage_class_in};
+use super::convert::{conditional, digests, storage_class_in};
+use super::service::KuraS3;
 use super::url::percent_decode;
 use super::virtual_bucket;
 use crate::error::s3::{engine_error, error};

@@ -5,7 +5,7 @@
 //! default VFS, opening a file walks a process-wide list of every file SQLite has open (to find
 //! a descriptor to reuse) under a process-wide mutex, so each open costs in proportion to the
 //! databases already open: with 1,000 Durable Objects open, 63 µs of a first request's
-//! 1.05 ms, a tenth of it (docs/design.md). The actor is the file's only user in this process;
+//! 1.05 ms, a tenth of it (docs/performance.md, "An evicted Durable Object's first request"). The actor is the file's only user in this process;
 //! across processes, this lock covers the bytes SQLite's exclusive lock covers (PENDING,
 //! RESERVED and SHARED), so another SQLite connection (the `sqlite3` shell, or kura's own
 //! read-only ones) is refused as it was while the connection held SQLite's exclusive lock.

@@ -4,7 +4,8 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Database, connect};
+use super::Database;
+use super::open::{connect, free_bytes};
 use crate::error::{Error, Result};
 use crate::history::{Bookmark, History, Restored, now_ms};
 
@@ -14,7 +15,7 @@ const HISTORY_RETRY_IN_PLACE: std::time::Duration = std::time::Duration::from_mi
 
 /// Owed commits captured together: one read of their WAL frames and one append for them all
 /// rather than one of each per commit, which was a fifth of a Durable Object write's CPU
-/// (docs/design.md, "Captured in batches").
+/// (docs/performance.md, "Time Travel's capture").
 pub(crate) const CAPTURE_BATCH: u64 = 32;
 
 /// How long a commit may stay owed to the history before it is captured. A crash loses the
@@ -57,13 +58,13 @@ impl Database {
     /// transaction about to begin may write, so the first write after space is freed is not
     /// refused.
     pub(super) fn retry_full_history(&mut self) {
-        let Some(since) = self.history_full_since else { return };
+        let Some(since) = self.capture.history_full_since else { return };
         let Some(settings) = self.options.history.clone() else { return };
         if self.in_transaction() {
             return;
         }
-        let free = super::free_bytes(&self.path);
-        let more_room = matches!((free, self.history_full_free), (Some(now), Some(then)) if now > then);
+        let free = free_bytes(&self.path);
+        let more_room = matches!((free, self.capture.history_full_free), (Some(now), Some(then)) if now > then);
         if since.elapsed() < HISTORY_RETRY_IN_PLACE && !more_room {
             return;
         }
@@ -77,17 +78,17 @@ impl Database {
             Ok(history) => {
                 tracing::info!(path = %self.path.display(), "the history can grow again; writes resume");
                 self.history = Some(history);
-                self.history_full_since = None;
-                self.history_full_free = None;
-                self.captured_commits = self.wal.commits.load(Ordering::Relaxed);
-                self.owed_times.clear();
-                self.oldest_owed = None;
+                self.capture.history_full_since = None;
+                self.capture.history_full_free = None;
+                self.capture.captured_commits = self.capture.wal.commits.load(Ordering::Relaxed);
+                self.capture.owed_times.clear();
+                self.capture.oldest_owed = None;
                 self.measure_history();
             }
             Err(e) => {
                 tracing::debug!(path = %self.path.display(), error = %e, "the history still cannot grow");
-                self.history_full_since = Some(std::time::Instant::now());
-                self.history_full_free = free;
+                self.capture.history_full_since = Some(std::time::Instant::now());
+                self.capture.history_full_free = free;
             }
         }
     }
@@ -100,8 +101,9 @@ impl Database {
     /// Whether the WAL, written since its last checkpoint (the hook's frame count is the
     /// WAL's only once a commit follows one), holds `frames` more than the history's mark.
     fn wal_past_checkpoint_mark_by(&self, frames: u32) -> bool {
-        let (in_wal, commits) = (self.wal.frames.load(Ordering::Relaxed), self.wal.commits.load(Ordering::Relaxed));
-        commits > self.checkpointed_at_commits
+        let (in_wal, commits) =
+            (self.capture.wal.frames.load(Ordering::Relaxed), self.capture.wal.commits.load(Ordering::Relaxed));
+        commits > self.capture.checkpointed_at_commits
             && self.history.as_ref().is_some_and(|history| history.wants_checkpoint(in_wal.saturating_sub(frames)))
     }
 
@@ -114,7 +116,7 @@ impl Database {
         let conn = &self.conn;
         if let Some(history) = self.history.as_mut() {
             match self.authorizer.internal(|| history.checkpoint(conn)) {
-                Ok(()) => self.checkpointed_at_commits = self.wal.commits.load(Ordering::Relaxed),
+                Ok(()) => self.capture.checkpointed_at_commits = self.capture.wal.commits.load(Ordering::Relaxed),
                 Err(e) => {
                     tracing::error!(path = %self.path.display(), error = %e, "checkpoint failed");
                     self.poisoned = true;
@@ -150,14 +152,14 @@ impl Database {
     /// from the WAL at the same position.
     pub(super) fn after_commit_answered_first(&mut self) {
         let owed = self.owed_commits();
-        if owed > self.owed_times.len() as u64 {
+        if owed > self.capture.owed_times.len() as u64 {
             let now = now_ms();
-            self.owed_times.resize(owed as usize, now);
+            self.capture.owed_times.resize(owed as usize, now);
         }
-        if self.oldest_owed.is_none() && owed > 0 {
-            self.oldest_owed = Some(std::time::Instant::now());
+        if self.capture.oldest_owed.is_none() && owed > 0 {
+            self.capture.oldest_owed = Some(std::time::Instant::now());
         }
-        let frames = self.wal.frames.load(Ordering::Relaxed);
+        let frames = self.capture.wal.frames.load(Ordering::Relaxed);
         if let Some(history) = self.history.as_mut() {
             history.keep_wal_written_ahead(frames);
         }
@@ -165,7 +167,7 @@ impl Database {
 
     /// Commits answered before their capture.
     fn owed_commits(&self) -> u64 {
-        self.wal.commits.load(Ordering::Relaxed) - self.captured_commits
+        self.capture.wal.commits.load(Ordering::Relaxed) - self.capture.captured_commits
     }
 
     /// Whether commits were answered before their capture and are still owed to the history.
@@ -179,11 +181,11 @@ impl Database {
     /// waits for them). Until then they are durable in the WAL, and their answer times are kept
     /// here for their records.
     pub(crate) fn capture_due(&self) -> bool {
-        let frames = self.wal.frames.load(Ordering::Relaxed);
+        let frames = self.capture.wal.frames.load(Ordering::Relaxed);
         self.owes_capture()
             && (self.owed_commits() >= CAPTURE_BATCH
                 || self.history.as_ref().is_some_and(|history| history.uncaptured_fill_a_read(frames))
-                || self.oldest_owed.is_some_and(|answered| answered.elapsed() >= CAPTURE_DELAY)
+                || self.capture.oldest_owed.is_some_and(|answered| answered.elapsed() >= CAPTURE_DELAY)
                 || self.checkpoint_due())
     }
 
@@ -211,18 +213,18 @@ impl Database {
     /// answered), then the last one.
     fn capture(&mut self) -> Result<()> {
         let Some(history) = self.history.as_mut() else { return Ok(()) };
-        let commits = self.wal.commits.load(Ordering::Relaxed);
-        let appended = history.capture(self.wal.frames.load(Ordering::Relaxed), &self.owed_times)?;
-        let owed = commits - self.captured_commits;
+        let commits = self.capture.wal.commits.load(Ordering::Relaxed);
+        let appended = history.capture(self.capture.wal.frames.load(Ordering::Relaxed), &self.capture.owed_times)?;
+        let owed = commits - self.capture.captured_commits;
         if appended != owed {
             // Bookmarks answered before the capture counted one position per commit; this
             // would mean one named another state. Never seen: loud, and fatal under test.
             tracing::error!(path = %self.path.display(), appended, owed, "the history captured another number of commits than the WAL hook counted");
             debug_assert_eq!(appended, owed, "commits captured against commits counted");
         }
-        self.captured_commits = commits;
-        self.owed_times.clear();
-        self.oldest_owed = None;
+        self.capture.captured_commits = commits;
+        self.capture.owed_times.clear();
+        self.capture.oldest_owed = None;
         Ok(())
     }
 
@@ -279,7 +281,7 @@ impl Database {
                 .map_err(Error::internal),
         };
         match outcome {
-            Ok(()) => self.checkpointed_at_commits = self.wal.commits.load(Ordering::Relaxed),
+            Ok(()) => self.capture.checkpointed_at_commits = self.capture.wal.commits.load(Ordering::Relaxed),
             Err(_) => self.poisoned = true,
         }
         outcome?;
@@ -307,7 +309,7 @@ impl Database {
         let history = self.history.as_ref().ok_or_else(|| self.no_history())?;
         Ok(match self.owed_commits() {
             0 => history.current(),
-            owed => history.current_after(owed, self.owed_times.last().copied().unwrap_or(0)),
+            owed => history.current_after(owed, self.capture.owed_times.last().copied().unwrap_or(0)),
         })
     }
 
@@ -354,7 +356,7 @@ impl Database {
         // Whatever happened, serve the file as it now is; if that fails, or the history can
         // take no more, nothing more runs on this connection.
         self.poisoned = history.is_broken();
-        match connect(&self.options, &self.authorizer, &self.deadline, self.epoch, &self.wal) {
+        match connect(&self.options, &self.authorizer, &self.deadline, self.epoch, &self.capture.wal) {
             Ok(connected) => {
                 self.conn = connected.conn;
                 self.file_lock = connected.file_lock;

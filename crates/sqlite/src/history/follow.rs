@@ -23,8 +23,12 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags};
 
+use super::marker::RESTORE_MARKER;
+use super::recover::finish_interrupted_restore_in;
 use super::snapshot::SnapshotWriter;
-use super::{Bookmark, History, HistorySettings, Restored, copy_pages, io_error, now_ms, read_wal_salt, wal_counts};
+use super::snapshot::copy_pages;
+use super::wal::{read_wal_salt, wal_counts};
+use super::{Bookmark, History, HistorySettings, Restored, io_error, now_ms};
 use crate::error::{Error, Result};
 
 /// A database another process writes, and its history.
@@ -152,22 +156,16 @@ impl Follower {
         if self.attached.is_some() {
             return Ok(true);
         }
-        if !cfg!(kura_dbpage) {
-            return Err(Error::sql(
-                rusqlite::ffi::SQLITE_ERROR,
-                "following a database another process writes needs SQLite built with SQLITE_ENABLE_DBPAGE_VTAB",
-            ));
-        }
         if !is_wal_database(&self.db_path) {
             return Ok(false);
         }
         std::fs::create_dir_all(&self.log_dir).map_err(io_error("creating the log directory"))?;
-        if self.log_dir.join(super::RESTORE_MARKER).exists() && self.writer_present() {
+        if self.log_dir.join(RESTORE_MARKER).exists() && self.writer_present() {
             // A restore a crash interrupted replaces the file: not while its writer has it.
             tracing::warn!(db = %self.db_path.display(), "an interrupted restore waits for the database's writer to close it");
             return Ok(false);
         }
-        let restore_interrupted = super::finish_interrupted_restore_in(&self.db_path, &self.log_dir)?;
+        let restore_interrupted = finish_interrupted_restore_in(&self.db_path, &self.log_dir)?;
         let inode = inode(&self.db_path).unwrap_or(0);
         // Pinned before the history looks at the WAL, so nothing it counts can go meanwhile.
         let pins = pin(&self.db_path)?;

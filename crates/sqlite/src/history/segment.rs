@@ -605,6 +605,31 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Every open segment's path and first seq, oldest first. There is one, except after a crash
+/// in an older version that started a segment before sealing the previous one.
+pub(super) fn open_segments(dir: &Path) -> io::Result<Vec<(PathBuf, u64)>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let path = entry?.path();
+        if let Some(first) = open_segment_first(&path) {
+            found.push((path, first));
+        }
+    }
+    found.sort_by_key(|(_, first)| *first);
+    Ok(found)
+}
+
+/// The first seq of the open segment at `path` (`<first in hex>.open`), if it is one.
+pub(super) fn open_segment_first(path: &Path) -> Option<u64> {
+    let name = path.file_name()?.to_str()?;
+    u64::from_str_radix(name.strip_suffix(".open")?, 16).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,8 +6,9 @@ use std::fs::File;
 use std::path::Path;
 
 use super::record::{self, Kind, ReadError};
+use super::segment::open_segments;
 use super::segment::{self, Sealed};
-use super::{log_dir, open_segments, snapshot};
+use super::{log_dir, snapshot};
 
 /// What a history holds, once checked.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

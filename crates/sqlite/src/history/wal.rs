@@ -6,11 +6,14 @@
 //! page. SQLite itself validates the frames when it opens or writes the log; kura reads only
 //! frames SQLite reports as valid (`mxFrame`), and only up to their last commit frame.
 
+use super::io_error;
+use crate::error::{Error, Result};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 
 const WAL_HEADER_LEN: u64 = 32;
 pub(crate) const FRAME_HEADER_LEN: u64 = 24;
@@ -171,4 +174,24 @@ impl Drop for Frames {
             READ_BUFFER.set(buffer);
         }
     }
+}
+
+/// The salt in the WAL's header; 0 when there is no WAL or it has no header yet.
+pub(super) fn read_wal_salt(wal_path: &Path) -> Result<u64> {
+    match File::open(wal_path) {
+        Ok(file) => Ok(read_header(&file).map_err(io_error("reading the WAL"))?.map_or(0, |h| h.salt)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(io_error("opening the WAL")(e)),
+    }
+}
+
+/// Runs a checkpoint in `mode` and returns (frames in the WAL, frames checkpointed).
+pub(super) fn wal_counts(conn: &rusqlite::Connection, mode: i32) -> Result<(i32, i32)> {
+    let (mut log, mut done) = (0, 0);
+    let rc =
+        unsafe { rusqlite::ffi::sqlite3_wal_checkpoint_v2(conn.handle(), std::ptr::null(), mode, &mut log, &mut done) };
+    if rc != rusqlite::ffi::SQLITE_OK {
+        return Err(unsafe { Error::from_connection(conn.handle(), rc, false) });
+    }
+    Ok((log, done))
 }
