@@ -43,7 +43,7 @@ pub use account::{Account, is_valid_account_id};
 pub use d1::{D1Database, D1DatabaseList, NewD1Database, Usage, UsageDelta, is_valid_database_name};
 pub use durable_objects::{DoNamespace, NewDoNamespace, is_valid_namespace_name};
 pub use r2::{R2Bucket, S3Credential, is_valid_bucket_name};
-pub use replication::Replication;
+pub use replication::{BoxError, Replication, ReplicationError};
 pub use token::{Scope, Token, s3_secret_for};
 pub use workers::{
     HOST_KURA, HOST_WORKERD, NamespaceChange, NewWorkerVersion, RecordedVersion, WorkerDeployment, WorkerScript,
@@ -78,7 +78,7 @@ pub enum Error {
     /// coordinator or the store failed, or another node holds the catalog too long): nothing
     /// changed.
     #[error("the shared catalog is unavailable: {0}")]
-    Replication(String),
+    Replication(#[from] ReplicationError),
     /// The catalog file failed.
     #[error("catalog {path}: {source}")]
     Storage {
@@ -491,7 +491,8 @@ impl Catalog {
         // transaction's pages.
         let copy = self.path.with_extension("sqlite.publish");
         let written = conn.serialize(rusqlite::MAIN_DB).map_err(storage).and_then(|data| {
-            write_synced(&copy, &data).map_err(|e| Error::Replication(format!("{}: {e}", copy.display())))
+            write_synced(&copy, &data)
+                .map_err(|source| ReplicationError::File { doing: "", path: copy.clone(), source }.into())
         });
         if let Err(e) = written {
             rollback(conn);
@@ -510,11 +511,8 @@ impl Catalog {
             // Published but not committed here: the published copy is the catalog now.
             Err(e) => {
                 rollback(conn);
-                self.install(conn, &copy).map_err(|again| {
-                    Error::Replication(format!(
-                        "committing failed ({e}) and installing the published copy failed: {again}"
-                    ))
-                })?;
+                self.install(conn, &copy)
+                    .map_err(|again| ReplicationError::Unsettled { commit: e, install: Box::new(again) })?;
                 Ok(out)
             }
         }
@@ -537,7 +535,9 @@ impl Catalog {
     /// old file, if the copy could not take its place).
     fn install(&self, writer: &mut rusqlite::Connection, copy: &Path) -> Result<()> {
         let mut reader = self.lock_reader();
-        let io = |source: std::io::Error| Error::Replication(format!("installing {}: {source}", copy.display()));
+        let io = |source: std::io::Error| {
+            Error::from(ReplicationError::File { doing: "installing ", path: copy.to_owned(), source })
+        };
         let placeholder = || rusqlite::Connection::open_in_memory().map_err(|e| self.storage(e));
         *reader = placeholder()?;
         *writer = placeholder()?;

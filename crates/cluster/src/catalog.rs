@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kura_catalog::{Catalog, Replication};
+use kura_catalog::{Catalog, Replication, ReplicationError};
 use serde::{Deserialize, Serialize};
 
 use crate::coordinator::{Acquired, Coordinator, Lease};
@@ -76,11 +76,11 @@ impl SharedCatalog {
 
     /// The newest published copy after `after`, downloaded to the incoming file, with its
     /// position; `None` if nothing newer was published.
-    async fn fetch_after(&self, after: u64) -> Result<Option<(u64, PathBuf)>, String> {
+    async fn fetch_after(&self, after: u64) -> Result<Option<(u64, PathBuf)>, ReplicationError> {
         // A copy can be removed between reading the manifest and fetching it (two writes
         // later): read the manifest again.
         for _ in 0..5 {
-            let entries = self.coordinator.manifest(CATALOG_RESOURCE, after).await.map_err(|e| e.to_string())?;
+            let entries = self.coordinator.manifest(CATALOG_RESOURCE, after).await.map_err(coordinator)?;
             // Fences (a new owner's empty entry) carry no copy.
             let Some(newest) = entries.iter().rev().find(|e| !e.entry.is_empty()) else {
                 if let Some(last) = entries.last() {
@@ -90,22 +90,31 @@ impl SharedCatalog {
                 return Ok(None);
             };
             let entry: CatalogEntry = serde_json::from_slice(&newest.entry)
-                .map_err(|e| format!("catalog manifest entry {}: {e}", newest.seq))?;
+                .map_err(|e| ReplicationError::Unusable(format!("catalog manifest entry {}: {e}", newest.seq)))?;
             let bytes = match self.storage.get(&entry.object).await {
                 Ok((bytes, _)) => bytes,
                 Err(StorageError::NotFound { .. }) => continue,
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(store(e)),
             };
             if bytes.len() as u64 != entry.len {
-                return Err(format!("catalog copy {} is {} bytes, not {}", entry.object, bytes.len(), entry.len));
+                return Err(ReplicationError::Unusable(format!(
+                    "catalog copy {} is {} bytes, not {}",
+                    entry.object,
+                    bytes.len(),
+                    entry.len
+                )));
             }
-            write_synced(&self.incoming, &bytes).map_err(|e| format!("{}: {e}", self.incoming.display()))?;
+            write_synced(&self.incoming, &bytes).map_err(|source| ReplicationError::File {
+                doing: "",
+                path: self.incoming.clone(),
+                source,
+            })?;
             return Ok(Some((newest.seq, self.incoming.clone())));
         }
-        Err("the catalog changed too fast to fetch".into())
+        Err(ReplicationError::TooFast)
     }
 
-    fn fetch(&self, after: u64) -> Result<Option<PathBuf>, String> {
+    fn fetch(&self, after: u64) -> Result<Option<PathBuf>, ReplicationError> {
         let fetched = wait(&self.runtime, self.fetch_after(after))?;
         Ok(fetched.map(|(seq, path)| {
             self.state().applied = seq;
@@ -113,33 +122,37 @@ impl SharedCatalog {
         }))
     }
 
-    async fn take_ownership(&self) -> Result<Lease, String> {
+    async fn take_ownership(&self) -> Result<Lease, ReplicationError> {
         let deadline = Instant::now() + WRITE_WAIT;
         loop {
-            match self.coordinator.acquire(CATALOG_RESOURCE).await.map_err(|e| e.to_string())? {
+            match self.coordinator.acquire(CATALOG_RESOURCE).await.map_err(coordinator)? {
                 Acquired::Owned(lease) => return Ok(lease),
                 Acquired::Held(owner) if Instant::now() >= deadline => {
-                    return Err(format!("node {} has held the catalog for {WRITE_WAIT:?}", owner.node));
+                    return Err(ReplicationError::Held { node: owner.node, waited: WRITE_WAIT });
                 }
                 Acquired::Held(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
     }
 
-    async fn publish_copy(&self, lease: &Lease, copy: &Path) -> Result<u64, String> {
-        let bytes = std::fs::read(copy).map_err(|e| format!("{}: {e}", copy.display()))?;
+    async fn publish_copy(&self, lease: &Lease, copy: &Path) -> Result<u64, ReplicationError> {
+        let bytes = std::fs::read(copy).map_err(|source| ReplicationError::File {
+            doing: "",
+            path: copy.to_owned(),
+            source,
+        })?;
         let mut random = [0u8; 12];
         getrandom::fill(&mut random).expect("the system has randomness");
         let object = format!("{CATALOG_RESOURCE}/{}/{}", lease.epoch(), hex::encode(random));
         let entry = CatalogEntry { object: object.clone(), len: bytes.len() as u64 };
-        self.storage.put(&object, Bytes::from(bytes), PutMode::New).await.map_err(|e| e.to_string())?;
+        self.storage.put(&object, Bytes::from(bytes), PutMode::New).await.map_err(store)?;
         let entry = serde_json::to_vec(&entry).expect("an entry serialises");
         let seq = match self.coordinator.publish(lease, Bytes::from(entry)).await {
             Ok(seq) => seq,
             // The answer may be lost while the entry landed: the manifest says which.
             Err(e) => match self.newest_entry().await {
                 Ok(Some((seq, newest))) if newest.object == object => seq,
-                _ => return Err(e.to_string()),
+                _ => return Err(coordinator(e)),
             },
         };
         // Only the newest copy matters; the one before it stays a while for nodes fetching it.
@@ -149,33 +162,32 @@ impl SharedCatalog {
         Ok(seq)
     }
 
-    async fn newest_entry(&self) -> Result<Option<(u64, CatalogEntry)>, String> {
-        let entries = self.coordinator.manifest(CATALOG_RESOURCE, 0).await.map_err(|e| e.to_string())?;
+    async fn newest_entry(&self) -> Result<Option<(u64, CatalogEntry)>, ReplicationError> {
+        let entries = self.coordinator.manifest(CATALOG_RESOURCE, 0).await.map_err(coordinator)?;
         let Some(newest) = entries.iter().rev().find(|e| !e.entry.is_empty()) else { return Ok(None) };
-        let entry =
-            serde_json::from_slice(&newest.entry).map_err(|e| format!("catalog manifest entry {}: {e}", newest.seq))?;
+        let entry = serde_json::from_slice(&newest.entry)
+            .map_err(|e| ReplicationError::Unusable(format!("catalog manifest entry {}: {e}", newest.seq)))?;
         Ok(Some((newest.seq, entry)))
     }
 
     /// Forgets manifest entries before the newest two and removes copies of earlier epochs
     /// that neither names; a later owner's copies (higher epochs) are never touched, even if
     /// this node's ownership ended meanwhile.
-    async fn tidy(&self, lease: &Lease, seq: u64, newest: &str) -> Result<(), String> {
-        let kept =
-            self.coordinator.manifest(CATALOG_RESOURCE, seq.saturating_sub(2)).await.map_err(|e| e.to_string())?;
+    async fn tidy(&self, lease: &Lease, seq: u64, newest: &str) -> Result<(), ReplicationError> {
+        let kept = self.coordinator.manifest(CATALOG_RESOURCE, seq.saturating_sub(2)).await.map_err(coordinator)?;
         let mut keep: Vec<String> = vec![newest.to_owned()];
         for published in &kept {
             if let Ok(entry) = serde_json::from_slice::<CatalogEntry>(&published.entry) {
                 keep.push(entry.object);
             }
         }
-        self.coordinator.forget(lease, seq.saturating_sub(1)).await.map_err(|e| e.to_string())?;
+        self.coordinator.forget(lease, seq.saturating_sub(1)).await.map_err(coordinator)?;
         let folder = format!("{CATALOG_RESOURCE}/");
-        for info in self.storage.list(&folder).await.map_err(|e| e.to_string())? {
+        for info in self.storage.list(&folder).await.map_err(store)? {
             let epoch =
                 info.name.strip_prefix(&folder).and_then(|r| r.split('/').next()).and_then(|e| e.parse::<u64>().ok());
             if epoch.is_some_and(|e| e < lease.epoch()) && !keep.contains(&info.name) {
-                self.storage.delete(&info.name).await.map_err(|e| e.to_string())?;
+                self.storage.delete(&info.name).await.map_err(store)?;
             }
         }
         Ok(())
@@ -183,7 +195,7 @@ impl SharedCatalog {
 }
 
 impl Replication for SharedCatalog {
-    fn begin_write(&self) -> Result<Option<PathBuf>, String> {
+    fn begin_write(&self) -> Result<Option<PathBuf>, ReplicationError> {
         let lease = wait(&self.runtime, self.take_ownership())?;
         self.state().writing = Some(lease);
         let applied = self.state().applied;
@@ -194,8 +206,8 @@ impl Replication for SharedCatalog {
         fetched
     }
 
-    fn publish(&self, copy: &Path) -> Result<(), String> {
-        let lease = self.state().writing.clone().ok_or("no catalog write in progress")?;
+    fn publish(&self, copy: &Path) -> Result<(), ReplicationError> {
+        let lease = self.state().writing.clone().ok_or(ReplicationError::NotWriting)?;
         let seq = wait(&self.runtime, self.publish_copy(&lease, copy))?;
         self.state().applied = seq;
         Ok(())
@@ -220,7 +232,7 @@ impl Replication for SharedCatalog {
         }
     }
 
-    fn newer(&self) -> Result<Option<PathBuf>, String> {
+    fn newer(&self) -> Result<Option<PathBuf>, ReplicationError> {
         let applied = self.state().applied;
         self.fetch(applied)
     }
@@ -231,6 +243,14 @@ impl Replication for SharedCatalog {
             Err(_) => f(),
         }
     }
+}
+
+fn coordinator(e: crate::coordinator::CoordinatorError) -> ReplicationError {
+    ReplicationError::Coordinator(Box::new(e))
+}
+
+fn store(e: StorageError) -> ReplicationError {
+    ReplicationError::Store(Box::new(e))
 }
 
 /// Brings newer copies of a shared catalog in every `every` until `stop` resolves.

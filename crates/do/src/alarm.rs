@@ -39,10 +39,43 @@ impl AlarmInvocation {
 
 pub use crate::BoxFuture;
 
+/// Why an alarm's delivery failed; the alarm is retried.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeliveryError {
+    /// There is no handler to deliver to (the namespace is gone, or names none).
+    #[error("{0}")]
+    NoHandler(&'static str),
+    /// The handler's URL could not be reached, or did not answer in time.
+    #[error("POST {url}: {source}")]
+    Unreachable {
+        /// The handler's URL.
+        url: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The handler's URL answered with a failure.
+    #[error("POST {url} answered {status}")]
+    Answered {
+        /// The handler's URL.
+        url: String,
+        /// Its status, as HTTP words it.
+        status: String,
+    },
+    /// The handler ran and failed (it threw).
+    #[error("{0}")]
+    Handler(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
 /// Runs an alarm's handler. `Err` is a failed attempt (retried), with why.
 pub trait Deliver: Send + Sync + 'static {
     /// Delivers one alarm of the namespace `ns` (its storage id given) and reports the outcome.
-    fn deliver(&self, ns: &Namespace, alarm: AlarmInvocation) -> BoxFuture<'static, std::result::Result<(), String>>;
+    fn deliver(
+        &self,
+        ns: &Namespace,
+        alarm: AlarmInvocation,
+    ) -> BoxFuture<'static, std::result::Result<(), DeliveryError>>;
 }
 
 /// Watches the schedules of a set of namespaces and delivers their alarms.
@@ -120,7 +153,7 @@ pub struct AlarmFigures {
 }
 
 impl AlarmFigures {
-    fn record(&self, outcome: &std::result::Result<(), String>, last_try: bool) {
+    fn record(&self, outcome: &std::result::Result<(), DeliveryError>, last_try: bool) {
         let counter = match (outcome, last_try) {
             (Ok(()), _) => &self.delivered,
             (Err(_), false) => &self.failed,

@@ -49,12 +49,24 @@ pub enum DoError {
     /// The file system or the history failed.
     #[error("storage failure: {0}")]
     Storage(String),
+    /// The disk is full; nothing was changed. Writes succeed again once space is freed.
+    #[error("storage failure: the server's disk is full")]
+    InsufficientStorage,
 }
 
 /// Results of the engine.
 pub type Result<T, E = DoError> = std::result::Result<T, E>;
 
 impl DoError {
+    /// A failure of the file system or the history: a full disk (by the error's type,
+    /// [`kura_sqlite::is_disk_full`]) is [`DoError::InsufficientStorage`].
+    pub(crate) fn storage(e: impl std::error::Error + 'static) -> Self {
+        match kura_sqlite::is_disk_full(&e) {
+            true => DoError::InsufficientStorage,
+            false => DoError::Storage(e.to_string()),
+        }
+    }
+
     /// Translates an error of the SQLite core.
     pub(crate) fn from_sql(e: kura_sqlite::Error) -> Self {
         use kura_sqlite::Error as E;
@@ -72,7 +84,7 @@ impl DoError {
             E::Superseded { .. } => {
                 DoError::Unavailable("another node took this namespace over; the request did not take effect".into())
             }
-            other => DoError::Storage(other.to_string()),
+            other => DoError::storage(other),
         }
     }
 
@@ -82,7 +94,7 @@ impl DoError {
                 message: format!("{e}: {}", kura_sqlite::code_name(s.extended_code & 0xff)),
                 code: s.extended_code & 0xff,
             },
-            _ => DoError::Storage(e.to_string()),
+            _ => DoError::storage(e),
         }
     }
 

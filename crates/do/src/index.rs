@@ -47,7 +47,10 @@ pub struct DueAlarm {
 }
 
 pub(crate) fn storage(e: rusqlite::Error) -> DoError {
-    DoError::Storage(format!("namespace index: {e}"))
+    match kura_sqlite::is_disk_full(&e) {
+        true => DoError::InsufficientStorage,
+        false => DoError::Storage(format!("namespace index: {e}")),
+    }
 }
 
 pub(crate) fn register(c: &Connection, id: &str, name: Option<&str>, now_ms: i64) -> rusqlite::Result<()> {

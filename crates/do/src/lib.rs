@@ -146,7 +146,10 @@ impl DurableObjects {
     /// The engine keeping its files under `root`.
     pub fn open(root: impl Into<PathBuf>, settings: DoSettings) -> Result<Self> {
         let root = root.into();
-        std::fs::create_dir_all(&root).map_err(|e| DoError::Storage(format!("creating {}: {e}", root.display())))?;
+        std::fs::create_dir_all(&root).map_err(|e| match kura_sqlite::is_disk_full(&e) {
+            true => DoError::InsufficientStorage,
+            false => DoError::Storage(format!("creating {}: {e}", root.display())),
+        })?;
         let opener_root = root.clone();
         let history = settings.history.clone();
         let hosted = hosted::Hosted::start(root.clone(), history.clone());
@@ -347,7 +350,10 @@ impl DurableObjects {
         }
         let dir = self.object_dir(ns, id);
         if !dir.exists() {
-            std::fs::create_dir_all(&dir).map_err(|e| DoError::Storage(format!("creating {}: {e}", dir.display())))?;
+            std::fs::create_dir_all(&dir).map_err(|e| match kura_sqlite::is_disk_full(&e) {
+                true => DoError::InsufficientStorage,
+                false => DoError::Storage(format!("creating {}: {e}", dir.display())),
+            })?;
         }
         Ok(key)
     }
@@ -496,7 +502,7 @@ impl DurableObjects {
             let bytes = tokio::task::spawn_blocking(move || {
                 let Some(mut db) = engine.open_hosted(&ns, &hex)? else { return Ok(Vec::new()) };
                 let mut out = Vec::new();
-                dump(&mut db, &options, &mut out).map_err(|e| DoError::Storage(e.to_string()))?;
+                dump(&mut db, &options, &mut out).map_err(DoError::storage)?;
                 Ok::<_, DoError>(out)
             })
             .await
@@ -518,7 +524,7 @@ impl DurableObjects {
             })
             .await
             .map_err(DoError::from_sql)?
-            .map_err(|e| DoError::Storage(e.to_string()))?;
+            .map_err(DoError::storage)?;
         String::from_utf8(bytes).map_err(|e| DoError::Storage(e.to_string()))
     }
 

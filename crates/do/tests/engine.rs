@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kura_do::alarm::{AlarmInvocation, AlarmRunner, BoxFuture, Deliver};
+use kura_do::alarm::{AlarmInvocation, AlarmRunner, BoxFuture, Deliver, DeliveryError};
 use kura_do::{DoError, DoSettings, DurableObjects, ListOptions, Namespace, ObjectId, Value, now_ms};
 
 fn engine(dir: &std::path::Path) -> DurableObjects {
@@ -248,12 +248,12 @@ struct Recorder {
 }
 
 impl Deliver for Recorder {
-    fn deliver(&self, _ns: &Namespace, alarm: AlarmInvocation) -> BoxFuture<'static, Result<(), String>> {
+    fn deliver(&self, _ns: &Namespace, alarm: AlarmInvocation) -> BoxFuture<'static, Result<(), DeliveryError>> {
         self.calls.lock().unwrap().push(alarm);
         let mut left = self.failures_left.lock().unwrap();
         let outcome = if *left > 0 {
             *left -= 1;
-            Err("handler threw".to_owned())
+            Err(DeliveryError::Handler("handler threw".into()))
         } else {
             Ok(())
         };

@@ -85,11 +85,21 @@ impl R2Error {
         }
     }
 
-    /// A storage failure while `context`, logged as it is made.
-    pub fn storage(context: &str, e: impl std::fmt::Display) -> Self {
+    /// A storage failure while `context`, logged as it is made: a full disk (by the error's
+    /// type, [`kura_sqlite::is_disk_full`]) is [`R2Error::InsufficientStorage`].
+    pub fn storage(context: &str, e: impl std::error::Error + 'static) -> Self {
+        if kura_sqlite::is_disk_full(&e) {
+            tracing::error!(%e, "{context}");
+            return R2Error::InsufficientStorage;
+        }
+        R2Error::storage_text(context, e)
+    }
+
+    /// A storage failure while `context` known only by its description (never a full disk),
+    /// logged as it is made.
+    pub fn storage_text(context: &str, e: impl std::fmt::Display) -> Self {
         tracing::error!(%e, "{context}");
-        let text = format!("{context}: {e}");
-        if kura_sqlite::is_disk_full(&text) { R2Error::InsufficientStorage } else { R2Error::Storage(text) }
+        R2Error::Storage(format!("{context}: {e}"))
     }
 }
 

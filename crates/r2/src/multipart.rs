@@ -86,7 +86,7 @@ impl R2 {
         let expected = Expected { size: options.size, max_size: MAX_UPLOAD_BYTES, inline_max: None, digests: &digests };
         let received = self.blobs.receive(bucket, body, &expected).await?;
         let Stored::Blob(pending) = received.stored else {
-            return Err(R2Error::storage("receiving a part", "a part was kept inline"));
+            return Err(R2Error::storage_text("receiving a part", "a part was kept inline"));
         };
         let part = Part {
             number,

@@ -515,7 +515,7 @@ impl<T: DurableObject> Deliver for AlarmDeliver<T> {
         &self,
         _ns: &kura_do::Namespace,
         alarm: AlarmInvocation,
-    ) -> kura_do::alarm::BoxFuture<'static, Result<(), String>> {
+    ) -> kura_do::alarm::BoxFuture<'static, Result<(), kura_do::alarm::DeliveryError>> {
         let namespace = self.namespace.clone();
         Box::pin(async move {
             let info = AlarmInfo { retry_count: alarm.retry_count, is_retry: alarm.is_retry() };
@@ -524,7 +524,7 @@ impl<T: DurableObject> Deliver for AlarmDeliver<T> {
                     Box::pin(object.alarm(info))
                 })
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(|e| kura_do::alarm::DeliveryError::Handler(Box::new(e)))
         })
     }
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kura_catalog::{Catalog, DoNamespace};
-use kura_do::alarm::{AlarmInvocation, AlarmRunner, BoxFuture, Deliver};
+use kura_do::alarm::{AlarmInvocation, AlarmRunner, BoxFuture, Deliver, DeliveryError};
 use kura_do::{DurableObjects, Namespace};
 use serde_json::json;
 
@@ -25,12 +25,13 @@ struct HttpDeliver {
 }
 
 impl Deliver for HttpDeliver {
-    fn deliver(&self, ns: &Namespace, alarm: AlarmInvocation) -> BoxFuture<'static, Result<(), String>> {
+    fn deliver(&self, ns: &Namespace, alarm: AlarmInvocation) -> BoxFuture<'static, Result<(), DeliveryError>> {
         let known = self.namespaces.lock().unwrap_or_else(|p| p.into_inner()).get(ns.storage_id()).cloned();
         let client = self.client.clone();
         Box::pin(async move {
-            let namespace = known.ok_or("the namespace no longer exists")?;
-            let url = namespace.alarm_url.as_deref().ok_or("the namespace has no alarm URL")?;
+            let namespace = known.ok_or(DeliveryError::NoHandler("the namespace no longer exists"))?;
+            let url =
+                namespace.alarm_url.as_deref().ok_or(DeliveryError::NoHandler("the namespace has no alarm URL"))?;
             let body = json!({
                 "namespace": namespace.name,
                 "namespace_id": namespace.id,
@@ -49,11 +50,11 @@ impl Deliver for HttpDeliver {
                 .json(&body)
                 .send()
                 .await
-                .map_err(|e| format!("POST {url}: {e}"))?;
+                .map_err(|e| DeliveryError::Unreachable { url: url.to_owned(), source: Box::new(e) })?;
             if response.status().is_success() {
                 Ok(())
             } else {
-                Err(format!("POST {url} answered {}", response.status()))
+                Err(DeliveryError::Answered { url: url.to_owned(), status: response.status().to_string() })
             }
         })
     }

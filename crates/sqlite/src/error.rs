@@ -141,13 +141,28 @@ impl Error {
     }
 }
 
-/// Whether an error's text says the disk is full (SQLite's `SQLITE_FULL`, or `ENOSPC` from a
-/// write): the one storage failure a client can do something about, so the surfaces answer it
-/// as such (HTTP 507) rather than as an internal error.
-pub fn is_disk_full(message: &str) -> bool {
-    ["database or disk is full", "SQLITE_FULL", "No space left on device", "os error 28"]
-        .iter()
-        .any(|m| message.contains(m))
+/// Whether a failure is the disk being full: SQLite's `SQLITE_FULL`, or `ENOSPC` from a write,
+/// found by type along the error's chain of sources (never by its text). The one storage
+/// failure a client can do something about, so the surfaces answer it as such (HTTP 507)
+/// rather than as an internal error.
+pub fn is_disk_full(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        let full = if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            io.kind() == std::io::ErrorKind::StorageFull || io.raw_os_error() == Some(libc::ENOSPC)
+        } else if let Some(sqlite) = error.downcast_ref::<rusqlite::Error>() {
+            sqlite.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
+        } else if let Some(Error::Sql { code, .. }) = error.downcast_ref::<Error>() {
+            *code == ffi::SQLITE_FULL
+        } else {
+            false
+        };
+        if full {
+            return true;
+        }
+        next = error.source();
+    }
+    false
 }
 
 /// How a statement given the wrong number of values is refused (D1 adds the counts in

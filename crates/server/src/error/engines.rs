@@ -34,7 +34,7 @@ impl From<kura_d1::Error> for ApiError {
             ),
             E::Invalid(m) => ApiError::bad_request(m),
             E::Placement(e) => ApiError::unavailable(format!("the database is {e}")),
-            E::Catalog(kura_catalog::Error::Replication(m)) => ApiError::unavailable(m),
+            E::Catalog(kura_catalog::Error::Replication(e)) => ApiError::unavailable(e.to_string()),
             E::Import(e) => ApiError::new(StatusCode::BAD_REQUEST, 7500, e.to_string()),
             E::Export(e) => ApiError::new(StatusCode::BAD_REQUEST, 7500, e.to_string()),
             E::Sql(sql) => match sql {
@@ -73,7 +73,7 @@ impl From<kura_catalog::Error> for ApiError {
     fn from(e: kura_catalog::Error) -> Self {
         match e {
             kura_catalog::Error::Invalid(m) => ApiError::bad_request(m),
-            kura_catalog::Error::Replication(m) => ApiError::unavailable(m),
+            kura_catalog::Error::Replication(e) => ApiError::unavailable(e.to_string()),
             other => ApiError::internal(&other),
         }
     }
@@ -82,7 +82,7 @@ impl From<kura_catalog::Error> for ApiError {
 impl From<R2Error> for ApiError {
     fn from(e: R2Error) -> Self {
         if let R2Error::Storage(detail) = &e {
-            return ApiError::internal(detail);
+            return ApiError::internal_text(detail);
         }
         ApiError::new(r2_status(&e), r2_v4_code(&e), e.to_string())
     }
@@ -112,6 +112,7 @@ impl From<DoError> for ApiError {
             DoError::Overloaded => (StatusCode::TOO_MANY_REQUESTS, 10025),
             DoError::Closed => (StatusCode::SERVICE_UNAVAILABLE, 10026),
             DoError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, 10026),
+            DoError::InsufficientStorage => return ApiError::insufficient_storage(),
             _ => return ApiError::internal(&e),
         };
         ApiError::new(status, code, e.to_string())

@@ -117,12 +117,19 @@ impl ApiError {
     }
 
     /// A failure that is kura's fault: logged in full, answered with a reference.
-    pub fn internal(error: &dyn std::fmt::Display) -> Self {
-        let reference = format!("{:016x}", jiff::Timestamp::now().as_nanosecond() as u64);
-        tracing::error!(reference, error = %error, "internal error");
-        if kura_sqlite::is_disk_full(&error.to_string()) {
+    /// A full disk (by the error's type, [`kura_sqlite::is_disk_full`]) is answered as such.
+    pub fn internal(error: &(dyn std::error::Error + 'static)) -> Self {
+        if kura_sqlite::is_disk_full(error) {
+            tracing::error!(error = %error, "internal error");
             return ApiError::insufficient_storage();
         }
+        ApiError::internal_text(error)
+    }
+
+    /// A failure that is kura's fault, known only by its description (never a full disk).
+    pub fn internal_text(error: &dyn std::fmt::Display) -> Self {
+        let reference = format!("{:016x}", jiff::Timestamp::now().as_nanosecond() as u64);
+        tracing::error!(reference, error = %error, "internal error");
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, 7500, format!("internal error; reference = {reference}"))
     }
 

@@ -64,7 +64,7 @@ pub fn catalog_error(e: kura_catalog::Error) -> S3Error {
         kura_catalog::Error::Duplicate { .. } => {
             error(StatusCode::CONFLICT, "BucketAlreadyExists", "The requested bucket name is not available.")
         }
-        other if kura_sqlite::is_disk_full(&other.to_string()) => engine_error(R2Error::storage("catalog", other)),
+        other if kura_sqlite::is_disk_full(&other) => engine_error(R2Error::storage("catalog", other)),
         other => {
             tracing::error!(error = %other, "catalog failure");
             error(

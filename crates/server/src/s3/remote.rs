@@ -17,7 +17,7 @@ pub(super) async fn read(
     key: &str,
     options: GetOptions,
 ) -> Result<ObjectBody, R2Error> {
-    let failed = |e: &dyn std::fmt::Display| R2Error::storage("reading a copy's source from its owner", e);
+    let failed = |e: &dyn std::fmt::Display| R2Error::storage_text("reading a copy's source from its owner", e);
     let path: Vec<String> = key.split('/').map(uri_encode).collect();
     let mut url = format!("{}/{}/{}", endpoint.trim_end_matches('/'), uri_encode(bucket), path.join("/"));
     if let Some(part) = options.part_number {
@@ -70,7 +70,7 @@ fn refusal(status: u16, body: &str) -> R2Error {
         (412, _) => R2Error::PreconditionFailed,
         (416, _) => R2Error::InvalidRange,
         (503, _) => R2Error::Unavailable("the source bucket's owner is busy or moving; retry shortly".into()),
-        _ => R2Error::storage("reading a copy's source from its owner", format!("{status} {code}")),
+        _ => R2Error::storage_text("reading a copy's source from its owner", format!("{status} {code}")),
     }
 }
 

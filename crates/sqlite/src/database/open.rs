@@ -328,7 +328,7 @@ impl Database {
                 History::open(&options.identity, &options.path, conn, settings.clone(), restore_interrupted)
             }) {
                 Ok(history) => Some(history),
-                Err(e) if !options.read_only && options.shipper.is_none() && is_disk_full(&e.to_string()) => {
+                Err(e) if !options.read_only && options.shipper.is_none() && is_disk_full(&e) => {
                     tracing::error!(path = %options.path.display(), error = %e, "the history cannot grow; serving the database read-only until it can");
                     authorizer.internal(|| conn.pragma_update(None, "query_only", true)).map_err(Error::internal)?;
                     history_full_since = Some(Instant::now());
