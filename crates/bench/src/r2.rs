@@ -35,7 +35,7 @@ impl S3 {
     pub(crate) fn signed(&self, method: reqwest::Method, path_and_query: &str) -> reqwest::RequestBuilder {
         let url = format!("{}{path_and_query}", self.endpoint);
         let signed =
-            kura_server::sigv4::signed_headers(method.as_str(), &url, &[("host", &*self.host)], S3_KEY, S3_SECRET)
+            kura_client::sigv4::signed_headers(method.as_str(), &url, &[("host", &*self.host)], S3_KEY, S3_SECRET)
                 .expect("signing");
         let mut builder = self.http.request(method, &url);
         for (name, value) in signed {

@@ -377,7 +377,7 @@ pub enum NodeCommand {
 }
 
 pub async fn run_node(command: NodeCommand) -> anyhow::Result<()> {
-    let api = crate::api::ApiClient::from_env().await?;
+    let api = kura_client::ApiClient::from_env().await?;
     let (status, json) = match command {
         NodeCommand::Status { json } => {
             (api.call(reqwest::Method::GET, &api.account_path("/kura/cluster"), None).await?, json)

@@ -14,10 +14,10 @@ use kura_catalog::NewDoNamespace;
 use kura_d1::wire::JsonParams;
 use kura_server::rest::durable_objects::{cursor_json, fan_out_json, namespace_json, object_json};
 
-use crate::api::ApiClient;
 use crate::local::Local;
 use crate::location::Location;
 use crate::output::{cell, objects_table, print_json, table};
+use kura_client::ApiClient;
 
 #[derive(Subcommand)]
 pub enum DoCommand {
@@ -155,7 +155,7 @@ impl Backend {
                     "name": new.name, "class": new.class_name, "script": new.script,
                     "unique_key": new.unique_key, "alarm_url": new.alarm_url,
                 });
-                api.call(Method::POST, &api.account_path(NAMESPACES), Some(&body)).await
+                api.call(Method::POST, &api.account_path(NAMESPACES), Some(&body)).await.map_err(Into::into)
             }
         }
     }
@@ -301,7 +301,7 @@ impl Backend {
                 if !objects.is_empty() {
                     body["objects"] = json!(objects);
                 }
-                api.call(Method::POST, &path, Some(&body)).await
+                api.call(Method::POST, &path, Some(&body)).await.map_err(Into::into)
             }
         }
     }

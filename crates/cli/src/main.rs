@@ -4,7 +4,6 @@
 //! R2 and Durable Objects; `kura accounts` and `kura tokens` manage credentials.
 
 mod admin;
-mod api;
 mod check;
 mod cluster;
 mod config;

@@ -10,10 +10,10 @@ use serde_json::Value as Json;
 use kura_server::rest::workers::script_json;
 use kura_workers::{StoredVersion, Workers, WorkersSettings};
 
-use crate::api::ApiClient;
 use crate::local::Local;
 use crate::location::Location;
 use crate::output::{cell, print_json, table};
+use kura_client::ApiClient;
 
 #[derive(Subcommand)]
 pub enum WorkersCommand {

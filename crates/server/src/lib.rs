@@ -24,7 +24,6 @@ pub mod buckets;
 mod expect_continue;
 pub mod metrics;
 pub mod observe;
-pub mod sigv4;
 mod stall;
 pub mod transfer;
 

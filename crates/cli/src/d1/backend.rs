@@ -9,9 +9,9 @@ use reqwest::Method;
 use serde_json::{Value as Json, json};
 
 use crate::DataArgs;
-use crate::api::ApiClient;
 use crate::config::Target;
 use crate::local::Local;
+use kura_client::ApiClient;
 use kura_d1::dump::DumpOptions;
 use kura_d1::wire::{JsonResults, RowFormat, created_database, database_details, database_list_item};
 use kura_d1::{CreateOptions, Request, Statement};
@@ -151,7 +151,7 @@ impl Backend {
                 if let Some(j) = options.jurisdiction {
                     body["jurisdiction"] = json!(j);
                 }
-                api.call(Method::POST, &api.account_path("/d1/database"), Some(&body)).await
+                api.call(Method::POST, &api.account_path("/d1/database"), Some(&body)).await.map_err(Into::into)
             }
         }
     }
@@ -216,9 +216,10 @@ impl Backend {
     pub async fn details(&self, uuid: &str) -> anyhow::Result<Json> {
         match self {
             Backend::Local(l) => Ok(Json::Object(database_details(&l.node.d1().details(&l.account, uuid).await?))),
-            Backend::Remote(api) => {
-                api.call(Method::GET, &api.account_path(&format!("/d1/database/{uuid}")), None).await
-            }
+            Backend::Remote(api) => api
+                .call(Method::GET, &api.account_path(&format!("/d1/database/{uuid}")), None)
+                .await
+                .map_err(Into::into),
         }
     }
 
@@ -282,7 +283,7 @@ impl Backend {
             Backend::Remote(api) => {
                 let path = api
                     .account_path(&format!("/d1/database/{uuid}/time_travel/restore?bookmark={}", segment(bookmark)));
-                api.call(Method::POST, &path, None).await
+                api.call(Method::POST, &path, None).await.map_err(Into::into)
             }
         }
     }

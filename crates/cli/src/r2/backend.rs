@@ -13,8 +13,8 @@ use tokio::io::AsyncWriteExt;
 use kura_r2::{GetOptions, HttpMetadata, ListOptions, ObjectInfo, PutOptions};
 
 use crate::DataArgs;
-use crate::api::ApiClient;
 use crate::local::Local;
+use kura_client::ApiClient;
 
 /// HTTP metadata given on the command line.
 #[derive(Args, Clone, Debug, Default)]
@@ -128,7 +128,7 @@ impl Backend {
                 if let Some(c) = class {
                     body["storageClass"] = json!(c);
                 }
-                api.call(Method::POST, &api.account_path("/r2/buckets"), Some(&body)).await
+                api.call(Method::POST, &api.account_path("/r2/buckets"), Some(&body)).await.map_err(Into::into)
             }
         }
     }

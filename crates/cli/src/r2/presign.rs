@@ -78,7 +78,7 @@ pub fn presigned_url(
     if let Some(ct) = content_type {
         headers.push(("content-type", ct));
     }
-    kura_server::sigv4::presigned_url(method, &url, &headers, (access_key_id, secret_access_key), expires, now)
+    kura_client::sigv4::presigned_url(method, &url, &headers, (access_key_id, secret_access_key), expires, now)
         .map_err(anyhow::Error::msg)
         .context("cannot sign that URL")
 }

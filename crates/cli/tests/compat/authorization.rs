@@ -275,10 +275,10 @@ async fn probe(client: &reqwest::Client, server: &KuraProcess, secrets: &Secrets
     if p.s3 {
         let (id, secret) = secrets.s3(Credential::Admin).expect("the admin's S3 key");
         let url = format!("{}{}", server.s3, p.path);
-        let host = kura_server::sigv4::host_of(&url).to_owned();
+        let host = kura_client::sigv4::host_of(&url).to_owned();
         let mut request = client.request(p.method.clone(), &url);
         for (name, value) in
-            kura_server::sigv4::signed_headers(p.method.as_str(), &url, &[("host", &host)], id, secret).unwrap()
+            kura_client::sigv4::signed_headers(p.method.as_str(), &url, &[("host", &host)], id, secret).unwrap()
         {
             request = request.header(name, value);
         }
@@ -1041,9 +1041,9 @@ async fn send(
             Credential::Malformed => request = request.header("authorization", "AWS4-HMAC-SHA256 nonsense"),
             _ => {
                 let (id, secret) = secrets.s3(c).expect("every signed credential has an S3 key pair");
-                let host = kura_server::sigv4::host_of(&url).to_owned();
+                let host = kura_client::sigv4::host_of(&url).to_owned();
                 for (name, value) in
-                    kura_server::sigv4::signed_headers(e.method.as_str(), &url, &[("host", &host)], id, secret).unwrap()
+                    kura_client::sigv4::signed_headers(e.method.as_str(), &url, &[("host", &host)], id, secret).unwrap()
                 {
                     request = request.header(name, value);
                 }

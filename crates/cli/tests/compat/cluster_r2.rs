@@ -22,10 +22,10 @@ const BUCKET: &str = "uploads";
 /// A request to an S3 listener signed with the compat key (SigV4 in headers, unsigned payload).
 fn signed(client: &reqwest::Client, method: reqwest::Method, endpoint: &str, path: &str) -> reqwest::RequestBuilder {
     let url = format!("{endpoint}{path}");
-    let host = kura_server::sigv4::host_of(&url).to_owned();
+    let host = kura_client::sigv4::host_of(&url).to_owned();
     let headers = [("host", host.as_str())];
     let signed =
-        kura_server::sigv4::signed_headers(method.as_str(), &url, &headers, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY)
+        kura_client::sigv4::signed_headers(method.as_str(), &url, &headers, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY)
             .unwrap();
     let mut builder = client.request(method, &url);
     for (name, value) in signed {

@@ -115,11 +115,11 @@ impl Server {
         body: Vec<u8>,
     ) -> Result<(u16, String, String), Failed> {
         let url = format!("{}{path}", self.s3);
-        let host = kura_server::sigv4::host_of(&url).to_owned();
+        let host = kura_client::sigv4::host_of(&url).to_owned();
         let mut all = vec![("host", host.as_str())];
         all.extend_from_slice(headers);
-        let signed = kura_server::sigv4::signed_headers(method, &url, &all, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY)
-            .map_err(Failed::Refused)?;
+        let signed = kura_client::sigv4::signed_headers(method, &url, &all, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY)
+            .map_err(|e| Failed::Refused(e.to_string()))?;
         let mut request = self.http.request(method.parse().unwrap(), &url).body(body);
         for (name, value) in headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).chain(signed) {
             request = request.header(name, value);

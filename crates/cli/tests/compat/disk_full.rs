@@ -83,8 +83,8 @@ fn a_full_disk_refuses_writes_clearly_keeps_everything_and_recovers() {
     let v4 = |path: &str| format!("{}/accounts/{ACCOUNT}{path}", server.api);
     let s3 = |method: reqwest::Method, path: &str| {
         let url = format!("{}{path}", server.s3);
-        let host = kura_server::sigv4::host_of(&url).to_owned();
-        let signed = kura_server::sigv4::signed_headers(
+        let host = kura_client::sigv4::host_of(&url).to_owned();
+        let signed = kura_client::sigv4::signed_headers(
             method.as_str(),
             &url,
             &[("host", &host)],

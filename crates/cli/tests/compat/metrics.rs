@@ -90,8 +90,8 @@ async fn metrics_and_request_ids() {
     // R2 over S3: a bucket, a 100 KiB object written and read, and a missing key.
     let s3 = async |method: reqwest::Method, path: &str, body: Vec<u8>| {
         let url = format!("{}{path}", server.s3);
-        let host = kura_server::sigv4::host_of(&url).to_owned();
-        let headers = kura_server::sigv4::signed_headers(
+        let host = kura_client::sigv4::host_of(&url).to_owned();
+        let headers = kura_client::sigv4::signed_headers(
             method.as_str(),
             &url,
             &[("host", host.as_str())],

@@ -276,12 +276,12 @@ async fn send_signed(
     let mut request = client.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), url);
     let mut all: Vec<(String, String)> = headers.to_vec();
     if signing != Signing::No {
-        let host = kura_server::sigv4::host_of(url).to_owned();
+        let host = kura_client::sigv4::host_of(url).to_owned();
         let mut signed: Vec<(&str, &str)> = vec![("host", host.as_str())];
         signed.extend(headers.iter().filter(|(n, _)| n != "authorization").map(|(n, v)| (n.as_str(), v.as_str())));
         let key = (S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY);
         if let Ok(extra) =
-            kura_server::sigv4::signed_headers_for(method, url, &signed, key, signing == Signing::StreamingTrailer)
+            kura_client::sigv4::signed_headers_for(method, url, &signed, key, signing == Signing::StreamingTrailer)
         {
             all.retain(|(n, _)| !extra.iter().any(|(m, _)| m.eq_ignore_ascii_case(n)));
             all.extend(extra);

@@ -28,14 +28,19 @@ pub(super) async fn read(
         ByteRange::From { start, end: None } => format!("bytes={start}-"),
         ByteRange::Suffix(n) => format!("bytes=-{n}"),
     });
-    let host = crate::sigv4::host_of(&url).to_owned();
+    let host = kura_client::sigv4::host_of(&url).to_owned();
     let mut headers = vec![("host", host.as_str())];
     if let Some(range) = &range {
         headers.push(("range", range.as_str()));
     }
-    let signed =
-        crate::sigv4::signed_headers("GET", &url, &headers, &credential.access_key_id, &credential.secret_access_key)
-            .map_err(|e| failed(&e))?;
+    let signed = kura_client::sigv4::signed_headers(
+        "GET",
+        &url,
+        &headers,
+        &credential.access_key_id,
+        &credential.secret_access_key,
+    )
+    .map_err(|e| failed(&e))?;
     let mut request = http.get(&url);
     for (name, value) in signed {
         request = request.header(name, value);

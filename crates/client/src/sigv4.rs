@@ -2,6 +2,16 @@
 //! cluster node reads a copy's source from another node with and what the benchmark and the
 //! tests send; in the query string, `kura r2 presign`'s URLs. `aws-sigv4` does the signing.
 
+/// Why a request could not be signed (a malformed URL or header, or settings `aws-sigv4`
+/// refused).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot sign the request: {0}")]
+pub struct SignError(#[source] Box<dyn std::error::Error + Send + Sync>);
+
+fn failed(e: impl std::error::Error + Send + Sync + 'static) -> SignError {
+    SignError(Box::new(e))
+}
+
 use std::time::{Duration, SystemTime};
 
 use aws_sigv4::http_request::{
@@ -21,7 +31,7 @@ fn sign_for_r2(
     time: SystemTime,
     mut settings: SigningSettings,
     body: SignableBody<'_>,
-) -> Result<SigningInstructions, String> {
+) -> Result<SigningInstructions, SignError> {
     let identity = aws_credential_types::Credentials::new(access_key_id, secret, None, None, "kura").into();
     settings.percent_encoding_mode = PercentEncodingMode::Single;
     settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
@@ -32,10 +42,10 @@ fn sign_for_r2(
         .time(time)
         .settings(settings)
         .build()
-        .map_err(|e| e.to_string())?
+        .map_err(failed)?
         .into();
-    let signable = SignableRequest::new(method, url, headers.iter().copied(), body).map_err(|e| e.to_string())?;
-    Ok(sign(signable, &params).map_err(|e| e.to_string())?.into_parts().0)
+    let signable = SignableRequest::new(method, url, headers.iter().copied(), body).map_err(failed)?;
+    Ok(sign(signable, &params).map_err(failed)?.into_parts().0)
 }
 
 /// The headers that sign `method url` (with `headers`, which must include `host`) for the key
@@ -46,7 +56,7 @@ pub fn signed_headers(
     headers: &[(&str, &str)],
     access_key_id: &str,
     secret: &str,
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, SignError> {
     signed_headers_for(method, url, headers, (access_key_id, secret), false)
 }
 
@@ -59,7 +69,7 @@ pub fn signed_headers_for(
     headers: &[(&str, &str)],
     key: (&str, &str),
     streaming_trailer: bool,
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, SignError> {
     let mut settings = SigningSettings::default();
     settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
     let body = match streaming_trailer {
@@ -79,13 +89,13 @@ pub fn presigned_url(
     (access_key_id, secret): (&str, &str),
     expires: Duration,
     time: SystemTime,
-) -> Result<String, String> {
+) -> Result<String, SignError> {
     let mut settings = SigningSettings::default();
     settings.signature_location = SignatureLocation::QueryParams;
     settings.expires_in = Some(expires);
     let instructions =
         sign_for_r2(method, url, headers, (access_key_id, secret), time, settings, SignableBody::UnsignedPayload)?;
-    let mut signed = axum::http::Request::builder().method(method).uri(url).body(()).map_err(|e| e.to_string())?;
+    let mut signed = http::Request::builder().method(method).uri(url).body(()).map_err(failed)?;
     instructions.apply_to_request_http1x(&mut signed);
     Ok(signed.uri().to_string())
 }
