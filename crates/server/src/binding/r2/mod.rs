@@ -5,298 +5,34 @@
 //! after it; failures carry `cf-r2-error` with R2's v4 code, which workerd turns into the
 //! exception (or the `null`) a Worker sees.
 
+mod reply;
+mod wire;
+
+use reply::{BindingError, METADATA_SIZE_HEADER, head_json, metadata_reply};
+use wire::{
+    BindingRequest, MAX_METADATA, OnlyIfJson, REQUEST_HEADER, RangeJson, byte_range, conditional, expected_digests,
+    http_metadata, parse_request, refuse_ssec,
+};
+
 use std::collections::BTreeMap;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt, TryStreamExt};
-use serde::{Deserialize, Deserializer};
 use serde_json::{Value as Json, json};
 
-use kura_r2::{
-    ByteRange, ChecksumAlgorithm, Conditional, EtagCondition, ExpectedDigests, GetOptions, HttpMetadata, ListOptions,
-    ObjectInfo, PartOptions, PutOptions, R2Error,
-};
+use kura_r2::{ExpectedDigests, GetOptions, ListOptions, PartOptions, PutOptions, R2Error};
 use kura_workers::config::headers;
 
 use crate::auth::{Caller, Need};
-use crate::error::{self, ApiError};
+use crate::error::ApiError;
 use crate::state::AppState;
-
-const REQUEST_HEADER: &str = "cf-r2-request";
-const METADATA_SIZE_HEADER: &str = "cf-r2-metadata-size";
-
-/// Largest request JSON accepted (workerd's own bound on replies).
-const MAX_METADATA: usize = 1 << 20;
 
 /// Objects up to this size are read whole and sent in one piece with their metadata.
 const SMALL_OBJECT: u64 = 64 * 1024;
-
-/// A failure as the binding carries it.
-#[derive(Debug)]
-struct BindingError {
-    status: StatusCode,
-    code: u32,
-    message: String,
-    /// For a failed `get` precondition: the object, which the Worker still receives.
-    object: Option<Json>,
-}
-
-impl BindingError {
-    fn new(status: StatusCode, code: u32, message: impl Into<String>) -> Self {
-        BindingError { status, code, message: message.into(), object: None }
-    }
-
-    fn invalid(message: impl Into<String>) -> Self {
-        BindingError::new(StatusCode::BAD_REQUEST, 10029, message)
-    }
-}
-
-impl From<R2Error> for BindingError {
-    fn from(e: R2Error) -> Self {
-        let (status, code, message) = error::binding::r2_binding_failure(&e);
-        BindingError::new(status, code, message)
-    }
-}
-
-impl IntoResponse for BindingError {
-    fn into_response(self) -> Response {
-        let mut response = match self.object {
-            Some(object) => metadata_reply(self.status, &object, Body::empty(), 0),
-            None => self.status.into_response(),
-        };
-        error::binding::mark_r2_error(&mut response, self.code, &self.message);
-        response
-    }
-}
-
-/// A reply whose body is `metadata` (JSON) and then `rest`, `rest_len` bytes long: sent with
-/// its length, not chunked.
-fn metadata_reply(status: StatusCode, metadata: &Json, rest: Body, rest_len: u64) -> Response {
-    let text = Bytes::from(metadata.to_string());
-    let length = text.len();
-    let body = if rest_len == 0 {
-        Body::from(text)
-    } else {
-        let stream =
-            futures_util::stream::once(async move { Ok::<_, axum::Error>(text) }).chain(rest.into_data_stream());
-        Body::new(SizedBody { stream: Box::pin(stream), remaining: length as u64 + rest_len })
-    };
-    let mut response = (status, body).into_response();
-    response.headers_mut().insert(METADATA_SIZE_HEADER, HeaderValue::from(length));
-    response
-}
-
-/// A streamed body whose length is known, so it goes out with `Content-Length`.
-struct SizedBody {
-    stream: std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Bytes, axum::Error>> + Send>>,
-    remaining: u64,
-}
-
-impl http_body::Body for SizedBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
-        match self.stream.as_mut().poll_next(cx) {
-            std::task::Poll::Ready(Some(Ok(chunk))) => {
-                self.remaining = self.remaining.saturating_sub(chunk.len() as u64);
-                std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
-            }
-            std::task::Poll::Ready(Some(Err(e))) => std::task::Poll::Ready(Some(Err(e))),
-            std::task::Poll::Ready(None) => std::task::Poll::Ready(None),
-            std::task::Poll::Pending => std::task::Poll::Pending,
-        }
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.remaining)
-    }
-}
-
-/// capnp's JSON writes 64-bit integers as strings; accept either.
-fn u64_lenient<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Either {
-        Number(u64),
-        Text(String),
-    }
-    match Option::<Either>::deserialize(d)? {
-        None => Ok(None),
-        Some(Either::Number(n)) => Ok(Some(n)),
-        Some(Either::Text(t)) => t.parse().map(Some).map_err(serde::de::Error::custom),
-    }
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct RangeJson {
-    #[serde(default, deserialize_with = "u64_lenient")]
-    offset: Option<u64>,
-    #[serde(default, deserialize_with = "u64_lenient")]
-    length: Option<u64>,
-    #[serde(default, deserialize_with = "u64_lenient")]
-    suffix: Option<u64>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct EtagJson {
-    #[serde(default)]
-    value: String,
-    #[serde(rename = "type")]
-    kind: String,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct OnlyIfJson {
-    #[serde(default)]
-    etag_matches: Option<Vec<EtagJson>>,
-    #[serde(default)]
-    etag_does_not_match: Option<Vec<EtagJson>>,
-    #[serde(default, deserialize_with = "u64_lenient")]
-    uploaded_before: Option<u64>,
-    #[serde(default, deserialize_with = "u64_lenient")]
-    uploaded_after: Option<u64>,
-    #[serde(default)]
-    seconds_granularity: bool,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct HttpFieldsJson {
-    content_type: Option<String>,
-    content_language: Option<String>,
-    content_disposition: Option<String>,
-    content_encoding: Option<String>,
-    cache_control: Option<String>,
-    #[serde(default, deserialize_with = "u64_lenient")]
-    cache_expiry: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct FieldJson {
-    k: String,
-    v: String,
-}
-
-#[derive(Deserialize)]
-struct PartJson {
-    etag: String,
-    part: u32,
-}
-
-#[derive(Deserialize)]
-#[serde(tag = "method", rename_all = "camelCase")]
-// One request per call: the size of the largest variant costs nothing.
-#[allow(clippy::large_enum_variant)]
-enum BindingRequest {
-    Head {
-        object: String,
-    },
-    #[serde(rename_all = "camelCase")]
-    Get {
-        object: String,
-        #[serde(default)]
-        range: Option<RangeJson>,
-        #[serde(default)]
-        range_header: Option<String>,
-        #[serde(default)]
-        only_if: Option<OnlyIfJson>,
-    },
-    #[serde(rename_all = "camelCase")]
-    List {
-        #[serde(default)]
-        limit: Option<u32>,
-        #[serde(default)]
-        prefix: Option<String>,
-        #[serde(default)]
-        cursor: Option<String>,
-        #[serde(default)]
-        delimiter: Option<String>,
-        #[serde(default)]
-        start_after: Option<String>,
-        #[serde(default)]
-        include: Option<Vec<u32>>,
-    },
-    #[serde(rename_all = "camelCase")]
-    Put {
-        object: String,
-        #[serde(default)]
-        custom_fields: Vec<FieldJson>,
-        #[serde(default)]
-        http_fields: Option<HttpFieldsJson>,
-        #[serde(default)]
-        only_if: Option<OnlyIfJson>,
-        #[serde(default)]
-        md5: Option<String>,
-        #[serde(default)]
-        sha1: Option<String>,
-        #[serde(default)]
-        sha256: Option<String>,
-        #[serde(default)]
-        sha384: Option<String>,
-        #[serde(default)]
-        sha512: Option<String>,
-        #[serde(default)]
-        storage_class: Option<String>,
-        #[serde(default)]
-        ssec: Option<Json>,
-    },
-    Delete {
-        #[serde(default)]
-        object: Option<String>,
-        #[serde(default)]
-        objects: Option<Vec<String>>,
-    },
-    #[serde(rename_all = "camelCase")]
-    CreateMultipartUpload {
-        object: String,
-        #[serde(default)]
-        custom_fields: Vec<FieldJson>,
-        #[serde(default)]
-        http_fields: Option<HttpFieldsJson>,
-        #[serde(default)]
-        storage_class: Option<String>,
-        #[serde(default)]
-        ssec: Option<Json>,
-    },
-    #[serde(rename_all = "camelCase")]
-    UploadPart {
-        object: String,
-        upload_id: String,
-        part_number: u32,
-        #[serde(default)]
-        ssec: Option<Json>,
-    },
-    #[serde(rename_all = "camelCase")]
-    CompleteMultipartUpload {
-        object: String,
-        upload_id: String,
-        parts: Vec<PartJson>,
-    },
-    #[serde(rename_all = "camelCase")]
-    AbortMultipartUpload {
-        object: String,
-        upload_id: String,
-    },
-}
-
-fn parse_request(bytes: &[u8]) -> Result<BindingRequest, BindingError> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        // Miniflare answers 500 (workerd never sends one); from outside clients it is their mistake.
-        BindingError::new(StatusCode::BAD_REQUEST, 10001, format!("the binding request is malformed: {e}"))
-    })
-}
 
 /// The bucket (its storage id) named in the path of a request on the API listener, if the
 /// request's bearer token reaches it and may do `need`.
@@ -513,168 +249,9 @@ async fn drain(mut payload: Payload) {
     }
 }
 
-fn refuse_ssec(ssec: &Option<Json>) -> Result<(), BindingError> {
-    match ssec {
-        None => Ok(()),
-        Some(_) => Err(BindingError::new(StatusCode::NOT_IMPLEMENTED, 10001, "kura does not support SSE-C keys")),
-    }
-}
-
-fn expected_digests(md5: Option<String>, others: [Option<String>; 4]) -> Result<ExpectedDigests, BindingError> {
-    let mut digests = ExpectedDigests::default();
-    if let Some(md5) = md5 {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(md5.trim())
-            .ok()
-            .and_then(|b| <[u8; 16]>::try_from(b).ok())
-            .ok_or_else(|| BindingError::invalid("the MD5 checksum is malformed"))?;
-        digests.md5 = Some(bytes);
-    }
-    let algorithms =
-        [ChecksumAlgorithm::Sha1, ChecksumAlgorithm::Sha256, ChecksumAlgorithm::Sha384, ChecksumAlgorithm::Sha512];
-    for (algorithm, value) in algorithms.into_iter().zip(others) {
-        if let Some(value) = value {
-            let bytes = hex::decode(value.trim()).map_err(|_| {
-                BindingError::invalid(format!("the {} checksum is malformed", algorithm.display_name()))
-            })?;
-            digests.checksums.push((algorithm, bytes));
-        }
-    }
-    Ok(digests)
-}
-
-const HTTP_DATE: &str = "%a, %d %b %Y %H:%M:%S GMT";
-
-fn http_metadata(fields: Option<HttpFieldsJson>) -> HttpMetadata {
-    let fields = fields.unwrap_or_default();
-    HttpMetadata {
-        content_type: fields.content_type,
-        content_language: fields.content_language,
-        content_disposition: fields.content_disposition,
-        content_encoding: fields.content_encoding,
-        cache_control: fields.cache_control,
-        expires: fields
-            .cache_expiry
-            .and_then(|ms| jiff::Timestamp::from_millisecond(ms as i64).ok())
-            .map(|t| t.strftime(HTTP_DATE).to_string()),
-    }
-}
-
-fn conditional(only_if: Option<OnlyIfJson>) -> Conditional {
-    let Some(only_if) = only_if else { return Conditional::default() };
-    let tags = |list: Option<Vec<EtagJson>>| {
-        list.map(|list| {
-            list.into_iter()
-                .map(|e| match e.kind.as_str() {
-                    "wildcard" => EtagCondition::Any,
-                    kind => EtagCondition::Tag { value: e.value, weak: kind == "weak" },
-                })
-                .collect()
-        })
-    };
-    Conditional {
-        if_match: tags(only_if.etag_matches),
-        if_none_match: tags(only_if.etag_does_not_match),
-        if_modified_since_ms: only_if.uploaded_after.map(|ms| ms as i64),
-        if_unmodified_since_ms: only_if.uploaded_before.map(|ms| ms as i64),
-        seconds_granularity: only_if.seconds_granularity,
-    }
-}
-
-/// The HeadResponse workerd builds an `R2Object` from (checksums in hex under `"0"`…`"4"`).
-/// An HTTP date (`Expires`, as kept) in Unix milliseconds.
-fn http_date_ms(text: &str) -> Option<i64> {
-    jiff::fmt::rfc2822::DateTimeParser::new().parse_timestamp(text).ok().map(|t| t.as_millisecond())
-}
-
-fn head_json(info: &ObjectInfo, range: Option<(u64, u64)>, http: bool, custom: bool) -> Json {
-    let mut out = json!({
-        "name": info.key,
-        "version": info.version,
-        "size": info.size,
-        "etag": info.etag,
-        "uploaded": info.uploaded_ms,
-        "storageClass": info.storage_class,
-    });
-    if http {
-        let h = &info.http;
-        let mut fields = serde_json::Map::new();
-        for (name, value) in [
-            ("contentType", &h.content_type),
-            ("contentLanguage", &h.content_language),
-            ("contentDisposition", &h.content_disposition),
-            ("contentEncoding", &h.content_encoding),
-            ("cacheControl", &h.cache_control),
-        ] {
-            if let Some(value) = value {
-                fields.insert(name.into(), json!(value));
-            }
-        }
-        if let Some(expiry) = h.expires.as_deref().and_then(http_date_ms) {
-            fields.insert("cacheExpiry".into(), json!(expiry));
-        }
-        out["httpFields"] = Json::Object(fields);
-    }
-    if custom {
-        out["customFields"] = info.custom.iter().map(|(k, v)| json!({"k": k, "v": v})).collect();
-    }
-    if let Some((offset, length)) = range {
-        out["range"] = json!({"offset": offset, "length": length});
-    }
-    let mut checksums = serde_json::Map::new();
-    for (index, name) in ["md5", "sha1", "sha256", "sha384", "sha512"].iter().enumerate() {
-        let Some(value) = info.checksums.get(*name) else { continue };
-        let hex = if *name == "md5" {
-            value.clone()
-        } else {
-            match base64::engine::general_purpose::STANDARD.decode(value) {
-                Ok(bytes) => hex::encode(bytes),
-                Err(_) => continue,
-            }
-        };
-        checksums.insert(index.to_string(), json!(hex));
-    }
-    out["checksums"] = Json::Object(checksums);
-    out
-}
-
 async fn head(app: &AppState, bucket: &str, key: &str) -> Result<Response, BindingError> {
     let info = app.r2.head_object(bucket, key).await?.ok_or(R2Error::NoSuchKey)?;
     Ok(metadata_reply(StatusCode::OK, &head_json(&info, Some((0, info.size)), true, true), Body::empty(), 0))
-}
-
-/// A `Range` header's single range (several ranges read the whole object, as R2 does).
-fn parse_range_header(text: &str) -> Result<Option<ByteRange>, BindingError> {
-    let Some(spec) = text.trim().strip_prefix("bytes=") else {
-        return Err(R2Error::InvalidRange.into());
-    };
-    if spec.contains(',') {
-        return Ok(None);
-    }
-    let (start, end) = spec.split_once('-').ok_or(R2Error::InvalidRange)?;
-    let number = |t: &str| t.trim().parse::<u64>().map_err(|_| BindingError::from(R2Error::InvalidRange));
-    Ok(Some(match (start.trim(), end.trim()) {
-        ("", suffix) => ByteRange::Suffix(number(suffix)?),
-        (start, "") => ByteRange::From { start: number(start)?, end: None },
-        (start, end) => ByteRange::From { start: number(start)?, end: Some(number(end)?) },
-    }))
-}
-
-fn byte_range(range: Option<RangeJson>, header: Option<String>) -> Result<Option<ByteRange>, BindingError> {
-    if let Some(header) = header {
-        return parse_range_header(&header);
-    }
-    let Some(range) = range else { return Ok(None) };
-    Ok(match (range.offset, range.length, range.suffix) {
-        (_, _, Some(suffix)) => Some(ByteRange::Suffix(suffix)),
-        (_, Some(0), None) => return Err(R2Error::InvalidRange.into()),
-        (offset, Some(length), None) => {
-            let start = offset.unwrap_or(0);
-            Some(ByteRange::From { start, end: Some(start + length - 1) })
-        }
-        (Some(offset), None, None) => Some(ByteRange::From { start: offset, end: None }),
-        (None, None, None) => None,
-    })
 }
 
 async fn get(
@@ -781,7 +358,10 @@ async fn list(
 
 #[cfg(test)]
 mod tests {
+    use super::reply::http_date_ms;
+    use super::wire::parse_range_header;
     use super::*;
+    use kura_r2::{ByteRange, EtagCondition};
 
     #[test]
     fn wire_requests_parse() {
