@@ -48,7 +48,10 @@ pub enum ClientError {
         /// The API's errors, joined.
         reason: String,
     },
-    /// The HTTP client could not be built, or an answer could not be read.
+    /// The HTTP client could not be built.
+    #[error("cannot build the HTTP client")]
+    Build(#[source] reqwest::Error),
+    /// An answer could not be read.
     #[error(transparent)]
     Http(#[from] reqwest::Error),
 }
@@ -71,7 +74,10 @@ impl ApiClient {
     pub async fn from_env() -> Result<Self, ClientError> {
         let base = env("CLOUDFLARE_API_BASE_URL", "CF_API_BASE_URL").unwrap_or_else(|| DEFAULT_BASE.to_owned());
         let token = env("CLOUDFLARE_API_TOKEN", "CF_API_TOKEN").ok_or(ClientError::MissingToken)?;
-        let http = reqwest::Client::builder().user_agent(concat!("kura/", env!("CARGO_PKG_VERSION"))).build()?;
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("kura/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(ClientError::Build)?;
         let mut client = ApiClient { http, base: base.trim_end_matches('/').to_owned(), token, account: String::new() };
         client.account = match env("CLOUDFLARE_ACCOUNT_ID", "CF_ACCOUNT_ID") {
             Some(id) => id,

@@ -3,10 +3,10 @@
 //! tests send; in the query string, `kura r2 presign`'s URLs. `aws-sigv4` does the signing.
 
 /// Why a request could not be signed (a malformed URL or header, or settings `aws-sigv4`
-/// refused).
+/// refused), in `aws-sigv4`'s or `http`'s words.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot sign the request: {0}")]
-pub struct SignError(#[source] Box<dyn std::error::Error + Send + Sync>);
+#[error(transparent)]
+pub struct SignError(Box<dyn std::error::Error + Send + Sync>);
 
 fn failed(e: impl std::error::Error + Send + Sync + 'static) -> SignError {
     SignError(Box::new(e))

@@ -62,7 +62,10 @@ impl DoError {
     /// [`kura_sqlite::is_disk_full`]) is [`DoError::InsufficientStorage`].
     pub(crate) fn storage(e: impl std::error::Error + 'static) -> Self {
         match kura_sqlite::is_disk_full(&e) {
-            true => DoError::InsufficientStorage,
+            true => {
+                tracing::error!(error = %e, "the disk is full");
+                DoError::InsufficientStorage
+            }
             false => DoError::Storage(e.to_string()),
         }
     }

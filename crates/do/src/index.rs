@@ -48,7 +48,7 @@ pub struct DueAlarm {
 
 pub(crate) fn storage(e: rusqlite::Error) -> DoError {
     match kura_sqlite::is_disk_full(&e) {
-        true => DoError::InsufficientStorage,
+        true => DoError::storage(e),
         false => DoError::Storage(format!("namespace index: {e}")),
     }
 }

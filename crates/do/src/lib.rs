@@ -147,7 +147,7 @@ impl DurableObjects {
     pub fn open(root: impl Into<PathBuf>, settings: DoSettings) -> Result<Self> {
         let root = root.into();
         std::fs::create_dir_all(&root).map_err(|e| match kura_sqlite::is_disk_full(&e) {
-            true => DoError::InsufficientStorage,
+            true => DoError::storage(e),
             false => DoError::Storage(format!("creating {}: {e}", root.display())),
         })?;
         let opener_root = root.clone();
@@ -351,7 +351,7 @@ impl DurableObjects {
         let dir = self.object_dir(ns, id);
         if !dir.exists() {
             std::fs::create_dir_all(&dir).map_err(|e| match kura_sqlite::is_disk_full(&e) {
-                true => DoError::InsufficientStorage,
+                true => DoError::storage(e),
                 false => DoError::Storage(format!("creating {}: {e}", dir.display())),
             })?;
         }

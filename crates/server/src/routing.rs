@@ -44,9 +44,31 @@ impl Default for Routes {
     }
 }
 
+impl Touches {
+    /// The path parameters the placement reads for this kind of route.
+    fn parameters(self) -> &'static [&'static str] {
+        match self {
+            Touches::Database(Wire::D1Binding) => &["database"],
+            Touches::Database(_) => &["account_id", "database"],
+            Touches::Bucket => &["account_id", "bucket"],
+            Touches::BindingBucket => &["bucket"],
+            Touches::Namespace => &["account_id", "namespace"],
+            Touches::Transfer => &["token"],
+            Touches::Anywhere | Touches::DatabaseByHeader | Touches::NotClustered(_) => &[],
+        }
+    }
+}
+
 impl Routes {
-    /// Adds `path`, served by `handler`, touching `touches`.
+    /// Adds `path`, served by `handler`, touching `touches`. A route whose pattern lacks a
+    /// parameter its placement reads is a programming error, refused when the routes are built.
     pub fn route(mut self, path: &str, touches: Touches, handler: MethodRouter<AppState>) -> Self {
+        for parameter in touches.parameters() {
+            assert!(
+                path.contains(&format!("{{{parameter}}}")),
+                "{path} is placed as {touches:?} but has no {{{parameter}}}"
+            );
+        }
         self.router = self.router.route(path, handler);
         self.touches.push((path.to_owned(), touches));
         self
@@ -59,7 +81,8 @@ impl Routes {
         self
     }
 
-    /// Changes the router itself, for what is not a route (fallbacks): it touches nothing.
+    /// Changes the router itself, for what the placement never needs to see: fallbacks, the
+    /// catch-all "no route" answers, routers merged whole (the console). It touches nothing.
     pub fn with_router(mut self, change: impl FnOnce(Router<AppState>) -> Router<AppState>) -> Self {
         self.router = change(self.router);
         self

@@ -592,7 +592,9 @@ fn refuse(command: Command) {
 /// The same error again, for answering several requests with it.
 fn copy_error(error: &Error) -> Error {
     match error {
-        Error::Open { path, message } => Error::Open { path: path.clone(), message: message.clone() },
+        Error::Open { path, message, disk_full } => {
+            Error::Open { path: path.clone(), message: message.clone(), disk_full: *disk_full }
+        }
         Error::Sql { message, code, extended } => {
             Error::Sql { message: message.clone(), code: *code, extended: *extended }
         }

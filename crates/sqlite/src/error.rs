@@ -61,6 +61,9 @@ pub enum Error {
         path: PathBuf,
         /// What SQLite or the file system said.
         message: String,
+        /// Whether it failed because the disk is full (told from the failure's type where it
+        /// was made), so the surfaces answer that as such.
+        disk_full: bool,
     },
     /// A bookmark or timestamp does not name a restorable point: malformed, unknown, outside
     /// the Time Travel window, or in the future.
@@ -108,6 +111,11 @@ impl Error {
         }
     }
 
+    /// Opening `path` failed while `doing` (`""`, `"cannot create it: "`) with `e`.
+    pub(crate) fn open(path: &std::path::Path, doing: &str, e: impl std::error::Error + 'static) -> Self {
+        Error::Open { path: path.to_owned(), message: format!("{doing}{e}"), disk_full: is_disk_full(&e) }
+    }
+
     /// An SQL error from a result code and SQLite's message, without an offset.
     pub(crate) fn sql(code: i32, message: &str) -> Self {
         Error::Sql { message: format!("{message}: {}", code_name(code)), code: code & 0xff, extended: code }
@@ -152,8 +160,12 @@ pub fn is_disk_full(error: &(dyn std::error::Error + 'static)) -> bool {
             io.kind() == std::io::ErrorKind::StorageFull || io.raw_os_error() == Some(libc::ENOSPC)
         } else if let Some(sqlite) = error.downcast_ref::<rusqlite::Error>() {
             sqlite.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
-        } else if let Some(Error::Sql { code, .. }) = error.downcast_ref::<Error>() {
-            *code == ffi::SQLITE_FULL
+        } else if let Some(error) = error.downcast_ref::<Error>() {
+            match error {
+                Error::Sql { code, .. } => *code == ffi::SQLITE_FULL,
+                Error::Open { disk_full, .. } => *disk_full,
+                _ => false,
+            }
         } else {
             false
         };
@@ -238,6 +250,30 @@ pub fn code_name(code: i32) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("wrapped: {0}")]
+    struct Wrapped(#[source] Box<dyn std::error::Error + Send + Sync>);
+
+    #[test]
+    fn a_full_disk_is_told_by_type_along_the_chain_never_by_text() {
+        let enospc = || std::io::Error::from_raw_os_error(libc::ENOSPC);
+        assert!(is_disk_full(&enospc()));
+        assert!(is_disk_full(&Error::Io { context: "writing".into(), source: enospc() }));
+        assert!(is_disk_full(&Wrapped(Box::new(Error::Io { context: "writing".into(), source: enospc() }))));
+        assert!(is_disk_full(&Error::sql(ffi::SQLITE_FULL, "database or disk is full")));
+        assert!(is_disk_full(&Error::open(std::path::Path::new("x"), "", enospc())));
+        let sqlite_full = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(ffi::SQLITE_FULL), None);
+        assert!(is_disk_full(&sqlite_full));
+
+        let other = std::io::Error::from_raw_os_error(libc::EACCES);
+        assert!(!is_disk_full(&other));
+        assert!(!is_disk_full(&Error::open(std::path::Path::new("x"), "", other)));
+        // Text that merely says so is not a full disk: the type decides.
+        assert!(!is_disk_full(&Wrapped("No space left on device (os error 28)".into())));
+        assert!(!is_disk_full(&Error::sql(ffi::SQLITE_ERROR, "database or disk is full")));
+    }
+
     use super::*;
 
     #[test]

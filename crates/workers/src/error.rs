@@ -45,6 +45,14 @@ pub enum WorkersError {
     /// Files of the Workers layer failed.
     #[error("{0}")]
     Storage(String),
+    /// The file system failed (the chain keeps the `io::Error`, so a full disk is told by type).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The failure.
+        source: std::io::Error,
+    },
     /// The catalog failed or refused the change.
     #[error(transparent)]
     Catalog(#[from] kura_catalog::Error),
@@ -57,7 +65,7 @@ impl WorkersError {
     }
 
     pub(crate) fn io(context: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> WorkersError {
-        move |e| WorkersError::Storage(format!("{context}: {e}"))
+        move |source| WorkersError::Io { context: context.to_string(), source }
     }
 }
 

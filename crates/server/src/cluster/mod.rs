@@ -3,8 +3,8 @@
 //! its owner otherwise, so a client sees one service whichever node it reaches. Surfaces a
 //! cluster does not serve yet are refused plainly rather than served from one node's disk.
 //!
-//! - [`api`]: the API listener's placement (v4 D1, R2 and Durable Object routes, the D1 binding
-//!   endpoints).
+//! - [`api`]: the API listener's placement (v4 D1, R2 and Durable Object routes, the D1 and R2
+//!   binding endpoints), by what each route touches ([`crate::routing`]).
 //! - [`s3`]: the S3 listener's placement, by the bucket a request names and the key it is
 //!   signed with; forwarded requests keep their `Host`, so the owner checks the client's own
 //!   signature.

@@ -91,6 +91,11 @@ impl ApiError {
         ApiError { status, code, message: message.into() }
     }
 
+    /// A route that exists, asked with a method it does not serve.
+    pub fn method_not_allowed() -> Self {
+        ApiError::new(StatusCode::METHOD_NOT_ALLOWED, 7001, "Method not allowed for this URI")
+    }
+
     /// A malformed request (D1's code 7400).
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::BAD_REQUEST, 7400, message)

@@ -233,8 +233,6 @@ pub fn routes() -> Routes {
                 .route(V4, axum::routing::any(no_route))
                 .route(&v4("/"), axum::routing::any(no_route))
                 .route(&v4("/{*rest}"), axum::routing::any(no_route))
-                .method_not_allowed_fallback(|| async {
-                    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, 7001, "Method not allowed for this URI")
-                })
+                .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         })
 }

@@ -137,21 +137,17 @@ pub(super) fn connect(
     wal: &Arc<WalProgress>,
 ) -> Result<Connected> {
     crate::configure_process();
-    let open_error = |e: rusqlite::Error| Error::Open { path: options.path.clone(), message: e.to_string() };
+    let open_error = |e: rusqlite::Error| Error::open(&options.path, "", e);
     let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     if options.read_only {
         flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     } else if options.create {
         flags |= OpenFlags::SQLITE_OPEN_CREATE;
     }
-    let exists =
-        |path: &Path| path.try_exists().map_err(|e| Error::Open { path: path.to_owned(), message: e.to_string() });
+    let exists = |path: &Path| path.try_exists().map_err(|e| Error::open(path, "", e));
     let missing = options.create && !options.read_only && !exists(&options.path)?;
     if missing {
-        create_in_wal_mode(&options.path).map_err(|message| Error::Open {
-            path: options.path.clone(),
-            message: format!("cannot create it: {message}"),
-        })?;
+        create_in_wal_mode(&options.path)?;
     }
     let mut connected = if options.read_only {
         // Beside another process's connections: SQLite's own locks and shared WAL index.
@@ -171,10 +167,11 @@ pub(super) fn connect(
                         "the file stayed locked for {} s: another process has it open (or it is opened twice here)",
                         LOCK_TIMEOUT.as_secs()
                     ),
+                    disk_full: false,
                 });
             }
             Err(e) => {
-                return Err(Error::Open { path: options.path.clone(), message: format!("cannot lock the file: {e}") });
+                return Err(Error::open(&options.path, "cannot lock the file: ", e));
             }
         }
     };
@@ -209,6 +206,7 @@ pub(super) fn connect(
             return Err(Error::Open {
                 path: options.path.clone(),
                 message: format!("cannot use WAL mode (got {mode})"),
+                disk_full: false,
             });
         }
         conn.pragma_update(None, "synchronous", "FULL").map_err(open_error)?;
@@ -244,35 +242,40 @@ pub(super) fn connect(
 /// made and removed, a fifth of a new Durable Object's first request. The directory is synced
 /// with the WAL's first commit, which SQLite follows with a sync of the directory it created
 /// the WAL in; until then nothing about the file has been acknowledged.
-pub(super) fn create_in_wal_mode(path: &Path) -> std::result::Result<(), String> {
+pub(super) fn create_in_wal_mode(path: &Path) -> Result<()> {
+    let cannot = |e| Error::open(path, "cannot create it: ", e);
+    let cannot_sql = |e| Error::open(path, "cannot create it: ", e);
     let building = PathBuf::from(format!("{}-new", path.display()));
-    if history::remove_if_present(&building).map_err(|e| e.to_string())? {
+    if history::remove_if_present(&building).map_err(cannot)? {
         tracing::warn!(path = %building.display(), "removed a database file a crash left half made");
     }
     {
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn =
-            rusqlite::Connection::open_with_flags_and_vfs(&building, flags, c"unix-none").map_err(|e| e.to_string())?;
+        let conn = rusqlite::Connection::open_with_flags_and_vfs(&building, flags, c"unix-none").map_err(cannot_sql)?;
         // Exclusive before WAL: a `unix-none` connection keeps its WAL index on the heap.
         for (pragma, value) in [("locking_mode", "EXCLUSIVE"), ("synchronous", "OFF"), ("journal_mode", "MEMORY")] {
-            conn.pragma_update(None, pragma, value).map_err(|e| e.to_string())?;
+            conn.pragma_update(None, pragma, value).map_err(cannot_sql)?;
         }
         let mode: String =
-            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(|e| e.to_string())?;
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(cannot_sql)?;
         if !mode.eq_ignore_ascii_case("wal") {
-            return Err(format!("cannot use WAL mode (got {mode})"));
+            return Err(Error::Open {
+                path: path.to_owned(),
+                message: format!("cannot create it: cannot use WAL mode (got {mode})"),
+                disk_full: false,
+            });
         }
     }
-    std::fs::File::open(&building).and_then(|f| f.sync_data()).map_err(|e| e.to_string())?;
+    std::fs::File::open(&building).and_then(|f| f.sync_data()).map_err(cannot)?;
     // A WAL or journal left without its database (a file removed by hand, a copy restored in
     // part) would be replayed onto the new one; SQLite drops them beside an empty file, which
     // this one is not. Nothing owns them while the database is missing.
     for leftover in ["-wal", "-shm", "-journal"] {
-        if history::remove_if_present(Path::new(&format!("{}{leftover}", path.display()))).map_err(|e| e.to_string())? {
+        if history::remove_if_present(Path::new(&format!("{}{leftover}", path.display()))).map_err(cannot)? {
             tracing::warn!(path = %path.display(), leftover, "removed what a missing database left behind");
         }
     }
-    std::fs::rename(&building, path).map_err(|e| e.to_string())
+    std::fs::rename(&building, path).map_err(cannot)
 }
 
 /// Configures a connection, before its first statement, to hold little memory while open, as

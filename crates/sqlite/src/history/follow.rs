@@ -79,7 +79,7 @@ pub fn open_elsewhere(db: &Path) -> Option<i32> {
 }
 
 fn open_pin(path: &Path) -> Result<Connection> {
-    let open_error = |e: rusqlite::Error| Error::Open { path: path.to_owned(), message: e.to_string() };
+    let open_error = |e: rusqlite::Error| Error::open(path, "", e);
     let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
         .map_err(open_error)?;
     // kura writes nothing: not through SQL, not by checkpointing the other process's WAL on
