@@ -190,6 +190,11 @@ async fn history_survives_reopening_and_segments_roll() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_or_lost_log_tail_is_dropped_and_recaptured_from_the_wal() {
+    // Records recaptured from the WAL carry its last modification as their time (the answer
+    // times went with the lost records), and a bookmark's time is in whole seconds: start at a
+    // second's beginning, so the commits and that modification fall in the same second.
+    let into_second = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    tokio::time::sleep(std::time::Duration::from_nanos(u64::from(1_000_000_000 - into_second))).await;
     let cx = Context::with_history(HistorySettings { checkpoint_frames: 1_000_000, ..small() });
     cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)").await;
     let mut marks = Vec::new();
