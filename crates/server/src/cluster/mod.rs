@@ -119,11 +119,10 @@ async fn serve_placed(
 
 /// The cluster's own v4 routes: a node's view of the cluster, and draining it.
 pub(crate) fn routes() -> Routes {
-    Routes::default().route("/client/v4/accounts/{account_id}/kura/cluster", Touches::Anywhere, get(status)).route(
-        "/client/v4/accounts/{account_id}/kura/cluster/drain",
-        Touches::Anywhere,
-        post(drain),
-    )
+    Routes::default()
+        .route("/client/v4/accounts/{account_id}/kura/cluster", Touches::Anywhere, get(status))
+        .route("/client/v4/accounts/{account_id}/kura/cluster/drain", Touches::Anywhere, post(drain))
+        .with_router(|router| router.method_not_allowed_fallback(|| async { ApiError::method_not_allowed() }))
 }
 
 /// `GET /accounts/{account_id}/kura/cluster`: this node's view of the cluster, for an admin
