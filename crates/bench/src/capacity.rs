@@ -11,7 +11,6 @@ use anyhow::Context;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::child::KuraChild;
 use crate::server::{ACCOUNT, TOKEN};
 
 /// What /proc says of a process: resident bytes and open descriptors.
@@ -83,7 +82,7 @@ pub fn run(connections: usize, databases: usize, buckets: usize) -> anyhow::Resu
     println!("capacity: {connections} idle connections, {databases} D1 databases and {buckets} buckets touched");
 
     // Connections: kura, then the floor (kura's serving loop with one route).
-    let kura = KuraChild::start(&["--d1-max-restores", "10"], &[])?;
+    let kura = crate::child::start(&["--d1-max-restores", "10"], &[])?;
     let kura_addr = kura.api.trim_start_matches("http://").split('/').next().unwrap_or_default().to_owned();
     let (kura_rss, kura_fds, kura_after) = rt.block_on(per_connection(kura.pid(), &kura_addr, connections))?;
     let floor = HttpFloor::start()?;

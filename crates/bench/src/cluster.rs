@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kura_cluster::testbed::{Etcd, Garage};
+use kura_testkit::bed::{Etcd, Garage};
 use kura_cluster::{
     Acquired, Coordinator, EtcdClient, EtcdCoordinator, HistoryShipper, Member, PutMode, SharedStorage, Shipped,
     rebuild,
@@ -20,7 +20,7 @@ use kura_cluster::{
 use kura_sqlite::{DatabaseOptions, HistorySettings, Registry, RegistrySettings, Request, Statement, Value};
 
 use crate::Settings;
-use crate::child::KuraChild;
+use kura_testkit::process::KuraProcess;
 use crate::load::{self, Stats};
 
 fn member(node: &str) -> Member {
@@ -372,16 +372,16 @@ async fn takeover(
 }
 
 /// A `kura serve` process joined to the benchmark's cluster.
-fn start_node(etcd: &Etcd, garage: &Garage, i: usize, extra: &[&str]) -> anyhow::Result<KuraChild> {
+fn start_node(etcd: &Etcd, garage: &Garage, i: usize, extra: &[&str]) -> anyhow::Result<KuraProcess> {
     let (endpoints, node_id) = (etcd.endpoints.join(","), format!("bench{i}"));
     let mut args = vec!["--cluster-store", "s3://kura/bench-nodes", "--cluster-store-region", "garage"];
     args.extend(["--cluster-store-endpoint", &garage.s3_endpoints[i], "--etcd", &endpoints, "--node-id", &node_id]);
     args.extend(extra);
-    KuraChild::start(
+    crate::child::start(
         &args,
         &[
-            ("KURA_CLUSTER_STORE_ACCESS_KEY_ID", kura_cluster::testbed::GARAGE_KEY_ID),
-            ("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", kura_cluster::testbed::GARAGE_SECRET),
+            ("KURA_CLUSTER_STORE_ACCESS_KEY_ID", kura_testkit::bed::GARAGE_KEY_ID),
+            ("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", kura_testkit::bed::GARAGE_SECRET),
         ],
     )
 }

@@ -11,7 +11,7 @@ use anyhow::Context;
 
 use crate::load::{self, Stats};
 use crate::report::{self, Row};
-use crate::server::{Kura, S3_KEY, S3_SECRET};
+use crate::server::{Kura, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY};
 use crate::{Settings, peer};
 
 const KIB: usize = 1024;
@@ -35,7 +35,7 @@ impl S3 {
     pub(crate) fn signed(&self, method: reqwest::Method, path_and_query: &str) -> reqwest::RequestBuilder {
         let url = format!("{}{path_and_query}", self.endpoint);
         let signed =
-            kura_client::sigv4::signed_headers(method.as_str(), &url, &[("host", &*self.host)], S3_KEY, S3_SECRET)
+            kura_client::sigv4::signed_headers(method.as_str(), &url, &[("host", &*self.host)], S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY)
                 .expect("signing");
         let mut builder = self.http.request(method, &url);
         for (name, value) in signed {

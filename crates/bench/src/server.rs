@@ -1,12 +1,9 @@
-//! A kura server on a runtime of its own inside the benchmark process (as a separate process
-//! would be), with the benchmark's account, API token and S3 key.
+//! kura-testkit's in-process server on a runtime of its own inside the benchmark process (as a
+//! separate process would be), acting for the test account; and the benchmark's requests to it.
 
-use kura_server::{CredentialsConfig, Node, NodeSettings};
+use kura_testkit::in_process::{Options, Server};
 
-pub const ACCOUNT: &str = "bench";
-pub const TOKEN: &str = "bench-token-0123456789abcdefghij";
-pub const S3_KEY: &str = "bench-s3-key";
-pub const S3_SECRET: &str = "bench-s3-secret-0123456789abcdef";
+pub use kura_testkit::credentials::{ACCOUNT, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, TOKEN};
 
 /// A kura server running on a runtime of its own.
 pub struct Kura {
@@ -18,78 +15,45 @@ pub struct Kura {
     pub workers: Option<String>,
     /// The server's runtime (dropping it stops the server).
     pub runtime: tokio::runtime::Runtime,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    done: Option<tokio::task::JoinHandle<()>>,
+    server: Option<Server>,
 }
 
 impl Kura {
     /// A server on `dir`; `history: false` switches Time Travel's capture off.
     pub fn start(dir: &std::path::Path, history: bool) -> anyhow::Result<Kura> {
-        Kura::start_with(dir, history, None)
+        Kura::start_with(dir, Options { history, workerd: None })
     }
 
     /// A server on `dir` that also runs Workers, in the workerd at `workerd`.
     pub fn start_with_workers(dir: &std::path::Path, workerd: &std::path::Path) -> anyhow::Result<Kura> {
-        Kura::start_with(dir, true, Some(workerd.to_owned()))
+        Kura::start_with(dir, Options { history: true, workerd: Some(workerd.to_owned()) })
     }
 
-    fn start_with(dir: &std::path::Path, history: bool, workerd: Option<std::path::PathBuf>) -> anyhow::Result<Kura> {
+    fn start_with(dir: &std::path::Path, options: Options) -> anyhow::Result<Kura> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("kura-server")
             .enable_all()
             .build()?;
-        let mut settings = NodeSettings::default();
-        if !history {
-            settings.d1.history = None;
-        }
-        let node = Node::open(dir, settings)?;
-        node.bootstrap(&CredentialsConfig {
-            account_id: Some(ACCOUNT.into()),
-            api_token: Some(TOKEN.into()),
-            s3_key: Some((S3_KEY.into(), S3_SECRET.into())),
-        })?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (base, s3_url, workers_url, done) = runtime.block_on(async {
-            let api = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let s3 = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            let base = format!("http://{}/client/v4/accounts/{ACCOUNT}/d1/database", api.local_addr()?);
-            let s3_url = format!("http://{}", s3.local_addr()?);
-            let (workers, workers_url) = match &workerd {
-                Some(_) => {
-                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-                    let url = format!("http://{}", listener.local_addr()?);
-                    (Some(listener), Some(url))
-                }
-                None => (None, None),
-            };
-            let settings = kura_workers::WorkersSettings {
-                runtime: kura_workers::RuntimeSettings { workerd, ..Default::default() },
-                ..Default::default()
-            };
-            let listeners = kura_server::Listeners { api, s3, workers };
-            let done = tokio::spawn(async move {
-                let _ = kura_server::serve_all(node, listeners, settings, async {
-                    let _ = stopped.await;
-                })
-                .await;
-            });
-            anyhow::Ok((base, s3_url, workers_url, done))
-        })?;
-        Ok(Kura { base, s3: s3_url, workers: workers_url, runtime, stop: Some(stop), done: Some(done) })
+        let server = runtime.block_on(Server::start(dir, options))?;
+        Ok(Kura {
+            base: format!("{}/accounts/{ACCOUNT}/d1/database", server.v4()),
+            s3: server.s3.clone(),
+            workers: server.workers.clone(),
+            runtime,
+            server: Some(server),
+        })
     }
 
     /// The API listener's host:port.
     pub fn api_host(&self) -> String {
-        self.base.trim_start_matches("http://").split('/').next().unwrap_or_default().to_owned()
+        self.server.as_ref().map(|s| s.api_host().to_owned()).unwrap_or_default()
     }
 
+    /// Stops the server and waits until it has drained and closed its databases.
     pub fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(done) = self.done.take() {
-            let _ = self.runtime.block_on(done);
+        if let Some(server) = self.server.take() {
+            self.runtime.block_on(server.stop());
         }
     }
 }

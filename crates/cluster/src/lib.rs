@@ -32,8 +32,6 @@ pub mod placement;
 pub mod probe;
 pub mod replica;
 pub mod storage;
-#[cfg(feature = "testbed")]
-pub mod testbed;
 
 pub use blobs::StoreBlobs;
 pub use coordinator::{

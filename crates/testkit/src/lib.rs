@@ -1,7 +1,12 @@
-//! What kura's tests share across crates: the counts that scale a test from the environment
-//! (`KURA_FUZZ_CASES`, `KURA_CRASH_ITERATIONS`), read one way everywhere, and [`poll`], the one
-//! way a test waits for something that happens in the background (an alarm, a shipment): it
-//! polls for the condition with a deadline instead of sleeping a fixed time.
+//! What kura's tests and its benchmark share across crates: the counts that scale a test from
+//! the environment (`KURA_FUZZ_CASES`, `KURA_CRASH_ITERATIONS`), read one way everywhere;
+//! [`poll`], the one way a test waits for something that happens in the background (an alarm,
+//! a shipment): it polls for the condition with a deadline instead of sleeping a fixed time;
+//! and the one way each starts what it runs against, acting for one account
+//! ([`credentials`]): kura in this process ([`in_process`], feature `server`), `kura serve` as
+//! a child process — one node or a cluster's ([`process`], feature `server`) — and real etcd,
+//! Garage and moto ([`bed`], feature `bed`). An engine's tests take the crate without
+//! features, so they do not build the server.
 //!
 //! A count that is set must say how much work to do: zero, or text that is not a number, is
 //! refused with a panic naming the variable, rather than read as "use the default" or "do
@@ -13,6 +18,14 @@
 //! ```
 
 #![deny(missing_docs)]
+
+#[cfg(feature = "bed")]
+pub mod bed;
+pub mod credentials;
+#[cfg(feature = "server")]
+pub mod in_process;
+#[cfg(feature = "server")]
+pub mod process;
 
 use std::future::Future;
 use std::time::{Duration, Instant};

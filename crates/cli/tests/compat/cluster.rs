@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kura_cluster::testbed::{Etcd, GARAGE_BUCKET, GARAGE_KEY_ID, GARAGE_SECRET, Garage};
+use kura_testkit::bed::{Etcd, GARAGE_BUCKET, GARAGE_KEY_ID, GARAGE_SECRET, Garage};
 use serde_json::{Value, json};
 
 use crate::common::{ACCOUNT, KuraProcess, TOKEN, Wrangler};
@@ -368,7 +368,7 @@ fn three_nodes_serve_one_d1_through_kill_pause_and_lost_quorum_members() {
 }
 
 /// A kura node of a cluster whose store is moto's S3 server (the store coordinates).
-fn moto_node(moto: &kura_cluster::testbed::Moto, prefix: &str, node: &str, extra: &[&str]) -> KuraProcess {
+fn moto_node(moto: &kura_testkit::bed::Moto, prefix: &str, node: &str, extra: &[&str]) -> KuraProcess {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut args: Vec<String> = [
@@ -396,7 +396,7 @@ fn moto_node(moto: &kura_cluster::testbed::Moto, prefix: &str, node: &str, extra
 /// owner's SIGKILL. Garage, which ignores conditional writes, is refused for that role.
 #[test]
 fn the_store_coordinates_when_it_honours_conditional_writes_and_garage_is_refused() {
-    let moto = kura_cluster::testbed::Moto::start();
+    let moto = kura_testkit::bed::Moto::start();
     let node = |i: usize| moto_node(&moto, "store-coordinated", &format!("store{i}"), &[]);
     let (a, b) = (node(0), node(1));
     let cwd = tempfile::tempdir().unwrap();
@@ -466,7 +466,7 @@ fn the_store_coordinates_when_it_honours_conditional_writes_and_garage_is_refuse
 /// the shipping interval; once it has passed, the owner's SIGKILL loses none of them.
 #[test]
 fn asynchronous_durability_ships_within_its_interval() {
-    let moto = kura_cluster::testbed::Moto::start();
+    let moto = kura_testkit::bed::Moto::start();
     let node = |i: usize| {
         moto_node(&moto, "async", &format!("async{i}"), &["--durability", "async", "--ship-interval-ms", "200"])
     };
@@ -526,7 +526,7 @@ fn asynchronous_durability_ships_within_its_interval() {
 /// second process under a running node's name stops instead of taking its place.
 #[test]
 fn a_cluster_node_keeps_its_directory_and_its_name() {
-    let moto = kura_cluster::testbed::Moto::start();
+    let moto = kura_testkit::bed::Moto::start();
     let node = moto_node(&moto, "names", "only", &[]);
     let data = node.data.to_str().unwrap().to_owned();
     let cwd = tempfile::tempdir().unwrap();

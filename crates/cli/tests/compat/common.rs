@@ -1,146 +1,16 @@
-//! A `kura serve` child process on free ports and a fresh data directory, and helpers to run
-//! commands against it.
+//! What the suites share beside kura-testkit's harness (a `kura serve` child, the test account):
+//! running the kura CLI, wrangler and other programs against it, and a Worker upload as wrangler
+//! sends it.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::process::{Command, Output, Stdio};
 
-pub const ACCOUNT: &str = "compat-account";
-pub const TOKEN: &str = "compat-admin-token-0123456789abcdef";
-pub const S3_ACCESS_KEY_ID: &str = "compat-s3-key";
-pub const S3_SECRET_ACCESS_KEY: &str = "compat-s3-secret-0123456789abcdef";
+pub use kura_testkit::credentials::{ACCOUNT, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, TOKEN};
+pub use kura_testkit::process::{KuraProcess, compat_dir, installed};
 
+/// The `kura` binary of this package, for running its commands.
 pub fn kura_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kura")
-}
-
-/// A running `kura serve`; killed when dropped.
-pub struct KuraProcess {
-    child: Child,
-    pub api: String,
-    pub s3: String,
-    /// The Workers listener (`http://127.0.0.1:port`).
-    pub workers: String,
-    pub data: PathBuf,
-    pub dir: tempfile::TempDir,
-}
-
-impl KuraProcess {
-    pub fn start() -> KuraProcess {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        Self::start_on(dir, data)
-    }
-
-    pub fn start_on(dir: tempfile::TempDir, data: PathBuf) -> KuraProcess {
-        Self::start_with(dir, data, &[], &[])
-    }
-
-    /// Starts `kura serve` with more arguments and environment (a cluster node's).
-    pub fn start_with(dir: tempfile::TempDir, data: PathBuf, args: &[String], env: &[(&str, String)]) -> KuraProcess {
-        Self::start_logging(dir, data, args, env, Stdio::inherit())
-    }
-
-    /// As [`KuraProcess::start_with`], its logs (stderr) going to `logs`.
-    pub fn start_logging(
-        dir: tempfile::TempDir,
-        data: PathBuf,
-        args: &[String],
-        env: &[(&str, String)],
-        logs: Stdio,
-    ) -> KuraProcess {
-        let listen_args =
-            ["serve", "--listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0", "--workers-listen", "127.0.0.1:0"];
-        let mut child = Command::new(kura_bin())
-            .args(listen_args)
-            .args(args)
-            .arg("--data")
-            .arg(&data)
-            .env("KURA_WORKERD", installed("node_modules/workerd/bin/workerd"))
-            .env("KURA_ACCOUNT_ID", ACCOUNT)
-            .env("KURA_API_TOKEN", TOKEN)
-            .env("KURA_S3_ACCESS_KEY_ID", S3_ACCESS_KEY_ID)
-            .env("KURA_S3_SECRET_ACCESS_KEY", S3_SECRET_ACCESS_KEY)
-            .env("KURA_S3_DOMAIN", "s3.localhost")
-            .env("KURA_LOG", std::env::var("KURA_TEST_LOG").unwrap_or_else(|_| "warn,s3s=off".into()))
-            // The caller's environment last: it may set any of the above.
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdout(Stdio::piped())
-            .stderr(logs)
-            .spawn()
-            .expect("start kura serve");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        // Read the banner for the address, then keep draining so the server never blocks on it.
-        std::thread::spawn(move || {
-            let (mut api, mut s3, mut workers) = (None, None, None);
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(url) = line.trim().strip_prefix("API (Cloudflare v4):") {
-                    api = Some(url.trim().to_owned());
-                }
-                if let Some(url) = line.trim().strip_prefix("S3:") {
-                    s3 = Some(url.trim().to_owned());
-                }
-                if let Some(url) = line.trim().strip_prefix("Workers:") {
-                    workers = url.split_whitespace().next().map(str::to_owned);
-                }
-                if line == "ready" {
-                    let _ = tx.send(api.take().zip(s3.take()).zip(workers.take()));
-                }
-            }
-        });
-        let ((api, s3), workers) = rx
-            .recv_timeout(Duration::from_secs(60))
-            .ok()
-            .flatten()
-            .expect("kura serve printed its API, S3 and Workers addresses and became ready");
-        KuraProcess { child, api, s3, workers, data, dir }
-    }
-
-    /// The server's process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Environment that points wrangler (or `kura --remote`) at this server.
-    pub fn remote_env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("CLOUDFLARE_API_BASE_URL", self.api.clone()),
-            ("CLOUDFLARE_API_TOKEN", TOKEN.to_owned()),
-            ("CLOUDFLARE_ACCOUNT_ID", ACCOUNT.to_owned()),
-        ]
-    }
-
-    /// Environment that points the AWS CLI and SDKs at this server's S3 listener.
-    pub fn s3_env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ACCESS_KEY_ID", S3_ACCESS_KEY_ID.to_owned()),
-            ("AWS_SECRET_ACCESS_KEY", S3_SECRET_ACCESS_KEY.to_owned()),
-            ("AWS_DEFAULT_REGION", "auto".to_owned()),
-            ("AWS_ENDPOINT_URL", self.s3.clone()),
-            ("KURA_S3_ENDPOINT", self.s3.clone()),
-            // Nothing from the developer's own AWS setup may leak in.
-            ("AWS_CONFIG_FILE", "/dev/null".to_owned()),
-            ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null".to_owned()),
-            ("AWS_PAGER", String::new()),
-        ]
-    }
-
-    pub fn stop(mut self) -> (tempfile::TempDir, PathBuf) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
-        (dir, self.data.clone())
-    }
-}
-
-impl Drop for KuraProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// POSTs `body` as JSON to `url` with the admin token: the answer's v4 envelope, whatever it says.
@@ -216,24 +86,6 @@ pub fn kura(cwd: &Path, data: &Path, args: &[&str], env: &[(&str, String)]) -> R
     let mut env = env.to_vec();
     env.push(("KURA_LOG", "error".into()));
     run(Path::new(kura_bin()), &full, cwd, &env)
-}
-
-/// Where `scripts/test` installed the npm packages the suites drive.
-pub fn compat_dir() -> PathBuf {
-    std::env::var_os("KURA_COMPAT_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/compat"))
-}
-
-/// A program `scripts/test` installed; the suites fail, rather than skip, without it.
-pub fn installed(relative: &str) -> PathBuf {
-    let bin = compat_dir().join(relative);
-    assert!(
-        bin.exists(),
-        "{} is not installed; run the README's test command (scripts/test), which installs it",
-        bin.display()
-    );
-    bin
 }
 
 /// Writes a wrangler.toml binding `DB` to the database `name` (with `id` if given).

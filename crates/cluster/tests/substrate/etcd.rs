@@ -6,7 +6,7 @@ use bytes::Bytes;
 use kura_cluster::{Acquired, Coordinator, CoordinatorError, EtcdClient, EtcdCoordinator};
 
 use crate::contract::{self, member, owned};
-use kura_cluster::testbed::Etcd;
+use kura_testkit::bed::Etcd;
 
 fn coordinator(etcd: &Etcd, first: usize, ttl: Duration) -> EtcdCoordinator {
     let mut endpoints = etcd.endpoints.clone();

@@ -10,7 +10,7 @@ use kura_cluster::{Coordinator, EtcdClient, EtcdCoordinator, HistoryShipper, Lea
 use kura_sqlite::{Bookmark, DatabaseOptions, HistorySettings, Registry, RegistrySettings, Request, Statement, Value};
 
 use crate::contract::{member, owned};
-use kura_cluster::testbed::{Etcd, Garage};
+use kura_testkit::bed::{Etcd, Garage};
 
 const RESOURCE: &str = "d1/orders";
 

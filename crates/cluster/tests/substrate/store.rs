@@ -12,7 +12,7 @@ use kura_cluster::{
 };
 
 use crate::contract;
-use kura_cluster::testbed::{Garage, Moto};
+use kura_testkit::bed::{Garage, Moto};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn moto_passes_the_probe_and_coordinates() {

@@ -1,57 +1,36 @@
-//! A kura server in this process, on a free port and a fresh data directory, with helpers that
-//! speak the v4 API to it.
+//! A kura server in this process (kura-testkit's), on a free port and a fresh data directory,
+//! with helpers that speak the v4 API to it.
 
-use std::sync::Arc;
+use std::ops::Deref;
 
-use kura_catalog::{Catalog, Scope};
-use kura_server::{CredentialsConfig, Node, NodeSettings};
+use kura_catalog::Scope;
+use kura_testkit::in_process::{Options, Server as Running};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value as Json, json};
 
-pub const ACCOUNT: &str = "test-account";
-pub const TOKEN: &str = "test-admin-token-0123456789abcdef";
+pub use kura_testkit::credentials::{ACCOUNT, TOKEN};
 
 pub struct Server {
-    pub root: String,
+    /// The v4 API's base URL.
     pub base: String,
     pub http: reqwest::Client,
-    pub catalog: Arc<Catalog>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    running: Running,
     _dir: tempfile::TempDir,
+}
+
+/// The running server's fields (`root`, `catalog`) read through.
+impl Deref for Server {
+    type Target = Running;
+    fn deref(&self) -> &Running {
+        &self.running
+    }
 }
 
 impl Server {
     pub async fn start() -> Server {
         let dir = tempfile::tempdir().unwrap();
-        let node = Node::open(dir.path(), NodeSettings::default()).unwrap();
-        node.bootstrap(&CredentialsConfig {
-            account_id: Some(ACCOUNT.into()),
-            api_token: Some(TOKEN.into()),
-            s3_key: None,
-        })
-        .unwrap();
-        let catalog = Arc::clone(node.catalog());
-        let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let s3 = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let root = format!("http://{}", api.local_addr().unwrap());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            kura_server::serve(node, api, s3, async {
-                let _ = stopped.await;
-            })
-            .await
-            .unwrap();
-        });
-        Server {
-            base: format!("{root}/client/v4"),
-            root,
-            http: reqwest::Client::new(),
-            catalog,
-            stop: Some(stop),
-            task: Some(task),
-            _dir: dir,
-        }
+        let running = Running::start(dir.path(), Options::default()).await.unwrap();
+        Server { base: running.v4(), http: reqwest::Client::new(), running, _dir: dir }
     }
 
     /// A new token of the test account with this scope.
@@ -114,21 +93,8 @@ impl Server {
         (status, body["errors"][0]["code"].as_i64().unwrap(), body["errors"][0]["message"].as_str().unwrap().to_owned())
     }
 
-    pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            task.await.unwrap();
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+    pub async fn stop(self) {
+        self.running.stop().await;
     }
 }
 

@@ -1,15 +1,14 @@
 //! Real etcd, Garage and moto processes on loopback for the tests and the benchmark (feature
-//! `testbed`): a three-member etcd, a
-//! three-node Garage with its layout applied and fsync on, and moto's S3 server. Each is
-//! stopped when dropped. The binaries come from `scripts/test` (etcd from Debian, Garage built
-//! once per machine into `~/.cache/kura`, moto from PyPI).
+//! `bed`): a three-member etcd, a three-node Garage with its layout applied and fsync on, and
+//! moto's S3 server. Each is stopped when dropped. The binaries come from `scripts/test` (etcd
+//! from Debian, Garage built once per machine into `~/.cache/kura`, moto from PyPI).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::storage::{RemoteStorage, S3Config};
+use kura_cluster::{RemoteStorage, S3Config};
 
 /// A free loopback port (the listener is closed again; the race with other tests is small).
 /// A port nothing listens on now, below Linux's ephemeral range (32768 and up), so that no
@@ -49,6 +48,7 @@ fn http_ok(url: &str) -> bool {
 
 /// A child process that is killed when dropped.
 pub struct Process {
+    /// The process.
     pub child: Child,
 }
 
@@ -74,7 +74,9 @@ impl Drop for Process {
 
 /// Three etcd members forming one cluster.
 pub struct Etcd {
+    /// The members (`None` once stopped).
     pub members: Vec<Option<Process>>,
+    /// Their client URLs.
     pub endpoints: Vec<String>,
     _dir: tempfile::TempDir,
 }
@@ -154,19 +156,25 @@ pub fn garage_binary() -> PathBuf {
     path
 }
 
+/// The access key id Garage is given.
 pub const GARAGE_KEY_ID: &str = "GK0123456789abcdef01234567";
+/// Its secret.
 pub const GARAGE_SECRET: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+/// The bucket that key may read and write.
 pub const GARAGE_BUCKET: &str = "kura";
 
 /// Three Garage nodes with replication 3, fsync of data and metadata on, one bucket and a key.
 pub struct Garage {
+    /// The nodes (`None` once stopped).
     pub nodes: Vec<Option<Process>>,
+    /// Each node's S3 API URL.
     pub s3_endpoints: Vec<String>,
     configs: Vec<PathBuf>,
     _dir: tempfile::TempDir,
 }
 
 impl Garage {
+    /// Starts the three nodes, connects them, applies the layout, and creates the key and bucket.
     pub fn start() -> Garage {
         let binary = garage_binary();
         let dir = tempfile::tempdir().unwrap();
@@ -284,12 +292,14 @@ impl Garage {
 
 /// moto's S3 server, with one bucket.
 pub struct Moto {
+    /// Its URL.
     pub endpoint: String,
     _process: Process,
     _dir: tempfile::TempDir,
 }
 
 impl Moto {
+    /// Starts moto on a free port and creates its one bucket, `kura`.
     pub fn start() -> Moto {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
@@ -303,6 +313,7 @@ impl Moto {
         Moto { endpoint, _process: process, _dir: dir }
     }
 
+    /// Storage over moto, under `prefix` in its bucket.
     pub fn storage(&self, prefix: &str) -> RemoteStorage {
         RemoteStorage::s3(&S3Config {
             endpoint: Some(self.endpoint.clone()),
