@@ -12,12 +12,13 @@ use serde_json::{Value as Json, json};
 
 use kura_catalog::NewDoNamespace;
 use kura_d1::wire::JsonParams;
-use kura_server::rest::durable_objects::{cursor_json, fan_out_json, namespace_json, object_json};
+use kura_server::render::{cursor_json, do_object_json, fan_out_json, namespace_json};
 
 use crate::local::Local;
 use crate::location::Location;
 use crate::output::{cell, objects_table, print_json, table};
 use kura_client::ApiClient;
+use kura_client::v4::Envelope;
 
 #[derive(Subcommand)]
 pub enum DoCommand {
@@ -224,7 +225,7 @@ impl Backend {
                 let engine_ns = engine_namespace(ns)?;
                 let page = l.node.durable_objects().list(&engine_ns, cursor, limit + 1).await?;
                 let next = (page.len() as u64 > limit).then(|| page[limit as usize - 1].entry.id.clone());
-                Ok((page.iter().take(limit as usize).map(object_json).collect(), next))
+                Ok((page.iter().take(limit as usize).map(do_object_json).collect(), next))
             }
             Backend::Remote(api) => {
                 // The envelope's result_info carries the cursor, so this reads the whole body.
@@ -234,9 +235,9 @@ impl Backend {
                     segment(cursor)
                 ));
                 let response = api.send(api.request(Method::GET, &path), "Listing the objects").await?;
-                let body: Json = response.json().await.context("Listing the objects")?;
-                let next = body["result_info"]["cursor"].as_str().filter(|c| !c.is_empty()).map(str::to_owned);
-                Ok((body["result"].as_array().cloned().unwrap_or_default(), next))
+                let body: Envelope<Vec<Json>> = response.json().await.context("Listing the objects")?;
+                let next = body.result_info.as_ref().and_then(|i| i.next_cursor()).map(str::to_owned);
+                Ok((body.result.unwrap_or_default(), next))
             }
         }
     }

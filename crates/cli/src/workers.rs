@@ -7,7 +7,7 @@ use clap::Subcommand;
 use reqwest::Method;
 use serde_json::Value as Json;
 
-use kura_server::rest::workers::script_json;
+use kura_server::render::script_json;
 use kura_workers::{StoredVersion, Workers, WorkersSettings};
 
 use crate::local::Local;

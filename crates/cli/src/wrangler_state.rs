@@ -324,7 +324,7 @@ async fn import_durable_objects(state: &Path, local: &Local, report: &mut Report
         let target = local.node.dir().join("do").join(&namespace.id).join("workerd");
         std::fs::create_dir_all(&target)?;
         let ids = IdFactory::new(&unique_key);
-        let engine = kura_server::rest::durable_objects::engine_namespace(&namespace)?;
+        let engine = kura_server::engine_namespace(&namespace)?;
         let (mut imported, mut skipped) = (0, 0);
         for (id, path) in files {
             let copy = target.join(format!("{id}.sqlite"));

@@ -5,6 +5,8 @@
 use reqwest::{Method, StatusCode};
 use serde_json::Value as Json;
 
+use crate::v4::Envelope;
+
 const DEFAULT_BASE: &str = "https://api.cloudflare.com/client/v4";
 
 /// Why a call to the API failed.
@@ -113,22 +115,16 @@ impl ApiClient {
         let response = request.send().await.map_err(transport)?;
         let status = response.status();
         let text = response.text().await.map_err(transport)?;
-        let envelope: Json = serde_json::from_str(&text).map_err(|_| ClientError::Malformed {
+        let envelope: Envelope<Json> = serde_json::from_str(&text).map_err(|_| ClientError::Malformed {
             what: format!("{method} {path}"),
             status,
             start: text.chars().take(200).collect(),
         })?;
-        if envelope["success"].as_bool() != Some(true) {
-            let errors: Vec<String> = envelope["errors"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|e| format!("{} [code: {}]", e["message"].as_str().unwrap_or("unknown error"), e["code"]))
-                .collect();
-            let reason = if errors.is_empty() { format!("HTTP {status}") } else { errors.join("; ") };
+        if !envelope.success {
+            let reason = envelope.reason().unwrap_or_else(|| format!("HTTP {status}"));
             return Err(ClientError::Refused { what, reason });
         }
-        Ok(envelope["result"].clone())
+        Ok(envelope.result.unwrap_or_default())
     }
 
     /// Sends a request whose body or answer is not JSON (R2 objects); a failure is reported from
@@ -144,9 +140,10 @@ impl ApiClient {
         }
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
-        let reason = serde_json::from_str::<Json>(&text)
+        let reason = serde_json::from_str::<Envelope<Json>>(&text)
             .ok()
-            .and_then(|e| e["errors"][0]["message"].as_str().map(str::to_owned))
+            .and_then(|e| e.errors.into_iter().next())
+            .map(|e| e.message)
             .unwrap_or_else(|| format!("HTTP {status}"));
         Err(ClientError::Refused { what: what.to_owned(), reason })
     }

@@ -24,6 +24,7 @@ pub mod buckets;
 mod expect_continue;
 pub mod metrics;
 pub mod observe;
+pub mod render;
 mod stall;
 pub mod transfer;
 
@@ -38,7 +39,7 @@ mod routing;
 
 mod binding;
 mod console;
-pub mod rest;
+mod rest;
 mod s3;
 
 pub mod cluster;
@@ -60,6 +61,7 @@ use tower::Layer;
 use routing::{RouteTable, Routes, Touches};
 
 pub use forward::{ClusterStatus, Forwarding, SERVED_BY};
+pub use resources::engine_namespace;
 pub use node::{Bootstrap, CredentialsConfig, Node, NodeError, NodeSettings, bootstrap, lock_directory};
 pub use state::{AppState, MAX_BODY_BYTES, Shared};
 

@@ -10,11 +10,13 @@ use reqwest::Method;
 use serde_json::{Value as Json, json};
 use tokio::io::AsyncWriteExt;
 
-use kura_r2::{GetOptions, HttpMetadata, ListOptions, ObjectInfo, PutOptions};
+use kura_r2::{GetOptions, HttpMetadata, ListOptions, PutOptions};
 
 use crate::DataArgs;
 use crate::local::Local;
 use kura_client::ApiClient;
+use kura_server::render::{bucket_json, r2_object_json};
+use kura_client::v4::Envelope;
 
 /// HTTP metadata given on the command line.
 #[derive(Args, Clone, Debug, Default)]
@@ -82,22 +84,6 @@ fn key_path(key: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
-}
-
-fn object_json(info: &ObjectInfo) -> Json {
-    json!({
-        "key": info.key,
-        "size": info.size,
-        "etag": info.etag,
-        "uploaded": jiff::Timestamp::from_millisecond(info.uploaded_ms).map(|t| t.to_string()).unwrap_or_default(),
-        "http_metadata": info.http,
-        "custom_metadata": info.custom,
-        "storage_class": info.storage_class,
-    })
-}
-
-fn bucket_json(bucket: &kura_catalog::R2Bucket) -> Json {
-    json!({ "name": bucket.name, "creation_date": bucket.created_at, "storage_class": bucket.storage_class })
 }
 
 impl Backend {
@@ -180,7 +166,7 @@ impl Backend {
                 let bucket = Self::local_bucket(l, bucket)?;
                 let options = PutOptions { http: metadata.http(), size: Some(size), ..Default::default() };
                 let info = l.node.r2().put_object(&bucket.id, key, stream, options).await?;
-                Ok(object_json(&info))
+                Ok(r2_object_json(&info))
             }
             Backend::Remote(api) => {
                 let path = api.account_path(&format!("/r2/buckets/{bucket}/objects/{}", key_path(key)));
@@ -277,7 +263,7 @@ impl Backend {
                         ..Default::default()
                     };
                     let page = l.node.r2().list(&bucket.id, options).await?;
-                    (page.objects.iter().map(object_json).collect(), page.prefixes, page.cursor)
+                    (page.objects.iter().map(r2_object_json).collect(), page.prefixes, page.cursor)
                 }
                 Backend::Remote(api) => {
                     let path = api.account_path(&format!("/r2/buckets/{bucket}/objects"));
@@ -289,16 +275,10 @@ impl Backend {
                         query.push(("cursor", c.clone()));
                     }
                     let response = api.send(api.request(Method::GET, &path).query(&query), "Listing objects").await?;
-                    let envelope: Json = response.json().await.context("reading the listing")?;
-                    let info = &envelope["result_info"];
-                    let next = (info["is_truncated"] == true).then(|| info["cursor"].as_str().unwrap_or("").to_owned());
-                    let delimited = info["delimited"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|p| p.as_str().map(str::to_owned))
-                        .collect();
-                    (envelope["result"].as_array().cloned().unwrap_or_default(), delimited, next)
+                    let envelope: Envelope<Vec<Json>> = response.json().await.context("reading the listing")?;
+                    let info = envelope.result_info.unwrap_or_default();
+                    let next = (info.is_truncated == Some(true)).then(|| info.cursor.unwrap_or_default());
+                    (envelope.result.unwrap_or_default(), info.delimited.unwrap_or_default(), next)
                 }
             };
             objects.extend(page_objects);

@@ -19,38 +19,17 @@ use serde::Serialize;
 
 pub use engines::{r2_status, r2_v4_code};
 
-/// The success envelope: `{result, success: true, errors: [], messages: [], result_info?}`.
-#[derive(Serialize)]
-pub struct Envelope<T: Serialize> {
-    result: T,
-    success: bool,
-    errors: [(); 0],
-    messages: [(); 0],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    result_info: Option<ResultInfo>,
-}
-
-/// Pagination of a listing.
-#[derive(Serialize, Debug, Clone, Copy)]
-pub struct ResultInfo {
-    /// The page (1-based).
-    pub page: u64,
-    /// Items per page.
-    pub per_page: u64,
-    /// Items on this page.
-    pub count: u64,
-    /// Items on all pages.
-    pub total_count: u64,
-}
+pub use kura_client::v4::ResultInfo;
+use kura_client::v4::Envelope;
 
 /// Wraps a result in the success envelope.
 pub fn ok<T: Serialize>(result: T) -> Response {
-    json_response(&Envelope { result, success: true, errors: [], messages: [], result_info: None })
+    json_response(&Envelope::success(result))
 }
 
 /// Wraps a page of results in the success envelope.
 pub fn ok_paged<T: Serialize>(result: T, info: ResultInfo) -> Response {
-    json_response(&Envelope { result, success: true, errors: [], messages: [], result_info: Some(info) })
+    json_response(&Envelope::paged(result, info))
 }
 
 /// A JSON answer, written into a buffer sized for a typical envelope (`axum::Json` starts at
@@ -69,20 +48,6 @@ pub struct ApiError {
     status: StatusCode,
     code: u32,
     message: String,
-}
-
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    result: (),
-    success: bool,
-    errors: [ErrorItem<'a>; 1],
-    messages: [(); 0],
-}
-
-#[derive(Serialize)]
-struct ErrorItem<'a> {
-    code: u32,
-    message: &'a str,
 }
 
 impl ApiError {
@@ -172,13 +137,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody {
-            result: (),
-            success: false,
-            errors: [ErrorItem { code: self.code, message: &self.message }],
-            messages: [],
-        };
-        (self.status, axum::Json(body)).into_response()
+        let status = self.status;
+        let mut response = json_response(&Envelope::<()>::failure(self.code, self.message));
+        *response.status_mut() = status;
+        response
     }
 }
 

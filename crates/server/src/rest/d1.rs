@@ -30,7 +30,7 @@ pub async fn list(
     let name = query.get("name").map(String::as_str).filter(|n| !n.is_empty());
     let listing = app.d1.list(&account_id, name, page, per_page)?;
     let items: Vec<serde_json::Value> = listing.databases.iter().map(database_list_item).collect();
-    let info = ResultInfo { page, per_page, count: items.len() as u64, total_count: listing.total };
+    let info = ResultInfo::numbered(page, per_page, items.len() as u64, listing.total);
     Ok(ok_paged(items, info))
 }
 

@@ -8,36 +8,20 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json, json};
 
-use kura_catalog::{DoNamespace, NewDoNamespace};
-use kura_d1::wire::{JsonParams, JsonRows};
-use kura_do::{Cursor, DoError, FanOutRow, ListOptions, Namespace, ObjectId, ObjectSummary, Storage};
+use kura_catalog::NewDoNamespace;
+use kura_d1::wire::JsonParams;
+use kura_do::{Cursor, DoError, ListOptions, Namespace, ObjectId, Storage};
 
 use crate::auth::{Caller, Need};
-use crate::error::{ApiError, ok};
+use crate::render::{CursorJson, do_object_json, fan_out_json, namespace_json};
+use crate::error::{ApiError, ResultInfo, ok, ok_paged};
 use crate::extract::{V4Path, V4Query, read_body};
 use crate::extract::{parse_json, query_number};
-pub use crate::resources::engine_namespace;
 use crate::resources::find_namespace;
 use crate::state::AppState;
-
-/// A namespace as the API shows it.
-pub fn namespace_json(ns: &DoNamespace) -> Json {
-    json!({
-        "id": ns.id,
-        "name": ns.name,
-        "script": ns.script,
-        "class": ns.class_name,
-        "use_sqlite": ns.use_sqlite,
-        "unique_key": ns.unique_key,
-        "host": ns.host,
-        "alarm_url": ns.alarm_url,
-        "created_on": ns.created_at,
-    })
-}
 
 /// Checks the caller may do `need` in the account, and finds the namespace.
 fn reach_namespace(
@@ -163,27 +147,14 @@ pub async fn list_objects(
     let cursor = query.get("cursor").cloned().unwrap_or_default();
     let page = app.durable_objects.list(&ns, &cursor, limit + 1).await?;
     let more = page.len() as u64 > limit;
-    let objects: Vec<Json> = page.iter().take(limit as usize).map(object_json).collect();
+    let objects: Vec<Json> = page.iter().take(limit as usize).map(do_object_json).collect();
     let next = if more { page.get(limit as usize - 1).map(|o| o.entry.id.clone()) } else { None };
-    let body = json!({
-        "result": objects,
-        "success": true,
-        "errors": [],
-        "messages": [],
-        "result_info": { "count": objects.len(), "cursor": next.unwrap_or_default() },
-    });
-    Ok(axum::Json(body).into_response())
-}
-
-/// An object as the listing shows it: Cloudflare's `{id, hasStoredData}`, its name and size.
-pub fn object_json(o: &ObjectSummary) -> Json {
-    json!({
-        "id": o.entry.id,
-        "name": o.entry.name,
-        "hasStoredData": o.stored_bytes > 0,
-        "stored_bytes": o.stored_bytes,
-        "created_on": jiff::Timestamp::from_millisecond(o.entry.created_ms).map(|t| t.to_string()).unwrap_or_default(),
-    })
+    let info = ResultInfo {
+        count: Some(objects.len() as u64),
+        cursor: Some(next.unwrap_or_default()),
+        ..ResultInfo::default()
+    };
+    Ok(ok_paged(objects, info))
 }
 
 /// `POST …/namespaces/{namespace}/objects`: a new unique id (the object is created on first use).
@@ -254,31 +225,6 @@ enum Operation {
     DeleteAlarm,
     DeleteAll,
     DatabaseSize,
-}
-
-/// A statement's answer: `{columns, rows, meta: {rows_read, rows_written}}`, written straight
-/// from the cursor (no tree of JSON values built and dropped per request).
-pub struct CursorJson<'a>(pub &'a Cursor);
-
-impl Serialize for CursorJson<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        #[derive(Serialize)]
-        struct Meta {
-            rows_read: u64,
-            rows_written: u64,
-        }
-        let cursor = self.0;
-        let mut out = s.serialize_struct("Cursor", 3)?;
-        out.serialize_field("columns", &cursor.columns)?;
-        out.serialize_field("rows", &JsonRows(&cursor.rows))?;
-        out.serialize_field("meta", &Meta { rows_read: cursor.rows_read, rows_written: cursor.rows_written })?;
-        out.end()
-    }
-}
-
-/// [`CursorJson`] as a JSON value.
-pub fn cursor_json(cursor: &Cursor) -> Json {
-    serde_json::to_value(CursorJson(cursor)).unwrap_or(Json::Null)
 }
 
 /// One operation's result: a statement's cursor, or a KV or alarm answer.
@@ -517,25 +463,6 @@ pub async fn fan_out(
     };
     let rows = app.durable_objects.fan_out(&ns, objects, &body.sql, body.params.0).await?;
     Ok(ok(fan_out_json(&rows)))
-}
-
-/// A fan-out's answer: each object's rows (or error), tagged with its id and name.
-pub fn fan_out_json(rows: &[FanOutRow]) -> Json {
-    let results: Vec<Json> = rows
-        .iter()
-        .map(|row| {
-            let mut item = json!({ "id": row.object.id, "name": row.object.name });
-            match &row.outcome {
-                Ok(cursor) => {
-                    item["columns"] = json!(cursor.columns);
-                    item["rows"] = cursor_json(cursor)["rows"].take();
-                }
-                Err(e) => item["error"] = json!(e.to_string()),
-            }
-            item
-        })
-        .collect();
-    json!({ "consistent_snapshot": false, "objects": results })
 }
 
 /// `GET …/namespaces/{namespace}/objects/{object}/export`: the object's storage as SQL.

@@ -4,45 +4,23 @@
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures_util::TryStreamExt;
 use serde::Deserialize;
 use serde_json::json;
 
 use kura_catalog::R2Bucket;
-use kura_r2::{GetOptions, ListOptions, ObjectInfo, PutOptions};
+use kura_r2::{GetOptions, ListOptions, PutOptions};
 
 use crate::auth::{Caller, Need};
-use crate::error::{ApiError, ok};
+use crate::render::{bucket_json, r2_object_json};
+use crate::error::{ApiError, ResultInfo, ok, ok_paged};
 use crate::extract::parse_json;
 use crate::extract::{V4Path, V4Query, read_body};
 use crate::resources::{find_bucket, require_reach};
 use crate::state::AppState;
 
 const LOCATION_HINTS: &[&str] = &["apac", "eeur", "enam", "weur", "wnam", "oc"];
-
-fn bucket_json(bucket: &R2Bucket) -> serde_json::Value {
-    json!({
-        "name": bucket.name,
-        "creation_date": bucket.created_at,
-        "location": bucket.location.as_deref().map(str::to_ascii_uppercase).unwrap_or_else(|| "ENAM".into()),
-        "storage_class": bucket.storage_class,
-    })
-}
-
-fn object_json(info: &ObjectInfo) -> serde_json::Value {
-    json!({
-        "key": info.key,
-        "version": info.version,
-        "size": info.size,
-        "etag": info.etag,
-        "http_etag": info.http_etag(),
-        "uploaded": jiff::Timestamp::from_millisecond(info.uploaded_ms).map(|t| t.to_string()).unwrap_or_default(),
-        "http_metadata": info.http,
-        "custom_metadata": info.custom,
-        "storage_class": info.storage_class,
-    })
-}
 
 /// `GET /accounts/{account_id}/r2/buckets`
 pub async fn list(
@@ -78,14 +56,12 @@ pub async fn list(
     let more = buckets.len() > per_page;
     buckets.truncate(per_page);
     let cursor = if more { buckets.last().map(|b| b.name.clone()) } else { None };
-    let body = json!({
-        "result": { "buckets": buckets.iter().map(bucket_json).collect::<Vec<_>>() },
-        "success": true,
-        "errors": [],
-        "messages": [],
-        "result_info": { "cursor": cursor.unwrap_or_default(), "per_page": per_page },
-    });
-    Ok(axum::Json(body).into_response())
+    let info = ResultInfo {
+        cursor: Some(cursor.unwrap_or_default()),
+        per_page: Some(per_page as u64),
+        ..ResultInfo::default()
+    };
+    Ok(ok_paged(json!({ "buckets": buckets.iter().map(bucket_json).collect::<Vec<_>>() }), info))
 }
 
 #[derive(Deserialize)]
@@ -177,7 +153,7 @@ pub async fn put_object(
     };
     let stream = body.into_data_stream().map_err(|e| std::io::Error::other(e.to_string()));
     let info = app.r2.put_object(&bucket.id, &key, stream, options).await?;
-    Ok(ok(object_json(&info)))
+    Ok(ok(r2_object_json(&info)))
 }
 
 /// `GET /accounts/{account_id}/r2/buckets/{bucket}/objects/{key}`: the object's bytes.
@@ -248,17 +224,12 @@ pub async fn list_objects(
         limit: per_page,
     };
     let listing = app.r2.list(&bucket.id, options).await?;
-    let body = json!({
-        "result": listing.objects.iter().map(object_json).collect::<Vec<_>>(),
-        "success": true,
-        "errors": [],
-        "messages": [],
-        "result_info": {
-            "cursor": listing.cursor.unwrap_or_default(),
-            "is_truncated": listing.truncated,
-            "delimited": listing.prefixes,
-            "per_page": per_page,
-        },
-    });
-    Ok(axum::Json(body).into_response())
+    let info = ResultInfo {
+        cursor: Some(listing.cursor.unwrap_or_default()),
+        is_truncated: Some(listing.truncated),
+        delimited: Some(listing.prefixes),
+        per_page: Some(per_page as u64),
+        ..ResultInfo::default()
+    };
+    Ok(ok_paged(listing.objects.iter().map(r2_object_json).collect::<Vec<_>>(), info))
 }

@@ -46,7 +46,7 @@ pub async fn list(
     require_admin(&caller, &account_id)?;
     let tokens: Vec<Json> = app.catalog.tokens(&account_id)?.iter().map(token_json).collect();
     let count = tokens.len() as u64;
-    Ok(ok_paged(tokens, ResultInfo { page: 1, per_page: count.max(1), count, total_count: count }))
+    Ok(ok_paged(tokens, ResultInfo::numbered(1, count.max(1), count, count)))
 }
 
 #[derive(Deserialize)]

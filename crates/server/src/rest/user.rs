@@ -11,7 +11,7 @@ use crate::extract::V4Path;
 use crate::state::AppState;
 
 fn one_page() -> ResultInfo {
-    ResultInfo { page: 1, per_page: 20, count: 1, total_count: 1 }
+    ResultInfo::numbered(1, 20, 1, 1)
 }
 
 fn account_name(app: &AppState, id: &str) -> Result<String, ApiError> {

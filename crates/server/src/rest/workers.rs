@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
 use crate::auth::Caller;
+use crate::render::script_json;
 use crate::error::{ApiError, ResultInfo, ok, ok_paged};
 use crate::extract::parse_json;
 use crate::extract::{V4Path, V4Query, read_body};
@@ -48,30 +49,6 @@ fn deployed_version(
     let Some(version) = workers.catalog().worker_version(&script.id, id)? else { return Ok(None) };
     let stored = workers.stored_version(&version)?;
     Ok(Some((version, stored)))
-}
-
-/// A script as `GET /workers/scripts` lists it.
-pub fn script_json(script: &WorkerScript, stored: Option<&StoredVersion>) -> Json {
-    let mut out = json!({
-        "id": script.name,
-        "tag": script.id,
-        "etag": stored.map(|v| v.etag.as_str()).unwrap_or(""),
-        "handlers": ["fetch"],
-        "named_handlers": [],
-        "created_on": script.created_on,
-        "modified_on": script.modified_on,
-        "usage_model": stored.map(|v| v.usage_model.as_str()).unwrap_or("standard"),
-        "compatibility_date": stored.and_then(|v| v.compatibility_date.as_deref()),
-        "compatibility_flags": stored.map(|v| v.compatibility_flags.clone()).unwrap_or_default(),
-        "last_deployed_from": "wrangler",
-        "has_assets": false,
-        "has_modules": stored.is_some_and(|v| v.main_module.is_some()),
-        "logpush": false,
-    });
-    if let Some(tag) = &script.migration_tag {
-        out["migration_tag"] = json!(tag);
-    }
-    out
 }
 
 /// The bindings as the settings API shows them: the version's, then each secret by name.
@@ -457,7 +434,7 @@ pub async fn list_versions(
         items.push(version_json(workers, &script, &version)?);
     }
     let count = items.len() as u64;
-    Ok(ok_paged(json!({"items": items}), ResultInfo { page: 1, per_page: count.max(1), count, total_count: count }))
+    Ok(ok_paged(json!({"items": items}), ResultInfo::numbered(1, count.max(1), count, count)))
 }
 
 /// `GET /accounts/{a}/workers/scripts/{name}/versions/{id}`
@@ -550,7 +527,7 @@ pub async fn kv_namespaces(caller: Caller, V4Path(account_id): V4Path<String>) -
     if caller.token.account_id != account_id {
         return Err(ApiError::forbidden());
     }
-    Ok(ok_paged(json!([]), ResultInfo { page: 1, per_page: 100, count: 0, total_count: 0 }))
+    Ok(ok_paged(json!([]), ResultInfo::numbered(1, 100, 0, 0)))
 }
 
 /// `POST /accounts/{a}/storage/kv/namespaces` (wrangler provisioning a KV binding).

@@ -243,8 +243,9 @@ pub(super) fn connect(
 /// with the WAL's first commit, which SQLite follows with a sync of the directory it created
 /// the WAL in; until then nothing about the file has been acknowledged.
 pub(super) fn create_in_wal_mode(path: &Path) -> Result<()> {
-    let cannot = |e| Error::open(path, "cannot create it: ", e);
-    let cannot_sql = |e| Error::open(path, "cannot create it: ", e);
+    // One per error type (a closure is not generic): the file system's and SQLite's.
+    let cannot = |e: std::io::Error| Error::open(path, "cannot create it: ", e);
+    let cannot_sql = |e: rusqlite::Error| Error::open(path, "cannot create it: ", e);
     let building = PathBuf::from(format!("{}-new", path.display()));
     if history::remove_if_present(&building).map_err(cannot)? {
         tracing::warn!(path = %building.display(), "removed a database file a crash left half made");
