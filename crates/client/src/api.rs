@@ -62,6 +62,15 @@ fn env(name: &str, alias: &str) -> Option<String> {
     std::env::var(name).ok().or_else(|| std::env::var(alias).ok()).filter(|v| !v.is_empty())
 }
 
+/// The envelope in `text`: `None` unless it is a JSON object (an array or a bare value is not
+/// an envelope, though serde would read an array as one field by field).
+fn read_envelope(text: &str) -> Option<Envelope<Json>> {
+    match serde_json::from_str::<Json>(text).ok()? {
+        object @ Json::Object(_) => serde_json::from_value(object).ok(),
+        _ => None,
+    }
+}
+
 /// An authenticated client bound to one account.
 pub struct ApiClient {
     http: reqwest::Client,
@@ -115,7 +124,7 @@ impl ApiClient {
         let response = request.send().await.map_err(transport)?;
         let status = response.status();
         let text = response.text().await.map_err(transport)?;
-        let envelope: Envelope<Json> = serde_json::from_str(&text).map_err(|_| ClientError::Malformed {
+        let envelope = read_envelope(&text).ok_or_else(|| ClientError::Malformed {
             what: format!("{method} {path}"),
             status,
             start: text.chars().take(200).collect(),
@@ -140,10 +149,10 @@ impl ApiClient {
         }
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
-        let reason = serde_json::from_str::<Envelope<Json>>(&text)
-            .ok()
+        let reason = read_envelope(&text)
             .and_then(|e| e.errors.into_iter().next())
             .map(|e| e.message)
+            .filter(|message| !message.is_empty())
             .unwrap_or_else(|| format!("HTTP {status}"));
         Err(ClientError::Refused { what: what.to_owned(), reason })
     }

@@ -5,10 +5,11 @@ use serde::Serialize;
 use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct, Serializer};
 
 use kura_catalog::D1Database;
-use kura_sqlite::{Meta, StatementResult, Value};
+use kura_sqlite::{Bookmark, Meta, Restored, StatementResult, Value};
 use serde_json::{Map, json};
 
 use crate::DatabaseDetails;
+use crate::import::ImportOutcome;
 
 /// Who answered, as D1's `meta.served_by` says it.
 pub const SERVED_BY: &str = "kura";
@@ -357,6 +358,26 @@ pub fn created_database(db: &D1Database) -> serde_json::Value {
         result["created_in_region"] = json!(hint.to_uppercase());
     }
     result
+}
+
+/// A restore's answer: the restored state's bookmark and the one before it (restoring which
+/// undoes this restore).
+pub fn restored(restored: &Restored) -> serde_json::Value {
+    json!({
+        "bookmark": restored.bookmark.to_string(),
+        "previous_bookmark": restored.previous.to_string(),
+        "message": "Database restored successfully",
+    })
+}
+
+/// A finished import's result, as wrangler reads it: the bookmark after it, the statements it
+/// ran and their counters.
+pub fn imported(outcome: &ImportOutcome, bookmark: &Bookmark) -> serde_json::Value {
+    json!({
+        "final_bookmark": bookmark.to_string(),
+        "num_queries": outcome.num_queries,
+        "meta": JsonMeta(&outcome.meta),
+    })
 }
 
 /// A database as `GET /d1/database/{id}` describes it.

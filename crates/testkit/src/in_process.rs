@@ -16,8 +16,8 @@ pub enum StartError {
     /// The data directory could not be opened or given its account.
     #[error(transparent)]
     Node(#[from] NodeError),
-    /// A listener could not be bound.
-    #[error("cannot listen on loopback: {0}")]
+    /// A loopback listener could not be opened (or its address read).
+    #[error("cannot open a loopback listener: {0}")]
     Listen(#[from] std::io::Error),
 }
 

@@ -4,9 +4,10 @@
 //! a shipment): it polls for the condition with a deadline instead of sleeping a fixed time;
 //! and the one way each starts what it runs against, acting for one account
 //! ([`credentials`]): kura in this process ([`in_process`], feature `server`), `kura serve` as
-//! a child process — one node or a cluster's ([`process`], feature `server`) — and real etcd,
-//! Garage and moto ([`bed`], feature `bed`). An engine's tests take the crate without
-//! features, so they do not build the server.
+//! a child process — one node or a cluster's ([`process`], feature `process`, which `server`
+//! includes) — and real etcd, Garage and moto ([`bed`], feature `bed`). An engine's tests take
+//! the crate without features, so `cargo test -p` on an engine does not build the server
+//! (`cargo test --workspace` unifies the features, and builds it once for all).
 //!
 //! A count that is set must say how much work to do: zero, or text that is not a number, is
 //! refused with a panic naming the variable, rather than read as "use the default" or "do
@@ -24,7 +25,7 @@ pub mod bed;
 pub mod credentials;
 #[cfg(feature = "server")]
 pub mod in_process;
-#[cfg(feature = "server")]
+#[cfg(feature = "process")]
 pub mod process;
 
 use std::future::Future;

@@ -28,19 +28,16 @@ pub enum LaunchError {
     },
 }
 
-/// The `kura` binary cargo built beside this program: `KURA_BIN` when set, else `kura` in the
-/// directory of the running executable (a benchmark in `target/release`) or in its parent (a
-/// test in `target/debug/deps`).
+/// The `kura` binary cargo built beside this program: in the directory of the running
+/// executable (the benchmark, in `target/release`) or in its parent (a test, in
+/// `target/debug/deps`; cargo builds a package's binaries before its integration tests).
 pub fn kura_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("KURA_BIN") {
-        return path.into();
-    }
-    let exe = std::env::current_exe().unwrap_or_default();
-    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let exe = std::env::current_exe().expect("the running program knows its own path");
+    let mut dir = exe.parent().expect("a program lives in a directory").to_path_buf();
     if dir.ends_with("deps") {
         dir.pop();
     }
-    dir.join("kura")
+    dir.join(format!("kura{}", std::env::consts::EXE_SUFFIX))
 }
 
 /// Where `scripts/test` installed the npm and Python packages the suites drive
@@ -73,7 +70,7 @@ pub struct KuraProcess {
     pub api: String,
     /// The S3 listener.
     pub s3: String,
-    /// The Workers listener.
+    /// The Workers listener (empty on a cluster node, which serves no Workers).
     pub workers: String,
     /// The data directory.
     pub data: PathBuf,
@@ -160,8 +157,9 @@ impl KuraProcess {
                 if let Some(url) = line.trim().strip_prefix("S3:") {
                     s3 = Some(url.trim().to_owned());
                 }
-                if let Some(url) = line.trim().strip_prefix("Workers:") {
-                    workers = url.split_whitespace().next().map(str::to_owned);
+                if let Some(rest) = line.trim().strip_prefix("Workers:") {
+                    let url = rest.split_whitespace().next().filter(|url| url.starts_with("http"));
+                    workers = Some(url.unwrap_or_default().to_owned());
                 }
                 if line == "ready" {
                     let _ = tx.send(api.take().zip(s3.take()).zip(workers.take()));

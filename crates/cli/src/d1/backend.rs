@@ -274,11 +274,7 @@ impl Backend {
             Backend::Local(l) => {
                 let target = kura_d1::RestoreTarget::Bookmark(bookmark.to_owned());
                 let restored = l.node.d1().restore(&l.account, uuid, target).await?;
-                Ok(json!({
-                    "bookmark": restored.bookmark.to_string(),
-                    "previous_bookmark": restored.previous.to_string(),
-                    "message": "Database restored successfully",
-                }))
+                Ok(kura_d1::wire::restored(&restored))
             }
             Backend::Remote(api) => {
                 let path = api
@@ -329,11 +325,7 @@ impl Backend {
                 let outcome = l.node.d1().import(&l.account, uuid, input).await;
                 bar.finish_and_clear();
                 let (outcome, bookmark) = outcome?;
-                Ok(json!({
-                    "num_queries": outcome.num_queries,
-                    "final_bookmark": bookmark.to_string(),
-                    "meta": kura_d1::wire::JsonMeta(&outcome.meta),
-                }))
+                Ok(kura_d1::wire::imported(&outcome, &bookmark))
             }
             Backend::Remote(api) => import_remotely(api, uuid, file, size).await,
         }

@@ -10,7 +10,6 @@ use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
 use kura_d1::dump::DumpOptions;
-use kura_d1::wire::JsonMeta;
 
 use crate::auth::{Caller, Need};
 use crate::error::{ApiError, ok};
@@ -165,11 +164,7 @@ async fn ingest(app: &AppState, account_id: &str, uuid: &str, path: &std::path::
             "at_bookmark": bookmark.to_string(),
             "status": "complete",
             "messages": [format!("Imported {} statements", outcome.num_queries)],
-            "result": {
-                "final_bookmark": bookmark.to_string(),
-                "num_queries": outcome.num_queries,
-                "meta": JsonMeta(&outcome.meta),
-            },
+            "result": kura_d1::wire::imported(&outcome, &bookmark),
         })),
         Err(kura_d1::Error::Import(e)) => Ok(json!({
             "success": true,

@@ -44,11 +44,7 @@ pub async fn restore(
         (None, None) => return Err(ApiError::bad_request("A restore needs a bookmark or a timestamp")),
     };
     let restored = app.d1.restore(&account_id, &database, target).await?;
-    Ok(ok(json!({
-        "bookmark": restored.bookmark.to_string(),
-        "previous_bookmark": restored.previous.to_string(),
-        "message": "Database restored successfully",
-    })))
+    Ok(ok(kura_d1::wire::restored(&restored)))
 }
 
 /// Most entries one history page holds.
