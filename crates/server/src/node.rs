@@ -103,6 +103,9 @@ impl Node {
     pub fn open(dir: &Path, settings: NodeSettings) -> Result<Node, NodeError> {
         kura_sqlite::configure_process();
         let io = |context: String| move |source| NodeError::Io { context, source };
+        // Absolute from here on: the paths the node hands out (to workerd, in its banner) must
+        // not depend on whose working directory reads them.
+        let dir = &std::path::absolute(dir).map_err(io(format!("resolving {}", dir.display())))?;
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let lock = lock_directory(dir)?;
         let catalog_path = dir.join("catalog.sqlite");

@@ -114,6 +114,21 @@ impl KuraProcess {
         Self::launch(dir, data, args, &full, logs).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Starts `kura serve` as a newcomer does: in `dir` as its working directory, with no
+    /// `--data` (so on the default `./.kura`); it runs Workers in the workerd `scripts/test`
+    /// installed.
+    ///
+    /// # Panics
+    ///
+    /// When workerd is not installed or the server does not start.
+    pub fn start_in(dir: tempfile::TempDir) -> KuraProcess {
+        let workerd = installed("node_modules/workerd/bin/workerd").display().to_string();
+        let data = dir.path().join(".kura");
+        let cwd = dir.path().to_owned();
+        Self::spawn(dir, data, Some(&cwd), &[], &[("KURA_WORKERD", workerd)], Stdio::inherit())
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// Starts `kura serve --data <data> <args>` with `env` over the defaults (the test
     /// account's credentials, `KURA_LOG` from `KURA_TEST_LOG` or warnings only).
     pub fn launch(
@@ -123,14 +138,30 @@ impl KuraProcess {
         env: &[(&str, String)],
         logs: Stdio,
     ) -> Result<KuraProcess, LaunchError> {
+        let mut full = args.to_vec();
+        full.extend(["--data".to_owned(), data.display().to_string()]);
+        Self::spawn(dir, data, None, &full, env, logs)
+    }
+
+    /// Starts `kura serve <args>`, in `cwd` when given.
+    fn spawn(
+        dir: tempfile::TempDir,
+        data: PathBuf,
+        cwd: Option<&Path>,
+        args: &[String],
+        env: &[(&str, String)],
+        logs: Stdio,
+    ) -> Result<KuraProcess, LaunchError> {
         let listen_args =
             ["serve", "--listen", "127.0.0.1:0", "--s3-listen", "127.0.0.1:0", "--workers-listen", "127.0.0.1:0"];
         let binary = kura_binary();
-        let mut child = Command::new(&binary)
+        let mut command = Command::new(&binary);
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
+        let mut child = command
             .args(listen_args)
             .args(args)
-            .arg("--data")
-            .arg(&data)
             .env("KURA_ACCOUNT_ID", ACCOUNT)
             .env("KURA_API_TOKEN", TOKEN)
             .env("KURA_S3_ACCESS_KEY_ID", S3_ACCESS_KEY_ID)

@@ -76,7 +76,14 @@ impl Workers {
     /// Opens the layer in `dir` (Durable Object classes store their objects under `do_root`,
     /// beside kura's own). Without a workerd the layer opens all the same: deploys then answer
     /// which command installs one. Must be called inside a Tokio runtime.
+    ///
+    /// Relative paths are made absolute here, from kura's working directory: workerd runs in
+    /// a directory of its own, and every path kura hands it must name the same file there.
     pub fn open(dir: PathBuf, do_root: PathBuf, catalog: Arc<Catalog>, settings: WorkersSettings) -> Result<Workers> {
+        let absolute = |path: PathBuf| {
+            std::path::absolute(&path).map_err(WorkersError::io(format!("resolving {}", path.display())))
+        };
+        let (dir, do_root) = (absolute(dir)?, absolute(do_root)?);
         for sub in ["versions", "config", "disks", "logs"] {
             let path = dir.join(sub);
             std::fs::create_dir_all(&path).map_err(WorkersError::io(format!("creating {}", path.display())))?;

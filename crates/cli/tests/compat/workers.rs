@@ -144,6 +144,22 @@ fn kura_remote(server: &KuraProcess, args: &[&str]) -> Run {
     kura(server.dir.path(), &server.data, args, &server.remote_env())
 }
 
+/// The documented path as a newcomer takes it: `kura serve` with no `--data`, so on `./.kura`
+/// relative to where it runs, then `wrangler deploy`. Every path kura hands workerd (its
+/// configuration, the sockets, the module files) must resolve from workerd's own directory.
+#[test]
+fn a_worker_deploys_and_serves_on_the_default_relative_data_directory() {
+    let server = KuraProcess::start_in(tempfile::tempdir().unwrap());
+    let w = Wrangler::new(&server);
+    let project = Project::new("seats");
+    deploy(&w, &project, &[]);
+    let client = Client::new(&server);
+    assert_eq!(client.get("seats", "/config")["greeting"], json!("welcome"));
+    client.get("seats", "/setup?seats=1");
+    assert_eq!(client.post("seats", "/book?who=newcomer")["booked"], true, "D1 through the binding socket");
+    assert!(server.data.join("workers/versions").read_dir().unwrap().next().is_some(), "kept under ./.kura");
+}
+
 #[test]
 fn seat_booking_on_d1_books_exactly_the_seats_there_are() {
     let server = KuraProcess::start();
