@@ -4,10 +4,10 @@
 
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, readdirSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { before, describe, test } from "node:test";
+import { after, before, describe, test } from "node:test";
 
 import { and, eq, sql } from "drizzle-orm";
 import { drizzle, type DrizzleD1Database } from "drizzle-orm/d1";
@@ -20,11 +20,16 @@ const wrangler = process.env.WRANGLER;
 
 describe("Drizzle (drizzle-orm/d1, drizzle-kit, wrangler migrations)", () => {
   let db: DrizzleD1Database<typeof schema>;
+  let project = "";
+
+  after(() => {
+    if (project) rmSync(project, { recursive: true, force: true });
+  });
 
   before(async () => {
     assert.ok(wrangler, "WRANGLER must name the wrangler the harness installed");
     const database = await createDatabase("node-drizzle");
-    const project = mkdtempSync(join(tmpdir(), "kura-drizzle-"));
+    project = mkdtempSync(join(tmpdir(), "kura-drizzle-"));
     const migrations = join(project, "migrations");
     execFileSync("node_modules/.bin/drizzle-kit", ["generate", "--config", "test/drizzle/drizzle.config.ts"], {
       env: { ...process.env, DRIZZLE_OUT: migrations },

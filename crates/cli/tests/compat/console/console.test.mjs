@@ -10,7 +10,7 @@
 
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdirSync, mkdtempSync, readFileSync, readdirSync, writeFileSync, statSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync, statSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -416,4 +416,7 @@ console.log(`console: ${checks} checks passed; first load ${(firstLoadBytes / 10
   console.error(`problems so far: ${problems.join("\n") || "none"}`);
   await browser.close();
   throw e;
+} finally {
+  // The upload, the download and the browser's profile: 40 MiB a run, on a disk CI shares.
+  rmSync(work, { recursive: true, force: true });
 }
