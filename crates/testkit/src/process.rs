@@ -115,18 +115,16 @@ impl KuraProcess {
     }
 
     /// Starts `kura serve` as a newcomer does: in `dir` as its working directory, with no
-    /// `--data` (so on the default `./.kura`); it runs Workers in the workerd `scripts/test`
-    /// installed.
+    /// `--data` (so on the default `./.kura`) and no workerd named or installed near it (so
+    /// kura fetches its own on the first deploy).
     ///
     /// # Panics
     ///
-    /// When workerd is not installed or the server does not start.
+    /// When the server does not start.
     pub fn start_in(dir: tempfile::TempDir) -> KuraProcess {
-        let workerd = installed("node_modules/workerd/bin/workerd").display().to_string();
         let data = dir.path().join(".kura");
         let cwd = dir.path().to_owned();
-        Self::spawn(dir, data, Some(&cwd), &[], &[("KURA_WORKERD", workerd)], Stdio::inherit())
-            .unwrap_or_else(|e| panic!("{e}"))
+        Self::spawn(dir, data, Some(&cwd), &[], &[], Stdio::inherit()).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Starts `kura serve --data <data> <args>` with `env` over the defaults (the test
@@ -162,6 +160,7 @@ impl KuraProcess {
         let mut child = command
             .args(listen_args)
             .args(args)
+            .env_remove("KURA_WORKERD")
             .env("KURA_ACCOUNT_ID", ACCOUNT)
             .env("KURA_API_TOKEN", TOKEN)
             .env("KURA_S3_ACCESS_KEY_ID", S3_ACCESS_KEY_ID)

@@ -72,7 +72,7 @@ impl Workers {
                 "'{name}' is not a valid Worker name: use 1 to 63 lowercase letters, digits, '-' or '_'"
             )));
         }
-        self.runtime()?;
+        self.runtime().await?;
         let catalog = &self.inner.catalog;
         let previous = catalog.worker_script(account_id, name)?;
         let previous_version = match previous.as_ref().and_then(|s| s.deployed_version.as_ref().map(|v| (s, v))) {
@@ -468,7 +468,7 @@ impl Workers {
         if self.inner.catalog.worker_version(&script.id, version_id)?.is_none() {
             return Err(WorkersError::NotFound(format!("no version '{version_id}' of the Worker '{name}'")));
         }
-        self.runtime()?;
+        self.runtime().await?;
         // The version must run with the classes the script has now (a rollback past a
         // migration may lack one): workerd checks it before anything changes.
         let version = self.inner.catalog.worker_version(&script.id, version_id)?.expect("checked above");
@@ -497,7 +497,7 @@ impl Workers {
         let Some(script) = self.inner.catalog.worker_script(account_id, name)? else { return Ok(false) };
         let versions = self.inner.catalog.worker_versions(&script.id)?;
         self.inner.catalog.delete_worker_script(account_id, name)?;
-        if self.inner.runtime.is_ok() {
+        if self.inner.runtime.get().is_some() {
             self.reload().await?;
         } else {
             self.reload().await.ok();

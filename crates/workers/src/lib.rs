@@ -24,6 +24,7 @@ mod deploy;
 mod error;
 pub mod gate;
 pub mod logs;
+pub mod obtain;
 pub mod proxy;
 pub mod runtime;
 mod served;
@@ -54,7 +55,15 @@ struct Inner {
     dir: PathBuf,
     do_root: PathBuf,
     catalog: Arc<Catalog>,
-    runtime: std::result::Result<runtime::Runtime, WorkersError>,
+    /// The supervised workerd, started once one is found (or obtained).
+    runtime: std::sync::OnceLock<runtime::Runtime>,
+    runtime_settings: RuntimeSettings,
+    offline: bool,
+    /// Where each script is served: shared by the runtime and the listener's connector, so the
+    /// connector exists before workerd does.
+    sockets: runtime::Sockets,
+    /// One search for (or fetch of) workerd at a time.
+    finding: tokio::sync::Mutex<()>,
     layout: config::Layout,
     routes: RwLock<proxy::Routes>,
     upstream: proxy::Upstream,
@@ -90,46 +99,25 @@ impl Workers {
         }
         let socket_dir = socket_dir(&dir)?;
         let secret = random_hex(32);
-        let binary = match settings.offline {
-            true => Err(WorkersError::Runtime("Workers do not run without a server".into())),
-            false => find_workerd(settings.runtime.workerd.as_deref()),
-        };
         let layout = config::Layout {
             config_dir: dir.join("config"),
             bindings_socket: socket_dir.join("bindings.sock"),
             socket_dir,
             secret,
             disks_dir: dir.join("disks"),
-            max_compatibility_date: binary.as_ref().ok().and_then(|b| b.max_date.clone()),
+            max_compatibility_date: None,
         };
-        let runtime = match binary {
-            Ok(binary) => {
-                tracing::info!(workerd = %binary.path.display(), "Workers run in workerd");
-                if binary.max_date.as_deref() != Some(runtime::WORKERD_DATE) {
-                    tracing::warn!(
-                        found = binary.max_date.as_deref().unwrap_or("an unknown version"),
-                        "kura is tested with workerd {WORKERD_VERSION} (workerd {}); this one may differ",
-                        runtime::WORKERD_DATE
-                    );
-                }
-                Ok(runtime::Runtime::start(binary, settings.runtime.clone(), layout.config_dir.clone()))
-            }
-            Err(e) => {
-                if !settings.offline {
-                    tracing::warn!("{e}; Workers cannot be deployed until one is installed");
-                }
-                Err(e)
-            }
-        };
-        let upstream = proxy::upstream(match &runtime {
-            Ok(runtime) => runtime.sockets(),
-            Err(_) => Arc::default(),
-        });
+        let sockets = runtime::Sockets::default();
+        let upstream = proxy::upstream(Arc::clone(&sockets));
         let workers = Workers {
             inner: Arc::new(Inner {
                 do_root,
                 catalog,
-                runtime,
+                runtime: std::sync::OnceLock::new(),
+                runtime_settings: settings.runtime,
+                offline: settings.offline,
+                sockets,
+                finding: tokio::sync::Mutex::new(()),
                 layout,
                 routes: RwLock::new(proxy::Routes { domains: settings.domains, ..Default::default() }),
                 upstream,
@@ -139,6 +127,19 @@ impl Workers {
             }),
         };
         workers.sweep_versions()?;
+        if !settings.offline {
+            let configured = workers.inner.runtime_settings.workerd.as_deref();
+            match find_workerd(configured, &obtain::obtained_path(&workers.inner.dir)) {
+                Ok(binary) => {
+                    workers.start_runtime(binary);
+                }
+                Err(e) if configured.is_some() => tracing::warn!("{e}; Workers cannot be deployed until it runs"),
+                Err(_) => tracing::info!(
+                    "no workerd is installed here: the first deploy fetches workerd {WORKERD_VERSION} from the npm registry (or install it with `{}`, or name one with --workerd)",
+                    install_command()
+                ),
+            }
+        }
         // Requests that arrive before workerd has started wait at the gate for their Worker.
         workers.set_routes(&workers.served_scripts()?);
         Ok(workers)
@@ -152,7 +153,7 @@ impl Workers {
 
     /// Stops workerd.
     pub async fn shutdown(&self) {
-        if let Ok(runtime) = &self.inner.runtime {
+        if let Some(runtime) = self.inner.runtime.get() {
             runtime.shutdown().await;
         }
     }
@@ -172,18 +173,62 @@ impl Workers {
         &self.inner.catalog
     }
 
-    /// The workerd in use, or why there is none.
-    pub fn workerd(&self) -> std::result::Result<&WorkerdBinary, &WorkersError> {
-        self.inner.runtime.as_ref().map(|r| r.binary())
+    /// The workerd in use, if one runs yet.
+    pub fn workerd(&self) -> Option<&WorkerdBinary> {
+        self.inner.runtime.get().map(|r| r.binary())
     }
 
-    fn runtime(&self) -> Result<&runtime::Runtime> {
-        self.inner.runtime.as_ref().map_err(|e| match e {
-            WorkersError::NoWorkerd { searched, install } => {
-                WorkersError::NoWorkerd { searched: searched.clone(), install: install.clone() }
+    /// The supervised workerd: the one already started, else one found now (installed since
+    /// kura started, say), else one fetched from the npm registry.
+    async fn runtime(&self) -> Result<&runtime::Runtime> {
+        self.find_runtime(true).await
+    }
+
+    /// [`Workers::runtime`], fetching workerd only when `fetch` is set.
+    async fn find_runtime(&self, fetch: bool) -> Result<&runtime::Runtime> {
+        if let Some(runtime) = self.inner.runtime.get() {
+            return Ok(runtime);
+        }
+        if self.inner.offline {
+            return Err(WorkersError::Runtime("Workers do not run without a server".into()));
+        }
+        let _finding = self.inner.finding.lock().await;
+        if let Some(runtime) = self.inner.runtime.get() {
+            return Ok(runtime);
+        }
+        let configured = self.inner.runtime_settings.workerd.as_deref();
+        let obtained = obtain::obtained_path(&self.inner.dir);
+        let binary = match find_workerd(configured, &obtained) {
+            Ok(binary) => binary,
+            // A binary named by the operator is theirs to install: nothing is fetched.
+            Err(WorkersError::NoWorkerd { .. }) if fetch && configured.is_none() => {
+                let path = obtain::obtain(&self.inner.dir).await?;
+                find_workerd(Some(&path), &obtained)?
             }
-            other => WorkersError::Runtime(other.to_string()),
-        })
+            Err(e) => return Err(e),
+        };
+        Ok(self.start_runtime(binary))
+    }
+
+    /// Supervises `binary` from now on (the first binary set wins).
+    fn start_runtime(&self, binary: WorkerdBinary) -> &runtime::Runtime {
+        tracing::info!(workerd = %binary.path.display(), "Workers run in workerd");
+        if binary.max_date.as_deref() != Some(runtime::WORKERD_DATE) {
+            tracing::warn!(
+                found = binary.max_date.as_deref().unwrap_or("an unknown version"),
+                "kura is tested with workerd {WORKERD_VERSION} (workerd {}); this one may differ",
+                runtime::WORKERD_DATE
+            );
+        }
+        let settings = self.inner.runtime_settings.clone();
+        let config_dir = self.inner.layout.config_dir.clone();
+        let sockets = Arc::clone(&self.inner.sockets);
+        self.inner.runtime.get_or_init(|| runtime::Runtime::start(binary, settings, config_dir, sockets))
+    }
+
+    /// The layout configurations are rendered with for `runtime`'s workerd.
+    fn layout_for(&self, runtime: &runtime::Runtime) -> config::Layout {
+        config::Layout { max_compatibility_date: runtime.binary().max_date.clone(), ..self.inner.layout.clone() }
     }
 
     /// The script a request for `host` goes to.
@@ -197,7 +242,7 @@ impl Workers {
     }
 
     pub(crate) async fn runtime_enter(&self, script_id: &str) -> Option<(gate::Pass, PathBuf)> {
-        self.inner.runtime.as_ref().ok()?.enter(script_id).await
+        self.inner.runtime.get()?.enter(script_id).await
     }
 
     pub(crate) fn upstream(&self) -> &proxy::Upstream {
@@ -246,7 +291,8 @@ impl Workers {
     /// deploy.
     pub async fn with_workerd_stopped<T>(&self, work: impl std::future::Future<Output = T>) -> Result<T> {
         let _changes = self.inner.changes.lock().await;
-        self.runtime()?.pause().await?;
+        // Nothing to fetch: without a workerd, no object is workerd's.
+        self.find_runtime(false).await?.pause().await?;
         let outcome = work.await;
         self.reload().await?;
         Ok(outcome)

@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -87,7 +86,7 @@ impl hyper::rt::Write for UnixConnection {
 /// Connects to the socket a URI's host names: `http://<script id>/…`.
 #[derive(Clone)]
 pub struct UnixConnector {
-    sockets: Arc<RwLock<HashMap<String, std::path::PathBuf>>>,
+    sockets: crate::runtime::Sockets,
 }
 
 impl tower::Service<Uri> for UnixConnector {
@@ -112,7 +111,7 @@ impl tower::Service<Uri> for UnixConnector {
 /// The HTTP client the listener forwards with (a pool of connections per script).
 pub type Upstream = Client<UnixConnector, Body>;
 
-pub(crate) fn upstream(sockets: Arc<RwLock<HashMap<String, std::path::PathBuf>>>) -> Upstream {
+pub(crate) fn upstream(sockets: crate::runtime::Sockets) -> Upstream {
     Client::builder(TokioExecutor::new()).build(UnixConnector { sockets })
 }
 
@@ -144,8 +143,9 @@ async fn forward(State(workers): State<Workers>, mut request: Request) -> Respon
         };
         return plain(StatusCode::NOT_FOUND, message);
     };
-    if let Err(e) = workers.workerd() {
-        return plain(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n"));
+    if workers.workerd().is_none() {
+        let message = "workerd is not running here yet (it starts with the first deploy); try again.\n";
+        return plain(StatusCode::SERVICE_UNAVAILABLE, message.to_owned());
     }
     let Some((pass, _socket)) = workers.runtime_enter(&script_id).await else {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "The Worker is restarting; try again.\n".to_owned());

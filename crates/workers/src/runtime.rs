@@ -62,9 +62,12 @@ pub struct WorkerdBinary {
     pub max_date: Option<String>,
 }
 
+/// Where each script is served (its socket), by script id.
+pub type Sockets = Arc<RwLock<HashMap<String, PathBuf>>>;
+
 /// Finds workerd: the configured path, else `KURA_WORKERD`, else a `node_modules` in the
-/// current directory or one above it.
-pub fn find_workerd(configured: Option<&Path>) -> std::result::Result<WorkerdBinary, WorkersError> {
+/// current directory or one above it, else the one kura fetched before (at `obtained`).
+pub fn find_workerd(configured: Option<&Path>, obtained: &Path) -> std::result::Result<WorkerdBinary, WorkersError> {
     let mut searched = Vec::new();
     let candidate = match configured {
         Some(path) => Some(path.to_owned()),
@@ -89,7 +92,7 @@ pub fn find_workerd(configured: Option<&Path>) -> std::result::Result<WorkerdBin
                         }
                     }
                 }
-                found
+                found.or_else(|| obtained.is_file().then(|| obtained.to_owned()))
             }
         },
     };
@@ -120,7 +123,7 @@ pub struct Runtime {
     binary: WorkerdBinary,
     settings: RuntimeSettings,
     gate: Arc<Gate>,
-    sockets: Arc<RwLock<HashMap<String, PathBuf>>>,
+    sockets: Sockets,
     commands: mpsc::Sender<Order>,
 }
 
@@ -138,7 +141,7 @@ struct Supervisor {
     settings: RuntimeSettings,
     config_dir: PathBuf,
     gate: Arc<Gate>,
-    sockets: Arc<RwLock<HashMap<String, PathBuf>>>,
+    sockets: Sockets,
     running: Option<Running>,
     last_good: Option<WorkerdConfig>,
     retry_at: Option<tokio::time::Instant>,
@@ -147,12 +150,12 @@ struct Supervisor {
 
 impl Runtime {
     /// Starts supervising (no process runs until a configuration with scripts is applied).
-    /// `config_dir` is where configurations are written.
-    pub fn start(binary: WorkerdBinary, settings: RuntimeSettings, config_dir: PathBuf) -> Runtime {
+    /// `config_dir` is where configurations are written; `sockets` is kept up to date with where
+    /// each script is served.
+    pub fn start(binary: WorkerdBinary, settings: RuntimeSettings, config_dir: PathBuf, sockets: Sockets) -> Runtime {
         let (commands, rx) = mpsc::channel(16);
         // Closed until the first configuration runs.
         let gate = Arc::new(Gate::closed());
-        let sockets = Arc::new(RwLock::new(HashMap::new()));
         let supervisor = Supervisor {
             binary: binary.clone(),
             settings: settings.clone(),
@@ -222,10 +225,6 @@ impl Runtime {
         Some((pass, socket))
     }
 
-    /// Where each script is served, for the listener's connector.
-    pub fn sockets(&self) -> Arc<RwLock<HashMap<String, PathBuf>>> {
-        Arc::clone(&self.sockets)
-    }
 }
 
 impl Supervisor {

@@ -91,12 +91,12 @@ impl Workers {
     /// the change lock.
     pub(crate) async fn reload(&self) -> Result<()> {
         let scripts = self.served_scripts()?;
-        let Ok(runtime) = &self.inner.runtime else {
+        let Some(runtime) = self.inner.runtime.get() else {
             self.set_routes(&scripts);
             return Ok(());
         };
         self.prepare_disks(&scripts)?;
-        let config = config::render(&self.inner.layout, &scripts, Purpose::Serve);
+        let config = config::render(&self.layout_for(runtime), &scripts, Purpose::Serve);
         runtime.apply(config).await?;
         self.set_routes(&scripts);
         Ok(())
@@ -115,9 +115,9 @@ impl Workers {
     /// Has a workerd of its own run `candidate` (with nothing connected and objects in memory):
     /// whether workerd accepts it, and if not, what it said.
     pub(crate) async fn check(&self, candidate: &ServedScript) -> Result<()> {
-        let runtime = self.runtime()?;
+        let runtime = self.runtime().await?;
         let name = format!("check-{}", &crate::random_hex(6));
-        let mut layout = self.inner.layout.clone();
+        let mut layout = self.layout_for(runtime);
         layout.config_dir = self.inner.dir.join("config").join(&name);
         layout.socket_dir = self.inner.layout.socket_dir.join(&name);
         let config = config::render(&layout, std::slice::from_ref(candidate), Purpose::Check);

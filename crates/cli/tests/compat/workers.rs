@@ -145,14 +145,18 @@ fn kura_remote(server: &KuraProcess, args: &[&str]) -> Run {
 }
 
 /// The documented path as a newcomer takes it: `kura serve` with no `--data`, so on `./.kura`
-/// relative to where it runs, then `wrangler deploy`. Every path kura hands workerd (its
-/// configuration, the sockets, the module files) must resolve from workerd's own directory.
+/// relative to where it runs, and no workerd installed, then `wrangler deploy`. kura fetches
+/// the pinned workerd itself (from the npm registry, checked against its pinned SHA-512) on
+/// that first deploy, and every path it hands workerd (its configuration, the sockets, the
+/// module files) must resolve from workerd's own directory.
 #[test]
 fn a_worker_deploys_and_serves_on_the_default_relative_data_directory() {
     let server = KuraProcess::start_in(tempfile::tempdir().unwrap());
     let w = Wrangler::new(&server);
     let project = Project::new("seats");
     deploy(&w, &project, &[]);
+    let fetched = server.data.join("workers/runtime").join(kura_workers::WORKERD_VERSION).join("workerd");
+    assert!(fetched.is_file(), "kura fetched workerd into its data directory");
     let client = Client::new(&server);
     assert_eq!(client.get("seats", "/config")["greeting"], json!("welcome"));
     client.get("seats", "/setup?seats=1");
