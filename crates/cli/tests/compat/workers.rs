@@ -164,6 +164,21 @@ fn a_worker_deploys_and_serves_on_the_default_relative_data_directory() {
     assert!(server.data.join("workers/versions").read_dir().unwrap().next().is_some(), "kept under ./.kura");
 }
 
+/// `npm install workerd@…` where kura runs, after kura started: the next deploy finds it (no
+/// restart, nothing fetched).
+#[test]
+fn a_workerd_installed_after_kura_started_is_found_on_the_next_deploy() {
+    let server = KuraProcess::start_in(tempfile::tempdir().unwrap());
+    let installed_here = server.dir.path().join("node_modules/workerd/bin");
+    std::fs::create_dir_all(&installed_here).unwrap();
+    std::os::unix::fs::symlink(compat_dir().join("node_modules/workerd/bin/workerd"), installed_here.join("workerd"))
+        .unwrap();
+    let w = Wrangler::new(&server);
+    deploy(&w, &Project::new("seats"), &[]);
+    assert_eq!(Client::new(&server).get("seats", "/config")["greeting"], json!("welcome"));
+    assert!(!server.data.join("workers/runtime").exists(), "nothing was fetched");
+}
+
 #[test]
 fn seat_booking_on_d1_books_exactly_the_seats_there_are() {
     let server = KuraProcess::start();
