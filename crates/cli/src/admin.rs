@@ -104,8 +104,10 @@ fn resolve_account(catalog: &Catalog, arg: &AccountArg) -> anyhow::Result<String
 fn print_s3_key(catalog: &Catalog, token_id: &str) -> anyhow::Result<()> {
     if let Some(key) = catalog.s3_credential(token_id)? {
         let reach = key.buckets.as_ref().map_or_else(|| "all buckets".to_owned(), |b| b.join(", "));
+        // Each value alone on its line, so a line copied whole is the value.
         println!("S3 access key id:     {}", key.access_key_id);
-        println!("S3 secret access key: {} ({reach})", key.secret_access_key);
+        println!("S3 secret access key: {}", key.secret_access_key);
+        println!("S3 key reaches:       {reach}");
     }
     Ok(())
 }

@@ -49,7 +49,10 @@ pub fn run(args: CheckArgs) -> anyhow::Result<()> {
         bail!("{} is not a kura data directory (it has no catalog.sqlite)", dir.display());
     }
     crate::membership::refuse_if_clustered(dir)?;
-    let _lock = kura_server::lock_directory(dir).context("a server may be running on it: stop it first")?;
+    let _lock = match kura_server::lock_directory(dir) {
+        Err(busy @ kura_server::NodeError::Busy { .. }) => bail!("{busy}: stop it, then check the directory"),
+        locked => locked?,
+    };
     let mut report = Report::default();
     let mut files = Vec::new();
     walk(dir, &mut files).with_context(|| format!("listing {}", dir.display()))?;

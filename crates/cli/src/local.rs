@@ -15,7 +15,12 @@ impl Local {
     /// Opens (and locks) the data directory; `KURA_ACCOUNT_ID` picks the account.
     pub fn open(data: &DataArgs) -> anyhow::Result<Local> {
         crate::membership::refuse_if_clustered(&data.data)?;
-        let node = Node::open(&data.data, NodeSettings::default())?;
+        let node = match Node::open(&data.data, NodeSettings::default()) {
+            Err(busy @ kura_server::NodeError::Busy { .. }) => {
+                anyhow::bail!("{busy}: stop it, or talk to it with --remote")
+            }
+            opened => opened?,
+        };
         let credentials =
             CredentialsConfig { account_id: std::env::var("KURA_ACCOUNT_ID").ok(), api_token: None, s3_key: None };
         let boot = node.bootstrap(&credentials)?;

@@ -46,7 +46,8 @@ pub struct ServeArgs {
     #[arg(long = "workers-domain", env = "KURA_WORKERS_DOMAIN", value_delimiter = ',')]
     workers_domains: Vec<String>,
     /// The workerd binary Workers run in (default: node_modules/workerd/bin/workerd here or in a
-    /// directory above).
+    /// directory above, else the pinned build kura fetches into the data directory on the first
+    /// deploy; when named, nothing is fetched).
     #[arg(long, env = "KURA_WORKERD")]
     workerd: Option<std::path::PathBuf>,
     /// Days of history Time Travel keeps restorable.

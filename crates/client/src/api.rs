@@ -47,6 +47,8 @@ pub enum ClientError {
     Refused {
         /// The request.
         what: String,
+        /// The answer's status.
+        status: StatusCode,
         /// The API's errors, joined.
         reason: String,
     },
@@ -56,6 +58,14 @@ pub enum ClientError {
     /// An answer could not be read.
     #[error(transparent)]
     Http(#[from] reqwest::Error),
+}
+
+impl ClientError {
+    /// Whether the API answered that what the request names does not exist (HTTP 404), as
+    /// opposed to refusing the caller or failing.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ClientError::Refused { status: StatusCode::NOT_FOUND, .. })
+    }
 }
 
 fn env(name: &str, alias: &str) -> Option<String> {
@@ -131,7 +141,7 @@ impl ApiClient {
         })?;
         if !envelope.success {
             let reason = envelope.reason().unwrap_or_else(|| format!("HTTP {status}"));
-            return Err(ClientError::Refused { what, reason });
+            return Err(ClientError::Refused { what, status, reason });
         }
         Ok(envelope.result.unwrap_or_default())
     }
@@ -154,7 +164,7 @@ impl ApiClient {
             .map(|e| e.message)
             .filter(|message| !message.is_empty())
             .unwrap_or_else(|| format!("HTTP {status}"));
-        Err(ClientError::Refused { what: what.to_owned(), reason })
+        Err(ClientError::Refused { what: what.to_owned(), status, reason })
     }
 
     /// A request builder for `path` under the API's base.

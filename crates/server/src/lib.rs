@@ -129,10 +129,40 @@ async fn api_edge(
 ) -> axum::response::Response {
     let figures = Arc::clone(&state.http);
     let head = request.method() == axum::http::Method::HEAD;
+    let request = without_trailing_slash(request);
     observe::observe_api(&figures, request, |request| async move {
         finished(head, cluster::place(state, &table, request, next).await)
     })
     .await
+}
+
+/// A v4 path with a trailing slash (`…/namespaces/`) names what it names without one, as
+/// Cloudflare's API answers it. Other paths (`/console/`) are left as they are, and so is an
+/// R2 object's, whose key may end in a slash.
+fn without_trailing_slash(mut request: axum::extract::Request) -> axum::extract::Request {
+    let uri = request.uri();
+    let path = uri.path();
+    if !path.starts_with("/client/v4/") || !path.ends_with('/') {
+        return request;
+    }
+    if let Some((_, bucket_path)) = path.split_once("/r2/buckets/")
+        && bucket_path.contains("/objects/")
+    {
+        return request;
+    }
+    let trimmed = path.trim_end_matches('/');
+    let rewritten = match uri.query() {
+        Some(query) => format!("{trimmed}?{query}"),
+        None => trimmed.to_owned(),
+    };
+    if let Ok(path_and_query) = rewritten.parse::<axum::http::uri::PathAndQuery>() {
+        let mut parts = uri.clone().into_parts();
+        parts.path_and_query = Some(path_and_query);
+        if let Ok(uri) = axum::http::Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
+        }
+    }
+    request
 }
 
 /// Serves the API and S3 listeners until `shutdown` resolves, then drains requests in flight

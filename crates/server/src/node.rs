@@ -16,7 +16,7 @@ use kura_r2::{R2, R2Settings};
 pub enum NodeError {
     /// Another kura process holds the directory.
     #[error(
-        "the data directory {dir} is in use by another kura process{}; stop it, or talk to it with --remote",
+        "the data directory {dir} is in use by another kura process{}",
         pid.as_deref().map(|p| format!(" (pid {p})")).unwrap_or_default()
     )]
     Busy {

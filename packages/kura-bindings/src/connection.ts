@@ -6,7 +6,8 @@ import { sendWithFetch, sendWithUndici, type Send } from "./http.js";
 export interface KuraConnection {
   /**
    * The server's API listener, e.g. `http://127.0.0.1:8780`. Defaults to `KURA_URL` from the
-   * environment, then to `http://127.0.0.1:8780` (what `kura serve` listens on).
+   * environment, then to the origin of `CLOUDFLARE_API_BASE_URL` (what wrangler is pointed at
+   * kura with), then to `http://127.0.0.1:8780` (what `kura serve` listens on).
    */
   url?: string;
   /**
@@ -36,10 +37,13 @@ function environment(name: string): string | undefined {
 
 /** Fills in a connection's defaults, or throws a TypeError naming what is missing. */
 export function connect(options: KuraConnection): Connection {
-  const url = (options.url ?? environment("KURA_URL") ?? "http://127.0.0.1:8780").replace(/\/+$/, "");
+  // The banner's `CLOUDFLARE_API_BASE_URL` (`…/client/v4`, what wrangler reads) names the same
+  // server: its origin is the URL.
+  const base = environment("CLOUDFLARE_API_BASE_URL")?.replace(/\/+$/, "").replace(/\/client\/v4$/, "");
+  const url = (options.url ?? environment("KURA_URL") ?? base ?? "http://127.0.0.1:8780").replace(/\/+$/, "");
   const token = options.token ?? environment("KURA_API_TOKEN") ?? environment("CLOUDFLARE_API_TOKEN");
   if (token === undefined) {
-    throw new TypeError("kura-bindings: no API token: pass `token`, or set KURA_API_TOKEN");
+    throw new TypeError("kura-bindings: no API token: pass `token`, or set KURA_API_TOKEN or CLOUDFLARE_API_TOKEN");
   }
   if (options.fetch !== undefined && typeof options.fetch !== "function") {
     throw new TypeError("kura-bindings: `fetch` must be a function");

@@ -205,9 +205,17 @@ impl Backend {
                     return Ok(id.clone());
                 }
                 let path = api.account_path(&format!("/d1/database/{}?fields=uuid,name", segment(&target.name)));
-                let found = api.call(Method::GET, &path, None).await.with_context(|| {
-                    format!("Couldn't find a D1 DB with name or binding '{}' in your config or the API", target.name)
-                })?;
+                // Only an answer that there is no such database is reported as one: a refused
+                // token or a failing server says so in its own words.
+                let found = match api.call(Method::GET, &path, None).await {
+                    Err(e) if e.is_not_found() => {
+                        return Err(anyhow::Error::new(e).context(format!(
+                            "Couldn't find a D1 DB with name or binding '{}' in your config or the API",
+                            target.name
+                        )));
+                    }
+                    found => found?,
+                };
                 found["uuid"].as_str().map(str::to_owned).context("the API answered without a database id")
             }
         }

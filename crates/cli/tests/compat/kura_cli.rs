@@ -111,6 +111,13 @@ fn remote_mode_and_tokens_against_a_live_server() {
     // Local commands refuse a directory a server holds, and say what to do instead.
     let refused = kura(&cwd, &data, &["d1", "list"], &[]);
     assert!(!refused.ok && refused.stderr.contains("in use by another kura process"), "{}", refused.all());
+    assert!(refused.stderr.contains("--remote"), "{}", refused.all());
+    // `kura check` has no --remote: it says to stop the server instead.
+    let check = kura(&cwd, &data, &["check"], &[]);
+    assert!(!check.ok && check.stderr.contains("stop it, then check"), "{}", check.all());
+    assert!(!check.stderr.contains("--remote"), "{}", check.all());
+    let missing = kura(&cwd, &data, &["d1", "execute", "no-such-db", "--remote", "--command", "SELECT 1"], &remote);
+    assert!(!missing.ok && missing.stderr.contains("Couldn't find a D1 DB"), "{}", missing.all());
 
     // Tokens can be managed while the server runs; the server sees changes at once.
     let created = ok(&["tokens", "create", "--name", "reader", "--scope", "d1:read"]);
@@ -137,6 +144,11 @@ fn remote_mode_and_tokens_against_a_live_server() {
     ok(&["tokens", "revoke", &id]);
     let revoked = kura(&cwd, &data, &["d1", "list", "--remote"], &as_reader);
     assert!(!revoked.ok && revoked.stderr.contains("Authentication error"), "{}", revoked.all());
+    // A revoked token is not a missing database.
+    let revoked =
+        kura(&cwd, &data, &["d1", "execute", "remote-db", "--remote", "--command", "SELECT 1"], &as_reader);
+    assert!(!revoked.ok && revoked.stderr.contains("Authentication error"), "{}", revoked.all());
+    assert!(!revoked.stderr.contains("Couldn't find"), "{}", revoked.all());
 
     let wrong: Vec<(&str, String)> = remote
         .iter()

@@ -69,3 +69,72 @@ fn node_bindings_with_drizzle_and_kysely() {
     }
     assert!(report.contains("ℹ fail 0"), "{report}");
 }
+
+/// As the README installs it into a project: one `npm install` of the package's directory in a
+/// clone (no `dist/` committed: it builds itself), then the README's snippet, configured only
+/// by the banner's `CLOUDFLARE_API_BASE_URL` and `CLOUDFLARE_API_TOKEN`.
+#[test]
+fn the_package_installs_from_a_clone_in_one_command_and_reads_the_banner_s_variables() {
+    let clone = tempfile::tempdir().unwrap();
+    let copy = clone.path().join("kura-bindings");
+    std::fs::create_dir_all(copy.join("scripts")).unwrap();
+    for file in ["package.json", "package-lock.json", "tsconfig.json", "scripts/prepare.mjs"] {
+        std::fs::copy(package().join(file), copy.join(file)).unwrap();
+    }
+    copy_tree(&package().join("src"), &copy.join("src"));
+    let project = tempfile::tempdir().unwrap();
+    std::fs::write(project.path().join("package.json"), r#"{"name": "app", "type": "module", "private": true}"#)
+        .unwrap();
+    let installed = Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
+        .arg(&copy)
+        .current_dir(project.path())
+        .output()
+        .expect("npm runs (scripts/test needs it)");
+    assert!(installed.status.success(), "npm install: {}", String::from_utf8_lossy(&installed.stderr));
+    assert!(copy.join("dist/index.js").is_file(), "the package built itself on install");
+
+    let server = KuraProcess::start();
+    let remote = server.remote_env();
+    let env: Vec<(&str, String)> = remote.iter().filter(|(k, _)| *k != "CLOUDFLARE_ACCOUNT_ID").cloned().collect();
+    kura(project.path(), &server.data, &["d1", "create", "docs", "--remote"], &env).expect_ok("d1 create");
+    kura(project.path(), &server.data, &["r2", "bucket", "create", "notes", "--remote"], &env).expect_ok("bucket");
+    std::fs::write(
+        project.path().join("snippet.mjs"),
+        r#"import { d1, r2 } from "kura-bindings";
+const DB = d1({ database: "docs" });
+await DB.exec("CREATE TABLE doc (id INTEGER PRIMARY KEY, body TEXT)");
+await DB.prepare("INSERT INTO doc VALUES (?, ?)").bind(1, "draft").run();
+const { results } = await DB.prepare("SELECT * FROM doc WHERE id = ?").bind(1).all();
+await r2({ bucket: "notes" }).put("notes.txt", "hello");
+console.log(JSON.stringify({ results, note: await (await r2({ bucket: "notes" }).get("notes.txt")).text() }));
+"#,
+    )
+    .unwrap();
+    let ran = Command::new("node")
+        .arg("snippet.mjs")
+        .current_dir(project.path())
+        .env_remove("KURA_URL")
+        .env_remove("KURA_API_TOKEN")
+        .envs(env)
+        .output()
+        .expect("node runs");
+    let said = String::from_utf8_lossy(&ran.stdout);
+    assert!(ran.status.success(), "{said}{}", String::from_utf8_lossy(&ran.stderr));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(said.trim()).unwrap(),
+        serde_json::json!({ "results": [{ "id": 1, "body": "draft" }], "note": "hello" })
+    );
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}

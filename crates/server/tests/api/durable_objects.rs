@@ -293,3 +293,26 @@ async fn alarms_are_posted_to_the_namespace_url_and_retried() {
     assert_eq!(body["result"]["results"][0], Json::Null, "a delivered alarm is gone");
     server.stop().await;
 }
+
+/// A listing asked with a trailing slash answers as without one (Cloudflare's API does); an R2
+/// object's key keeps its trailing slash.
+#[tokio::test]
+async fn a_trailing_slash_names_the_same_listing_but_an_r2_key_keeps_its_own() {
+    let server = Server::start().await;
+    create_namespace(&server, json!({ "name": "ROOMS" })).await;
+    let (plain, listed) = server.call(Method::GET, &ns_path(""), None).await;
+    let (slashed, listed_with_slash) = server.call(Method::GET, &ns_path("/"), None).await;
+    assert_eq!((plain, slashed), (StatusCode::OK, StatusCode::OK), "{listed_with_slash}");
+    assert_eq!(listed["result"], listed_with_slash["result"]);
+
+    let buckets = format!("/accounts/{ACCOUNT}/r2/buckets");
+    let (status, body) = server.call(Method::POST, &buckets, Some(json!({ "name": "keys" }))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let object = |key: &str| format!("{}{buckets}/keys/objects/{key}", server.base);
+    let put = |key: &str, body: &'static str| server.http.put(object(key)).bearer_auth(crate::common::TOKEN).body(body);
+    assert!(put("dir/", "the folder marker").send().await.unwrap().status().is_success());
+    assert!(put("dir", "the file").send().await.unwrap().status().is_success());
+    let get = |key: &str| server.http.get(object(key)).bearer_auth(crate::common::TOKEN).send();
+    assert_eq!(get("dir/").await.unwrap().text().await.unwrap(), "the folder marker");
+    assert_eq!(get("dir").await.unwrap().text().await.unwrap(), "the file");
+}
