@@ -15,6 +15,7 @@ mod console;
 mod crash;
 mod crash_random;
 mod disk_full;
+mod docs;
 mod fidelity;
 mod hostile_clients;
 mod kura_cli;
