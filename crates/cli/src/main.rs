@@ -101,6 +101,15 @@ pub struct DataArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        // A command piped into `head` or `grep -q` ends quietly when the reader goes, as Unix
+        // tools do, rather than panic on the closed pipe. The server keeps Rust's default
+        // (SIGPIPE ignored): a client that hangs up must not end it.
+        // SAFETY: restoring a signal's default disposition before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("KURA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log_filter(&cli.command)));
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
