@@ -47,7 +47,7 @@ pub use replication::{BoxError, Replication, ReplicationError};
 pub use token::{Scope, Token, s3_secret_for};
 pub use workers::{
     HOST_KURA, HOST_WORKERD, NamespaceChange, NewWorkerVersion, RecordedVersion, WorkerDeployment, WorkerScript,
-    WorkerVersion, is_valid_binding_name, is_valid_script_name,
+    WorkerSchedule, WorkerVersion, is_valid_binding_name, is_valid_script_name,
 };
 
 /// What can go wrong with the catalog, grouped by what the caller must do.
@@ -264,6 +264,18 @@ const MIGRATIONS: &[&str] = &[
         name      TEXT NOT NULL,
         text      TEXT NOT NULL,
         PRIMARY KEY (script_id, name)
+    ) WITHOUT ROWID;
+"#,
+    r#"
+    CREATE TABLE workers_schedules (
+        script_id   TEXT NOT NULL REFERENCES workers_scripts(id),
+        cron        TEXT NOT NULL,
+        created_on  TEXT NOT NULL,
+        modified_on TEXT NOT NULL,
+        -- The last minute (Unix seconds) this schedule was fired for: recorded before it fires,
+        -- so no minute fires twice across a restart or a redeploy.
+        fired_minute INTEGER,
+        PRIMARY KEY (script_id, cron)
     ) WITHOUT ROWID;
 "#,
 ];

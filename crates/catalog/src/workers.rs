@@ -100,6 +100,21 @@ pub const HOST_KURA: &str = "kura";
 /// Objects of JavaScript classes, run by the workerd kura supervises.
 pub const HOST_WORKERD: &str = "workerd";
 
+/// A cron schedule of a script (its Cron Trigger).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSchedule {
+    /// The script.
+    pub script_id: String,
+    /// The expression, exactly as configured.
+    pub cron: String,
+    /// When it was first set (ISO 8601).
+    pub created_on: String,
+    /// When it was last set.
+    pub modified_on: String,
+    /// The last minute (Unix seconds) it fired for.
+    pub fired_minute: Option<i64>,
+}
+
 /// An upload to record.
 #[derive(Debug, Clone)]
 pub struct NewWorkerVersion<'a> {
@@ -520,7 +535,7 @@ impl Catalog {
     pub fn delete_worker_script(&self, account_id: &str, name: &str) -> Result<bool> {
         let deleted = self.write(|tx| {
             let Some(script) = script_in(tx, account_id, name)? else { return Ok(false) };
-            for table in ["workers_secrets", "workers_deployments", "workers_versions"] {
+            for table in ["workers_schedules", "workers_secrets", "workers_deployments", "workers_versions"] {
                 tx.execute(&format!("DELETE FROM {table} WHERE script_id = ?1"), [&script.id])?;
             }
             tx.execute("DELETE FROM workers_scripts WHERE id = ?1", [&script.id])?;
@@ -560,6 +575,72 @@ impl Catalog {
         Ok(n == 1)
     }
 
+    /// Replaces the script's cron schedules with `crons` (in the order given, duplicates once);
+    /// a schedule kept keeps its creation time and the minute it last fired.
+    pub fn set_worker_schedules(&self, script_id: &str, crons: &[String]) -> Result<Vec<WorkerSchedule>> {
+        self.write(|tx| {
+            let now = now_iso();
+            let kept: Vec<&String> = crons.iter().collect();
+            let existing: Vec<String> = tx
+                .prepare("SELECT cron FROM workers_schedules WHERE script_id = ?1")?
+                .query_map([script_id], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            for cron in existing.iter().filter(|c| !kept.contains(c)) {
+                tx.execute("DELETE FROM workers_schedules WHERE script_id = ?1 AND cron = ?2", [script_id, cron])?;
+            }
+            for cron in crons {
+                tx.execute(
+                    "INSERT INTO workers_schedules (script_id, cron, created_on, modified_on) VALUES (?1, ?2, ?3, ?3) \
+                     ON CONFLICT (script_id, cron) DO UPDATE SET modified_on = excluded.modified_on",
+                    (script_id, cron, &now),
+                )?;
+            }
+            Ok(())
+        })?;
+        let mut schedules = self.worker_schedules(script_id)?;
+        schedules.sort_by_key(|s| crons.iter().position(|c| *c == s.cron));
+        Ok(schedules)
+    }
+
+    /// The script's cron schedules.
+    pub fn worker_schedules(&self, script_id: &str) -> Result<Vec<WorkerSchedule>> {
+        self.read(|c| {
+            c.prepare_cached(
+                "SELECT script_id, cron, created_on, modified_on, fired_minute FROM workers_schedules \
+                 WHERE script_id = ?1 ORDER BY created_on, cron",
+            )?
+            .query_map([script_id], schedule_row)?
+            .collect()
+        })
+    }
+
+    /// Every schedule of every deployed script, for the scheduler.
+    pub fn deployed_worker_schedules(&self) -> Result<Vec<WorkerSchedule>> {
+        self.read(|c| {
+            c.prepare_cached(
+                "SELECT s.script_id, s.cron, s.created_on, s.modified_on, s.fired_minute FROM workers_schedules s \
+                 JOIN workers_scripts w ON w.id = s.script_id WHERE w.deployed_version IS NOT NULL \
+                 ORDER BY s.script_id, s.cron",
+            )?
+            .query_map([], schedule_row)?
+            .collect()
+        })
+    }
+
+    /// Claims `minute` (Unix seconds, a whole minute) for the schedule: true when it was not
+    /// fired for that minute or a later one, and now counts as fired. Claimed before the
+    /// handler runs, so a minute fires at most once whatever restarts.
+    pub fn claim_worker_schedule_minute(&self, script_id: &str, cron: &str, minute: i64) -> Result<bool> {
+        let claimed = self.write(|tx| {
+            tx.execute(
+                "UPDATE workers_schedules SET fired_minute = ?3 WHERE script_id = ?1 AND cron = ?2 \
+                 AND (fired_minute IS NULL OR fired_minute < ?3)",
+                (script_id, cron, minute),
+            )
+        })?;
+        Ok(claimed == 1)
+    }
+
     /// The script's secrets (name, text), in name order.
     pub fn worker_secrets(&self, script_id: &str) -> Result<Vec<(String, String)>> {
         self.read(|c| {
@@ -568,6 +649,16 @@ impl Catalog {
                 .collect()
         })
     }
+}
+
+fn schedule_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<WorkerSchedule> {
+    Ok(WorkerSchedule {
+        script_id: r.get(0)?,
+        cron: r.get(1)?,
+        created_on: r.get(2)?,
+        modified_on: r.get(3)?,
+        fired_minute: r.get(4)?,
+    })
 }
 
 fn insert_hosted(
@@ -691,5 +782,30 @@ mod tests {
         assert!(catalog.worker_script(&account, "chat").unwrap().is_none());
         assert!(catalog.worker_secrets(&id).unwrap().is_empty());
         assert!(!catalog.delete_worker_script(&account, "chat").unwrap());
+    }
+
+    #[test]
+    fn schedules_replace_keep_their_last_minute_and_fire_each_minute_once() {
+        let (_dir, catalog, account) = catalog();
+        let script = catalog.record_worker_version(&upload(&account, "v-1", &[])).unwrap().script;
+        let crons = |list: &[&str]| list.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+        let set = catalog.set_worker_schedules(&script.id, &crons(&["*/5 * * * *", "0 17 * * sun"])).unwrap();
+        assert_eq!(set.iter().map(|s| s.cron.as_str()).collect::<Vec<_>>(), ["*/5 * * * *", "0 17 * * sun"]);
+        assert_eq!(catalog.deployed_worker_schedules().unwrap().len(), 2);
+
+        assert!(catalog.claim_worker_schedule_minute(&script.id, "*/5 * * * *", 600).unwrap());
+        assert!(!catalog.claim_worker_schedule_minute(&script.id, "*/5 * * * *", 600).unwrap(), "a minute fires once");
+        assert!(!catalog.claim_worker_schedule_minute(&script.id, "*/5 * * * *", 300).unwrap(), "never an earlier one");
+        assert!(catalog.claim_worker_schedule_minute(&script.id, "0 17 * * sun", 600).unwrap(), "each schedule its own");
+
+        // Set again (a redeploy): the kept schedule remembers the minute it fired.
+        let again = catalog.set_worker_schedules(&script.id, &crons(&["*/5 * * * *"])).unwrap();
+        assert_eq!((again.len(), again[0].fired_minute), (1, Some(600)));
+        assert!(!catalog.claim_worker_schedule_minute(&script.id, "*/5 * * * *", 600).unwrap());
+        assert!(catalog.set_worker_schedules(&script.id, &[]).unwrap().is_empty(), "an empty list clears them");
+
+        catalog.set_worker_schedules(&script.id, &crons(&["* * * * *"])).unwrap();
+        assert!(catalog.delete_worker_script(&account, "chat").unwrap());
+        assert!(catalog.worker_schedules(&script.id).unwrap().is_empty(), "deleted with the script");
     }
 }

@@ -32,6 +32,19 @@ pub enum WorkersCommand {
         #[command(flatten)]
         at: Location,
     },
+    /// Run a Worker's `scheduled` handler now, as a Cron Trigger would (needs the server: --remote).
+    Trigger {
+        /// The Worker's name.
+        name: String,
+        /// The handler's `controller.cron`.
+        #[arg(long)]
+        cron: String,
+        /// The handler's `controller.scheduledTime`, Unix milliseconds (default: this minute).
+        #[arg(long)]
+        time: Option<i64>,
+        #[command(flatten)]
+        at: Location,
+    },
     /// Show a Worker's recent console output and uncaught exceptions, oldest first.
     Logs {
         /// The Worker's name.
@@ -114,6 +127,23 @@ pub async fn run(command: WorkersCommand) -> anyhow::Result<()> {
             }
             println!("Deleted the Worker '{name}'.");
         }
+        WorkersCommand::Trigger { name, cron, time, at } => {
+            if !at.remote {
+                bail!("a Worker runs only in a server's workerd: add --remote (CLOUDFLARE_API_BASE_URL pointing at kura)");
+            }
+            let api = ApiClient::from_env().await?;
+            let path = api.account_path(&format!("/workers/scripts/{}/schedules/trigger", segment(&name)));
+            let mut body = serde_json::json!({ "cron": cron });
+            if let Some(time) = time {
+                body["scheduledTime"] = time.into();
+            }
+            let run = api.call(Method::POST, &path, Some(&body)).await?;
+            let outcome = run["outcome"].as_str().unwrap_or("unknown");
+            println!("\"{cron}\" - {outcome}{}", if run["noRetry"] == true { " (no retry)" } else { "" });
+            if outcome != "ok" {
+                bail!("the scheduled handler did not succeed: {outcome} (`kura workers logs {name} --remote` has its exception)");
+            }
+        }
         WorkersCommand::Logs { name, json, at } => {
             let events: Vec<Json> = if at.remote {
                 let api = ApiClient::from_env().await?;
@@ -147,10 +177,27 @@ fn print_event(event: &Json) {
         .map(|t| t.to_string())
         .unwrap_or_default();
     let request = &event["event"]["request"];
-    let outcome = event["outcome"].as_str().unwrap_or("unknown");
-    match request["url"].as_str() {
-        Some(url) => println!("{} {url} - {outcome} @ {when}", request["method"].as_str().unwrap_or("GET")),
-        None => println!("{outcome} @ {when}"),
+    let threw = event["exceptions"].as_array().is_some_and(|e| !e.is_empty());
+    // workerd's tail reports a scheduled run that threw as "ok", with the exception beside it.
+    let outcome = match event["outcome"].as_str().unwrap_or("unknown") {
+        "ok" if threw => "exception",
+        outcome => outcome,
+    };
+    // A Cron Trigger's run, as `wrangler tail` prints it: `"*/5 * * * *" @ <time> - Ok`.
+    if let Some(cron) = event["event"]["cron"].as_str() {
+        let scheduled = event["event"]["scheduledTime"]
+            .as_i64()
+            .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+            .map(|t| t.to_string())
+            .unwrap_or_default();
+        let mut shown = outcome.chars();
+        let outcome: String = shown.next().map(|c| c.to_uppercase().chain(shown).collect()).unwrap_or_default();
+        println!("\"{cron}\" @ {scheduled} - {outcome}");
+    } else {
+        match request["url"].as_str() {
+            Some(url) => println!("{} {url} - {outcome} @ {when}", request["method"].as_str().unwrap_or("GET")),
+            None => println!("{outcome} @ {when}"),
+        }
     }
     for line in event["logs"].as_array().into_iter().flatten() {
         println!(

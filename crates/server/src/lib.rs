@@ -253,6 +253,11 @@ pub async fn serve_all(
         if let Err(e) = workers.start().await {
             tracing::error!(error = %e, "the deployed Workers could not be started");
         }
+        let schedules = workers.clone().run_schedules(stopped(stop_rx.clone()));
+        workers_servers.push(tokio::spawn(async move {
+            schedules.await;
+            Ok(())
+        }));
     }
     tokio::spawn(async move {
         shutdown.await;

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde::ser::SerializeStruct;
 use serde_json::{Value as Json, json};
 
-use kura_catalog::{DoNamespace, R2Bucket, WorkerScript};
+use kura_catalog::{DoNamespace, R2Bucket, WorkerSchedule, WorkerScript};
 use kura_d1::wire::JsonRows;
 use kura_do::{Cursor, FanOutRow, ObjectSummary};
 use kura_r2::ObjectInfo;
@@ -130,4 +130,9 @@ pub fn script_json(script: &WorkerScript, stored: Option<&StoredVersion>) -> Jso
         out["migration_tag"] = json!(tag);
     }
     out
+}
+
+/// A Cron Trigger as `…/schedules` lists it.
+pub fn schedule_json(schedule: &WorkerSchedule) -> Json {
+    json!({ "cron": schedule.cron, "created_on": schedule.created_on, "modified_on": schedule.modified_on })
 }

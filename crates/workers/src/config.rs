@@ -121,6 +121,14 @@ const WRAPPER_MODULE: &str = include_str!("wrapper.js");
 /// The JavaScript of the tail worker that sends a script's logs and exceptions to kura.
 const TAIL_MODULE: &str = include_str!("tail.js");
 
+/// The generated Worker kura fires a script's Cron Triggers through.
+const CRON_TRIGGER_MODULE: &str = include_str!("cron-trigger.js");
+
+/// The socket key (and service) of the Worker that fires `script_id`'s Cron Triggers.
+pub fn cron_trigger(script_id: &str) -> String {
+    format!("cron-{script_id}")
+}
+
 /// A capnp text literal.
 pub fn quote(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
@@ -378,9 +386,32 @@ pub fn render(layout: &Layout, scripts: &[ServedScript], purpose: Purpose) -> Wo
             quote(&service)
         );
         config.sockets.push((script.id.clone(), socket));
+        if purpose == Purpose::Serve {
+            // `Fetcher.scheduled()` is a service binding's, behind a flag workerd only takes
+            // with --experimental (which kura runs it with).
+            let trigger = cron_trigger(&script.id);
+            let _ = writeln!(
+                services,
+                "    (name = {}, worker = (modules = [(name = \"cron.js\", esModule = {})], compatibilityDate = \"2024-09-23\", \
+                 compatibilityFlags = [\"service_binding_extra_handlers\"], bindings = [(name = \"TARGET\", service = {})])),",
+                quote(&trigger),
+                embed(layout, &layout.config_dir.join("kura-cron-trigger.js")),
+                quote(&service)
+            );
+            let socket = layout.socket_dir.join(format!("c-{}.sock", &script.id[..script.id.len().min(16)]));
+            let _ = writeln!(
+                sockets,
+                "    (name = {}, address = {}, http = (), service = {}),",
+                quote(&format!("s-{trigger}")),
+                quote(&format!("unix:{}", socket.display())),
+                quote(&trigger)
+            );
+            config.sockets.push((trigger, socket));
+        }
     }
     if purpose == Purpose::Serve && !scripts.is_empty() {
         config.generated.push(("kura-tail.js".to_owned(), TAIL_MODULE.to_owned()));
+        config.generated.push(("kura-cron-trigger.js".to_owned(), CRON_TRIGGER_MODULE.to_owned()));
     }
     let mut externals: Vec<_> = externals.into_values().collect();
     externals.sort();

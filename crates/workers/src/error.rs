@@ -29,6 +29,9 @@ pub enum WorkersError {
     /// A migration's `old_tag` is not the script's tag.
     #[error("{0}")]
     MigrationConflict(String),
+    /// A Cron Trigger's expression that does not parse, or never fires.
+    #[error("{0}")]
+    InvalidCron(String),
     /// No workerd binary: Workers cannot run until one is installed.
     #[error(
         "kura runs Workers in workerd, and none was found ({searched}); install it with `{install}`, or name one with --workerd or KURA_WORKERD"

@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 
 pub mod config;
+pub mod cron;
 mod deploy;
 mod error;
 pub mod gate;
@@ -28,6 +29,8 @@ pub mod obtain;
 pub mod proxy;
 pub mod runtime;
 mod served;
+mod triggers;
+pub use triggers::CronRun;
 pub mod version;
 
 use std::path::{Path, PathBuf};

@@ -365,6 +365,8 @@ async fn spawn(binary: &WorkerdBinary, dir: &Path, config: &WorkerdConfig) -> Re
     let mut command = Command::new(&binary.path);
     command
         .arg("serve")
+        // For `service_binding_extra_handlers`, which kura's cron triggers need.
+        .arg("--experimental")
         .arg("workerd.capnp")
         .current_dir(dir)
         // Workers run in UTC, on Cloudflare as under Miniflare.

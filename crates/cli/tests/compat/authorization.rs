@@ -916,16 +916,15 @@ fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
         e("workers secrets", Surface::V4, Method::GET, script("/secrets"), None, Need::Admin, None),
         e("workers logs", Surface::V4, Method::GET, script("/logs"), None, Need::Admin, None),
         e("workers references", Surface::V4, Method::GET, script("/references"), None, Need::Admin, None),
-        // Schedules are echoed, not kept (docs/compatibility.md): there is no state a denied
-        // PUT could change, nor a GET to see it by, until Cron Triggers are stored.
+        e("workers schedules", Surface::V4, Method::GET, script("/schedules"), None, Need::Admin, None),
         e(
-            "workers schedules",
+            "workers schedules change",
             Surface::V4,
             Method::PUT,
             script("/schedules"),
             json_body(json!([{ "cron": "*/5 * * * *" }])),
             Need::Admin,
-            None,
+            Some(script_probe("/schedules")),
         ),
         // Settings are echoed, not kept: nothing a denied PATCH could change.
         e(

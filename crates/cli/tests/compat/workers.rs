@@ -759,3 +759,78 @@ fn wrangler_dev_state_imports_and_the_deployed_worker_serves_it() {
         (&json!("image/png"), &json!({"owner": "alice"}), &json!(4))
     );
 }
+
+/// Cron Triggers: `[triggers] crons` deploy as schedules (`GET …/schedules` reads them back, a bad
+/// expression changes nothing), `kura workers trigger` runs the handler with the cron text and
+/// scheduled time given (its `ctx.waitUntil` work done when it answers; a throw reported as an
+/// exception, in `kura workers logs` too), and the schedule fires by itself at the next minute,
+/// with `scheduledTime` that minute.
+#[test]
+fn cron_triggers_are_kept_fired_by_hand_and_fire_on_their_schedule() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let project = Project::new("cron");
+    let deployed = deploy(&w, &project, &[]);
+    assert!(deployed.all().contains("schedule: * * * * *"), "{}", deployed.all());
+    let client = Client::new(&server);
+    let schedules_url = format!("{}/accounts/{}/workers/scripts/cronjob/schedules", server.api, crate::common::ACCOUNT);
+    let api = |method: reqwest::Method, body: Option<Json>| -> Json {
+        let mut request = client.http.request(method, &schedules_url).bearer_auth(crate::common::TOKEN);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        client.runtime.block_on(async { request.send().await.unwrap().json().await.unwrap() })
+    };
+    let get_schedules = || api(reqwest::Method::GET, None);
+    assert_eq!(get_schedules()["result"]["schedules"][0]["cron"], "* * * * *");
+    let refused = api(reqwest::Method::PUT, Some(json!([{ "cron": "* * * * *" }, { "cron": "61 * * * *" }])));
+    assert_eq!(refused["success"], false, "{refused}");
+    assert!(refused["errors"][0]["message"].as_str().unwrap().contains("'61 * * * *'"), "{refused}");
+    assert_eq!(get_schedules()["result"]["schedules"].as_array().unwrap().len(), 1, "nothing changed");
+
+    let remote = server.remote_env();
+    let trigger = |cron: &str, time: &str| {
+        kura(project.path(), &server.data, &["workers", "trigger", "cronjob", "--cron", cron, "--time", time, "--remote"], &remote)
+    };
+    let by_hand = trigger("*/5 * * * *", "1765000000000").expect_ok("workers trigger");
+    assert!(by_hand.stdout.contains("\"*/5 * * * *\" - ok"), "{}", by_hand.stdout);
+    assert_eq!(
+        client.get("cronjob", "/"),
+        json!([{ "cron": "*/5 * * * *", "scheduled": 1765000000000_i64, "no_retry": "function" }]),
+        "the handler saw the cron and the time given, and its waitUntil work was done"
+    );
+    for i in 0..5 {
+        trigger("0 * * * *", &(1765000000000_i64 + i * 3_600_000).to_string()).expect_ok("many triggers");
+    }
+    assert_eq!(client.get("cronjob", "/").as_array().unwrap().len(), 6);
+    let failed = trigger("fail", "1765000000000");
+    assert!(!failed.ok && failed.all().contains("exception"), "{}", failed.all());
+    let logs = wait_for(Duration::from_secs(10), || {
+        let logs = kura(project.path(), &server.data, &["workers", "logs", "cronjob", "--remote"], &remote);
+        logs.stdout.contains("the job failed").then_some(logs)
+    })
+    .expect("the failed run is in the logs");
+    assert!(logs.stdout.contains("\"fail\" @ 2025-12-06T05:46:40Z - Exception"), "{}", logs.stdout);
+
+    // By itself, at the next minute (one wait of up to a minute and a bit).
+    let fired = wait_for(Duration::from_secs(75), || {
+        let runs = client.get("cronjob", "/");
+        runs.as_array().unwrap().iter().find(|r| r["cron"] == "* * * * *").cloned()
+    })
+    .expect("the schedule fired by itself within a minute");
+    assert_eq!(fired["scheduled"].as_i64().unwrap() % 60_000, 0, "scheduledTime is the minute: {fired}");
+}
+
+/// `check`'s answer once it has one, polling every 250 ms up to `limit`.
+fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Some(done) = check() {
+            return Some(done);
+        }
+        if std::time::Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}

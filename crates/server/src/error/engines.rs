@@ -122,7 +122,7 @@ impl From<DoError> for ApiError {
 impl From<WorkersError> for ApiError {
     fn from(e: WorkersError) -> Self {
         match e {
-            WorkersError::InvalidUpload(m) | WorkersError::ScriptRejected(m) => {
+            WorkersError::InvalidUpload(m) | WorkersError::ScriptRejected(m) | WorkersError::InvalidCron(m) => {
                 ApiError::new(StatusCode::BAD_REQUEST, 10021, m)
             }
             WorkersError::MissingTarget { code, message } => ApiError::new(StatusCode::BAD_REQUEST, code, message),

@@ -165,7 +165,12 @@ pub fn routes() -> Routes {
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/schedules"),
             Touches::NotClustered("Workers"),
-            axum::routing::put(workers::put_schedules),
+            axum::routing::put(workers::put_schedules).get(workers::get_schedules),
+        )
+        .route(
+            &v4("/accounts/{account_id}/workers/scripts/{name}/schedules/trigger"),
+            Touches::NotClustered("Workers"),
+            axum::routing::post(workers::trigger_schedule),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/deployments"),

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
 use crate::auth::Caller;
-use crate::render::script_json;
+use crate::render::{schedule_json, script_json};
 use crate::error::{ApiError, ResultInfo, ok, ok_paged};
 use crate::extract::parse_json;
 use crate::extract::{V4Path, V4Query, read_body};
@@ -346,8 +346,13 @@ pub async fn account_subdomain(
     Ok(ok(json!({"subdomain": "kura"})))
 }
 
-/// `PUT /accounts/{a}/workers/scripts/{name}/schedules`: cron triggers are accepted and
-/// echoed; kura does not fire them (docs/compatibility.md).
+#[derive(Deserialize)]
+struct ScheduleBody {
+    cron: String,
+}
+
+/// `PUT /accounts/{a}/workers/scripts/{name}/schedules` (`[{"cron": "…"}]`): replaces the
+/// script's Cron Triggers; `[]` clears them. An expression that does not parse changes nothing.
 pub async fn put_schedules(
     State(app): State<AppState>,
     caller: Caller,
@@ -355,14 +360,44 @@ pub async fn put_schedules(
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let workers = workers(&app, &caller, &account_id)?;
-    script_of(workers, &account_id, &name)?;
-    let crons: Vec<Json> = parse_json(&read_body(body).await?)?;
-    let now = jiff::Timestamp::now().to_string();
-    let schedules: Vec<Json> = crons
-        .iter()
-        .map(|c| json!({"cron": c.get("cron").cloned().unwrap_or(Json::Null), "created_on": now, "modified_on": now}))
-        .collect();
-    Ok(ok(json!({"schedules": schedules})))
+    let body: Vec<ScheduleBody> = parse_json(&read_body(body).await?)?;
+    let crons: Vec<String> = body.into_iter().map(|s| s.cron).collect();
+    let schedules = workers.set_schedules(&account_id, &name, &crons).await?;
+    Ok(ok(json!({ "schedules": schedules.iter().map(schedule_json).collect::<Vec<_>>() })))
+}
+
+#[derive(Deserialize)]
+struct TriggerBody {
+    cron: String,
+    #[serde(default, rename = "scheduledTime")]
+    scheduled_time: Option<i64>,
+}
+
+/// `POST /accounts/{a}/workers/scripts/{name}/schedules/trigger` (kura's own; `kura workers
+/// trigger`): runs the Worker's `scheduled` handler now with `{cron, scheduledTime}` (default:
+/// this minute), whether or not it is one of its schedules, and answers `{outcome, noRetry}`.
+pub async fn trigger_schedule(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let body: TriggerBody = parse_json(&read_body(body).await?)?;
+    let scheduled = body.scheduled_time.unwrap_or_else(|| jiff::Timestamp::now().as_millisecond() / 60_000 * 60_000);
+    let run = workers.trigger(&account_id, &name, &body.cron, scheduled).await?;
+    Ok(ok(run))
+}
+
+/// `GET /accounts/{a}/workers/scripts/{name}/schedules`
+pub async fn get_schedules(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let schedules = workers.schedules(&account_id, &name)?;
+    Ok(ok(json!({ "schedules": schedules.iter().map(schedule_json).collect::<Vec<_>>() })))
 }
 
 /// `GET /accounts/{a}/workers/scripts/{name}/deployments`
