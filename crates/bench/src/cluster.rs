@@ -12,16 +12,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kura_testkit::bed::{Etcd, Garage};
 use kura_cluster::{
     Acquired, Coordinator, EtcdClient, EtcdCoordinator, HistoryShipper, Member, PutMode, SharedStorage, Shipped,
     rebuild,
 };
 use kura_sqlite::{DatabaseOptions, HistorySettings, Registry, RegistrySettings, Request, Statement, Value};
+use kura_testkit::bed::{Etcd, Garage};
 
 use crate::Settings;
-use kura_testkit::process::KuraProcess;
 use crate::load::{self, Stats};
+use kura_testkit::process::KuraProcess;
 
 fn member(node: &str) -> Member {
     Member {

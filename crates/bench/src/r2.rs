@@ -34,9 +34,14 @@ impl S3 {
 
     pub(crate) fn signed(&self, method: reqwest::Method, path_and_query: &str) -> reqwest::RequestBuilder {
         let url = format!("{}{path_and_query}", self.endpoint);
-        let signed =
-            kura_client::sigv4::signed_headers(method.as_str(), &url, &[("host", &*self.host)], S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY)
-                .expect("signing");
+        let signed = kura_client::sigv4::signed_headers(
+            method.as_str(),
+            &url,
+            &[("host", &*self.host)],
+            S3_ACCESS_KEY_ID,
+            S3_SECRET_ACCESS_KEY,
+        )
+        .expect("signing");
         let mut builder = self.http.request(method, &url);
         for (name, value) in signed {
             builder = builder.header(name, value);

@@ -46,8 +46,8 @@ pub use r2::{R2Bucket, S3Credential, is_valid_bucket_name};
 pub use replication::{BoxError, Replication, ReplicationError};
 pub use token::{Scope, Token, s3_secret_for};
 pub use workers::{
-    HOST_KURA, HOST_WORKERD, NamespaceChange, NewWorkerVersion, RecordedVersion, WorkerDeployment, WorkerScript,
-    WorkerSchedule, WorkerVersion, is_valid_binding_name, is_valid_script_name,
+    HOST_KURA, HOST_WORKERD, NamespaceChange, NewWorkerVersion, RecordedVersion, WorkerDeployment, WorkerSchedule,
+    WorkerScript, WorkerVersion, is_valid_binding_name, is_valid_script_name,
 };
 
 /// What can go wrong with the catalog, grouped by what the caller must do.

@@ -796,7 +796,10 @@ mod tests {
         assert!(catalog.claim_worker_schedule_minute(&script.id, "*/5 * * * *", 600).unwrap());
         assert!(!catalog.claim_worker_schedule_minute(&script.id, "*/5 * * * *", 600).unwrap(), "a minute fires once");
         assert!(!catalog.claim_worker_schedule_minute(&script.id, "*/5 * * * *", 300).unwrap(), "never an earlier one");
-        assert!(catalog.claim_worker_schedule_minute(&script.id, "0 17 * * sun", 600).unwrap(), "each schedule its own");
+        assert!(
+            catalog.claim_worker_schedule_minute(&script.id, "0 17 * * sun", 600).unwrap(),
+            "each schedule its own"
+        );
 
         // Set again (a redeploy): the kept schedule remembers the minute it fired.
         let again = catalog.set_worker_schedules(&script.id, &crons(&["*/5 * * * *"])).unwrap();

@@ -129,7 +129,9 @@ pub async fn run(command: WorkersCommand) -> anyhow::Result<()> {
         }
         WorkersCommand::Trigger { name, cron, time, at } => {
             if !at.remote {
-                bail!("a Worker runs only in a server's workerd: add --remote (CLOUDFLARE_API_BASE_URL pointing at kura)");
+                bail!(
+                    "a Worker runs only in a server's workerd: add --remote (CLOUDFLARE_API_BASE_URL pointing at kura)"
+                );
             }
             let api = ApiClient::from_env().await?;
             let path = api.account_path(&format!("/workers/scripts/{}/schedules/trigger", segment(&name)));
@@ -141,7 +143,9 @@ pub async fn run(command: WorkersCommand) -> anyhow::Result<()> {
             let outcome = run["outcome"].as_str().unwrap_or("unknown");
             println!("\"{cron}\" - {outcome}{}", if run["noRetry"] == true { " (no retry)" } else { "" });
             if outcome != "ok" {
-                bail!("the scheduled handler did not succeed: {outcome} (`kura workers logs {name} --remote` has its exception)");
+                bail!(
+                    "the scheduled handler did not succeed: {outcome} (`kura workers logs {name} --remote` has its exception)"
+                );
             }
         }
         WorkersCommand::Logs { name, json, at } => {

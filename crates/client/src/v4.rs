@@ -172,14 +172,18 @@ mod tests {
 
     #[test]
     fn what_kura_writes_reads_back_the_same() {
-        let info = ResultInfo { cursor: Some("k".into()), is_truncated: Some(true), ..ResultInfo::numbered(1, 2, 2, 9) };
+        let info =
+            ResultInfo { cursor: Some("k".into()), is_truncated: Some(true), ..ResultInfo::numbered(1, 2, 2, 9) };
         let written = serde_json::to_value(Envelope::paged(json!(["a", "b"]), info.clone())).unwrap();
         let back = read(written);
         assert!(back.success);
         assert_eq!(back.result, Some(json!(["a", "b"])));
         assert_eq!(back.result_info, Some(info));
         let refusal = serde_json::to_value(Envelope::<()>::failure(10000, "Authentication error")).unwrap();
-        assert_eq!(refusal, json!({"result": null, "success": false, "errors": [{"code": 10000, "message": "Authentication error"}], "messages": []}));
+        assert_eq!(
+            refusal,
+            json!({"result": null, "success": false, "errors": [{"code": 10000, "message": "Authentication error"}], "messages": []})
+        );
     }
 
     #[test]
@@ -210,7 +214,8 @@ mod tests {
 
     #[test]
     fn a_mistyped_result_is_none_and_a_success_has_no_reason() {
-        let page: Envelope<Vec<Json>> = serde_json::from_value(json!({"result": {"not": "a list"}, "success": true})).unwrap();
+        let page: Envelope<Vec<Json>> =
+            serde_json::from_value(json!({"result": {"not": "a list"}, "success": true})).unwrap();
         assert_eq!(page.result, None);
         assert_eq!(page.reason(), None);
     }

@@ -61,8 +61,8 @@ use tower::Layer;
 use routing::{RouteTable, Routes, Touches};
 
 pub use forward::{ClusterStatus, Forwarding, SERVED_BY};
-pub use resources::engine_namespace;
 pub use node::{Bootstrap, CredentialsConfig, Node, NodeError, NodeSettings, bootstrap, lock_directory};
+pub use resources::engine_namespace;
 pub use state::{AppState, MAX_BODY_BYTES, Shared};
 
 /// Cases each property test of an outside parser runs: a bounded number in `scripts/test`, more

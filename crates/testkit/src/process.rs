@@ -13,7 +13,9 @@ use crate::credentials::{ACCOUNT, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_KEY, TOKEN}
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     /// The binary is not built, or cannot be run.
-    #[error("cannot run {binary}: {source} (build it with `cargo build -p kura-cli`, with --release for the benchmark)")]
+    #[error(
+        "cannot run {binary}: {source} (build it with `cargo build -p kura-cli`, with --release for the benchmark)"
+    )]
     Spawn {
         /// The binary.
         binary: PathBuf,
@@ -114,16 +116,18 @@ impl KuraProcess {
         Self::launch(dir, data, args, &full, logs).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Starts `kura serve` as a newcomer does: in `dir` as its working directory, with no
+    /// Starts `kura serve` as a newcomer does: in `project` under `dir` as its working
+    /// directory, with no
     /// `--data` (so on the default `./.kura`) and no workerd named or installed near it (so
     /// kura fetches its own on the first deploy).
     ///
     /// # Panics
     ///
     /// When the server does not start.
-    pub fn start_in(dir: tempfile::TempDir) -> KuraProcess {
-        let data = dir.path().join(".kura");
-        let cwd = dir.path().to_owned();
+    pub fn start_in(dir: tempfile::TempDir, project: &str) -> KuraProcess {
+        let cwd = dir.path().join(project);
+        std::fs::create_dir_all(&cwd).expect("the project directory");
+        let data = cwd.join(".kura");
         Self::spawn(dir, data, Some(&cwd), &[], &[], Stdio::inherit()).unwrap_or_else(|e| panic!("{e}"))
     }
 

@@ -110,7 +110,17 @@ mod tests {
 
     #[test]
     fn what_cloudflare_refuses_is_refused() {
-        for bad in ["", "* * * *", "* * * * * *", "60 * * * *", "* 24 * * *", "* * 32 * *", "* * * 13 *", "* * * * 8", "nonsense"] {
+        for bad in [
+            "",
+            "* * * *",
+            "* * * * * *",
+            "60 * * * *",
+            "* 24 * * *",
+            "* * 32 * *",
+            "* * * 13 *",
+            "* * * * 8",
+            "nonsense",
+        ] {
             assert!(matches!(Schedule::parse(bad), Err(WorkersError::InvalidCron(_))), "{bad:?}");
         }
         let never = Schedule::parse("* * 31 11 *").unwrap_err();

@@ -148,9 +148,29 @@ impl Workers {
         Ok(workers)
     }
 
-    /// Starts serving what is deployed (called once the binding listener listens).
+    /// Starts serving what is deployed (called once the binding listener listens). Workers
+    /// deployed before, with no workerd here now (a kura that pins a newer build, a data
+    /// directory moved to another machine), get one fetched in the background, as a deploy
+    /// would.
     pub async fn start(&self) -> Result<()> {
         let _changes = self.inner.changes.lock().await;
+        let fetch_later = self.inner.runtime.get().is_none()
+            && !self.inner.offline
+            && self.inner.runtime_settings.workerd.is_none()
+            && !self.inner.catalog.deployed_worker_scripts()?.is_empty();
+        if fetch_later {
+            let workers = self.clone();
+            tokio::spawn(async move {
+                let _changes = workers.inner.changes.lock().await;
+                let started = match workers.runtime().await {
+                    Ok(_) => workers.reload().await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = started {
+                    tracing::error!(error = %e, "the deployed Workers cannot run: no workerd");
+                }
+            });
+        }
         self.reload().await
     }
 
@@ -202,6 +222,14 @@ impl Workers {
         let configured = self.inner.runtime_settings.workerd.as_deref();
         let obtained = obtain::obtained_path(&self.inner.dir);
         let binary = match find_workerd(configured, &obtained) {
+            // One kura fetched that does not say its version (damaged, or not for this host)
+            // is fetched again rather than kept for the life of the process.
+            Ok(binary) if binary.path == obtained && binary.max_date.is_none() && fetch => {
+                tracing::warn!(path = %obtained.display(), "the workerd fetched before does not run here; fetching it again");
+                let _ = std::fs::remove_file(&obtained);
+                let path = obtain::obtain(&self.inner.dir).await?;
+                find_workerd(Some(&path), &obtained)?
+            }
             Ok(binary) => binary,
             // A binary named by the operator is theirs to install: nothing is fetched.
             Err(WorkersError::NoWorkerd { .. }) if fetch && configured.is_none() => {
@@ -323,10 +351,11 @@ impl Workers {
 }
 
 /// Where the sockets go: `<dir>/run`, or a private directory under the system's temporary
-/// directory when that path is too long for a unix socket.
+/// directory when that path is too long for a unix socket — the longest being a deploy check's,
+/// one directory further down (`k<6 hex>/w-<16 hex>.sock`).
 fn socket_dir(dir: &Path) -> Result<PathBuf> {
     let preferred = dir.join("run");
-    let longest = preferred.join("w-0123456789abcdef.sock");
+    let longest = preferred.join("k0123ab").join("w-0123456789abcdef.sock");
     let chosen = if longest.as_os_str().len() <= MAX_SOCKET_PATH {
         preferred
     } else {

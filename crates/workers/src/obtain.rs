@@ -1,8 +1,9 @@
 //! Obtaining the pinned workerd when none is installed: the npm package of this platform's
-//! build (`@cloudflare/workerd-<platform>`), fetched from the npm registry (npm's own
-//! `npm_config_registry` names a mirror), checked against the integrity pinned here before
-//! anything is kept, and its one binary unpacked into the data directory. A newcomer's first
-//! `wrangler deploy` needs no other install step.
+//! build (`@cloudflare/workerd-<platform>`), fetched from the npm registry (the environment's
+//! `npm_config_registry`, as npm reads it there, names a mirror; an `.npmrc` is not read),
+//! checked against the integrity pinned here before anything is kept, and its one binary
+//! unpacked into the data directory. A newcomer's first `wrangler deploy` needs no other
+//! install step.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -49,24 +50,24 @@ pub fn obtained_path(dir: &Path) -> PathBuf {
 
 /// The registry's URL of this platform's package, and its pinned integrity.
 fn package() -> Option<(String, &'static str)> {
-    let (_, _, platform, integrity) = PACKAGES
-        .iter()
-        .find(|(os, arch, _, _)| *os == std::env::consts::OS && *arch == std::env::consts::ARCH)?;
+    let (_, _, platform, integrity) =
+        PACKAGES.iter().find(|(os, arch, _, _)| *os == std::env::consts::OS && *arch == std::env::consts::ARCH)?;
     let registry = std::env::var("npm_config_registry")
         .ok()
         .filter(|r| !r.is_empty())
         .unwrap_or_else(|| "https://registry.npmjs.org/".to_owned());
     let registry = registry.trim_end_matches('/');
-    let url = format!(
-        "{registry}/@cloudflare/workerd-{platform}/-/workerd-{platform}-{WORKERD_VERSION}.tgz"
-    );
+    let url = format!("{registry}/@cloudflare/workerd-{platform}/-/workerd-{platform}-{WORKERD_VERSION}.tgz");
     Some((url, integrity))
 }
 
 /// Why workerd could not be obtained, as the error a deploy answers: what went wrong, and the
 /// one command that installs it instead.
 fn failed(why: impl std::fmt::Display) -> WorkersError {
-    WorkersError::NoWorkerd { searched: format!("none was installed, and fetching it failed: {why}"), install: install_command() }
+    WorkersError::NoWorkerd {
+        searched: format!("none was installed, and fetching it failed: {why}"),
+        install: install_command(),
+    }
 }
 
 /// Fetches, checks and unpacks workerd into [`obtained_path`] of `dir`; answers its path.
@@ -99,16 +100,33 @@ async fn fetch_checked(url: &str, integrity: &str, target: &Path) -> Result<()> 
         .map_err(|e| failed(format!("unpacking stopped: {e}")))?
 }
 
-/// The tarball at `url`, with its progress in kura's log.
+/// The most a package may be (the pinned ones are about 37 MB): a registry or proxy that says
+/// or sends more is refused before it can fill memory.
+const MAX_PACKAGE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// The tarball at `url`, with its progress in kura's log; within [`MAX_PACKAGE_BYTES`] and ten
+/// minutes (Workers changes wait for it), whatever the registry sends.
 async fn download(url: &str) -> Result<Vec<u8>> {
-    let mut response = reqwest::get(url).await.map_err(|e| failed(format!("GET {url}: {e}")))?;
+    let client = reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(30))
+        .timeout(std::time::Duration::from_secs(600))
+        .build()
+        .map_err(|e| failed(e.to_string()))?;
+    let mut response = client.get(url).send().await.map_err(|e| failed(format!("GET {url}: {e}")))?;
     if !response.status().is_success() {
         return Err(failed(format!("GET {url}: {}", response.status())));
     }
+    let too_big = || failed(format!("GET {url}: more than {} MB", MAX_PACKAGE_BYTES / 1_000_000));
     let size = response.content_length().unwrap_or(0);
+    if size > MAX_PACKAGE_BYTES {
+        return Err(too_big());
+    }
     let mut body = Vec::with_capacity(size as usize);
     let mut reported = 0;
     while let Some(chunk) = response.chunk().await.map_err(|e| failed(format!("GET {url}: {e}")))? {
+        if (body.len() + chunk.len()) as u64 > MAX_PACKAGE_BYTES {
+            return Err(too_big());
+        }
         body.extend_from_slice(&chunk);
         let quarter = if size > 0 { body.len() as u64 * 4 / size } else { 0 };
         if quarter > reported && quarter < 4 {
@@ -123,6 +141,12 @@ async fn download(url: &str) -> Result<Vec<u8>> {
 fn unpack(tarball: &[u8], target: &Path) -> Result<()> {
     let dir = target.parent().expect("the target is a file in a directory");
     std::fs::create_dir_all(dir).map_err(WorkersError::io(format!("creating {}", dir.display())))?;
+    // What an unpacking a crash cut short left behind.
+    for entry in std::fs::read_dir(dir).map_err(WorkersError::io(format!("reading {}", dir.display())))?.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(".workerd-") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(tarball));
     let entries = archive.entries().map_err(|e| failed(format!("reading the package: {e}")))?;
     for entry in entries {

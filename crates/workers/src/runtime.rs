@@ -209,7 +209,9 @@ impl Runtime {
     /// Runs `config` in a workerd of its own in `dir` until it listens, then stops it: whether
     /// workerd accepts the configuration, and if not, what it said.
     pub async fn check(&self, config: &WorkerdConfig, dir: &Path) -> Result<()> {
-        let mut running = spawn(&self.binary, dir, config).await?;
+        // Without --experimental: workerd itself then refuses a user's experimental
+        // compatibility flags (kura's own Workers, which need one, are not checked).
+        let mut running = spawn(&self.binary, dir, config, false).await?;
         let outcome = wait_listening(&mut running, config, self.settings.start_timeout).await;
         stop(&mut running).await;
         outcome.map_err(|e| match e {
@@ -224,7 +226,6 @@ impl Runtime {
         let socket = self.sockets.read().unwrap_or_else(|p| p.into_inner()).get(script_id).cloned()?;
         Some((pass, socket))
     }
-
 }
 
 impl Supervisor {
@@ -320,7 +321,7 @@ impl Supervisor {
             self.sockets.write().unwrap_or_else(|p| p.into_inner()).clear();
             return Ok(());
         }
-        let mut running = spawn(&self.binary, &self.config_dir, config).await?;
+        let mut running = spawn(&self.binary, &self.config_dir, config, true).await?;
         if let Err(e) = wait_listening(&mut running, config, self.settings.start_timeout).await {
             stop(&mut running).await;
             return Err(e);
@@ -349,7 +350,9 @@ fn tail_text(stderr: &StderrTail) -> String {
 }
 
 /// Writes the configuration's files into `dir` and starts workerd there.
-async fn spawn(binary: &WorkerdBinary, dir: &Path, config: &WorkerdConfig) -> Result<Running> {
+/// Starts workerd on `config` in `dir`; `experimental` allows experimental compatibility flags
+/// (the served configuration's cron triggers need `service_binding_extra_handlers`).
+async fn spawn(binary: &WorkerdBinary, dir: &Path, config: &WorkerdConfig, experimental: bool) -> Result<Running> {
     std::fs::create_dir_all(dir).map_err(WorkersError::io(format!("creating {}", dir.display())))?;
     for (name, contents) in &config.generated {
         std::fs::write(dir.join(name), contents).map_err(WorkersError::io(format!("writing {name}")))?;
@@ -363,10 +366,11 @@ async fn spawn(binary: &WorkerdBinary, dir: &Path, config: &WorkerdConfig) -> Re
         }
     }
     let mut command = Command::new(&binary.path);
+    command.arg("serve");
+    if experimental {
+        command.arg("--experimental");
+    }
     command
-        .arg("serve")
-        // For `service_binding_extra_handlers`, which kura's cron triggers need.
-        .arg("--experimental")
         .arg("workerd.capnp")
         .current_dir(dir)
         // Workers run in UTC, on Cloudflare as under Miniflare.

@@ -116,9 +116,11 @@ impl Workers {
     /// whether workerd accepts it, and if not, what it said.
     pub(crate) async fn check(&self, candidate: &ServedScript) -> Result<()> {
         let runtime = self.runtime().await?;
-        let name = format!("check-{}", &crate::random_hex(6));
+        // Short: its sockets sit one directory below the served ones, within the same budget
+        // (see `socket_dir`).
+        let name = format!("k{}", &crate::random_hex(3));
         let mut layout = self.layout_for(runtime);
-        layout.config_dir = self.inner.dir.join("config").join(&name);
+        layout.config_dir = self.inner.dir.join("config").join(format!("check-{name}"));
         layout.socket_dir = self.inner.layout.socket_dir.join(&name);
         let config = config::render(&layout, std::slice::from_ref(candidate), Purpose::Check);
         let outcome = runtime.check(&config, &layout.config_dir).await;

@@ -79,12 +79,17 @@ impl Workers {
     pub async fn run_schedules(self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         loop {
-            let now_ms = now_ms();
-            let next_minute = (now_ms / 60_000 + 1) * 60_000;
-            let wait = std::time::Duration::from_millis((next_minute - now_ms).max(0) as u64);
+            let before = now_ms();
+            let next_minute = (before / 60_000 + 1) * 60_000;
+            let wait = std::time::Duration::from_millis((next_minute - before).max(0) as u64);
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(wait) => {}
+            }
+            // A host that slept (suspended, or stopped) woke long past the minute: that minute
+            // is one of those that passed while kura was not running, and is not fired.
+            if now_ms() - next_minute > 60_000 {
+                continue;
             }
             self.fire_due(next_minute);
         }
@@ -110,7 +115,8 @@ impl Workers {
             if !parsed.fires_at(minute_ms) {
                 continue;
             }
-            match self.inner.catalog.claim_worker_schedule_minute(&schedule.script_id, &schedule.cron, minute_ms / 1000) {
+            match self.inner.catalog.claim_worker_schedule_minute(&schedule.script_id, &schedule.cron, minute_ms / 1000)
+            {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(e) => {
@@ -131,7 +137,9 @@ impl Workers {
                         duration_ms = started.elapsed().as_millis() as u64,
                         "fired a Cron Trigger"
                     ),
-                    Err(e) => tracing::warn!(script = schedule.script_id, cron = schedule.cron, error = %e, "a Cron Trigger did not run"),
+                    Err(e) => {
+                        tracing::warn!(script = schedule.script_id, cron = schedule.cron, error = %e, "a Cron Trigger did not run")
+                    }
                 }
             });
         }

@@ -15,8 +15,8 @@ use kura_r2::{GetOptions, HttpMetadata, ListOptions, PutOptions};
 use crate::DataArgs;
 use crate::local::Local;
 use kura_client::ApiClient;
-use kura_server::render::{bucket_json, r2_object_json};
 use kura_client::v4::Envelope;
+use kura_server::render::{bucket_json, r2_object_json};
 
 /// HTTP metadata given on the command line.
 #[derive(Args, Clone, Debug, Default)]

@@ -24,7 +24,9 @@
 //! ```
 //!
 //! Two more rules stand for the reader: `NAME=…` in a command is the value the banner printed
-//! for NAME (the session fails if the banner printed none), and `/path/to/kura` is the clone.
+//! for NAME (the session fails if the banner printed none), and `/path/to/kura` is the clone —
+//! a copy of the parts the docs use (kura-bindings' sources, the example Workers), so that what
+//! a doc builds there never touches this repository, which other tests use at the same time.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -104,6 +106,7 @@ impl Server {
     fn start(cwd: &Path) -> (Server, Vec<(String, String)>) {
         let mut child = Command::new(kura_bin())
             .arg("serve")
+            // As the reader's: the banner's exports name these ports.
             .current_dir(cwd)
             .env_remove("KURA_ACCOUNT_ID")
             .env_remove("KURA_API_TOKEN")
@@ -121,6 +124,13 @@ impl Server {
             let mut exports = Vec::new();
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
+                if let Some(workers) = line.trim().strip_prefix("Workers:") {
+                    // Without its listener (8787 taken, say) every Worker step would fail later,
+                    // and less clearly.
+                    if !workers.trim().starts_with("http") {
+                        exports.push(("KURA_DOCS_NO_WORKERS".to_owned(), workers.trim().to_owned()));
+                    }
+                }
                 // `export A=1` or `export A=1 B=2`, as printed.
                 if let Some(assignments) = line.trim().strip_prefix("export ") {
                     for pair in assignments.split_whitespace() {
@@ -134,9 +144,12 @@ impl Server {
                 }
             }
         });
-        let exports = rx.recv_timeout(Duration::from_secs(60)).expect(
-            "kura serve started on its default ports (is another server on 127.0.0.1:8780, 8781 or 8787?)",
-        );
+        let exports = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("kura serve started on its default ports (is another server on 127.0.0.1:8780, 8781 or 8787?)");
+        if let Some((_, why)) = exports.iter().find(|(k, _)| k == "KURA_DOCS_NO_WORKERS") {
+            panic!("kura serve runs no Workers ({why}): is something else on 127.0.0.1:8787?");
+        }
         (Server { child }, exports)
     }
 }
@@ -157,7 +170,9 @@ fn fill_ellipses(text: &str) -> String {
         let name_start = before.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(0, |i| i + 1);
         let name = &before[name_start..];
         out.push_str(before);
-        out.push_str(&format!("=\"${{{name}:?the doc leaves {name} to the reader, and the banner printed no {name}}}\""));
+        out.push_str(&format!(
+            "=\"${{{name}:?the doc leaves {name} to the reader, and the banner printed no {name}}}\""
+        ));
         rest = &rest[at + "=…".len()..];
     }
     out.push_str(rest);
@@ -189,12 +204,7 @@ fn run_session(doc: &Path) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&npx, std::fs::Permissions::from_mode(0o755)).unwrap();
     let kura_dir = Path::new(kura_bin()).parent().unwrap().to_owned();
-    let path = format!(
-        "{}:{}:{}",
-        shims.display(),
-        kura_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = format!("{}:{}:{}", shims.display(), kura_dir.display(), std::env::var("PATH").unwrap_or_default());
     let mut env: Vec<(String, String)> = vec![
         ("PATH".into(), path),
         ("HOME".into(), session.path().join("home").display().to_string()),
@@ -207,7 +217,14 @@ fn run_session(doc: &Path) {
         ("npm_config_cache".into(), std::env::var("HOME").map(|h| format!("{h}/.npm")).unwrap_or_default()),
     ];
     let mut server = None;
-    let repo = repository().display().to_string();
+    let clone = session.path().join("kura");
+    let repo_root = repository();
+    let bindings = repo_root.join("packages/kura-bindings");
+    for file in ["package.json", "package-lock.json", "tsconfig.json", "scripts", "src"] {
+        copy(&bindings.join(file), &clone.join("packages/kura-bindings").join(file));
+    }
+    copy(&repo_root.join("crates/cli/tests/compat/workers"), &clone.join("crates/cli/tests/compat/workers"));
+    let repo = clone.display().to_string();
     // The shell's state (cd, exports) carries from block to block, as in the reader's terminal.
     let state = session.path().join("state.sh");
     std::fs::write(&state, format!("cd {}\n", cwd.display())).unwrap();
@@ -256,8 +273,9 @@ fn run_session(doc: &Path) {
             "set -euo pipefail\n. {state}\n{script}\n{{ echo \"cd $(printf %q \"$PWD\")\"; export -p; }} > {state}.next\n",
             state = state.display()
         );
-        let mut child = Command::new("bash")
-            .arg("-c")
+        // A block that hangs (a prompt no one answers) fails, rather than the suite hanging.
+        let mut child = Command::new("timeout")
+            .args(["300", "bash", "-c"])
             .arg(&wrapped)
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -281,6 +299,20 @@ fn run_session(doc: &Path) {
     drop(server);
 }
 
+/// Copies a file, or a directory with everything in it.
+fn copy(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+    if from.is_dir() {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            copy(&entry.path(), &to.join(entry.file_name()));
+        }
+    } else {
+        std::fs::copy(from, to).unwrap();
+    }
+}
+
 #[test]
 fn the_readme_and_the_docs_run_as_written() {
     assert!(compat_dir().join("node_modules/.bin/wrangler").exists(), "scripts/test installs wrangler");
@@ -300,5 +332,8 @@ fn the_readme_and_the_docs_run_as_written() {
 
 #[test]
 fn a_placeholder_left_to_the_reader_is_the_banner_s_value() {
-    assert_eq!(fill_ellipses("export A=… B=x C=…"), "export A=\"${A:?the doc leaves A to the reader, and the banner printed no A}\" B=x C=\"${C:?the doc leaves C to the reader, and the banner printed no C}\"");
+    assert_eq!(
+        fill_ellipses("export A=… B=x C=…"),
+        "export A=\"${A:?the doc leaves A to the reader, and the banner printed no A}\" B=x C=\"${C:?the doc leaves C to the reader, and the banner printed no C}\""
+    );
 }

@@ -145,8 +145,7 @@ fn remote_mode_and_tokens_against_a_live_server() {
     let revoked = kura(&cwd, &data, &["d1", "list", "--remote"], &as_reader);
     assert!(!revoked.ok && revoked.stderr.contains("Authentication error"), "{}", revoked.all());
     // A revoked token is not a missing database.
-    let revoked =
-        kura(&cwd, &data, &["d1", "execute", "remote-db", "--remote", "--command", "SELECT 1"], &as_reader);
+    let revoked = kura(&cwd, &data, &["d1", "execute", "remote-db", "--remote", "--command", "SELECT 1"], &as_reader);
     assert!(!revoked.ok && revoked.stderr.contains("Authentication error"), "{}", revoked.all());
     assert!(!revoked.stderr.contains("Couldn't find"), "{}", revoked.all());
 

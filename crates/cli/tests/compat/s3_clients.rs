@@ -323,7 +323,8 @@ fn kura_r2_commands_locally_and_remotely() {
     let created = kura(cwd, &data, &["tokens", "create", "--scope", "r2:read", "--bucket", "local-bucket"], &account)
         .expect_ok("a token for one bucket");
     assert!(
-        created.stdout.contains("S3 secret access key") && created.stdout.contains("S3 key reaches:       local-bucket"),
+        created.stdout.contains("S3 secret access key")
+            && created.stdout.contains("S3 key reaches:       local-bucket"),
         "{}",
         created.stdout
     );

@@ -151,7 +151,13 @@ fn kura_remote(server: &KuraProcess, args: &[&str]) -> Run {
 /// module files) must resolve from workerd's own directory.
 #[test]
 fn a_worker_deploys_and_serves_on_the_default_relative_data_directory() {
-    let server = KuraProcess::start_in(tempfile::tempdir().unwrap());
+    // A project directory of a usual length: its deploy checks' sockets would be past the
+    // kernel's 108 bytes under ./.kura/workers/run, where the served ones still fit.
+    let dir = tempfile::tempdir().unwrap();
+    let project = "projects-of-a-usual-length/my-first-worker-app";
+    let length = dir.path().join(project).as_os_str().len();
+    assert!((58..=64).contains(&length), "{length}");
+    let server = KuraProcess::start_in(dir, project);
     let w = Wrangler::new(&server);
     let project = Project::new("seats");
     deploy(&w, &project, &[]);
@@ -168,7 +174,7 @@ fn a_worker_deploys_and_serves_on_the_default_relative_data_directory() {
 /// restart, nothing fetched).
 #[test]
 fn a_workerd_installed_after_kura_started_is_found_on_the_next_deploy() {
-    let server = KuraProcess::start_in(tempfile::tempdir().unwrap());
+    let server = KuraProcess::start_in(tempfile::tempdir().unwrap(), "");
     let installed_here = server.dir.path().join("node_modules/workerd/bin");
     std::fs::create_dir_all(&installed_here).unwrap();
     std::os::unix::fs::symlink(compat_dir().join("node_modules/workerd/bin/workerd"), installed_here.join("workerd"))
@@ -790,7 +796,12 @@ fn cron_triggers_are_kept_fired_by_hand_and_fire_on_their_schedule() {
 
     let remote = server.remote_env();
     let trigger = |cron: &str, time: &str| {
-        kura(project.path(), &server.data, &["workers", "trigger", "cronjob", "--cron", cron, "--time", time, "--remote"], &remote)
+        kura(
+            project.path(),
+            &server.data,
+            &["workers", "trigger", "cronjob", "--cron", cron, "--time", time, "--remote"],
+            &remote,
+        )
     };
     let by_hand = trigger("*/5 * * * *", "1765000000000").expect_ok("workers trigger");
     assert!(by_hand.stdout.contains("\"*/5 * * * *\" - ok"), "{}", by_hand.stdout);
@@ -811,6 +822,20 @@ fn cron_triggers_are_kept_fired_by_hand_and_fire_on_their_schedule() {
     })
     .expect("the failed run is in the logs");
     assert!(logs.stdout.contains("\"fail\" @ 2025-12-06T05:46:40Z - Exception"), "{}", logs.stdout);
+
+    // A user's experimental compatibility flag — here the one kura's own trigger needs, with
+    // which a Worker could fake a scheduled run — is refused at deploy: workerd checks an
+    // upload without --experimental.
+    let sneaky = Project::with_files(&[
+        (
+            "wrangler.toml",
+            "name = \"sneaky\"\nmain = \"index.js\"\ncompatibility_date = \"2025-06-01\"\n\
+             compatibility_flags = [\"service_binding_extra_handlers\"]\n",
+        ),
+        ("index.js", "export default { fetch() { return new Response('hi'); } };\n"),
+    ]);
+    let refused = w.run(sneaky.path(), &["deploy"]);
+    assert!(!refused.ok && refused.all().contains("experimental"), "{}", refused.all());
 
     // By itself, at the next minute (one wait of up to a minute and a bit).
     let fired = wait_for(Duration::from_secs(75), || {

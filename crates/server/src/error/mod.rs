@@ -19,8 +19,8 @@ use serde::Serialize;
 
 pub use engines::{r2_status, r2_v4_code};
 
-pub use kura_client::v4::ResultInfo;
 use kura_client::v4::Envelope;
+pub use kura_client::v4::ResultInfo;
 
 /// Wraps a result in the success envelope.
 pub fn ok<T: Serialize>(result: T) -> Response {

@@ -16,10 +16,10 @@ use kura_d1::wire::JsonParams;
 use kura_do::{Cursor, DoError, ListOptions, Namespace, ObjectId, Storage};
 
 use crate::auth::{Caller, Need};
-use crate::render::{CursorJson, do_object_json, fan_out_json, namespace_json};
 use crate::error::{ApiError, ResultInfo, ok, ok_paged};
 use crate::extract::{V4Path, V4Query, read_body};
 use crate::extract::{parse_json, query_number};
+use crate::render::{CursorJson, do_object_json, fan_out_json, namespace_json};
 use crate::resources::find_namespace;
 use crate::state::AppState;
 

@@ -13,10 +13,10 @@ use kura_catalog::R2Bucket;
 use kura_r2::{GetOptions, ListOptions, PutOptions};
 
 use crate::auth::{Caller, Need};
-use crate::render::{bucket_json, r2_object_json};
 use crate::error::{ApiError, ResultInfo, ok, ok_paged};
 use crate::extract::parse_json;
 use crate::extract::{V4Path, V4Query, read_body};
+use crate::render::{bucket_json, r2_object_json};
 use crate::resources::{find_bucket, require_reach};
 use crate::state::AppState;
 

@@ -18,10 +18,10 @@ use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
 use crate::auth::Caller;
-use crate::render::{schedule_json, script_json};
 use crate::error::{ApiError, ResultInfo, ok, ok_paged};
 use crate::extract::parse_json;
 use crate::extract::{V4Path, V4Query, read_body};
+use crate::render::{schedule_json, script_json};
 use crate::state::AppState;
 
 /// The Workers layer, for an admin of the account with no bucket limit: a Worker's R2 bindings
