@@ -50,6 +50,11 @@ pub struct ServeArgs {
     /// deploy; when named, nothing is fetched).
     #[arg(long, env = "KURA_WORKERD")]
     workerd: Option<std::path::PathBuf>,
+    /// Serve Miniflare's /cdn-cgi/handler/scheduled (and wrangler's /__scheduled) on the Workers
+    /// listener, to run a Worker's `scheduled` handler by URL: for development and tests only
+    /// (anyone who reaches the listener can run it).
+    #[arg(long, env = "KURA_TEST_SCHEDULED")]
+    test_scheduled: bool,
     /// Days of history Time Travel keeps restorable.
     #[arg(long, env = "KURA_TIME_TRAVEL_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3650))]
     time_travel_days: u64,
@@ -175,6 +180,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         runtime: kura_workers::RuntimeSettings { workerd: args.workerd.clone(), ..Default::default() },
         domains: args.workers_domains.clone(),
         offline: false,
+        test_scheduled: args.test_scheduled,
     };
     let listeners = kura_server::Listeners { api, s3, workers };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -52,6 +52,10 @@ pub struct WorkersSettings {
     pub domains: Vec<String>,
     /// Run nothing (no workerd): for commands that change the catalog without a server.
     pub offline: bool,
+    /// Serve Miniflare's `/cdn-cgi/handler/scheduled` (and wrangler's `/__scheduled`) on the
+    /// Workers listener, which run a Worker's `scheduled` handler by URL: for development and
+    /// tests only, since anyone who reaches the listener can then run it.
+    pub test_scheduled: bool,
 }
 
 struct Inner {
@@ -62,6 +66,7 @@ struct Inner {
     runtime: std::sync::OnceLock<runtime::Runtime>,
     runtime_settings: RuntimeSettings,
     offline: bool,
+    test_scheduled: bool,
     /// Where each script is served: shared by the runtime and the listener's connector, so the
     /// connector exists before workerd does.
     sockets: runtime::Sockets,
@@ -119,6 +124,7 @@ impl Workers {
                 runtime: std::sync::OnceLock::new(),
                 runtime_settings: settings.runtime,
                 offline: settings.offline,
+                test_scheduled: settings.test_scheduled,
                 sockets,
                 finding: tokio::sync::Mutex::new(()),
                 layout,
@@ -194,6 +200,11 @@ impl Workers {
     /// The catalog.
     pub fn catalog(&self) -> &Arc<Catalog> {
         &self.inner.catalog
+    }
+
+    /// Whether the Workers listener runs `scheduled` handlers by URL ([`WorkersSettings::test_scheduled`]).
+    pub fn test_scheduled(&self) -> bool {
+        self.inner.test_scheduled
     }
 
     /// The workerd in use, if one runs yet.

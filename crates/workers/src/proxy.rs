@@ -120,6 +120,32 @@ pub fn app(workers: Workers) -> axum::Router {
     axum::Router::new().fallback(forward).with_state(workers)
 }
 
+/// Miniflare's `/cdn-cgi/handler/scheduled?cron=…&time=<ms>` (answers the outcome, `ok`, 200 or
+/// 500) and wrangler's `/__scheduled?cron=…` (answers "Ran scheduled event"): the Worker's
+/// `scheduled` handler run by URL. `None` for any other path, which goes to the Worker.
+async fn run_scheduled_by_url(workers: &Workers, script_id: &str, uri: &Uri) -> Option<Response> {
+    let miniflare = match uri.path() {
+        "/cdn-cgi/handler/scheduled" => true,
+        "/__scheduled" => false,
+        _ => return None,
+    };
+    let query: HashMap<String, String> =
+        url::form_urlencoded::parse(uri.query().unwrap_or_default().as_bytes()).into_owned().collect();
+    let cron = query.get("cron").cloned().unwrap_or_default();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let time = match query.get("time").map(|t| t.parse::<i64>()) {
+        None => now,
+        Some(Ok(time)) => time,
+        Some(Err(_)) => return Some(plain(StatusCode::BAD_REQUEST, "time must be Unix milliseconds\n".to_owned())),
+    };
+    Some(match workers.fire(script_id, &cron, time).await {
+        Ok(run) if !miniflare && run.outcome == "ok" => plain(StatusCode::OK, "Ran scheduled event".to_owned()),
+        Ok(run) if run.outcome == "ok" => plain(StatusCode::OK, run.outcome),
+        Ok(run) => plain(StatusCode::INTERNAL_SERVER_ERROR, run.outcome),
+        Err(e) => plain(StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    })
+}
+
 fn plain(status: StatusCode, text: String) -> Response {
     (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response()
 }
@@ -146,6 +172,11 @@ async fn forward(State(workers): State<Workers>, mut request: Request) -> Respon
     if workers.workerd().is_none() {
         let message = "workerd is not running here yet (it starts with the first deploy); try again.\n";
         return plain(StatusCode::SERVICE_UNAVAILABLE, message.to_owned());
+    }
+    if workers.test_scheduled()
+        && let Some(answer) = run_scheduled_by_url(&workers, &script_id, request.uri()).await
+    {
+        return answer;
     }
     let Some((pass, _socket)) = workers.runtime_enter(&script_id).await else {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "The Worker is restarting; try again.\n".to_owned());
