@@ -1,4 +1,5 @@
-//! How hyper calls a listener's application ([`Served`]): each body's stall limit, and for
+//! How hyper calls a listener's application ([`Served`]): the peer's address (axum's
+//! `ConnectInfo`), each body's stall limit, and for
 //! requests sent with `Expect: 100-continue` whose body was never asked for, an answer that
 //! closes the connection, because the server cannot know whether the body will follow.
 //!
@@ -30,7 +31,12 @@ use crate::stall::StallLimited;
 /// expected `100 Continue` and its body was never read. Only those requests pay for more than
 /// the application's own future.
 #[derive(Clone)]
-pub struct Served<S>(pub S);
+pub struct Served<S> {
+    /// The application.
+    pub app: S,
+    /// Who connected.
+    pub peer: std::net::SocketAddr,
+}
 
 impl<S> tower::Service<Request<hyper::body::Incoming>> for Served<S>
 where
@@ -42,18 +48,19 @@ where
     type Future = Either<S::Future, BoxFuture<'static, Result<Response, Infallible>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.0.poll_ready(cx)
+        self.app.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<hyper::body::Incoming>) -> Self::Future {
+    fn call(&mut self, mut request: Request<hyper::body::Incoming>) -> Self::Future {
+        request.extensions_mut().insert(axum::extract::ConnectInfo(self.peer));
         let expects_continue =
             request.headers().get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         if !expects_continue {
-            return Either::Left(self.0.call(request.map(|body| Body::new(StallLimited::new(body)))));
+            return Either::Left(self.app.call(request.map(|body| Body::new(StallLimited::new(body)))));
         }
         let asked = Arc::new(AtomicBool::new(false));
         let body = |body| Body::new(Asked { inner: StallLimited::new(body), asked: Arc::clone(&asked) });
-        let answer = self.0.call(request.map(body));
+        let answer = self.app.call(request.map(body));
         Either::Right(Box::pin(async move {
             let mut response = answer.await?;
             if !asked.load(Ordering::Acquire) {

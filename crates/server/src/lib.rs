@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod observe;
 pub mod render;
 mod stall;
+mod tail_stream;
 pub mod transfer;
 
 mod error;
@@ -107,6 +108,7 @@ pub fn app(state: AppState) -> impl Application {
         .route("/healthz", Touches::Anywhere, get(|| async { "ok" }))
         .route("/metrics", Touches::Anywhere, get(metrics::metrics))
         .route("/d1-transfers/{token}", Touches::Transfer, get(transfer::download).put(transfer::upload))
+        .route("/workers-tails/{tail}", Touches::NotClustered("Workers"), get(tail_stream::stream))
         .merge(rest::routes())
         .merge(binding::routes())
         .merge(cluster::routes())
@@ -236,7 +238,7 @@ pub async fn serve_all(
         let bindings = tokio::net::UnixListener::bind(&socket)?;
         // Wrapped whole, as the API's edge is (see [`app`]): the Workers' binding calls are a
         // hot path too.
-        let binding_routes = binding::worker_routes().with_state(state.clone());
+        let binding_routes = binding::worker_routes(state.clone()).with_state(state.clone());
         let binding_app = observed(observe::Surface::WorkerBindings)
             .layer(DefaultBodyLimit::max(MAX_BODY_BYTES).layer(binding_routes));
         workers_servers.push(tokio::spawn(
@@ -335,8 +337,8 @@ pub async fn serve_tcp(
             accepted = listener.accept() => accepted,
             () = &mut stop => break,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors, or a connection reset before it was accepted: wait a
                 // moment rather than spin, and go on.
@@ -349,7 +351,7 @@ pub async fn serve_tcp(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
-        let service = hyper_util::service::TowerToHyperService::new(expect_continue::Served(app.clone()));
+        let service = hyper_util::service::TowerToHyperService::new(expect_continue::Served { app: app.clone(), peer });
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {

@@ -122,7 +122,7 @@ pub fn script_json(script: &WorkerScript, stored: Option<&StoredVersion>) -> Jso
         "compatibility_date": stored.and_then(|v| v.compatibility_date.as_deref()),
         "compatibility_flags": stored.map(|v| v.compatibility_flags.clone()).unwrap_or_default(),
         "last_deployed_from": "wrangler",
-        "has_assets": false,
+        "has_assets": stored.is_some_and(|v| v.has_assets),
         "has_modules": stored.is_some_and(|v| v.main_module.is_some()),
         "logpush": false,
     });

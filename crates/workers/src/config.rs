@@ -27,6 +27,8 @@ pub mod headers {
     pub const R2_BUCKET: &str = "x-kura-r2-bucket";
     /// The script (storage id) an announcement or a log comes from.
     pub const SCRIPT: &str = "x-kura-script";
+    /// The script (storage id) whose assets an `env.ASSETS.fetch()` asks for.
+    pub const ASSETS: &str = "x-kura-assets";
 }
 
 /// The name of the binding the Durable Object wrapper announces objects through; it is taken
@@ -215,7 +217,8 @@ pub fn render(layout: &Layout, scripts: &[ServedScript], purpose: Purpose) -> Wo
         name
     };
 
-    for (index, script) in scripts.iter().enumerate() {
+    // An assets-only Worker has no code for workerd to run: kura serves its files itself.
+    for (index, script) in scripts.iter().enumerate().filter(|(_, s)| !s.version.modules.is_empty()) {
         let service = worker_service(&script.id);
         let mut bindings = Vec::new();
         for binding in &script.version.bindings {
@@ -259,6 +262,10 @@ pub fn render(layout: &Layout, scripts: &[ServedScript], purpose: Purpose) -> Wo
                         _ => {}
                     },
                 },
+                Binding::Assets { .. } => {
+                    let svc = external(format!("assets-{}", script.id), vec![(headers::ASSETS, script.id.clone())]);
+                    bindings.push(format!("(name = {name}, service = {})", quote(&svc)));
+                }
                 Binding::Service { service: target, entrypoint, props, .. } => {
                     let target = if target == &script.name {
                         Some(script)
@@ -477,6 +484,7 @@ mod tests {
                 bindings,
                 usage_model: "standard".into(),
                 etag: "e".into(),
+                has_assets: false,
             },
             modules_dir: "/data/workers/scripts/0123/v".into(),
             secrets: vec![("API_KEY".into(), "sh\"h".into())],

@@ -11,6 +11,7 @@ use kura_catalog::{NamespaceChange, NewWorkerVersion, WorkerDeployment, WorkerSc
 use sha2::Digest;
 
 use crate::Workers;
+use crate::assets::{AssetsConfig, VersionAssets};
 use crate::config::{HostedClass, ServedScript};
 use crate::error::{Result, WorkersError};
 use crate::served::{hosted_class, is_usable_unique_key};
@@ -84,8 +85,15 @@ impl Workers {
         };
         let metadata = &upload.metadata;
 
-        // Modules.
-        let main = check_modules(&upload)?;
+        // Modules, and the assets (an assets-only Worker has no modules).
+        let assets = self.version_assets(account_id, previous.as_ref(), metadata)?;
+        let main = check_modules(&upload, assets.is_some())?;
+        if main.is_none() && !metadata.bindings.is_empty() {
+            return Err(WorkersError::invalid_upload("Cannot use assets with a binding in an assets-only Worker."));
+        }
+        if main.is_none() && assets.as_ref().is_some_and(|a| a.config.run_worker_first != Default::default()) {
+            return Err(WorkersError::invalid_upload("Cannot set run_worker_first without a Worker script."));
+        }
 
         // Bindings: kept ones resolved against the account, secrets aside, inherited ones
         // from the deployed version.
@@ -138,10 +146,18 @@ impl Workers {
         };
         let classes = self.classes_after(account_id, name, previous.as_ref(), &changes)?;
         self.check_bindings(account_id, name, &bindings, &classes)?;
+        if let Some(binding) = bindings.iter().find(|b| matches!(b, Binding::Assets { .. }))
+            && assets.is_none()
+        {
+            return Err(WorkersError::invalid_upload(format!(
+                "binding {} is of type assets, but the upload has no assets: give the Worker an [assets] directory",
+                binding.name()
+            )));
+        }
 
         // The files, then the check, then the catalog.
         let version_id = uuid::Uuid::new_v4().to_string();
-        let stored = self.write_version(&version_id, &upload, main, bindings)?;
+        let stored = self.write_version(&version_id, &upload, main, bindings, assets.as_ref())?;
         let candidate = ServedScript {
             id: previous.as_ref().map_or_else(|| "0".repeat(32), |s| s.id.clone()),
             account_id: account_id.to_owned(),
@@ -153,7 +169,8 @@ impl Workers {
             secrets: Vec::new(),
             classes,
         };
-        let recorded = match self.check(&candidate).await {
+        let checked = if stored.modules.is_empty() { Ok(()) } else { self.check(&candidate).await };
+        let recorded = match checked {
             Ok(()) => {
                 let annotations =
                     metadata.annotations.as_ref().map(|a| serde_json::Value::Object(a.clone()).to_string());
@@ -404,7 +421,10 @@ impl Workers {
                         ));
                     }
                 }
-                Binding::PlainText { .. } | Binding::Json { .. } | Binding::VersionMetadata { .. } => {}
+                Binding::PlainText { .. }
+                | Binding::Json { .. }
+                | Binding::VersionMetadata { .. }
+                | Binding::Assets { .. } => {}
             }
         }
         Ok(())
@@ -415,8 +435,9 @@ impl Workers {
         &self,
         version_id: &str,
         upload: &Upload,
-        main: ModuleEntry,
+        main: Option<ModuleEntry>,
         bindings: Vec<Binding>,
+        assets: Option<&VersionAssets>,
     ) -> Result<StoredVersion> {
         let dir = self.version_dir(version_id);
         std::fs::create_dir_all(&dir).map_err(WorkersError::io(format!("creating {}", dir.display())))?;
@@ -424,7 +445,7 @@ impl Workers {
         let mut etag = sha2::Sha256::new();
         // The entry first: workerd takes the first module as the main one.
         let mut order: Vec<&crate::version::UploadedModule> = upload.modules.iter().collect();
-        order.sort_by_key(|m| m.name != main.name);
+        order.sort_by_key(|m| main.as_ref().is_none_or(|main| m.name != main.name));
         for (i, module) in order.into_iter().enumerate() {
             let file = i.to_string();
             let mut out = std::fs::File::create(dir.join(&file)).map_err(WorkersError::io("writing a module"))?;
@@ -440,19 +461,44 @@ impl Workers {
                 size: module.bytes.len() as u64,
             });
         }
+        if let Some(assets) = assets {
+            assets.write(&dir)?;
+        }
         std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(WorkersError::io("syncing a version"))?;
         let metadata = &upload.metadata;
         Ok(StoredVersion {
             format: StoredVersion::FORMAT,
-            main_module: (!main.service_worker).then(|| main.name.clone()),
-            body_part: main.service_worker.then(|| main.name.clone()),
+            main_module: main.as_ref().filter(|m| !m.service_worker).map(|m| m.name.clone()),
+            body_part: main.as_ref().filter(|m| m.service_worker).map(|m| m.name.clone()),
             modules,
             compatibility_date: metadata.compatibility_date.clone(),
             compatibility_flags: metadata.compatibility_flags.clone(),
             bindings,
             usage_model: metadata.usage_model.clone().unwrap_or_else(|| "standard".to_owned()),
             etag: hex::encode(etag.finalize()),
+            has_assets: assets.is_some(),
         })
+    }
+
+    /// The assets an upload gives its version: those of its finished upload session, the
+    /// previous version's (`keep_assets`), or none.
+    fn version_assets(
+        &self,
+        account_id: &str,
+        previous: Option<&WorkerScript>,
+        metadata: &crate::version::UploadMetadata,
+    ) -> Result<Option<VersionAssets>> {
+        if let Some(assets) = &metadata.assets {
+            let jwt = assets["jwt"].as_str().ok_or_else(|| {
+                WorkersError::invalid_upload("`assets` needs the `jwt` of a finished asset upload session")
+            })?;
+            let files = self.inner.assets.completed(account_id, jwt)?;
+            return Ok(Some(VersionAssets { files, config: AssetsConfig::parse(&assets["config"])? }));
+        }
+        match previous.and_then(|s| s.deployed_version.as_deref()) {
+            Some(version) if metadata.keep_assets == Some(true) => VersionAssets::read(&self.version_dir(version)),
+            _ => Ok(None),
+        }
     }
 
     /// Makes an earlier version of the script the deployment.
@@ -507,6 +553,7 @@ impl Workers {
         }
         let _ = std::fs::remove_dir_all(self.inner.layout.disks_dir.join(&script.id));
         self.inner.logs.forget(&script.id);
+        self.inner.tails.close_all(&script.id);
         Ok(true)
     }
 
@@ -557,8 +604,12 @@ struct ModuleEntry {
     service_worker: bool,
 }
 
-fn check_modules(upload: &Upload) -> Result<ModuleEntry> {
+/// The upload's entry module; `None` for an assets-only Worker (no modules, `has_assets`).
+fn check_modules(upload: &Upload, has_assets: bool) -> Result<Option<ModuleEntry>> {
     let metadata = &upload.metadata;
+    if upload.modules.is_empty() && has_assets && metadata.main_module.is_none() && metadata.body_part.is_none() {
+        return Ok(None);
+    }
     if upload.modules.is_empty() {
         return Err(WorkersError::invalid_upload("the upload has no script: add the Worker's modules as form parts"));
     }
@@ -596,5 +647,5 @@ fn check_modules(upload: &Upload) -> Result<ModuleEntry> {
             entry.kind.content_type()
         )));
     }
-    Ok(ModuleEntry { name, service_worker })
+    Ok(Some(ModuleEntry { name, service_worker }))
 }

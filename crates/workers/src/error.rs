@@ -32,6 +32,12 @@ pub enum WorkersError {
     /// A Cron Trigger's expression that does not parse, or never fires.
     #[error("{0}")]
     InvalidCron(String),
+    /// An asset upload or an `[assets]` configuration kura refuses.
+    #[error("{0}")]
+    InvalidAssets(String),
+    /// A tail's filters kura cannot read, or one tail too many.
+    #[error("{0}")]
+    InvalidTail(String),
     /// No workerd binary: Workers cannot run until one is installed.
     #[error(
         "kura runs Workers in workerd, and none was found ({searched}); install it with `{install}`, or name one with --workerd or KURA_WORKERD"

@@ -19,6 +19,7 @@
 
 #![deny(missing_docs)]
 
+pub mod assets;
 pub mod config;
 pub mod cron;
 mod deploy;
@@ -29,6 +30,7 @@ pub mod obtain;
 pub mod proxy;
 pub mod runtime;
 mod served;
+pub mod tails;
 mod triggers;
 pub use triggers::CronRun;
 pub mod version;
@@ -76,6 +78,11 @@ struct Inner {
     routes: RwLock<proxy::Routes>,
     upstream: proxy::Upstream,
     logs: logs::Logs,
+    tails: tails::Tails,
+    /// Every version's static assets, and the upload sessions.
+    assets: assets::AssetStore,
+    /// The deployed versions' assets, by script id.
+    served_assets: RwLock<std::collections::HashMap<String, Arc<assets::serve::ServedAssets>>>,
     /// Uploads, deployments, deletions and secret changes, one at a time.
     changes: tokio::sync::Mutex<()>,
 }
@@ -101,7 +108,7 @@ impl Workers {
             std::path::absolute(&path).map_err(WorkersError::io(format!("resolving {}", path.display())))
         };
         let (dir, do_root) = (absolute(dir)?, absolute(do_root)?);
-        for sub in ["versions", "config", "disks", "logs"] {
+        for sub in ["versions", "config", "disks", "logs", "assets"] {
             let path = dir.join(sub);
             std::fs::create_dir_all(&path).map_err(WorkersError::io(format!("creating {}", path.display())))?;
         }
@@ -131,6 +138,9 @@ impl Workers {
                 routes: RwLock::new(proxy::Routes { domains: settings.domains, ..Default::default() }),
                 upstream,
                 logs: logs::Logs::in_dir(dir.join("logs")),
+                tails: tails::Tails::default(),
+                assets: assets::AssetStore::new(dir.join("assets")),
+                served_assets: RwLock::default(),
                 dir,
                 changes: tokio::sync::Mutex::new(()),
             }),
@@ -301,11 +311,31 @@ impl Workers {
         logs::read_files(&self.inner.dir.join("logs"), script_id)
     }
 
-    /// Records what a script's tail worker sent.
-    pub fn record_logs(&self, script_id: &str, events: Vec<logs::LogEvent>) -> Result<()> {
+    /// The store of static assets (and their upload sessions).
+    pub fn assets(&self) -> &assets::AssetStore {
+        &self.inner.assets
+    }
+
+    /// The deployed version's assets of a script, if it has any.
+    pub fn served_assets(&self, script_id: &str) -> Option<Arc<assets::serve::ServedAssets>> {
+        self.inner.served_assets.read().unwrap_or_else(|p| p.into_inner()).get(script_id).cloned()
+    }
+
+    /// The live tails.
+    pub fn tails(&self) -> &tails::Tails {
+        &self.inner.tails
+    }
+
+    /// Takes what a script's tail worker sent: every event to the script's live tails, the
+    /// noteworthy ones (console output, exceptions, failures, cron runs) to its logs. Answers
+    /// whether the script is being tailed, so its tail worker knows to send every event.
+    pub fn record_logs(&self, script_id: &str, mut events: Vec<logs::LogEvent>) -> Result<bool> {
         let script = self.inner.catalog.worker_script_by_id(script_id)?.ok_or(WorkersError::ScriptNotFound)?;
-        self.inner.logs.record(script_id, &script.name, events);
-        Ok(())
+        logs::name_events(&mut events, &script.name);
+        self.inner.tails.publish(script_id, &events);
+        events.retain(logs::noteworthy);
+        self.inner.logs.record(script_id, events);
+        Ok(self.inner.tails.tailing(script_id))
     }
 
     /// The script with this storage id.

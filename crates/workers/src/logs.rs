@@ -1,7 +1,7 @@
 //! Workers' logs: what their tail worker reports (console output, uncaught exceptions, failed
-//! invocations), kept per script in memory — the last [`KEPT`] events — and handed to
-//! followers as they arrive; also appended to `logs/<script id>.jsonl` (one older file kept
-//! past [`FILE_BYTES`]), so they outlive the server, and written to kura's own log.
+//! invocations, cron runs), kept per script in memory — the last [`KEPT`] events — and appended
+//! to `logs/<script id>.jsonl` (one older file kept past [`FILE_BYTES`]), so they outlive the
+//! server, and written to kura's own log. Live tails get every event (see [`crate::tails`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde_json::Value as Json;
-use tokio::sync::broadcast;
 
 /// Events kept per script.
 pub const KEPT: usize = 1000;
@@ -21,15 +20,26 @@ pub const FILE_BYTES: u64 = 4 * 1024 * 1024;
 /// `event.request`, `eventTimestamp`…), with `scriptName` filled in.
 pub type LogEvent = Json;
 
-struct ScriptLog {
-    events: VecDeque<LogEvent>,
-    followers: broadcast::Sender<LogEvent>,
+/// Whether an event is kept in the log: it logged or threw something, failed, or is a cron run.
+/// A request that succeeded quietly is only for live tails.
+pub fn noteworthy(event: &LogEvent) -> bool {
+    let listed = |key: &str| event[key].as_array().is_some_and(|items| !items.is_empty());
+    listed("logs") || listed("exceptions") || event["outcome"] != "ok" || !event["event"]["cron"].is_null()
+}
+
+/// Names the script in its events (workerd leaves `scriptName` null).
+pub fn name_events(events: &mut [LogEvent], script_name: &str) {
+    for event in events {
+        if let Some(object) = event.as_object_mut() {
+            object.insert("scriptName".into(), Json::String(script_name.to_owned()));
+        }
+    }
 }
 
 /// Every script's log.
 #[derive(Default)]
 pub struct Logs {
-    scripts: Mutex<HashMap<String, ScriptLog>>,
+    scripts: Mutex<HashMap<String, VecDeque<LogEvent>>>,
     dir: Option<PathBuf>,
 }
 
@@ -77,42 +87,27 @@ impl Logs {
         }
     }
 
-    fn with<T>(&self, script_id: &str, f: impl FnOnce(&mut ScriptLog) -> T) -> T {
-        let mut scripts = self.scripts.lock().unwrap_or_else(|p| p.into_inner());
-        let log = scripts
-            .entry(script_id.to_owned())
-            .or_insert_with(|| ScriptLog { events: VecDeque::new(), followers: broadcast::channel(256).0 });
-        f(log)
-    }
-
-    /// Records events of the script `script_id` (called `script_name`).
-    pub fn record(&self, script_id: &str, script_name: &str, mut events: Vec<LogEvent>) {
-        for event in &mut events {
-            if let Some(object) = event.as_object_mut() {
-                object.insert("scriptName".into(), Json::String(script_name.to_owned()));
-            }
+    /// Records events of the script `script_id`, named already (see [`name_events`]).
+    pub fn record(&self, script_id: &str, events: Vec<LogEvent>) {
+        if events.is_empty() {
+            return;
         }
         self.append(script_id, &events);
+        let mut scripts = self.scripts.lock().unwrap_or_else(|p| p.into_inner());
+        let log = scripts.entry(script_id.to_owned()).or_default();
         for event in events {
-            log_to_tracing(script_name, &event);
-            self.with(script_id, |log| {
-                if log.events.len() == KEPT {
-                    log.events.pop_front();
-                }
-                log.events.push_back(event.clone());
-                let _ = log.followers.send(event);
-            });
+            log_to_tracing(event["scriptName"].as_str().unwrap_or(""), &event);
+            if log.len() == KEPT {
+                log.pop_front();
+            }
+            log.push_back(event);
         }
     }
 
     /// The script's recent events, oldest first.
     pub fn recent(&self, script_id: &str) -> Vec<LogEvent> {
-        self.with(script_id, |log| log.events.iter().cloned().collect())
-    }
-
-    /// Events from now on.
-    pub fn follow(&self, script_id: &str) -> broadcast::Receiver<LogEvent> {
-        self.with(script_id, |log| log.followers.subscribe())
+        let scripts = self.scripts.lock().unwrap_or_else(|p| p.into_inner());
+        scripts.get(script_id).map(|log| log.iter().cloned().collect()).unwrap_or_default()
     }
 
     /// Forgets a deleted script's events.
@@ -171,15 +166,21 @@ mod tests {
     #[test]
     fn events_are_kept_named_and_bounded() {
         let logs = Logs::default();
-        let mut follower = logs.follow("id");
-        let event = json!({"outcome": "ok", "scriptName": null, "logs": [{"message": ["hello", {"a": 1}], "level": "log"}], "exceptions": []});
-        logs.record("id", "chat", vec![event.clone()]);
-        assert_eq!(follower.try_recv().unwrap()["scriptName"], "chat");
-        logs.record("id", "chat", vec![event.clone(); KEPT + 5]);
+        let mut events = vec![
+            json!({"outcome": "ok", "scriptName": null, "logs": [{"message": ["hello", {"a": 1}], "level": "log"}], "exceptions": []}),
+        ];
+        name_events(&mut events, "chat");
+        let event = events.remove(0);
+        assert_eq!(event["scriptName"], "chat");
+        logs.record("id", vec![event.clone(); KEPT + 5]);
         let recent = logs.recent("id");
         assert_eq!(recent.len(), KEPT);
         assert_eq!(recent[0]["scriptName"], "chat");
         assert_eq!(render_message(&event["logs"][0]["message"]), "hello {\"a\":1}");
+        assert!(noteworthy(&event));
+        assert!(!noteworthy(&json!({"outcome": "ok", "logs": [], "exceptions": [], "event": {"request": {}}})));
+        assert!(noteworthy(&json!({"outcome": "exception", "logs": [], "exceptions": []})));
+        assert!(noteworthy(&json!({"outcome": "ok", "logs": [], "exceptions": [], "event": {"cron": "* * * * *"}})));
         logs.forget("id");
         assert!(logs.recent("id").is_empty());
     }
@@ -188,11 +189,10 @@ mod tests {
     fn files_outlive_the_process() {
         let dir = tempfile::tempdir().unwrap();
         let logs = Logs::in_dir(dir.path().to_owned());
-        logs.record(
-            "id",
-            "chat",
-            vec![json!({"logs": [], "exceptions": [], "n": 1}), json!({"logs": [], "exceptions": [], "n": 2})],
-        );
+        let mut events =
+            vec![json!({"logs": [], "exceptions": [], "n": 1}), json!({"logs": [], "exceptions": [], "n": 2})];
+        name_events(&mut events, "chat");
+        logs.record("id", events);
         drop(logs);
         let read = read_files(dir.path(), "id");
         assert_eq!(read.iter().map(|e| e["n"].clone()).collect::<Vec<_>>(), [json!(1), json!(2)]);

@@ -128,7 +128,7 @@ async fn download(url: &str) -> Result<Vec<u8>> {
             return Err(too_big());
         }
         body.extend_from_slice(&chunk);
-        let quarter = if size > 0 { body.len() as u64 * 4 / size } else { 0 };
+        let quarter = (body.len() as u64 * 4).checked_div(size).unwrap_or(0);
         if quarter > reported && quarter < 4 {
             reported = quarter;
             tracing::info!("fetching workerd: {}% of {:.1} MB", quarter * 25, size as f64 / 1e6);

@@ -1,8 +1,8 @@
 //! The Workers listener (`--workers-listen`): each request is routed by its host —
 //! `<script>.localhost`, `<script>.<workers domain>`, `<script>.<subdomain>.workers.dev`, or
 //! any host when a single script is deployed — through the [`Gate`](crate::gate::Gate) to the
-//! socket workerd serves that script on. Bodies stream both ways; WebSocket upgrades are
-//! joined end to end.
+//! socket workerd serves that script on — unless the script's static assets answer it first.
+//! Bodies stream both ways; WebSocket upgrades are joined end to end.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -19,6 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::UnixStream;
 
 use crate::Workers;
+use crate::assets::serve::Decision;
 
 /// Where deployed scripts are served, by name.
 #[derive(Debug, Default, Clone)]
@@ -169,14 +170,20 @@ async fn forward(State(workers): State<Workers>, mut request: Request) -> Respon
         };
         return plain(StatusCode::NOT_FOUND, message);
     };
-    if workers.workerd().is_none() {
-        let message = "workerd is not running here yet (it starts with the first deploy); try again.\n";
-        return plain(StatusCode::SERVICE_UNAVAILABLE, message.to_owned());
-    }
     if workers.test_scheduled()
         && let Some(answer) = run_scheduled_by_url(&workers, &script_id, request.uri()).await
     {
         return answer;
+    }
+    // Static assets first, unless the request is the Worker's (`run_worker_first`, or no file).
+    if let Some(assets) = workers.served_assets(&script_id)
+        && let Decision::Assets(response) = assets.route(request.method(), request.uri(), request.headers()).await
+    {
+        return response;
+    }
+    if workers.workerd().is_none() {
+        let message = "workerd is not running here yet (it starts with the first deploy); try again.\n";
+        return plain(StatusCode::SERVICE_UNAVAILABLE, message.to_owned());
     }
     let Some((pass, _socket)) = workers.runtime_enter(&script_id).await else {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "The Worker is restarting; try again.\n".to_owned());
@@ -186,6 +193,13 @@ async fn forward(State(workers): State<Workers>, mut request: Request) -> Respon
         return plain(StatusCode::BAD_REQUEST, "Malformed request target.\n".to_owned());
     };
     let client_upgrade = request.extensions_mut().remove::<hyper::upgrade::OnUpgrade>();
+    // As on Cloudflare, the Worker learns who connected from `CF-Connecting-IP`, which a client
+    // cannot set itself.
+    let peer = request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip());
+    match peer.and_then(|ip| HeaderValue::from_str(&ip.to_string()).ok()) {
+        Some(ip) => request.headers_mut().insert("cf-connecting-ip", ip),
+        None => request.headers_mut().remove("cf-connecting-ip"),
+    };
     *request.uri_mut() = uri;
     if !request.headers().contains_key(header::HOST)
         && let Ok(value) = HeaderValue::from_str(&host)

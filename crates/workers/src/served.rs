@@ -110,6 +110,30 @@ impl Workers {
             by_name.entry(script.name.clone()).or_insert_with(|| script.id.clone());
         }
         *routes = proxy::Routes { by_name, domains };
+        drop(routes);
+        let mut served = std::collections::HashMap::new();
+        for script in scripts.iter().filter(|s| s.version.has_assets) {
+            let version = &script.version;
+            let date = config::effective_date(version, None);
+            let loaded = crate::assets::VersionAssets::read(&script.modules_dir).and_then(|assets| {
+                let assets =
+                    assets.ok_or_else(|| WorkersError::Storage("the version's assets file is missing".into()))?;
+                let has_worker = !version.modules.is_empty();
+                crate::assets::serve::ServedAssets::new(
+                    assets,
+                    has_worker,
+                    (&date, &version.compatibility_flags),
+                    self.inner.assets.dir().to_owned(),
+                )
+            });
+            match loaded {
+                Ok(assets) => {
+                    served.insert(script.id.clone(), std::sync::Arc::new(assets));
+                }
+                Err(e) => tracing::error!(script = script.name, error = %e, "the Worker's assets cannot be served"),
+            }
+        }
+        *self.inner.served_assets.write().unwrap_or_else(|p| p.into_inner()) = served;
     }
 
     /// Has a workerd of its own run `candidate` (with nothing connected and objects in memory):

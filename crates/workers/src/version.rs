@@ -152,6 +152,12 @@ pub struct UploadMetadata {
     /// `workers/message`, `workers/tag`.
     #[serde(default)]
     pub annotations: Option<serde_json::Map<String, Json>>,
+    /// Static assets: `{jwt: <completion token>, config: {html_handling, …}}`.
+    #[serde(default)]
+    pub assets: Option<Json>,
+    /// Keep the previous version's assets (uploads that do not send them again).
+    #[serde(default)]
+    pub keep_assets: Option<bool>,
 }
 
 /// A binding of a version, as kura keeps it and as the settings API shows it (wrangler's
@@ -215,6 +221,11 @@ pub enum Binding {
         /// `env` name.
         name: String,
     },
+    /// The version's static assets (`env.ASSETS.fetch()`).
+    Assets {
+        /// `env` name.
+        name: String,
+    },
 }
 
 impl Binding {
@@ -227,7 +238,8 @@ impl Binding {
             | Binding::R2Bucket { name, .. }
             | Binding::DurableObjectNamespace { name, .. }
             | Binding::Service { name, .. }
-            | Binding::VersionMetadata { name } => name,
+            | Binding::VersionMetadata { name }
+            | Binding::Assets { name } => name,
         }
     }
 
@@ -241,6 +253,7 @@ impl Binding {
             Binding::DurableObjectNamespace { .. } => "durable_object_namespace",
             Binding::Service { .. } => "service",
             Binding::VersionMetadata { .. } => "version_metadata",
+            Binding::Assets { .. } => "assets",
         }
     }
 }
@@ -265,8 +278,7 @@ pub enum UploadedBinding {
 }
 
 /// Binding types kura serves, for error messages.
-pub const SUPPORTED_BINDINGS: &str =
-    "d1, r2_bucket, durable_object_namespace, service, plain_text, json, secret_text, inherit and version_metadata";
+pub const SUPPORTED_BINDINGS: &str = "d1, r2_bucket, durable_object_namespace, service, plain_text, json, secret_text, inherit, version_metadata and assets";
 
 impl UploadedBinding {
     /// Reads one element of the metadata's `bindings`.
@@ -290,7 +302,8 @@ impl UploadedBinding {
             | "r2_bucket"
             | "durable_object_namespace"
             | "service"
-            | "version_metadata" => {
+            | "version_metadata"
+            | "assets" => {
                 if kind == "r2_bucket"
                     && value.get("jurisdiction").and_then(Json::as_str).is_some_and(|j| !j.is_empty())
                 {
@@ -362,6 +375,9 @@ pub struct StoredVersion {
     pub usage_model: String,
     /// Hex SHA-256 over the modules: the script's etag.
     pub etag: String,
+    /// Whether it has static assets (their files are listed in its directory).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub has_assets: bool,
 }
 
 impl StoredVersion {

@@ -119,6 +119,24 @@ impl<'a> Wrangler<'a> {
 
     /// Runs wrangler; without the account id it discovers the account through the API.
     pub fn run_with(&self, cwd: &Path, args: &[&str], with_account: bool) -> Run {
+        run(&wrangler(), args, cwd, &self.env(with_account))
+    }
+
+    /// Starts wrangler with its stdin, stdout and stderr piped (`wrangler tail`, `secret put`).
+    pub fn spawn(&self, cwd: &Path, args: &[&str]) -> std::process::Child {
+        std::process::Command::new(wrangler())
+            .args(args)
+            .current_dir(cwd)
+            .envs(self.env(true))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("wrangler starts")
+    }
+
+    /// The environment wrangler runs in: this server's API and credentials, a home of its own.
+    fn env(&self, with_account: bool) -> Vec<(&'static str, String)> {
         let mut env = self.server.remote_env();
         if !with_account {
             env.retain(|(k, _)| *k != "CLOUDFLARE_ACCOUNT_ID");
@@ -131,7 +149,7 @@ impl<'a> Wrangler<'a> {
             ("HOME", self.home.path().display().to_string()),
             ("XDG_CONFIG_HOME", self.home.path().join(".config").display().to_string()),
         ]);
-        run(&wrangler(), args, cwd, &env)
+        env
     }
 
     pub fn ok(&self, cwd: &Path, args: &[&str]) -> Run {

@@ -4,6 +4,7 @@
 //! (photo uploads), Durable Objects (rooms), every R2 binding method against S3, redeploys
 //! under load, a Worker that throws, bad deploys, secrets, deployments, delete and logs.
 
+use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
@@ -119,21 +120,7 @@ fn deploy(w: &Wrangler<'_>, project: &Project, extra: &[&str]) -> Run {
 }
 
 fn secret(w: &Wrangler<'_>, project: &Project, name: &str, value: &str) {
-    let mut env = w.server.remote_env();
-    env.extend([
-        ("WRANGLER_SEND_METRICS", "false".to_owned()),
-        ("CI", "true".to_owned()),
-        ("HOME", w.home.path().display().to_string()),
-    ]);
-    let mut child = std::process::Command::new(crate::common::wrangler())
-        .args(["secret", "put", name])
-        .current_dir(project.path())
-        .envs(env)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = w.spawn(project.path(), &["secret", "put", name]);
     use std::io::Write;
     child.stdin.take().unwrap().write_all(value.as_bytes()).unwrap();
     let out = Run::from(child.wait_with_output().unwrap());
@@ -860,6 +847,238 @@ fn cron_triggers_are_kept_fired_by_hand_and_fire_on_their_schedule() {
     })
     .expect("the schedule fired by itself within a minute");
     assert_eq!(fired["scheduled"].as_i64().unwrap() % 60_000, 0, "scheduledTime is the minute: {fired}");
+}
+
+/// `wrangler tail` as its users run it: `--format json` (what it prints when piped) and
+/// `pretty`, several tails at once, one with a filter. Each tail gets every invocation from the
+/// moment it is connected — requests that logged something, quiet ones, cron runs with their
+/// logs — and only those its filters pass; a quiet request still stays out of `kura workers
+/// logs`. A tail outlives wrangler's pings (every 10 s), and ends with wrangler.
+#[test]
+fn wrangler_tail_streams_each_invocation_live_with_its_logs_and_filters() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let project = Project::new("cron");
+    deploy(&w, &project, &[]);
+    let client = Client::new(&server);
+    let started = std::time::Instant::now();
+    let everything = Tail::start(&w, &project, &["tail", "cronjob", "--format", "json"]);
+    let posts = Tail::start(&w, &project, &["tail", "cronjob", "--format", "json", "--method", "POST"]);
+    let pretty = Tail::start(&w, &project, &["tail", "cronjob", "--format", "pretty"]);
+
+    // Connected once a request that logs shows up (wrangler prints nothing on connecting in JSON).
+    let mut n = 0;
+    let said = |tail: &Tail, word: &str| {
+        tail.events()
+            .into_iter()
+            .find(|e| e["logs"].as_array().is_some_and(|l| l.iter().any(|l| l["message"] == json!(["said", word]))))
+    };
+    let hello = wait_for(Duration::from_secs(60), || {
+        n += 1;
+        client.get("cronjob", &format!("/?say=hello{n}"));
+        (said(&everything, &format!("hello{n}")).is_some() && pretty.text().contains(&format!("(log) said hello{n}")))
+            .then(|| said(&everything, &format!("hello{n}")).unwrap())
+    })
+    .expect("a request's console.log reaches the tails");
+    assert_eq!(hello["scriptName"], "cronjob");
+    assert_eq!(hello["outcome"], "ok");
+    assert_eq!(hello["event"]["request"]["method"], "GET");
+    assert!(hello["event"]["request"]["url"].as_str().unwrap().contains("/?say=hello"), "{hello}");
+    assert_eq!(hello["logs"][0]["level"], "log");
+    assert!(hello["eventTimestamp"].as_u64().is_some(), "{hello}");
+    assert!(pretty.text().contains("Successfully created tail, expires at"), "{}", pretty.text());
+    assert!(pretty.text().contains("Connected to cronjob, waiting for logs..."), "{}", pretty.text());
+    assert!(pretty.text().contains("GET http://cronjob.localhost"), "{}", pretty.text());
+
+    // A request that logs nothing reaches a tail too; a POST reaches the POST tail.
+    client.get("cronjob", "/?quiet=1");
+    client.post("cronjob", "/?posted=1");
+    let url_of = |e: &Json| e["event"]["request"]["url"].as_str().unwrap_or("").to_owned();
+    wait_for(Duration::from_secs(20), || {
+        let urls: Vec<String> = everything.events().iter().map(url_of).collect();
+        (urls.iter().any(|u| u.contains("quiet=1")) && urls.iter().any(|u| u.contains("posted=1"))).then_some(())
+    })
+    .expect("quiet requests are tailed");
+
+    // A cron run, with its logs.
+    let remote = server.remote_env();
+    kura(
+        project.path(),
+        &server.data,
+        &["workers", "trigger", "cronjob", "--cron", "*/5 * * * *", "--remote"],
+        &remote,
+    )
+    .expect_ok("workers trigger");
+    let cron = wait_for(Duration::from_secs(20), || {
+        everything.events().into_iter().find(|e| e["event"]["cron"] == "*/5 * * * *")
+    })
+    .expect("a cron run is tailed");
+    assert_eq!(cron["outcome"], "ok");
+    assert!(cron["event"]["scheduledTime"].as_u64().is_some(), "{cron}");
+    assert!(cron["logs"][0]["message"][0].as_str().unwrap().starts_with("running */5 * * * *"), "{cron}");
+    wait_for(Duration::from_secs(20), || pretty.text().contains("\"*/5 * * * *\" @ ").then_some(()))
+        .expect("pretty prints the cron run as wrangler does");
+
+    let posted = posts.events();
+    assert!(posted.iter().any(|e| url_of(e).contains("posted=1")), "{posted:?}");
+    assert!(
+        posted.iter().all(|e| e["event"]["request"]["method"] == "POST"),
+        "the POST tail got only POSTs: {posted:?}"
+    );
+    let logs = kura(project.path(), &server.data, &["workers", "logs", "cronjob", "--remote"], &remote);
+    assert!(logs.stdout.contains("said hello") && !logs.stdout.contains("quiet"), "{}", logs.stdout);
+
+    let tails_url = format!("{}/accounts/{}/workers/scripts/cronjob/tails", server.api, crate::common::ACCOUNT);
+    let open_tails = || -> usize {
+        let listed: Json = client.runtime.block_on(async {
+            client.http.get(&tails_url).bearer_auth(crate::common::TOKEN).send().await.unwrap().json().await.unwrap()
+        });
+        listed["result"].as_array().unwrap().len()
+    };
+    assert_eq!(open_tails(), 3);
+    // Past two of wrangler's pings, each answered.
+    std::thread::sleep(Duration::from_secs(25).saturating_sub(started.elapsed()));
+    for tail in [everything, posts, pretty] {
+        assert!(!tail.text().contains("Tail disconnected"), "{}", tail.text());
+        tail.stop();
+    }
+    wait_for(Duration::from_secs(20), || (open_tails() == 0).then_some(())).expect("a tail ends with wrangler");
+}
+
+/// A running `wrangler tail`, its output gathered as it comes.
+struct Tail {
+    child: std::process::Child,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Tail {
+    fn start(w: &Wrangler<'_>, project: &Project, args: &[&str]) -> Tail {
+        let mut child = w.spawn(project.path(), args);
+        let gather = |mut pipe: Box<dyn Read + Send>| {
+            let output = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+            let gathered = std::sync::Arc::clone(&output);
+            std::thread::spawn(move || {
+                let mut buffer = [0u8; 8192];
+                while let Ok(n) = pipe.read(&mut buffer) {
+                    if n == 0 {
+                        break;
+                    }
+                    gathered.lock().unwrap().push_str(&String::from_utf8_lossy(&buffer[..n]));
+                }
+            });
+            output
+        };
+        let stdout = gather(Box::new(child.stdout.take().unwrap()));
+        let stderr = gather(Box::new(child.stderr.take().unwrap()));
+        Tail { child, stdout, stderr }
+    }
+
+    /// Everything it printed so far.
+    fn text(&self) -> String {
+        format!("{}{}", self.stdout.lock().unwrap(), self.stderr.lock().unwrap())
+    }
+
+    /// The JSON events printed so far (wrangler prints each indented, one after another).
+    fn events(&self) -> Vec<Json> {
+        let text = self.stdout.lock().unwrap().clone();
+        let start = text.find('{').unwrap_or(text.len());
+        serde_json::Deserializer::from_str(&text[start..]).into_iter::<Json>().map_while(Result::ok).collect()
+    }
+
+    /// Interrupts wrangler as a user's Ctrl-C does (it then closes its tail).
+    fn stop(mut self) {
+        // SAFETY: kill(2) on a child this test started and has not yet reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+    }
+}
+
+/// Static assets as a framework template deploys them: wrangler's upload session (only files
+/// kura lacks are uploaded), served before the Worker as Cloudflare serves them — HTML
+/// handling, single-page-app fallback for navigations, `_redirects`, `_headers`, ETags, ranges,
+/// `run_worker_first` routes and `env.ASSETS` — each version with its own files, so a rollback
+/// serves the old ones; and an assets-only Worker with a 404 page.
+#[test]
+fn static_assets_upload_once_serve_before_the_worker_and_follow_rollbacks() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let project = Project::new("site");
+    let first = deploy(&w, &project, &[]);
+    assert!(first.all().contains("Uploaded 4 files"), "{}", first.all());
+    let client = Client::new(&server);
+    let plain = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let fetch = |method: &str, path: &str, headers: &[(&str, &str)]| -> (u16, reqwest::header::HeaderMap, String) {
+        let mut request = plain
+            .request(method.parse().unwrap(), format!("{}{path}", server.workers))
+            .header("host", "site.localhost");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        client.runtime.block_on(async {
+            let response = request.send().await.unwrap();
+            let (status, headers) = (response.status().as_u16(), response.headers().clone());
+            (status, headers, response.text().await.unwrap())
+        })
+    };
+    let header = |headers: &reqwest::header::HeaderMap, name: &str| {
+        headers.get(name).map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default()
+    };
+
+    let (status, headers, body) = fetch("GET", "/", &[]);
+    assert_eq!((status, body.contains("the app shell")), (200, true), "{body}");
+    assert!(header(&headers, "content-type").starts_with("text/html"), "{headers:?}");
+    assert_eq!(header(&headers, "x-served-by"), "kura", "_headers applies");
+    let etag = header(&headers, "etag");
+    assert_eq!(etag.len(), 34, "a quoted 32-hex hash: {etag}");
+    assert_eq!(fetch("GET", "/", &[("if-none-match", &etag)]).0, 304);
+    assert_eq!(fetch("GET", "/about", &[]).2, "<!doctype html><title>about</title><p>about this site</p>\n");
+    let (status, headers, _) = fetch("GET", "/about.html?x=1", &[]);
+    assert_eq!((status, header(&headers, "location")), (307, "/about?x=1".to_owned()));
+    assert_eq!(fetch("GET", "/docs/", &[]).0, 200);
+    let (status, headers, _) = fetch("GET", "/old-about", &[]);
+    assert_eq!((status, header(&headers, "location")), (301, "/about".to_owned()));
+    assert_eq!(header(&fetch("GET", "/blog/intro", &[]).1, "location"), "/docs/intro");
+    let (status, headers, body) = fetch("GET", "/app.js", &[("range", "bytes=0-10")]);
+    assert_eq!((status, body.as_str()), (206, "console.log"));
+    assert_eq!(header(&headers, "content-range"), "bytes 0-10/23");
+    assert_eq!(header(&fetch("GET", "/app.js", &[]).1, "cache-control"), "public, max-age=60");
+    assert_eq!(fetch("POST", "/app.js", &[]).0, 405);
+
+    // A browser's navigation to a client-side route gets the app; a script's fetch of an
+    // unknown path reaches the Worker, as do the `run_worker_first` routes.
+    let (status, _, body) = fetch("GET", "/rooms/42", &[("sec-fetch-mode", "navigate")]);
+    assert_eq!((status, body.contains("the app shell")), (200, true), "{body}");
+    let (status, _, body) = fetch("GET", "/rooms/42", &[]);
+    assert_eq!((status, body.as_str()), (404, "worker: /rooms/42"));
+    assert_eq!(fetch("GET", "/api/hello", &[]).2, r#"{"api":"/api/hello"}"#);
+    assert_eq!(fetch("GET", "/api/asset", &[]).2, "asset 200: console.log(\"app v1\");\n");
+
+    // A redeploy that changes one file uploads that one file.
+    let versions_url = format!("{}/accounts/{}/workers/scripts/site/versions", server.api, crate::common::ACCOUNT);
+    let (_, versions) = client.send(client.http.get(&versions_url).bearer_auth(crate::common::TOKEN));
+    let first_version = versions["result"]["items"][0]["id"].as_str().unwrap().to_owned();
+    std::fs::write(project.path().join("public/app.js"), "console.log(\"app v2\");\n").unwrap();
+    let second = deploy(&w, &project, &[]);
+    assert!(second.all().contains("Uploaded 1 file (3 already uploaded)"), "{}", second.all());
+    assert_eq!(fetch("GET", "/app.js", &[]).2, "console.log(\"app v2\");\n");
+    assert_ne!(header(&fetch("GET", "/app.js", &[]).1, "etag"), "", "a new file, a new ETag");
+    // Nothing changed: nothing uploaded.
+    let third = deploy(&w, &project, &[]);
+    assert!(third.all().contains("No updated asset files to upload"), "{}", third.all());
+
+    // Back to the first version: its files serve again.
+    let rolled = w.ok(project.path(), &["rollback", &first_version, "--message", "back to v1", "-y"]);
+    assert!(rolled.all().contains("SUCCESS") || rolled.all().contains("Success"), "{}", rolled.all());
+    assert_eq!(fetch("GET", "/app.js", &[]).2, "console.log(\"app v1\");\n");
+    assert_eq!(fetch("GET", "/api/asset", &[]).2, "asset 200: console.log(\"app v1\");\n");
+
+    // An assets-only Worker: no script at all.
+    let site = Project::new("static");
+    deploy(&w, &site, &[]);
+    let get = |path: &str| client.send(client.request(reqwest::Method::GET, "static", path));
+    assert_eq!(get("/"), (200, json!("<p>static home</p>\n")));
+    assert_eq!(get("/no/such/page"), (404, json!("<p>nothing here</p>\n")));
 }
 
 /// The cron Worker's runs other than its own schedule's (`* * * * *`, which may fire at any

@@ -4,7 +4,7 @@
 //!   bindings in `packages/kura-bindings`): D1's and R2's bindings, authenticated with the v4
 //!   API's bearer tokens ([`routes`]).
 //! - On the Workers' own socket, for the workerd kura supervises ([`worker_routes`]): D1, R2,
-//!   Durable Object announcements and logs. workerd adds to every request the headers its
+//!   Durable Object announcements, logs and `env.ASSETS`. workerd adds to every request the headers its
 //!   configuration names — this run's secret, the account, the database or bucket — and the
 //!   Worker's code can neither see nor change them.
 
@@ -43,7 +43,7 @@ pub(crate) fn routes() -> Routes {
 }
 
 /// The routes of the Workers' binding socket.
-pub(crate) fn worker_routes() -> Router<AppState> {
+pub(crate) fn worker_routes(state: AppState) -> Router<AppState> {
     Router::new()
         .route("/query", post(d1::query_from_worker))
         .route("/execute", post(d1::query_from_worker))
@@ -51,6 +51,8 @@ pub(crate) fn worker_routes() -> Router<AppState> {
         .route("/", get(r2::read).put(r2::write).layer(axum::extract::DefaultBodyLimit::disable()))
         .route("/objects", post(workers::announce))
         .route("/logs", post(workers::logs))
+        // `env.ASSETS.fetch()` asks for any path: it is told apart by its header, not its route.
+        .layer(axum::middleware::from_fn_with_state(state, workers::assets))
 }
 
 /// The Workers layer, for a request on its socket that carries this run's secret.

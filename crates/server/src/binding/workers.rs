@@ -1,5 +1,6 @@
 //! What the workerd kura supervises tells kura about its Workers: Durable Objects as they
-//! start (so kura lists them by name) and the events of their tail workers (their logs).
+//! start (so kura lists them by name), the events of their tail workers (their logs), and
+//! their `env.ASSETS` requests.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -51,14 +52,37 @@ pub async fn announce(State(app): State<AppState>, headers: HeaderMap, body: Bod
     outcome.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// `POST /logs`: a tail worker's events.
+/// `env.ASSETS.fetch()`: a request carrying [`headers::ASSETS`] is answered by that script's
+/// deployed assets, whatever its path; any other goes on to the routes.
+pub async fn assets(
+    State(app): State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(script_id) = request.headers().get(headers::ASSETS).and_then(|v| v.to_str().ok()).map(str::to_owned)
+    else {
+        return next.run(request).await;
+    };
+    let workers = match super::from_workerd(&app, request.headers()) {
+        Ok(workers) => workers,
+        Err(e) => return e.into_response(),
+    };
+    match workers.served_assets(&script_id) {
+        Some(assets) => assets.answer(request.method(), request.uri(), request.headers()).await,
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// `POST /logs`: a tail worker's events; `x-kura-tailing: 1` tells it a live tail listens.
 pub async fn logs(State(app): State<AppState>, headers: HeaderMap, body: Body) -> Response {
     let outcome = async {
         let script = script_of(&app, &headers)?;
         let body = read_body(body).await?;
         let events: Vec<serde_json::Value> = crate::extract::parse_json(&body)?;
-        app.workers.as_ref().expect("checked").record_logs(&script.id, events)?;
-        Ok::<_, ApiError>(StatusCode::NO_CONTENT.into_response())
+        let tailing = app.workers.as_ref().expect("checked").record_logs(&script.id, events)?;
+        Ok::<_, ApiError>(
+            (StatusCode::NO_CONTENT, [("x-kura-tailing", if tailing { "1" } else { "0" })]).into_response(),
+        )
     };
     outcome.await.unwrap_or_else(IntoResponse::into_response)
 }

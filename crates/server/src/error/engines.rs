@@ -122,9 +122,11 @@ impl From<DoError> for ApiError {
 impl From<WorkersError> for ApiError {
     fn from(e: WorkersError) -> Self {
         match e {
-            WorkersError::InvalidUpload(m) | WorkersError::ScriptRejected(m) | WorkersError::InvalidCron(m) => {
-                ApiError::new(StatusCode::BAD_REQUEST, 10021, m)
-            }
+            WorkersError::InvalidUpload(m)
+            | WorkersError::ScriptRejected(m)
+            | WorkersError::InvalidCron(m)
+            | WorkersError::InvalidTail(m)
+            | WorkersError::InvalidAssets(m) => ApiError::new(StatusCode::BAD_REQUEST, 10021, m),
             WorkersError::MissingTarget { code, message } => ApiError::new(StatusCode::BAD_REQUEST, code, message),
             WorkersError::ScriptNotFound => ApiError::new(StatusCode::NOT_FOUND, 10007, e.to_string()),
             WorkersError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, 10007, m),

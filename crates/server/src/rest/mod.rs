@@ -230,7 +230,22 @@ pub fn routes() -> Routes {
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/tails"),
             Touches::NotClustered("Workers"),
-            post(workers::no_tail),
+            get(workers::list_tails).post(workers::create_tail),
+        )
+        .route(
+            &v4("/accounts/{account_id}/workers/scripts/{name}/assets-upload-session"),
+            Touches::NotClustered("Workers"),
+            post(workers::assets_upload_session),
+        )
+        .route(
+            &v4("/accounts/{account_id}/workers/assets/upload"),
+            Touches::NotClustered("Workers"),
+            post(workers::assets_upload),
+        )
+        .route(
+            &v4("/accounts/{account_id}/workers/scripts/{name}/tails/{tail}"),
+            Touches::NotClustered("Workers"),
+            axum::routing::delete(workers::delete_tail),
         )
         .route(&v4("/graphql"), Touches::Anywhere, post(graphql::query))
         .with_router(|router| {

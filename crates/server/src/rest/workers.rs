@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 
 use axum::extract::multipart::MultipartRejection;
-use axum::extract::{Multipart, State};
-use axum::http::StatusCode;
+use axum::extract::{ConnectInfo, Multipart, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use kura_catalog::{WorkerDeployment, WorkerScript, WorkerVersion};
@@ -577,16 +577,124 @@ pub async fn no_kv(_caller: Caller) -> Result<Response, ApiError> {
     ))
 }
 
-/// `POST /accounts/{a}/workers/scripts/{name}/tails` (`wrangler tail`).
-pub async fn no_tail(
-    _caller: Caller,
-    V4Path((_account_id, name)): V4Path<(String, String)>,
+fn tail_json(headers: &HeaderMap, tail: &kura_workers::tails::TailInfo) -> Json {
+    let origin = crate::transfer::origin(headers);
+    let origin = origin.replacen("https://", "wss://", 1).replacen("http://", "ws://", 1);
+    json!({"id": tail.id, "url": format!("{origin}/workers-tails/{}", tail.id), "expires_at": tail.expires_at_iso()})
+}
+
+/// `POST /accounts/{a}/workers/scripts/{name}/tails` (`wrangler tail`): opens a tail with the
+/// body's filters; its events stream from the answer's `url`, a WebSocket reached with no
+/// other credential than the tail's id.
+pub async fn create_tail(
+    State(app): State<AppState>,
+    caller: Caller,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    headers: HeaderMap,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    Err(ApiError::new(
-        StatusCode::BAD_REQUEST,
-        10021,
-        format!("kura does not serve `wrangler tail`; read the Worker's logs with `kura workers logs {name} --remote`"),
-    ))
+    let workers = workers(&app, &caller, &account_id)?;
+    let script = script_of(workers, &account_id, &name)?;
+    let body = read_body(body).await?;
+    let filters = kura_workers::tails::Filters::parse(&body, Some(&peer.ip().to_string()))?;
+    let tail = workers.tails().create(&script.id, &script.name, filters)?;
+    Ok(ok(tail_json(&headers, &tail)))
+}
+
+/// `GET /accounts/{a}/workers/scripts/{name}/tails`: the script's open tails.
+pub async fn list_tails(
+    State(app): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let script = script_of(workers, &account_id, &name)?;
+    let tails: Vec<Json> = workers.tails().list(&script.id).iter().map(|t| tail_json(&headers, t)).collect();
+    Ok(ok(tails))
+}
+
+/// `DELETE /accounts/{a}/workers/scripts/{name}/tails/{id}` (wrangler, on its way out).
+pub async fn delete_tail(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name, id)): V4Path<(String, String, String)>,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    let script = script_of(workers, &account_id, &name)?;
+    if !workers.tails().close(&script.id, &id) {
+        return Err(WorkersError::NotFound(format!("'{name}' has no tail {id}")).into());
+    }
+    Ok(ok(Json::Null))
+}
+
+/// `POST /accounts/{a}/workers/scripts/{name}/assets-upload-session` (wrangler, before the
+/// script upload: the script may not exist yet): the manifest's hashes kura lacks, in buckets,
+/// and the session's token — or, lacking none, the completion token.
+pub async fn assets_upload_session(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, name)): V4Path<(String, String)>,
+    body: axum::body::Body,
+) -> Result<Response, ApiError> {
+    let workers = workers(&app, &caller, &account_id)?;
+    if !kura_catalog::is_valid_script_name(&name) {
+        return Err(WorkersError::invalid_upload(format!("'{name}' is not a valid Worker name")).into());
+    }
+    let body: Json = parse_json(&read_body(body).await?)?;
+    let started = workers.assets().start_session(&account_id, &body["manifest"])?;
+    Ok(created(json!({"jwt": started.jwt, "buckets": started.buckets})))
+}
+
+/// `POST /accounts/{a}/workers/assets/upload?base64=true`, authorized by the session's token
+/// instead of an API token: one bucket of files, a part per hash. The request that completes
+/// the session answers the completion token.
+pub async fn assets_upload(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    V4Path(_account_id): V4Path<String>,
+    V4Query(query): V4Query,
+    form: Result<Multipart, MultipartRejection>,
+) -> Result<Response, ApiError> {
+    let Some(workers) = app.workers.as_ref() else { return Err(ApiError::forbidden()) };
+    let jwt = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim().to_owned())
+        .ok_or_else(ApiError::missing_credentials)?;
+    let mut form = form.map_err(|_| {
+        ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, 10001, "Content-Type must be one of: multipart/form-data")
+    })?;
+    let mut files = Vec::new();
+    while let Some(field) = form.next_field().await.map_err(|e| ApiError::bad_request(e.body_text()))? {
+        let hash = field.name().unwrap_or("").to_owned();
+        let content_type = field.content_type().map(str::to_owned);
+        let bytes = field.bytes().await.map_err(|e| ApiError::bad_request(e.body_text()))?;
+        files.push((hash, content_type, bytes.to_vec()));
+    }
+    let base64 = query.get("base64").is_some_and(|v| v == "true");
+    let workers = workers.clone();
+    // Hashing, decoding and syncing files: off the runtime's threads.
+    let completed = tokio::task::spawn_blocking(move || workers.assets().upload(&jwt, files, base64))
+        .await
+        .map_err(|e| ApiError::internal_text(&e))??;
+    Ok(match completed {
+        Some(jwt) => created(json!({"jwt": jwt})),
+        None => {
+            let mut response = ok(json!({}));
+            *response.status_mut() = StatusCode::ACCEPTED;
+            response
+        }
+    })
+}
+
+fn created(result: Json) -> Response {
+    let mut response = ok(result);
+    *response.status_mut() = StatusCode::CREATED;
+    response
 }
 
 /// `GET /accounts/{a}/workers/scripts/{name}/logs` (kura's own): the script's recent console

@@ -2,6 +2,10 @@ const SCHEMA = "CREATE TABLE IF NOT EXISTS runs (cron TEXT NOT NULL, scheduled I
 
 export default {
   async fetch(request, env) {
+    const say = new URL(request.url).searchParams.get("say");
+    if (say !== null) {
+      console.log("said", say);
+    }
     await env.DB.exec(SCHEMA);
     const { results } = await env.DB.prepare("SELECT cron, scheduled, no_retry FROM runs ORDER BY rowid").all();
     return Response.json(results);
