@@ -1,5 +1,5 @@
 // The console's shell: sign-in, navigation and the hash router that hands each page to its
-// section (d1.js, r2.js, do.js, tokens.js).
+// section (d1.js, r2.js, do.js, workers.js, tokens.js).
 
 import { session, signIn, forget, can, v4, acct } from "./api.js";
 import { h, fill, field, form, heading, table, when, errorBox } from "./ui.js";
@@ -7,6 +7,7 @@ import * as d1 from "./d1.js";
 import * as r2 from "./r2.js";
 import * as durable from "./do.js";
 import * as tokens from "./tokens.js";
+import * as workers from "./workers.js";
 
 const main = document.getElementById("main");
 
@@ -81,21 +82,6 @@ function home() {
   return h("p", {}, "This token reaches nothing the console shows.");
 }
 
-async function workersPage() {
-  const scripts = await v4("GET", acct("/workers/scripts"));
-  return h(
-    "section",
-    {},
-    heading([], "Workers"),
-    h("p", { class: "muted" }, "Deployed with ", h("code", {}, "wrangler deploy"), "; served on kura's Workers listener by host name."),
-    table(
-      ["Name", "Created", "Modified"],
-      scripts.map((s) => [s.id, when(s.created_on), when(s.modified_on)]),
-      { empty: "No Workers deployed yet." },
-    ),
-  );
-}
-
 /** `#/section/part/part?query` split into its pieces. */
 function parseHash() {
   const raw = location.hash.replace(/^#\/?/, "");
@@ -138,7 +124,7 @@ export async function route() {
         page = await tokens.page();
         break;
       case "workers":
-        page = await workersPage();
+        page = await workers.page(parts.slice(1));
         break;
       default:
         page = home();

@@ -36,6 +36,11 @@ const ASSETS: &[Asset] = &[
     Asset { name: "r2.js", content_type: "text/javascript; charset=utf-8", body: include_bytes!("../console/r2.js") },
     Asset { name: "do.js", content_type: "text/javascript; charset=utf-8", body: include_bytes!("../console/do.js") },
     Asset {
+        name: "workers.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../console/workers.js"),
+    },
+    Asset {
         name: "tokens.js",
         content_type: "text/javascript; charset=utf-8",
         body: include_bytes!("../console/tokens.js"),

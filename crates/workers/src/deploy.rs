@@ -169,8 +169,7 @@ impl Workers {
             secrets: Vec::new(),
             classes,
         };
-        let checked = if stored.modules.is_empty() { Ok(()) } else { self.check(&candidate).await };
-        let recorded = match checked {
+        let recorded = match self.check(&candidate).await {
             Ok(()) => {
                 let annotations =
                     metadata.annotations.as_ref().map(|a| serde_json::Value::Object(a.clone()).to_string());

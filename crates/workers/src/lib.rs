@@ -370,7 +370,8 @@ impl Workers {
         Ok(outcome)
     }
 
-    /// Removes version files no version owns (an upload cut short).
+    /// Removes version files no version owns (an upload cut short, a deleted script's), then
+    /// the asset files no remaining version lists.
     fn sweep_versions(&self) -> Result<()> {
         let known: std::collections::HashSet<String> =
             self.inner.catalog.all_worker_version_ids()?.into_iter().collect();
@@ -382,6 +383,16 @@ impl Workers {
                 tracing::info!(version = name, "removing the files of an upload that was never recorded");
                 let _ = std::fs::remove_dir_all(entry.path());
             }
+        }
+        let mut listed = std::collections::HashSet::new();
+        for version in &known {
+            if let Some(assets) = assets::VersionAssets::read(&dir.join(version))? {
+                listed.extend(assets.files.into_values().map(|a| a.hash));
+            }
+        }
+        let removed = self.inner.assets.sweep(&listed)?;
+        if removed > 0 {
+            tracing::info!(files = removed, "removed asset files no version lists");
         }
         Ok(())
     }

@@ -138,7 +138,11 @@ impl Workers {
 
     /// Has a workerd of its own run `candidate` (with nothing connected and objects in memory):
     /// whether workerd accepts it, and if not, what it said.
+    /// An assets-only version has no code to check.
     pub(crate) async fn check(&self, candidate: &ServedScript) -> Result<()> {
+        if candidate.version.modules.is_empty() {
+            return Ok(());
+        }
         let runtime = self.runtime().await?;
         // Short: its sockets sit one directory below the served ones, within the same budget
         // (see `socket_dir`).

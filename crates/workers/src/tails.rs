@@ -263,7 +263,7 @@ impl Tails {
         }
     }
 
-    /// Closes the tail `id` of `script_id`; false if there is none.
+    /// Closes the tail `id` of `script_id`; false if it was not open.
     pub fn close(&self, script_id: &str, id: &str) -> bool {
         let mut tails = self.lock();
         if tails.get(id).is_some_and(|t| t.script_id == script_id) {

@@ -27,6 +27,7 @@ fn the_console_in_headless_chromium() {
     let out = Command::new("node")
         .arg(&script)
         .env("KURA_URL", server.api.trim_end_matches("/client/v4"))
+        .env("KURA_WORKERS_URL", &server.workers)
         .env("KURA_API_TOKEN", TOKEN)
         .env("KURA_ACCOUNT_ID", ACCOUNT)
         .env("CHROMIUM", chromium())

@@ -940,7 +940,8 @@ fn wrangler_tail_streams_each_invocation_live_with_its_logs_and_filters() {
     std::thread::sleep(Duration::from_secs(25).saturating_sub(started.elapsed()));
     for tail in [everything, posts, pretty] {
         assert!(!tail.text().contains("Tail disconnected"), "{}", tail.text());
-        tail.stop();
+        let said = tail.stop();
+        assert!(!said.contains("ERROR") && !said.contains("failed"), "wrangler left cleanly: {said}");
     }
     wait_for(Duration::from_secs(20), || (open_tails() == 0).then_some(())).expect("a tail ends with wrangler");
 }
@@ -986,11 +987,15 @@ impl Tail {
         serde_json::Deserializer::from_str(&text[start..]).into_iter::<Json>().map_while(Result::ok).collect()
     }
 
-    /// Interrupts wrangler as a user's Ctrl-C does (it then closes its tail).
-    fn stop(mut self) {
+    /// Interrupts wrangler as a user's Ctrl-C does (it then closes its tail); answers what it
+    /// printed on its way out.
+    fn stop(mut self) -> String {
+        let before = self.text().len();
         // SAFETY: kill(2) on a child this test started and has not yet reaped.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
         let _ = self.child.wait();
+        std::thread::sleep(Duration::from_millis(200));
+        self.text()[before..].to_owned()
     }
 }
 

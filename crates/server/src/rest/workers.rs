@@ -615,7 +615,9 @@ pub async fn list_tails(
     Ok(ok(tails))
 }
 
-/// `DELETE /accounts/{a}/workers/scripts/{name}/tails/{id}` (wrangler, on its way out).
+/// `DELETE /accounts/{a}/workers/scripts/{name}/tails/{id}` (wrangler, on its way out, after it
+/// has closed the socket — which already closed the tail): succeeds whether or not the tail is
+/// still open.
 pub async fn delete_tail(
     State(app): State<AppState>,
     caller: Caller,
@@ -623,9 +625,7 @@ pub async fn delete_tail(
 ) -> Result<Response, ApiError> {
     let workers = workers(&app, &caller, &account_id)?;
     let script = script_of(workers, &account_id, &name)?;
-    if !workers.tails().close(&script.id, &id) {
-        return Err(WorkersError::NotFound(format!("'{name}' has no tail {id}")).into());
-    }
+    workers.tails().close(&script.id, &id);
     Ok(ok(Json::Null))
 }
 

@@ -1,12 +1,13 @@
 // The web console in headless Chromium (Debian's), driven by puppeteer-core against a real
 // kura server: sign in, D1 (create, SQL, a 10,000-row table paged, Time Travel restore and undo,
 // import), R2 (a 20 MiB multipart upload downloaded byte-identical, details, a presigned URL
-// fetched from outside), Durable Objects (a room's objects by name, SQL, fan-out), tokens (a
+// fetched from outside), Durable Objects (a room's objects by name, SQL, fan-out), Workers (cron
+// runs among the recent logs, a request seen live through a tail), tokens (a
 // read-only token sees a read-only console), a phone-width screen, and text holding markup
 // shown as text. Every page is screenshotted into SCREENSHOTS; the run fails on any console
 // error, any failed request and any error answer the test did not provoke.
 //
-//   KURA_URL KURA_API_TOKEN KURA_ACCOUNT_ID CHROMIUM SCREENSHOTS PUPPETEER (its directory)
+//   KURA_URL KURA_WORKERS_URL KURA_API_TOKEN KURA_ACCOUNT_ID CHROMIUM SCREENSHOTS PUPPETEER (its directory)
 
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
@@ -15,7 +16,7 @@ import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-const { KURA_URL, KURA_API_TOKEN, KURA_ACCOUNT_ID, CHROMIUM, SCREENSHOTS, PUPPETEER } = process.env;
+const { KURA_URL, KURA_WORKERS_URL, KURA_API_TOKEN, KURA_ACCOUNT_ID, CHROMIUM, SCREENSHOTS, PUPPETEER } = process.env;
 const puppeteer = createRequire(join(PUPPETEER, "package.json"))("puppeteer-core");
 const CONSOLE = `${KURA_URL}/console/`;
 const work = mkdtempSync(join(tmpdir(), "kura-console-"));
@@ -388,6 +389,45 @@ await page.evaluate(() => [...document.querySelectorAll("tr")].find((tr) => tr.f
 await page.waitForFunction(() => [...document.querySelectorAll("tr")].some((tr) => tr.firstChild?.textContent === "reader" && tr.textContent.includes("revoked")));
 const afterRevoke = await asReader("/d1/database");
 check(afterRevoke.status === 401 || afterRevoke.status === 403, `the revoked token is refused (${afterRevoke.status})`);
+
+// ---- Workers: a Worker's Cron Triggers, its recent runs, and a live log ----
+const upload = new FormData();
+upload.append("metadata", new Blob([JSON.stringify({ main_module: "index.js", compatibility_date: "2025-06-01" })], { type: "application/json" }));
+const code = `export default {
+  fetch(request) { console.log("hello from", new URL(request.url).pathname); return new Response("hi"); },
+  scheduled(controller) { console.log("cron ran:", controller.cron); },
+};`;
+upload.append("index.js", new Blob([code], { type: "application/javascript+module" }), "index.js");
+const deployed = await fetch(`${KURA_URL}/client/v4/accounts/${KURA_ACCOUNT_ID}/workers/scripts/hello`, {
+  method: "PUT",
+  headers: { authorization: `Bearer ${KURA_API_TOKEN}` },
+  body: upload,
+});
+check((await deployed.json()).success, "a Worker deploys through the API");
+await api("PUT", "/workers/scripts/hello/schedules", [{ cron: "*/5 * * * *" }]);
+await api("POST", "/workers/scripts/hello/schedules/trigger", { cron: "*/5 * * * *" });
+let cronShown = false;
+for (let i = 0; i < 40 && !cronShown; i++) {
+  await go(page, "#/workers/hello");
+  await page.waitForSelector("main h2");
+  cronShown = await page.evaluate(() => document.querySelector("main").innerText.includes("cron ran: */5 * * * *"));
+  if (!cronShown) await new Promise((r) => setTimeout(r, 250));
+}
+check(cronShown, "the cron run and its console output are among the recent logs");
+check(await page.evaluate(() => [...document.querySelectorAll("main code")].some((c) => c.textContent === "*/5 * * * *")), "the schedule is listed");
+await page.evaluate(() => [...document.querySelectorAll("main button")].find((b) => b.textContent === "Start live log").click());
+await page.waitForFunction(() => document.querySelector("main [role=status]").textContent.startsWith("Streaming"));
+let seen = false;
+for (let i = 0; i < 40 && !seen; i++) {
+  await fetch(`${KURA_WORKERS_URL}/from-the-console-test`);
+  seen = await page.evaluate(() => document.querySelector("main table[aria-label='Live log'] tbody").innerText.includes("hello from /from-the-console-test"));
+  if (!seen) await new Promise((r) => setTimeout(r, 250));
+}
+check(seen, "a request shows in the live log as it happens");
+await shot(page, "23-worker-live-log");
+await page.evaluate(() => [...document.querySelectorAll("main button")].find((b) => b.textContent === "Stop live log").click());
+await page.waitForFunction(() => document.querySelector("main [role=status]").textContent === "Not streaming.");
+check((await api("GET", "/workers/scripts/hello/tails")).length === 0, "stopping the live log closes its tail");
 
 // ---- Phone width ----
 const phone = await newPage(390, 844);
