@@ -29,8 +29,16 @@ pub async fn stream(State(app): State<AppState>, UrlPath(id): UrlPath<String>, u
 }
 
 async fn relay(workers: &Workers, mut stream: TailStream, mut socket: WebSocket) {
+    let lasts = stream.expires_at.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+    let expiry = tokio::time::sleep(lasts);
+    tokio::pin!(expiry);
     loop {
         tokio::select! {
+            () = &mut expiry => {
+                let close = CloseFrame { code: 1000, reason: "the tail expired".into() };
+                let _ = socket.send(Message::Close(Some(close))).await;
+                break;
+            }
             event = stream.events.recv() => {
                 let Some(event) = event else {
                     // Closed through the API, or taken over by a newer connection.

@@ -198,6 +198,8 @@ pub struct TailStream {
     pub script_id: String,
     /// Events, one per invocation.
     pub events: mpsc::Receiver<LogEvent>,
+    /// When the tail ends.
+    pub expires_at: SystemTime,
     connection: u64,
     id: String,
 }
@@ -252,7 +254,13 @@ impl Tails {
         let (sender, events) = mpsc::channel(QUEUED);
         let connection = self.connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tail.listener = Some(Listener { sender, connection, dropped: 0 });
-        Some(TailStream { script_id: tail.script_id.clone(), events, connection, id: id.to_owned() })
+        Some(TailStream {
+            script_id: tail.script_id.clone(),
+            events,
+            expires_at: tail.expires_at,
+            connection,
+            id: id.to_owned(),
+        })
     }
 
     /// Ends a stream: its tail closes, unless a newer connection took it over.

@@ -1050,12 +1050,13 @@ fn static_assets_upload_once_serve_before_the_worker_and_follow_rollbacks() {
     assert_eq!(header(&fetch("GET", "/app.js", &[]).1, "cache-control"), "public, max-age=60");
     assert_eq!(fetch("POST", "/app.js", &[]).0, 405);
 
-    // A browser's navigation to a client-side route gets the app; a script's fetch of an
-    // unknown path reaches the Worker, as do the `run_worker_first` routes.
-    let (status, _, body) = fetch("GET", "/rooms/42", &[("sec-fetch-mode", "navigate")]);
-    assert_eq!((status, body.contains("the app shell")), (200, true), "{body}");
-    let (status, _, body) = fetch("GET", "/rooms/42", &[]);
-    assert_eq!((status, body.as_str()), (404, "worker: /rooms/42"));
+    // A client-side route gets the app — a browser's navigation and, because `run_worker_first`
+    // lists routes (Cloudflare's static routing), a script's fetch too; the listed routes reach
+    // the Worker.
+    for headers in [&[("sec-fetch-mode", "navigate")][..], &[]] {
+        let (status, _, body) = fetch("GET", "/rooms/42", headers);
+        assert_eq!((status, body.contains("the app shell")), (200, true), "{body}");
+    }
     assert_eq!(fetch("GET", "/api/hello", &[]).2, r#"{"api":"/api/hello"}"#);
     assert_eq!(fetch("GET", "/api/asset", &[]).2, "asset 200: console.log(\"app v1\");\n");
 
@@ -1084,6 +1085,110 @@ fn static_assets_upload_once_serve_before_the_worker_and_follow_rollbacks() {
     let get = |path: &str| client.send(client.request(reqwest::Method::GET, "static", path));
     assert_eq!(get("/"), (200, json!("<p>static home</p>\n")));
     assert_eq!(get("/no/such/page"), (404, json!("<p>nothing here</p>\n")));
+}
+
+/// The guides' periodic jobs as Workers write them (workers/jobs): a D1 work queue whose claims
+/// are leases with fencing tokens, and the R2 reclaim job, run many times by hand and by their
+/// own `* * * * *` schedule. Every task is completed exactly once — a task whose holder died is
+/// taken over under a new token, and the dead holder's late completion changes nothing — and
+/// only unreferenced objects are deleted.
+#[test]
+fn periodic_jobs_claim_with_fencing_tokens_and_reclaim_orphans_on_their_schedule() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let project = Project::new("jobs");
+    deploy(&w, &project, &[]);
+    let client = Client::new(&server);
+    client.get("jobs", "/enqueue?n=7");
+    client.get("jobs", "/files?n=3");
+    client.get("jobs", "/stale");
+    let remote = server.remote_env();
+    for i in 0..4 {
+        let time = (1_765_000_000_000_i64 + i * 60_000).to_string();
+        kura(
+            project.path(),
+            &server.data,
+            &["workers", "trigger", "jobs", "--cron", "by-hand", "--time", &time, "--remote"],
+            &remote,
+        )
+        .expect_ok("workers trigger");
+    }
+    let state = client.get("jobs", "/");
+    let tasks = state["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 8, "{state}");
+    for task in tasks {
+        assert_eq!((&task["state"], &task["completions"]), (&json!("done"), &json!(1)), "each task once: {task}");
+    }
+    let stale = tasks.iter().find(|t| t["payload"] == "stale").unwrap();
+    assert_eq!(stale["claim_token"], 2, "taken over under a new token: {stale}");
+    assert!(stale["claimed_by"].as_str().unwrap().starts_with("cron@"), "{stale}");
+    let late = client.get("jobs", &format!("/late-completion?id={}", stale["id"]));
+    assert_eq!(late["changes"], 0, "the dead holder's completion is fenced off");
+    assert_eq!(state["objects"], json!(["kept/0", "kept/1", "kept/2"]), "only the orphans were reclaimed");
+    let runs = state["runs"].as_array().unwrap();
+    assert_eq!(runs.iter().filter(|r| r["cron"] == "by-hand").count(), 4, "{state}");
+    assert_eq!(runs.iter().map(|r| r["claimed"].as_i64().unwrap()).sum::<i64>(), 8);
+    assert_eq!(runs.iter().map(|r| r["reclaimed"].as_i64().unwrap()).sum::<i64>(), 3);
+
+    // Their own schedule: new work is done within a minute or so, by a `* * * * *` run.
+    client.get("jobs", "/enqueue?n=2");
+    client.get("jobs", "/files?n=4");
+    let done = wait_for(Duration::from_secs(75), || {
+        let state = client.get("jobs", "/");
+        let all_done = state["tasks"].as_array().unwrap().iter().all(|t| t["state"] == "done");
+        let scheduled = state["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["cron"] == "* * * * *" && r["claimed"].as_i64() > Some(0));
+        (all_done && scheduled).then_some(state)
+    })
+    .expect("the schedule ran the jobs");
+    assert_eq!(done["objects"].as_array().unwrap().len(), 4, "kept/0..3: {done}");
+    for run in done["runs"].as_array().unwrap().iter().filter(|r| r["cron"] == "* * * * *") {
+        assert_eq!(run["scheduled"].as_i64().unwrap() % 60_000, 0, "{run}");
+    }
+}
+
+/// kura killed just before a minute starts and started again just after: no minute fires
+/// twice, the minute that began while it was down is not replayed, and the schedule goes on.
+#[test]
+fn a_restart_across_a_minute_boundary_fires_no_minute_twice() {
+    let server = KuraProcess::start();
+    let w = Wrangler::new(&server);
+    let project = Project::new("jobs");
+    deploy(&w, &project, &[]);
+    let client = Client::new(&server);
+    let scheduled_minutes = |client: &Client| -> Vec<i64> {
+        let state = client.get("jobs", "/");
+        state["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["cron"] == "* * * * *")
+            .map(|r| r["scheduled"].as_i64().unwrap())
+            .collect()
+    };
+    let first = wait_for(Duration::from_secs(75), || scheduled_minutes(&client).first().copied()).expect("a first run");
+    // Down from 1.5 s before the next minute to 1.5 s after it.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let boundary = (now / 60_000 + 1) * 60_000;
+    std::thread::sleep(Duration::from_millis((boundary - now - 1_500).max(0) as u64));
+    let (dir, data) = server.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    let server = KuraProcess::start_on(dir, data);
+    let client = Client::new(&server);
+    let after = wait_for(Duration::from_secs(75), || {
+        let minutes = scheduled_minutes(&client);
+        minutes.iter().any(|m| *m > boundary).then_some(minutes)
+    })
+    .expect("the schedule goes on after the restart");
+    let mut unique = after.clone();
+    unique.dedup();
+    assert_eq!(unique, after, "no minute fired twice: {after:?}");
+    assert!(after.contains(&first), "{after:?}");
+    assert!(!after.contains(&boundary), "the minute that began while kura was down is not replayed: {after:?}");
+    assert!(after.windows(2).all(|w| w[0] < w[1]), "{after:?}");
 }
 
 /// The cron Worker's runs other than its own schedule's (`* * * * *`, which may fire at any

@@ -643,7 +643,11 @@ pub async fn assets_upload_session(
         return Err(WorkersError::invalid_upload(format!("'{name}' is not a valid Worker name")).into());
     }
     let body: Json = parse_json(&read_body(body).await?)?;
-    let started = workers.assets().start_session(&account_id, &body["manifest"])?;
+    let workers = workers.clone();
+    // Up to 100,000 files looked up on disk: off the runtime's threads.
+    let started = tokio::task::spawn_blocking(move || workers.assets().start_session(&account_id, &body["manifest"]))
+        .await
+        .map_err(|e| ApiError::internal_text(&e))??;
     Ok(created(json!({"jwt": started.jwt, "buckets": started.buckets})))
 }
 
@@ -668,12 +672,30 @@ pub async fn assets_upload(
     let mut form = form.map_err(|_| {
         ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, 10001, "Content-Type must be one of: multipart/form-data")
     })?;
+    // A stranger's upload is refused before its body is read, and no part may be larger
+    // than the largest file's base64.
+    let refused = || WorkersError::InvalidAssets("the asset upload token is unknown or has expired".into());
+    if !workers.assets().expects(&jwt, None) {
+        return Err(refused().into());
+    }
+    let largest = kura_workers::assets::MAX_ASSET_BYTES as usize / 3 * 4 + 8;
     let mut files = Vec::new();
-    while let Some(field) = form.next_field().await.map_err(|e| ApiError::bad_request(e.body_text()))? {
+    while let Some(mut field) = form.next_field().await.map_err(|e| ApiError::bad_request(e.body_text()))? {
         let hash = field.name().unwrap_or("").to_owned();
+        if !workers.assets().expects(&jwt, Some(&hash)) {
+            return Err(WorkersError::InvalidAssets(format!("{hash} is not a file of this upload session")).into());
+        }
         let content_type = field.content_type().map(str::to_owned);
-        let bytes = field.bytes().await.map_err(|e| ApiError::bad_request(e.body_text()))?;
-        files.push((hash, content_type, bytes.to_vec()));
+        let mut bytes = Vec::new();
+        while let Some(chunk) = field.chunk().await.map_err(|e| ApiError::bad_request(e.body_text()))? {
+            if bytes.len() + chunk.len() > largest {
+                return Err(
+                    WorkersError::InvalidAssets(format!("the part {hash} is larger than any asset may be")).into()
+                );
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        files.push((hash, content_type, bytes));
     }
     let base64 = query.get("base64").is_some_and(|v| v == "true");
     let workers = workers.clone();

@@ -169,8 +169,6 @@ struct Session {
     /// Hash → the extension it was hashed with (each hash has one: the extension is hashed).
     extensions: HashMap<String, String>,
     missing: HashSet<String>,
-    /// Hash → the content type its upload named.
-    types: HashMap<String, Option<String>>,
     expires: Instant,
 }
 
@@ -195,6 +193,22 @@ pub struct AssetStore {
     dir: PathBuf,
     sessions: Mutex<HashMap<String, Session>>,
     completed: Mutex<HashMap<String, Completed>>,
+}
+
+/// Open sessions (and unused completion tokens) an account may have; past that, its oldest go.
+const PER_ACCOUNT: usize = 16;
+
+/// Makes room for one more entry of `account_id`: drops its oldest beyond [`PER_ACCOUNT`] - 1.
+fn keep_newest<V>(map: &mut HashMap<String, V>, account_id: &str, key: impl Fn(&V) -> (&String, Instant)) {
+    let mut mine: Vec<(Instant, String)> =
+        map.iter().filter(|(_, v)| key(v).0 == account_id).map(|(k, v)| (key(v).1, k.clone())).collect();
+    if mine.len() < PER_ACCOUNT {
+        return;
+    }
+    mine.sort();
+    for (_, token) in mine.iter().take(mine.len() + 1 - PER_ACCOUNT) {
+        map.remove(token);
+    }
 }
 
 fn is_hash(text: &str) -> bool {
@@ -266,7 +280,6 @@ impl AssetStore {
             manifest: BTreeMap::new(),
             extensions: HashMap::new(),
             missing: HashSet::new(),
-            types: HashMap::new(),
             expires: Instant::now() + TOKEN_LIFETIME,
         };
         let mut sizes: BTreeMap<String, u64> = BTreeMap::new();
@@ -292,7 +305,7 @@ impl AssetStore {
             }
         }
         if session.missing.is_empty() {
-            let jwt = self.complete(session)?;
+            let jwt = self.complete(&session)?;
             return Ok(SessionStarted { jwt, buckets: Vec::new() });
         }
         let mut buckets: Vec<Vec<String>> = Vec::new();
@@ -308,12 +321,24 @@ impl AssetStore {
         let jwt = token(TOKEN_LIFETIME);
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         sessions.retain(|_, s| s.expires > Instant::now());
+        keep_newest(&mut sessions, account_id, |s| (&s.account_id, s.expires));
         sessions.insert(jwt.clone(), session);
         Ok(SessionStarted { jwt, buckets })
     }
 
+    /// Whether `jwt` is an open upload session that lists `hash` (checked before a request's
+    /// body is read, so a stranger's upload is refused unread).
+    pub fn expects(&self, jwt: &str, hash: Option<&str>) -> bool {
+        let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        sessions
+            .get(jwt)
+            .filter(|s| s.expires > Instant::now())
+            .is_some_and(|s| hash.is_none_or(|h| s.extensions.contains_key(h)))
+    }
+
     /// Stores one upload request's files (hash, content type, body) for the session `jwt`;
-    /// answers the completion token once the session has every file it lacked.
+    /// answers the completion token once the session has every file it lacked. A file already
+    /// stored is checked and kept as it is: its bytes and type are never replaced.
     pub fn upload(
         &self,
         jwt: &str,
@@ -331,6 +356,7 @@ impl AssetStore {
         };
         let mut stored = Vec::new();
         for (hash, content_type, body) in files {
+            let body: &[u8] = &body;
             let (Some(ext), Some(size)) = (extensions.get(&hash), sizes.get(&hash)) else {
                 return Err(invalid(format!("A file was uploaded that does not appear in the manifest: {hash}")));
             };
@@ -343,35 +369,38 @@ impl AssetStore {
                     .decode(&text)
                     .map_err(|e| invalid(format!("the file uploaded as {hash} is not base64: {e}")))?
             } else {
-                let text = base64::engine::general_purpose::STANDARD.encode(&body);
+                let text = base64::engine::general_purpose::STANDARD.encode(body);
                 if hash_of(text.as_bytes(), ext) != hash {
                     return Err(invalid(format!("the file uploaded as {hash} does not have that hash")));
                 }
-                body
+                body.to_vec()
             };
             if bytes.len() as u64 != *size {
                 return Err(invalid(format!("the file uploaded as {hash} is {} bytes, not {size}", bytes.len())));
             }
             // `application/null` is wrangler's "no type known": served without one.
             let content_type = content_type.filter(|t| !t.starts_with("application/null"));
-            self.store(&hash, content_type.as_deref(), &bytes)?;
-            stored.push((hash, content_type));
+            if !self.stored(&hash) {
+                self.store(&hash, content_type.as_deref(), &bytes)?;
+            }
+            stored.push(hash);
         }
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         let Some(session) = sessions.get_mut(jwt) else {
             // Another request finished the session meanwhile; its answer carried the token.
             return Ok(None);
         };
-        for (hash, content_type) in stored {
+        for hash in stored {
             session.missing.remove(&hash);
-            session.types.insert(hash, content_type);
         }
         if !session.missing.is_empty() {
             return Ok(None);
         }
-        let session = sessions.remove(jwt).expect("present");
-        drop(sessions);
-        self.complete(session).map(Some)
+        // Completed before the session goes, so its files are always listed by one or the other
+        // (the sweep keeps what either lists).
+        let completion = self.complete(session)?;
+        sessions.remove(jwt);
+        Ok(Some(completion))
     }
 
     /// Writes a file (and its type) under its hash, durably, whole or not at all.
@@ -396,21 +425,22 @@ impl AssetStore {
         std::fs::read_to_string(self.type_file(hash)).ok().filter(|t| !t.is_empty())
     }
 
-    fn complete(&self, session: Session) -> Result<String> {
+    /// The session's files as stored — the size and type are the stored file's, whatever the
+    /// manifest said — under a new completion token.
+    fn complete(&self, session: &Session) -> Result<String> {
         let mut files = BTreeMap::new();
-        for (path, (hash, size)) in session.manifest {
-            let content_type = match session.types.get(&hash) {
-                Some(uploaded) => uploaded.clone(),
-                None => self.stored_type(&hash),
-            };
-            files.insert(path, Asset { hash, size, content_type });
+        for (path, (hash, _)) in &session.manifest {
+            let size =
+                std::fs::metadata(self.file(hash)).map_err(WorkersError::io(format!("reading asset {hash}")))?.len();
+            files.insert(path.clone(), Asset { hash: hash.clone(), size, content_type: self.stored_type(hash) });
         }
         let jwt = token(TOKEN_LIFETIME);
         let mut completed = self.completed.lock().unwrap_or_else(|p| p.into_inner());
         completed.retain(|_, c| c.expires > Instant::now());
+        keep_newest(&mut completed, &session.account_id, |c| (&c.account_id, c.expires));
         completed.insert(
             jwt.clone(),
-            Completed { account_id: session.account_id, files, expires: Instant::now() + TOKEN_LIFETIME },
+            Completed { account_id: session.account_id.clone(), files, expires: Instant::now() + TOKEN_LIFETIME },
         );
         Ok(jwt)
     }

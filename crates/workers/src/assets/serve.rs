@@ -38,77 +38,62 @@ pub fn check_rules(rules: &[String]) -> Result<()> {
 }
 
 /// A path pattern of `_redirects`, `_headers` and `run_worker_first`: literal text, `*` (any
-/// characters, `/` included: the splat) and `:name` (one segment) — anchored at both ends.
+/// characters, `/` included: the first is the splat) and `:name` (one segment) — anchored at
+/// both ends. Matched by the `regex` crate, in time linear in the path whatever the pattern.
 #[derive(Debug, Clone)]
 struct Pattern {
-    parts: Vec<Part>,
-}
-
-#[derive(Debug, Clone)]
-enum Part {
-    Text(String),
-    Splat,
-    Placeholder(String),
+    /// The text itself, when the pattern has neither splat nor placeholder.
+    literal: Option<String>,
+    regex: regex::Regex,
 }
 
 impl Pattern {
-    fn parse(text: &str, placeholders: bool) -> Pattern {
-        let mut parts = Vec::new();
-        let mut literal = String::new();
+    /// `None` for a pattern no regex can say (a placeholder named twice).
+    fn parse(text: &str, placeholders: bool) -> Option<Pattern> {
+        let mut regex = String::from("^");
+        let mut literal = true;
+        let mut splat = false;
         let mut chars = text.chars().peekable();
         while let Some(c) = chars.next() {
             let starts_name = chars.peek().is_some_and(|n| n.is_ascii_alphabetic());
             if c == '*' {
-                parts.push(Part::Text(std::mem::take(&mut literal)));
-                parts.push(Part::Splat);
+                regex.push_str(if splat { ".*" } else { "(?P<splat>.*)" });
+                splat = true;
+                literal = false;
             } else if c == ':' && placeholders && starts_name {
                 let mut name = String::new();
                 while let Some(&n) = chars.peek().filter(|n| n.is_ascii_alphanumeric() || **n == '_') {
                     name.push(n);
                     chars.next();
                 }
-                parts.push(Part::Text(std::mem::take(&mut literal)));
-                parts.push(Part::Placeholder(name));
+                regex.push_str(&format!("(?P<{name}>[^/]+)"));
+                literal = false;
             } else {
-                literal.push(c);
+                regex.push_str(&regex::escape(&c.to_string()));
             }
         }
-        parts.push(Part::Text(literal));
-        parts.retain(|p| !matches!(p, Part::Text(t) if t.is_empty()));
-        Pattern { parts }
+        regex.push('$');
+        let regex = regex::Regex::new(&regex).ok()?;
+        Some(Pattern { literal: literal.then(|| text.to_owned()), regex })
     }
 
     fn is_static(&self) -> bool {
-        self.parts.iter().all(|p| matches!(p, Part::Text(_)))
+        self.literal.is_some()
     }
 
     /// The captures (`splat` and the placeholders) if `path` matches.
     fn matches(&self, path: &str) -> Option<HashMap<String, String>> {
-        let mut captures = HashMap::new();
-        matches_from(&self.parts, path, &mut captures).then_some(captures)
-    }
-}
-
-fn matches_from(parts: &[Part], rest: &str, captures: &mut HashMap<String, String>) -> bool {
-    let Some((first, others)) = parts.split_first() else { return rest.is_empty() };
-    match first {
-        Part::Text(text) => rest.strip_prefix(text.as_str()).is_some_and(|r| matches_from(others, r, captures)),
-        Part::Splat | Part::Placeholder(_) => {
-            let (name, limit) = match first {
-                Part::Placeholder(name) => (name.as_str(), rest.find('/').unwrap_or(rest.len())),
-                _ => ("splat", rest.len()),
-            };
-            // The longest capture first (a splat is greedy), at least one character for a
-            // placeholder.
-            let shortest = usize::from(matches!(first, Part::Placeholder(_)));
-            for end in (shortest..=limit).rev().filter(|end| rest.is_char_boundary(*end)) {
-                if matches_from(others, &rest[end..], captures) {
-                    captures.insert(name.to_owned(), rest[..end].to_owned());
-                    return true;
-                }
-            }
-            false
+        if let Some(literal) = &self.literal {
+            return (literal == path).then(HashMap::new);
         }
+        let captures = self.regex.captures(path)?;
+        Some(
+            self.regex
+                .capture_names()
+                .flatten()
+                .filter_map(|name| captures.name(name).map(|m| (name.to_owned(), m.as_str().to_owned())))
+                .collect(),
+        )
     }
 }
 
@@ -131,6 +116,9 @@ struct Redirect {
     from: Pattern,
     to: String,
     status: u16,
+    /// A literal rule before the first dynamic one: looked up by exact path, ahead of the
+    /// rest. A literal rule after a dynamic one takes its turn in order, as on Cloudflare.
+    early: bool,
 }
 
 /// One `_headers` rule.
@@ -171,6 +159,10 @@ impl Rules {
             let mut sources = std::collections::HashSet::new();
             let (mut statics, mut dynamics) = (0, 0);
             for (number, line) in text.lines().enumerate() {
+                if line.len() > 2000 {
+                    tracing::warn!(line = number + 1, "_redirects: skipped a line over 2,000 characters");
+                    continue;
+                }
                 let line = line.split(" #").next().unwrap_or("").trim();
                 if line.is_empty() || line.starts_with('#') {
                     continue;
@@ -192,8 +184,27 @@ impl Rules {
                     continue;
                 };
                 let to = tokens[1].to_owned();
-                let from = Pattern::parse(path, true);
-                let over = if from.is_static() && dynamics == 0 {
+                let Some(from) = Pattern::parse(path, true).filter(|_| path.matches('*').count() <= 1) else {
+                    tracing::warn!(
+                        line = number + 1,
+                        "_redirects: skipped a rule with two splats or a repeated placeholder"
+                    );
+                    continue;
+                };
+                // Rules that would loop with html_handling, which Cloudflare refuses: `/* →
+                // /index.html` everywhere, and `/dir/ → /dir/index.html`.
+                let to_index = !to.contains("://") && (to.ends_with("/index") || to.ends_with("/index.html"));
+                let loops = to_index
+                    && (path.ends_with("/*") || (path.ends_with('/') && config.html_handling != HtmlHandling::None));
+                if loops {
+                    tracing::warn!(
+                        line = number + 1,
+                        "_redirects: skipped a rule that would loop (the files serve there already)"
+                    );
+                    continue;
+                }
+                let early = from.is_static() && dynamics == 0;
+                let over = if early {
                     statics += 1;
                     statics > 2000
                 } else {
@@ -208,7 +219,7 @@ impl Rules {
                     );
                     continue;
                 }
-                rules.redirects.push(Redirect { host, from, to, status });
+                rules.redirects.push(Redirect { host, from, to, status, early });
             }
         }
         if let Some(text) = &config.headers {
@@ -224,12 +235,11 @@ impl Rules {
                         tracing::warn!("_headers: rules past the 100th are skipped");
                         break;
                     }
-                    rules.headers.push(HeaderRule {
-                        host,
-                        path: Pattern::parse(path, true),
-                        set: Vec::new(),
-                        unset: Vec::new(),
-                    });
+                    let Some(pattern) = Pattern::parse(path, true).filter(|_| path.matches('*').count() <= 1) else {
+                        tracing::warn!("_headers: skipped a rule with two splats or a repeated placeholder");
+                        continue;
+                    };
+                    rules.headers.push(HeaderRule { host, path: pattern, set: Vec::new(), unset: Vec::new() });
                     continue;
                 }
                 let Some(rule) = rules.headers.last_mut() else { continue };
@@ -250,8 +260,8 @@ impl Rules {
         if let RunWorkerFirst::Patterns(patterns) = &config.run_worker_first {
             for rule in patterns {
                 match rule.strip_prefix('!') {
-                    Some(assets) => rules.to_assets.push(Pattern::parse(assets, false)),
-                    None => rules.to_worker.push(Pattern::parse(rule, false)),
+                    Some(assets) => rules.to_assets.extend(Pattern::parse(assets, false)),
+                    None => rules.to_worker.extend(Pattern::parse(rule, false)),
                 }
             }
         }
@@ -261,21 +271,22 @@ impl Rules {
     fn redirect(&self, host: &str, path: &str) -> Option<(u16, String)> {
         let host = host.split(':').next().unwrap_or(host).to_ascii_lowercase();
         let applies = |r: &&Redirect| r.host.as_ref().is_none_or(|h| *h == host);
-        // Static rules by exact path first, then the others in order.
-        let exact = self
-            .redirects
-            .iter()
-            .filter(applies)
-            .filter(|r| r.from.is_static())
-            .find(|r| r.from.matches(path).is_some());
+        // The early literal rules by exact path first, then the others in order.
+        let exact = self.redirects.iter().filter(applies).filter(|r| r.early).find(|r| r.from.matches(path).is_some());
         if let Some(rule) = exact {
             return Some((rule.status, rule.to.clone()));
         }
-        self.redirects
-            .iter()
-            .filter(applies)
-            .filter(|r| !r.from.is_static())
-            .find_map(|r| r.from.matches(path).map(|captures| (r.status, substitute(&r.to, &captures))))
+        self.redirects.iter().filter(applies).filter(|r| !r.early).find_map(|r| {
+            let captures = r.from.matches(path)?;
+            let mut to = substitute(&r.to, &captures);
+            // A splat holding `//evil.example` must not make the target another site's.
+            if to.starts_with('/') {
+                while to.contains("//") {
+                    to = to.replace("//", "/");
+                }
+            }
+            Some((r.status, to))
+        })
     }
 
     fn apply_headers(&self, host: &str, path: &str, headers: &mut HeaderMap) {
@@ -383,9 +394,13 @@ impl ServedAssets {
                 return Decision::Worker;
             }
             if !to_assets {
+                // Route patterns (Cloudflare's "static routing") keep `not_found_handling` for
+                // every request; otherwise only a browser's navigation does (from 2025-04-01).
                 let navigation = self.navigation_prefers_assets
                     && request.get("sec-fetch-mode").is_some_and(|m| m.as_bytes() == b"navigate");
-                let not_found = if navigation { self.config.not_found_handling } else { NotFoundHandling::None };
+                let static_routing = matches!(self.config.run_worker_first, RunWorkerFirst::Patterns(_));
+                let keep = navigation || static_routing;
+                let not_found = if keep { self.config.not_found_handling } else { NotFoundHandling::None };
                 if self.outcome(method, uri, host, not_found) == Outcome::NoIntent {
                     return Decision::Worker;
                 }
@@ -423,7 +438,8 @@ impl ServedAssets {
                 pathname = to.split(['?', '#']).next().unwrap_or("/").to_owned();
                 proxied = true;
             } else {
-                let location = if to.starts_with('/') && !to.contains('?') {
+                // The request's query goes along unless the target has its own.
+                let location = if !to.contains('?') {
                     let (path, fragment) =
                         to.split_once('#').map_or((to.as_str(), String::new()), |(p, f)| (p, format!("#{f}")));
                     format!("{path}{search}{fragment}")
@@ -804,6 +820,33 @@ mod tests {
         let mut headers = HeaderMap::new();
         rules.apply_headers("h", "/index.html", &mut headers);
         assert_eq!(headers.get("x-frame-options").unwrap(), "DENY");
+    }
+
+    /// What the review of the first version found: a splat that makes a redirect leave the
+    /// site, the SPA rule that loops, literal rules after a dynamic one, and patterns that
+    /// backtrack without end.
+    #[test]
+    fn redirect_rules_neither_leave_the_site_nor_loop_nor_hang() {
+        let config = AssetsConfig {
+            redirects: Some(
+                "/blog/* /:splat 301\n/* /index.html 200\n/docs/ /docs/index.html\n/a/* /b\n/a/x /c\n/two/*/* /x\n"
+                    .into(),
+            ),
+            ..Default::default()
+        };
+        let rules = Rules::parse(&config).unwrap();
+        assert_eq!(rules.redirect("h", "/blog//evil.example"), Some((301, "/evil.example".into())));
+        assert_eq!(rules.redirects.len(), 3, "the looping SPA rule, the index rule and the two-splat rule are skipped");
+        assert_eq!(
+            rules.redirect("h", "/a/x"),
+            Some((302, "/b".into())),
+            "a literal rule after a dynamic one waits its turn"
+        );
+        let slow = Pattern::parse("/*/*/*/*/*.json", false).unwrap();
+        let path = "/".repeat(20_000);
+        let started = std::time::Instant::now();
+        assert!(slow.matches(&path).is_none());
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "{:?}", started.elapsed());
     }
 
     #[test]
