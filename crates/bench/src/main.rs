@@ -80,8 +80,9 @@ enum Suite {
         on_disk: u64,
     },
     /// Workers: one deployed Worker at 16 clients doing a constant answer, a D1 point SELECT,
-    /// an R2 1 KiB GET and a Durable Object call, beside Miniflare serving the same Worker;
-    /// memory with the Worker idle.
+    /// an R2 1 KiB GET, a Durable Object call and a 4 KiB static asset, beside Miniflare
+    /// serving the same Worker; the constant with a wrangler tail attached; Cron Trigger
+    /// lateness; memory with the Worker idle.
     Workers(Settings),
     /// Node bindings: point SELECTs through kura-bindings' D1Database at 16 and 1 concurrent
     /// promises beside kura-bench's own client on the same endpoint, the limit, and Miniflare's

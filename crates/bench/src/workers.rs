@@ -1,8 +1,10 @@
 //! The Workers suite: one Worker (`workers_bench.js`) deployed to kura through the v4 API and
 //! run in the workerd kura supervises, beside the same Worker under Miniflare (what
 //! `wrangler dev` runs), both driven over HTTP at 16 clients: a constant answer (the Worker's
-//! own floor), one D1 point SELECT, one R2 1 KiB GET, one Durable Object call. Then the memory
-//! of each side with the Worker idle.
+//! own floor), one D1 point SELECT, one R2 1 KiB GET, one Durable Object call, one 4 KiB static
+//! asset (served before the Worker on both sides). Then, on kura, the constant with a real
+//! `wrangler tail` attached, and how late Cron Trigger handlers start. Then the memory of each
+//! side with the Worker idle.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -81,10 +83,16 @@ impl Target {
     }
 }
 
+/// The static asset both sides serve: 4 KiB of text.
+fn asset() -> Vec<u8> {
+    (0..4096).map(|i| b'a' + (i % 26) as u8).collect()
+}
+
 /// The multipart upload wrangler would send for the benchmark's Worker.
-fn upload_form(database: &str) -> (String, Vec<u8>) {
+fn upload_form(database: &str, assets_jwt: &str) -> (String, Vec<u8>) {
     let boundary = "kura-bench-boundary-0123456789";
     let metadata = json!({
+        "assets": {"jwt": assets_jwt, "config": {}},
         "main_module": "index.js",
         "compatibility_date": "2025-04-01",
         "bindings": [
@@ -124,7 +132,35 @@ async fn deploy(api: &str) -> anyhow::Result<()> {
     let bucket: Json =
         call(reqwest::Method::POST, "/r2/buckets").json(&json!({"name": "bench-files"})).send().await?.json().await?;
     anyhow::ensure!(bucket["success"] == true, "creating the bucket: {bucket}");
-    let (content_type, body) = upload_form(&uuid);
+    // The asset, through wrangler's upload session.
+    let asset = asset();
+    let encoded = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &asset);
+    let hash = kura_workers::assets::hash_of(encoded.as_bytes(), "txt");
+    let session: Json = call(reqwest::Method::POST, "/workers/scripts/bench/assets-upload-session")
+        .json(&json!({"manifest": {"/asset.txt": {"hash": hash, "size": asset.len()}}}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let mut jwt = session["result"]["jwt"].as_str().context("starting the asset upload")?.to_owned();
+    if session["result"]["buckets"].as_array().is_some_and(|b| !b.is_empty()) {
+        let boundary = "kura-bench-asset-boundary";
+        let form = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"{hash}\"; filename=\"{hash}\"\r\n\
+             Content-Type: text/plain\r\n\r\n{encoded}\r\n--{boundary}--\r\n"
+        );
+        let uploaded: Json = http
+            .post(format!("{accounts}/workers/assets/upload?base64=true"))
+            .bearer_auth(&jwt)
+            .header("content-type", format!("multipart/form-data; boundary={boundary}"))
+            .body(form)
+            .send()
+            .await?
+            .json()
+            .await?;
+        jwt = uploaded["result"]["jwt"].as_str().context("uploading the asset")?.to_owned();
+    }
+    let (content_type, body) = upload_form(&uuid, &jwt);
     let deployed: Json = call(reqwest::Method::PUT, "/workers/scripts/bench")
         .header("content-type", content_type)
         .body(body)
@@ -134,6 +170,142 @@ async fn deploy(api: &str) -> anyhow::Result<()> {
         .await?;
     anyhow::ensure!(deployed["success"] == true, "deploying the Worker: {deployed}");
     Ok(())
+}
+
+/// wrangler as `scripts/test` installs it.
+fn wrangler() -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/compat/node_modules/.bin/wrangler");
+    path.is_file().then_some(path)
+}
+
+/// The constant Worker's throughput with one `wrangler tail --format json` attached (its
+/// output read and thrown away), against `floor`, measured without.
+fn tail_overhead(
+    api: &str,
+    target: &Target,
+    runtime: &tokio::runtime::Runtime,
+    duration: Duration,
+    floor: Stats,
+) -> anyhow::Result<String> {
+    let wrangler = wrangler().context("no wrangler: run scripts/test once (it installs it into target/compat)")?;
+    let home = tempfile::tempdir()?;
+    let mut child = Command::new(wrangler)
+        .args(["tail", "bench", "--format", "json"])
+        .current_dir(home.path())
+        .env("CLOUDFLARE_API_BASE_URL", format!("{api}/client/v4"))
+        .env("CLOUDFLARE_API_TOKEN", TOKEN)
+        .env("CLOUDFLARE_ACCOUNT_ID", ACCOUNT)
+        .env("WRANGLER_SEND_METRICS", "false")
+        .env("HOME", home.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting wrangler tail")?;
+    let stdout = child.stdout.take().expect("piped");
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        let mut bytes = 0usize;
+        while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+            if bytes == 0 {
+                let _ = seen_tx.send(());
+            }
+            bytes += line.len();
+            line.clear();
+        }
+        bytes
+    });
+    // Attached once an event comes through.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        runtime.block_on(target.get("/const"))?;
+        if seen_rx.recv_timeout(Duration::from_millis(200)).is_ok() {
+            break;
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the tail printed no event within a minute");
+    }
+    let cpu_before = cpu_seconds(child.id());
+    let started = std::time::Instant::now();
+    let mut rounds: Vec<Stats> = (0..ROUNDS).map(|_| runtime.block_on(target.measure("/const", duration)).0).collect();
+    let wrangler_cores = (cpu_seconds(child.id()) - cpu_before) / started.elapsed().as_secs_f64();
+    rounds.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
+    let with_tail = rounds[rounds.len() / 2];
+    // SAFETY: kill(2) on a child this process started and has not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let _ = child.wait();
+    let printed = reader.join().unwrap_or(0);
+    let ratio = with_tail.rate() / floor.rate().max(f64::MIN_POSITIVE);
+    Ok(format!(
+        "Worker answering a constant with one wrangler tail attached: {:.0}/s (p50 {:.2} ms, p99 {:.2} ms) = {ratio:.2}× without (target ≥ 0.90×, {}); the tail printed {:.1} MiB, and wrangler itself (Node, printing JSON) used {:.2} of this machine's {} cores meanwhile",
+        with_tail.rate(),
+        with_tail.p50.as_secs_f64() * 1e3,
+        with_tail.p99.as_secs_f64() * 1e3,
+        if ratio >= 0.9 { "✓" } else { "✗" },
+        printed as f64 / 1024.0 / 1024.0,
+        wrangler_cores,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+    ))
+}
+
+/// CPU seconds a process and its descendants (wrangler runs as `node`) have used, from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    cpu_ticks(pid) as f64 / per_second
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let ticks = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+        // utime, stime, cutime, cstime: fields 14–17 of stat(5), 12–15 after the name.
+        fields.get(11..15).map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
+    };
+    let mut total = ticks(pid);
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let parent = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
+        if parent == Some(pid) {
+            total += cpu_ticks(child);
+        }
+    }
+    total
+}
+
+/// Fires the Worker's `scheduled` handler `RUNS` times, each for the moment it is asked
+/// (as kura's minute loop does when it wakes on the minute), and reports how late each
+/// handler started after that time, as the handler itself measured it.
+async fn cron_lateness(api: &str, target: &Target) -> anyhow::Result<String> {
+    const RUNS: usize = 100;
+    let http = reqwest::Client::new();
+    let url = format!("{api}/client/v4/accounts/{ACCOUNT}/workers/scripts/bench/schedules/trigger");
+    for _ in 0..RUNS {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis() as i64;
+        let run: Json = http
+            .post(&url)
+            .bearer_auth(TOKEN)
+            .json(&json!({"cron": "* * * * *", "scheduledTime": now}))
+            .send()
+            .await?
+            .json()
+            .await?;
+        anyhow::ensure!(run["result"]["outcome"] == "ok", "a scheduled run failed: {run}");
+    }
+    let mut lateness: Vec<i64> = serde_json::from_str(&target.get("/lateness").await?)?;
+    anyhow::ensure!(lateness.len() >= RUNS, "{} runs recorded of {RUNS}", lateness.len());
+    lateness.sort_unstable();
+    let at = |q: f64| lateness[((lateness.len() - 1) as f64 * q).round() as usize];
+    let (p50, p99) = (at(0.5), at(0.99));
+    Ok(format!(
+        "cron lateness, scheduled time to the handler's start, {} runs: p50 {p50} ms (target ≤ 50 {}), p99 {p99} ms (target ≤ 500 {}), max {} ms",
+        lateness.len(),
+        if p50 <= 50 { "✓" } else { "✗" },
+        if p99 <= 500 { "✓" } else { "✗" },
+        lateness.last().copied().unwrap_or(0)
+    ))
 }
 
 /// Miniflare serving the Worker; stopped when dropped.
@@ -154,10 +326,14 @@ fn start_peer(persist: &Path) -> Result<MiniflarePeer, String> {
     let dir = peer::install()?;
     std::fs::write(dir.join("workers_peer.mjs"), PEER_SCRIPT).map_err(|e| e.to_string())?;
     std::fs::write(dir.join("workers_bench.js"), SCRIPT).map_err(|e| e.to_string())?;
+    let assets = persist.join("assets");
+    std::fs::create_dir_all(&assets).map_err(|e| e.to_string())?;
+    std::fs::write(assets.join("asset.txt"), asset()).map_err(|e| e.to_string())?;
     let mut child = Command::new("node")
         .arg(dir.join("workers_peer.mjs"))
         .arg(persist)
         .arg(dir.join("workers_bench.js"))
+        .arg(&assets)
         .current_dir(&dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -244,6 +420,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         ("/d1", "one D1 point SELECT"),
         ("/r2", "one R2 1 KiB GET"),
         ("/do", "one Durable Object call"),
+        ("/asset.txt", "a static asset (4 KiB)"),
     ];
     // The machine is shared: each workload runs three rounds, kura and the peer alternating,
     // and each side's median round is reported.
@@ -267,7 +444,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         measured.push((median(ours), (!theirs.is_empty()).then(|| median(theirs))));
     }
     let floor = measured[0].0;
-    let targets = [None, Some(3.0), Some(3.0), Some(1.0)];
+    let targets = [None, Some(3.0), Some(3.0), Some(1.0), Some(3.0)];
     let rows: Vec<Row> = workloads
         .iter()
         .zip(&measured)
@@ -291,7 +468,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
     };
     report::print(
         "Workers: HTTP requests to one deployed Worker through kura's Workers listener and workerd; \
-         limit = the same Worker answering a constant (the Worker's own floor); target = 3× the peer (D1, R2), 1× (Durable Objects)",
+         limit = the same Worker answering a constant (the Worker's own floor); target = 3× the peer (D1, R2, assets; assets also ≥ 0.7× the limit), 1× (Durable Objects)",
         &rows,
         &note,
     );
@@ -299,6 +476,24 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         println!(
             "the peer dropped {peer_failures} requests (connection resets under load); its figures count the rest"
         );
+    }
+    let asset_row = &rows[4];
+    println!(
+        "static asset vs the Worker's floor: {:.2}× (target ≥ 0.70×)",
+        asset_row.kura.rate() / floor.rate().max(f64::MIN_POSITIVE)
+    );
+
+    // The same constant Worker with one real `wrangler tail` attached.
+    println!();
+    match tail_overhead(&api, &kura_target, &client_runtime, duration, floor) {
+        Ok(line) => println!("{line}"),
+        Err(e) => println!("with one wrangler tail attached: not measured ({e:#})"),
+    }
+
+    // Cron Triggers: how late each run's handler starts after its scheduled time.
+    match client_runtime.block_on(cron_lateness(&api, &kura_target)) {
+        Ok(line) => println!("{line}"),
+        Err(e) => println!("cron lateness: not measured ({e:#})"),
     }
     let mib = |b: u64| b as f64 / 1024.0 / 1024.0;
     println!();

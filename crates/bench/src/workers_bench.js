@@ -1,4 +1,5 @@
-// The benchmark's Worker, the same on both sides: each request does one thing.
+// The benchmark's Worker, the same on both sides: each request does one thing. Deployed with a
+// static asset, `/asset.txt` (4 KiB), which both sides serve before the Worker.
 import { DurableObject } from "cloudflare:workers";
 
 export class Room extends DurableObject {
@@ -13,6 +14,11 @@ export class Room extends DurableObject {
 }
 
 export default {
+  // Records how late it started (Date.now() is the time the invocation began).
+  async scheduled(controller, env) {
+    await env.DB.prepare("INSERT INTO lateness (ms) VALUES (?)").bind(Date.now() - controller.scheduledTime).run();
+  },
+
   async fetch(request, env) {
     const url = new URL(request.url);
     const i = Number(url.searchParams.get("i") ?? 0);
@@ -27,7 +33,13 @@ export default {
       }
       case "/do":
         return Response.json(await env.ROOMS.getByName("room:" + (i % 1000)).add("u" + i));
+      case "/lateness": {
+        // How late each scheduled run started after its scheduled time, in ms.
+        const { results } = await env.DB.prepare("SELECT ms FROM lateness ORDER BY rowid").all();
+        return Response.json(results.map((r) => r.ms));
+      }
       case "/setup": {
+        await env.DB.exec("CREATE TABLE IF NOT EXISTS lateness (ms INTEGER NOT NULL)");
         await env.DB.exec("CREATE TABLE IF NOT EXISTS kv (id INTEGER PRIMARY KEY, v TEXT)");
         const rows = [];
         for (let k = 0; k < 1000; k++) rows.push(env.DB.prepare("INSERT OR REPLACE INTO kv (id, v) VALUES (?, ?)").bind(k, "value-" + k));

@@ -1,10 +1,10 @@
 // The Workers peer: Miniflare (what `wrangler dev` runs) serving the benchmark's Worker over
 // HTTP, with a D1 database, an R2 bucket and a SQLite-backed Durable Object class, persisted
-// under the directory given. Prints {"url": …} once ready, and runs until stdin closes.
+// under the directory given, and a directory of static assets. Prints {"url": …} once ready, and runs until stdin closes.
 import { Miniflare } from "miniflare";
 import { readFileSync } from "node:fs";
 
-const [dir, scriptPath] = process.argv.slice(2);
+const [dir, scriptPath, assetsDir] = process.argv.slice(2);
 const mf = new Miniflare({
   modules: true,
   compatibilityDate: "2025-04-01",
@@ -15,6 +15,9 @@ const mf = new Miniflare({
   d1Persist: dir + "/d1",
   r2Persist: dir + "/r2",
   durableObjectsPersist: dir + "/do",
+  // Static assets, as `wrangler dev` serves an [assets] directory.
+  // (wrangler dev sets has_user_worker when the project has a `main`, as this one does).
+  assets: { directory: assetsDir, routerConfig: { has_user_worker: true } },
   port: 0,
 });
 const url = await mf.ready;

@@ -873,13 +873,18 @@ fn wrangler_tail_streams_each_invocation_live_with_its_logs_and_filters() {
             .into_iter()
             .find(|e| e["logs"].as_array().is_some_and(|l| l.iter().any(|l| l["message"] == json!(["said", word]))))
     };
+    // Events reach a tail a few milliseconds after the answer: any request so far will do.
     let hello = wait_for(Duration::from_secs(60), || {
         n += 1;
         client.get("cronjob", &format!("/?say=hello{n}"));
-        (said(&everything, &format!("hello{n}")).is_some() && pretty.text().contains(&format!("(log) said hello{n}")))
-            .then(|| said(&everything, &format!("hello{n}")).unwrap())
+        (1..=n).find_map(|k| {
+            let word = format!("hello{k}");
+            said(&everything, &word).filter(|_| pretty.text().contains(&format!("(log) said {word}\n")))
+        })
     })
-    .expect("a request's console.log reaches the tails");
+    .unwrap_or_else(|| {
+        panic!("a request's console.log reaches the tails: {}\n---\n{}", everything.text(), pretty.text())
+    });
     assert_eq!(hello["scriptName"], "cronjob");
     assert_eq!(hello["outcome"], "ok");
     assert_eq!(hello["event"]["request"]["method"], "GET");
