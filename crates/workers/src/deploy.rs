@@ -196,7 +196,12 @@ impl Workers {
             Err(e) => Err(e),
         };
         let recorded = match recorded {
-            Ok(r) => r,
+            Ok(r) => {
+                if let Some(jwt) = metadata.assets.as_ref().and_then(|a| a["jwt"].as_str()) {
+                    self.inner.assets.consume(jwt);
+                }
+                r
+            }
             Err(e) => {
                 let _ = std::fs::remove_dir_all(self.version_dir(&version_id));
                 return Err(e);
@@ -541,6 +546,8 @@ impl Workers {
         let _changes = self.inner.changes.lock().await;
         let Some(script) = self.inner.catalog.worker_script(account_id, name)? else { return Ok(false) };
         let versions = self.inner.catalog.worker_versions(&script.id)?;
+        let script_had_assets =
+            versions.iter().any(|v| self.version_dir(&v.id).join(crate::assets::VERSION_FILE).is_file());
         self.inner.catalog.delete_worker_script(account_id, name)?;
         if self.inner.runtime.get().is_some() {
             self.reload().await?;
@@ -553,6 +560,14 @@ impl Workers {
         let _ = std::fs::remove_dir_all(self.inner.layout.disks_dir.join(&script.id));
         self.inner.logs.forget(&script.id);
         self.inner.tails.close_all(&script.id);
+        if script_had_assets {
+            let workers = self.clone();
+            match tokio::task::spawn_blocking(move || workers.sweep_assets()).await {
+                Ok(Err(e)) => tracing::warn!(error = %e, "could not remove a deleted Worker's asset files"),
+                Err(e) => tracing::warn!(error = %e, "the asset sweep failed"),
+                Ok(Ok(())) => {}
+            }
+        }
         Ok(true)
     }
 

@@ -384,8 +384,14 @@ impl Workers {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
+        self.sweep_assets()
+    }
+
+    /// Removes the asset files no version lists (a deleted script's, an abandoned upload's).
+    pub(crate) fn sweep_assets(&self) -> Result<()> {
+        let dir = self.inner.dir.join("versions");
         let mut listed = std::collections::HashSet::new();
-        for version in &known {
+        for version in self.inner.catalog.all_worker_version_ids()? {
             if let Some(assets) = assets::VersionAssets::read(&dir.join(version))? {
                 listed.extend(assets.files.into_values().map(|a| a.hash));
             }

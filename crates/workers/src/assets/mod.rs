@@ -461,24 +461,31 @@ impl AssetStore {
         Ok(files)
     }
 
+    /// Forgets a completion token once a version has recorded its files: they are the
+    /// version's now.
+    pub fn consume(&self, jwt: &str) {
+        self.completed.lock().unwrap_or_else(|p| p.into_inner()).remove(jwt);
+    }
+
     /// Removes stored files no version lists (`listed`: every hash any version has).
     pub fn sweep(&self, listed: &HashSet<String>) -> Result<usize> {
         let mut removed = 0;
         let Ok(shards) = std::fs::read_dir(&self.dir) else { return Ok(0) };
-        let sessions: HashSet<String> = {
-            let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-            let completed = self.completed.lock().unwrap_or_else(|p| p.into_inner());
-            sessions
-                .values()
-                .flat_map(|s| s.manifest.values().map(|(h, _)| h.clone()))
-                .chain(completed.values().flat_map(|c| c.files.values().map(|a| a.hash.clone())))
-                .collect()
-        };
+        // Held to the end: no session starts, uploads or completes while files go, so none
+        // can count on a file this sweep removes (one that started before sees its file kept;
+        // one that starts after sees it missing and has it uploaded again).
+        let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        let completed = self.completed.lock().unwrap_or_else(|p| p.into_inner());
+        let pending: HashSet<&str> = sessions
+            .values()
+            .flat_map(|s| s.manifest.values().map(|(h, _)| h.as_str()))
+            .chain(completed.values().flat_map(|c| c.files.values().map(|a| a.hash.as_str())))
+            .collect();
         for shard in shards.flatten() {
             for entry in std::fs::read_dir(shard.path()).into_iter().flatten().flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 let hash = name.split('.').next().unwrap_or("");
-                if !listed.contains(hash) && !sessions.contains(hash) {
+                if !listed.contains(hash) && !pending.contains(hash) {
                     let _ = std::fs::remove_file(entry.path());
                     removed += 1;
                 }
