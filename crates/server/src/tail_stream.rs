@@ -39,14 +39,14 @@ async fn relay(workers: &Workers, mut stream: TailStream, mut socket: WebSocket)
                 let _ = socket.send(Message::Close(Some(close))).await;
                 break;
             }
-            event = stream.events.recv() => {
+            event = stream.next() => {
                 let Some(event) = event else {
                     // Closed through the API, or taken over by a newer connection.
                     let close = CloseFrame { code: 1000, reason: "the tail was closed".into() };
                     let _ = socket.send(Message::Close(Some(close))).await;
                     break;
                 };
-                if socket.send(Message::Text(event.to_string().into())).await.is_err() {
+                if socket.send(Message::Text(event.into())).await.is_err() {
                     break;
                 }
             }

@@ -24,6 +24,10 @@ const UNCLAIMED: Duration = Duration::from_secs(60);
 /// Events a listener may have waiting; past that they are dropped.
 const QUEUED: usize = 256;
 
+/// Bytes of events a listener may have waiting (a Worker's logs can be large); past that they
+/// are dropped too.
+const QUEUED_BYTES: usize = 8 * 1024 * 1024;
+
 /// What a tail passes: every filter given must hold (wrangler's `--status`, `--method`,
 /// `--header`, `--ip`, `--search`, `--sampling-rate`, `--version-id`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -168,7 +172,10 @@ impl TailInfo {
 }
 
 struct Listener {
-    sender: mpsc::Sender<LogEvent>,
+    /// Events as the socket sends them: JSON text, serialised once.
+    sender: mpsc::Sender<String>,
+    /// Bytes waiting in the channel.
+    queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// Which connection this is (a reconnect replaces the listener).
     connection: u64,
     /// Events dropped since the listener last kept up.
@@ -196,12 +203,41 @@ pub struct Tails {
 pub struct TailStream {
     /// The tailed script's id.
     pub script_id: String,
-    /// Events, one per invocation.
-    pub events: mpsc::Receiver<LogEvent>,
+    events: mpsc::Receiver<String>,
+    queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// When the tail ends.
     pub expires_at: SystemTime,
     connection: u64,
     id: String,
+}
+
+impl TailStream {
+    /// The next event (its JSON text), once there is one; `None` once the tail has ended.
+    pub async fn next(&mut self) -> Option<String> {
+        let event = self.events.recv().await?;
+        self.queued.fetch_sub(event.len(), std::sync::atomic::Ordering::Relaxed);
+        Some(event)
+    }
+
+    /// The next event if one is waiting.
+    pub fn try_next(&mut self) -> Option<String> {
+        let event = self.events.try_recv().ok()?;
+        self.queued.fetch_sub(event.len(), std::sync::atomic::Ordering::Relaxed);
+        Some(event)
+    }
+}
+
+impl Listener {
+    /// Queues an event unless the listener has no room for it (by count or by bytes).
+    fn offer(&self, event: String) -> std::result::Result<(), mpsc::error::TrySendError<String>> {
+        let len = event.len();
+        if self.queued.load(std::sync::atomic::Ordering::Relaxed) + len > QUEUED_BYTES {
+            return Err(mpsc::error::TrySendError::Full(event));
+        }
+        self.sender.try_send(event)?;
+        self.queued.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 impl Tails {
@@ -253,10 +289,12 @@ impl Tails {
         let tail = tails.get_mut(id)?;
         let (sender, events) = mpsc::channel(QUEUED);
         let connection = self.connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        tail.listener = Some(Listener { sender, connection, dropped: 0 });
+        let queued = std::sync::Arc::default();
+        tail.listener = Some(Listener { sender, queued: std::sync::Arc::clone(&queued), connection, dropped: 0 });
         Some(TailStream {
             script_id: tail.script_id.clone(),
             events,
+            queued,
             expires_at: tail.expires_at,
             connection,
             id: id.to_owned(),
@@ -302,8 +340,9 @@ impl Tails {
         self.lock().values().any(|t| t.script_id == script_id && t.listener.is_some())
     }
 
-    /// Hands a script's events to its listeners. A listener with no room loses the event; the
-    /// next one it gets is marked `truncated` and preceded by a notice saying how many it lost.
+    /// Hands a script's events to its listeners. A listener with no room (256 events, or 8 MiB)
+    /// loses the event; the next one it gets is marked `truncated` and preceded by a notice
+    /// saying how many it lost.
     pub fn publish(&self, script_id: &str, events: &[LogEvent]) {
         let mut tails = self.lock();
         let now = SystemTime::now();
@@ -317,11 +356,14 @@ impl Tails {
                         continue;
                     }
                     let notice = overload_notice(&tail.script_name, listener.dropped);
-                    let _ = listener.sender.try_send(notice);
+                    if listener.offer(notice.to_string()).is_err() {
+                        listener.dropped += 1;
+                        continue;
+                    }
                     event["truncated"] = Json::Bool(true);
                     listener.dropped = 0;
                 }
-                match listener.sender.try_send(event) {
+                match listener.offer(event.to_string()) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(_)) => listener.dropped += 1,
                     Err(mpsc::error::TrySendError::Closed(_)) => break,
@@ -403,15 +445,26 @@ mod tests {
             tails.publish("id", std::slice::from_ref(&event));
         }
         let mut received = 0;
-        while stream.events.try_recv().is_ok() {
+        while stream.try_next().is_some() {
             received += 1;
         }
         assert_eq!(received, QUEUED);
         tails.publish("id", std::slice::from_ref(&event));
-        let notice = stream.events.try_recv().unwrap();
+        let json = |text: Option<String>| serde_json::from_str::<Json>(&text.unwrap()).unwrap();
+        let notice = json(stream.try_next());
         assert_eq!(notice["event"]["type"], "overload");
         assert!(notice["event"]["message"].as_str().unwrap().contains("dropped 10 events"));
-        assert_eq!(stream.events.try_recv().unwrap()["truncated"], true);
+        assert_eq!(json(stream.try_next())["truncated"], true);
+
+        // By bytes as well: a few large events fill a listener's room.
+        let big = request("GET", "ok", &"x".repeat(3 * 1024 * 1024));
+        tails.publish("id", &[big.clone(), big.clone(), big.clone(), big]);
+        let mut received = Vec::new();
+        while let Some(text) = stream.try_next() {
+            received.push(serde_json::from_str::<Json>(&text).unwrap());
+        }
+        assert_eq!(received.len(), 3, "8 MiB holds two 3 MiB events, then the notice of the third's loss");
+        assert_eq!(received[2]["event"]["type"], "overload");
         tails.disconnect(&stream);
         assert!(!tails.tailing("id"));
         assert!(tails.connect(&info.id).is_none(), "a tail whose listener left is closed");
