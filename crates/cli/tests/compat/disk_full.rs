@@ -47,19 +47,14 @@ impl Drop for Tmpfs {
 }
 
 fn blob_files(data: &Path) -> Vec<(PathBuf, u64)> {
-    fn walk(dir: &Path, out: &mut Vec<(PathBuf, u64)>) {
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(&path, out);
-            } else if path.components().any(|c| c.as_os_str() == "blobs") {
-                out.push((path.clone(), entry.metadata().map(|m| m.len()).unwrap_or(0)));
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(&data.join("r2"), &mut out);
-    out
+    crate::common::files_under(&data.join("r2"))
+        .into_iter()
+        .filter(|path| path.components().any(|c| c.as_os_str() == "blobs"))
+        .map(|path| {
+            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            (path, len)
+        })
+        .collect()
 }
 
 /// One SQL statement through the v4 query endpoint at `url`: its status and envelope.

@@ -1092,24 +1092,11 @@ fn static_assets_upload_once_serve_before_the_worker_and_follow_rollbacks() {
     assert_eq!(get("/no/such/page"), (404, json!("<p>nothing here</p>\n")));
 
     // Deleted, its files go with it (each file and its type); the other Worker's stay.
-    let stored = || walk(&server.data.join("workers/assets")).len();
+    let stored = || crate::common::files_under(&server.data.join("workers/assets")).len();
     let before = stored();
     w.ok(site.path(), &["delete"]);
     assert_eq!(stored(), before - 4, "the two files of the deleted site, and their types");
     assert_eq!(fetch("GET", "/app.js", &[]).2, "console.log(\"app v1\");\n");
-}
-
-/// The files under `dir`, at any depth.
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if entry.file_type().unwrap().is_dir() {
-            files.extend(walk(&entry.path()));
-        } else {
-            files.push(entry.path());
-        }
-    }
-    files
 }
 
 /// The guides' periodic jobs as Workers write them (workers/jobs): a D1 work queue whose claims
