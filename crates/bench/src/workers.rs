@@ -257,22 +257,26 @@ fn cpu_seconds(pid: u32) -> f64 {
 }
 
 fn cpu_ticks(pid: u32) -> u64 {
-    let ticks = |pid: u32| -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
-        // utime, stime, cutime, cstime: fields 14–17 of stat(5), 12–15 after the name.
-        fields.get(11..15).map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
-    };
-    let mut total = ticks(pid);
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let parent = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-        if parent == Some(pid) {
-            total += cpu_ticks(child);
-        }
-    }
-    total
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or(vec![], |(_, rest)| rest.split_whitespace().collect());
+    // utime, stime, cutime, cstime: fields 14–17 of stat(5), 12–15 after the name.
+    let own: u64 = fields.get(11..15).map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+    own + children(pid).into_iter().map(cpu_ticks).sum::<u64>()
+}
+
+/// The processes whose parent is `pid` (from /proc).
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let child = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let parent = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<u32>().ok()?;
+            (parent == pid).then_some(child)
+        })
+        .collect()
 }
 
 /// Fires the Worker's `scheduled` handler `RUNS` times, each for the moment it is asked
@@ -361,16 +365,12 @@ fn tree_resident_bytes(pid: u32, except: u32) -> u64 {
             })
             .map_or(0, |kb| kb * 1024)
     };
-    let mut total = resident(pid);
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let parent = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok());
-        if parent == Some(pid) && child != except {
-            total += tree_resident_bytes(child, except);
-        }
-    }
-    total
+    resident(pid)
+        + children(pid)
+            .into_iter()
+            .filter(|child| *child != except)
+            .map(|c| tree_resident_bytes(c, except))
+            .sum::<u64>()
 }
 
 pub fn run(settings: &Settings) -> anyhow::Result<()> {
