@@ -74,19 +74,23 @@ impl Caller {
     }
 }
 
+/// The secret of a request's `Authorization: Bearer` header (an API token, or another
+/// credential an endpoint takes in its place, such as an asset upload session's token).
+pub fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let header = headers.get(AUTHORIZATION).ok_or_else(ApiError::missing_credentials)?;
+    let header = header.to_str().map_err(|_| ApiError::malformed_credentials())?;
+    match header.split_once(' ') {
+        Some((scheme, secret)) if scheme.eq_ignore_ascii_case("bearer") && !secret.trim().is_empty() => {
+            Ok(secret.trim())
+        }
+        _ => Err(ApiError::malformed_credentials()),
+    }
+}
+
 impl Caller {
     /// Authenticates a request by its `Authorization: Bearer` header.
     pub fn from_headers(headers: &HeaderMap, state: &AppState) -> Result<Caller, ApiError> {
-        let header = headers.get(AUTHORIZATION).ok_or_else(ApiError::missing_credentials)?;
-        let header = header.to_str().map_err(|_| ApiError::malformed_credentials())?;
-        let secret = match header.split_once(' ') {
-            Some((scheme, secret)) if scheme.eq_ignore_ascii_case("bearer") => secret.trim(),
-            _ => return Err(ApiError::malformed_credentials()),
-        };
-        if secret.is_empty() {
-            return Err(ApiError::malformed_credentials());
-        }
-        match state.catalog.authenticate(secret) {
+        match state.catalog.authenticate(bearer(headers)?) {
             Ok(Some(token)) => Ok(Caller { token }),
             Ok(None) => Err(ApiError::invalid_token()),
             Err(e) => Err(ApiError::internal(&e)),

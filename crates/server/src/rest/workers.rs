@@ -662,13 +662,7 @@ pub async fn assets_upload(
     form: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, ApiError> {
     let Some(workers) = app.workers.as_ref() else { return Err(ApiError::forbidden()) };
-    let jwt = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim().to_owned())
-        .ok_or_else(ApiError::missing_credentials)?;
+    let jwt = crate::auth::bearer(&headers)?.to_owned();
     let mut form = form.map_err(|_| {
         ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, 10001, "Content-Type must be one of: multipart/form-data")
     })?;
