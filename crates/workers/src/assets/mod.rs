@@ -166,8 +166,9 @@ impl VersionAssets {
 struct Session {
     account_id: String,
     manifest: BTreeMap<String, (String, u64)>,
-    /// Hash → the extension it was hashed with (each hash has one: the extension is hashed).
-    extensions: HashMap<String, String>,
+    /// Hash → the extension it was hashed with (each hash has one: the extension is hashed)
+    /// and its size.
+    files: HashMap<String, (String, u64)>,
     missing: HashSet<String>,
     expires: Instant,
 }
@@ -278,7 +279,7 @@ impl AssetStore {
         let mut session = Session {
             account_id: account_id.to_owned(),
             manifest: BTreeMap::new(),
-            extensions: HashMap::new(),
+            files: HashMap::new(),
             missing: HashSet::new(),
             expires: Instant::now() + TOKEN_LIFETIME,
         };
@@ -298,7 +299,7 @@ impl AssetStore {
                 )));
             }
             session.manifest.insert(path.clone(), (hash.to_owned(), size));
-            session.extensions.insert(hash.to_owned(), extension(path).to_owned());
+            session.files.insert(hash.to_owned(), (extension(path).to_owned(), size));
             if !self.stored(hash) {
                 session.missing.insert(hash.to_owned());
                 sizes.insert(hash.to_owned(), size);
@@ -333,7 +334,7 @@ impl AssetStore {
         sessions
             .get(jwt)
             .filter(|s| s.expires > Instant::now())
-            .is_some_and(|s| hash.is_none_or(|h| s.extensions.contains_key(h)))
+            .is_some_and(|s| hash.is_none_or(|h| s.files.contains_key(h)))
     }
 
     /// Stores one upload request's files (hash, content type, body) for the session `jwt`;
@@ -346,18 +347,18 @@ impl AssetStore {
         base64: bool,
     ) -> Result<Option<String>> {
         let invalid = |m: String| WorkersError::InvalidAssets(m);
-        let (extensions, sizes) = {
+        // What the session says of this request's files only (a manifest may list 100,000).
+        let expected: Vec<Option<(String, u64)>> = {
             let sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
             let session = sessions.get(jwt).filter(|s| s.expires > Instant::now()).ok_or_else(|| {
                 invalid("the asset upload token is unknown or has expired; run `wrangler deploy` again".into())
             })?;
-            let sizes: HashMap<String, u64> = session.manifest.values().cloned().collect();
-            (session.extensions.clone(), sizes)
+            files.iter().map(|(hash, _, _)| session.files.get(hash).cloned()).collect()
         };
         let mut stored = Vec::new();
-        for (hash, content_type, body) in files {
+        for ((hash, content_type, body), expected) in files.into_iter().zip(expected) {
             let body: &[u8] = &body;
-            let (Some(ext), Some(size)) = (extensions.get(&hash), sizes.get(&hash)) else {
+            let Some((ext, size)) = &expected else {
                 return Err(invalid(format!("A file was uploaded that does not appear in the manifest: {hash}")));
             };
             let bytes = if base64 {
