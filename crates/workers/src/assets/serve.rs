@@ -387,6 +387,7 @@ impl ServedAssets {
     pub async fn route(&self, method: &Method, uri: &axum::http::Uri, request: &HeaderMap) -> Decision {
         let path = uri.path();
         let host = request.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+        let mut decided = None;
         if self.has_user_worker {
             let to_assets = self.rules.to_assets.iter().any(|p| p.matches(path).is_some());
             let to_worker = self.rules.to_worker.iter().any(|p| p.matches(path).is_some());
@@ -401,18 +402,27 @@ impl ServedAssets {
                 let static_routing = matches!(self.config.run_worker_first, RunWorkerFirst::Patterns(_));
                 let keep = navigation || static_routing;
                 let not_found = if keep { self.config.not_found_handling } else { NotFoundHandling::None };
-                if self.outcome(method, uri, host, not_found) == Outcome::NoIntent {
+                let outcome = self.outcome(method, uri, host, not_found);
+                if outcome == Outcome::NoIntent {
                     return Decision::Worker;
                 }
+                // Decided under the version's own handling: the answer is that outcome.
+                decided = (not_found == self.config.not_found_handling).then_some(outcome);
             }
         }
-        Decision::Assets(self.answer(method, uri, request).await)
+        let outcome = decided.unwrap_or_else(|| self.outcome(method, uri, host, self.config.not_found_handling));
+        Decision::Assets(self.respond(method, uri, request, outcome).await)
     }
 
     /// The assets' answer to a request, whatever `run_worker_first` says (`env.ASSETS.fetch`).
     pub async fn answer(&self, method: &Method, uri: &axum::http::Uri, request: &HeaderMap) -> Response {
         let host = request.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
         let outcome = self.outcome(method, uri, host, self.config.not_found_handling);
+        self.respond(method, uri, request, outcome).await
+    }
+
+    async fn respond(&self, method: &Method, uri: &axum::http::Uri, request: &HeaderMap, outcome: Outcome) -> Response {
+        let host = request.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
         let mut response = match outcome {
             Outcome::NoIntent | Outcome::NotFound => empty(StatusCode::NOT_FOUND),
             Outcome::MethodNotAllowed => empty(StatusCode::METHOD_NOT_ALLOWED),
