@@ -29,6 +29,7 @@
 mod account;
 mod d1;
 mod durable_objects;
+mod kv;
 mod r2;
 mod remembered;
 mod replication;
@@ -42,6 +43,7 @@ use std::time::Duration;
 pub use account::{Account, is_valid_account_id};
 pub use d1::{D1Database, D1DatabaseList, NewD1Database, Usage, UsageDelta, is_valid_database_name};
 pub use durable_objects::{DoNamespace, NewDoNamespace, is_valid_namespace_name};
+pub use kv::{KvNamespace, KvOrder, MAX_KV_NAMESPACES, MAX_KV_TITLE_CHARS};
 pub use r2::{R2Bucket, S3Credential, is_valid_bucket_name};
 pub use replication::{BoxError, Replication, ReplicationError};
 pub use token::{Scope, Token, s3_secret_for};
@@ -111,6 +113,8 @@ pub struct Catalog {
     d1_seen: remembered::Remembered<D1Database>,
     /// Durable Object namespaces lately looked up, by account and id or name.
     do_namespaces_seen: remembered::Remembered<DoNamespace>,
+    /// KV namespaces lately looked up, by account and id: every KV binding call names one.
+    kv_seen: remembered::Remembered<KvNamespace>,
     /// See [`ChangeMark`].
     changes: ChangeMark,
 }
@@ -278,6 +282,15 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (script_id, cron)
     ) WITHOUT ROWID;
 "#,
+    r#"
+    CREATE TABLE kv_namespaces (
+        id         TEXT PRIMARY KEY,
+        account_id TEXT NOT NULL REFERENCES accounts(id),
+        title      TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        UNIQUE (account_id, title)
+    );
+"#,
 ];
 
 impl Catalog {
@@ -310,6 +323,7 @@ impl Catalog {
             tokens_seen: Default::default(),
             d1_seen: Default::default(),
             do_namespaces_seen: Default::default(),
+            kv_seen: Default::default(),
         };
         catalog.migrate()?;
         Ok(Catalog { replication, ..catalog })

@@ -28,6 +28,10 @@ pub enum Scope {
     DoRead,
     /// Create namespaces and read and write Durable Objects' storage.
     DoWrite,
+    /// Read KV namespaces and their keys and values (Cloudflare's "Workers KV Storage Read").
+    KvRead,
+    /// Create, rename and delete KV namespaces, write and delete keys ("Workers KV Storage Edit").
+    KvWrite,
 }
 
 impl Scope {
@@ -61,9 +65,28 @@ impl Scope {
         matches!(self, Scope::Admin | Scope::DoWrite)
     }
 
+    /// Whether a token with this scope may read KV namespaces.
+    pub fn can_read_kv(self) -> bool {
+        matches!(self, Scope::Admin | Scope::KvRead | Scope::KvWrite)
+    }
+
+    /// Whether a token with this scope may change KV namespaces and their keys.
+    pub fn can_write_kv(self) -> bool {
+        matches!(self, Scope::Admin | Scope::KvWrite)
+    }
+
     /// Every scope, for help texts.
-    pub const ALL: &'static [Scope] =
-        &[Scope::Admin, Scope::D1Read, Scope::D1Write, Scope::R2Read, Scope::R2Write, Scope::DoRead, Scope::DoWrite];
+    pub const ALL: &'static [Scope] = &[
+        Scope::Admin,
+        Scope::D1Read,
+        Scope::D1Write,
+        Scope::R2Read,
+        Scope::R2Write,
+        Scope::DoRead,
+        Scope::DoWrite,
+        Scope::KvRead,
+        Scope::KvWrite,
+    ];
 }
 
 impl fmt::Display for Scope {
@@ -76,6 +99,8 @@ impl fmt::Display for Scope {
             Scope::R2Write => "r2:write",
             Scope::DoRead => "do:read",
             Scope::DoWrite => "do:write",
+            Scope::KvRead => "kv:read",
+            Scope::KvWrite => "kv:write",
         })
     }
 }
@@ -92,8 +117,11 @@ impl FromStr for Scope {
             "r2:write" => Ok(Scope::R2Write),
             "do:read" => Ok(Scope::DoRead),
             "do:write" => Ok(Scope::DoWrite),
+            "kv:read" => Ok(Scope::KvRead),
+            "kv:write" => Ok(Scope::KvWrite),
             other => Err(Error::Invalid(format!(
-                "unknown scope '{other}': use admin, d1:read, d1:write, r2:read, r2:write, do:read or do:write"
+                "unknown scope '{other}': use admin, d1:read, d1:write, r2:read, r2:write, do:read, do:write, kv:read \
+                 or kv:write"
             ))),
         }
     }

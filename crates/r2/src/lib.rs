@@ -284,7 +284,7 @@ impl R2 {
                 body,
                 &Expected {
                     size: options.size,
-                    max_size: MAX_UPLOAD_BYTES,
+                    max_size: options.max_size.map_or(MAX_UPLOAD_BYTES, |m| m.min(MAX_UPLOAD_BYTES)),
                     inline_max: Some(self.settings.inline_max),
                     digests: &options.digests,
                 },
@@ -393,6 +393,26 @@ impl R2 {
                 old.extend(meta::remove_object(tx, key)?);
             }
             Ok(((), old))
+        })
+        .await
+    }
+
+    /// Deletes each `(key, version)` whose key still holds that version, in one transaction,
+    /// and says how many went: a key written again since its version was read is kept. (What
+    /// removes expired entries uses it, so a fresh write is never taken for the stale one.)
+    pub async fn delete_versions(&self, bucket: &str, versions: Vec<(String, String)>) -> Result<usize> {
+        if versions.len() > 1000 {
+            return Err(R2Error::InvalidArgument("at most 1000 keys may be deleted at once".into()));
+        }
+        self.commit(bucket, None, move |tx| {
+            let (mut deleted, mut old) = (0, Vec::new());
+            for (key, version) in &versions {
+                if meta::get_object(tx, key)?.is_some_and(|o| o.info.version == *version) {
+                    old.extend(meta::remove_object(tx, key)?);
+                    deleted += 1;
+                }
+            }
+            Ok((deleted, old))
         })
         .await
     }

@@ -57,6 +57,8 @@ pub struct PutOptions {
     pub digests: ExpectedDigests,
     /// The body's length, when the client declared it.
     pub size: Option<u64>,
+    /// A limit on the body below R2's own (for stores built on R2's, such as KV's values).
+    pub max_size: Option<u64>,
 }
 
 /// What a read asks for.

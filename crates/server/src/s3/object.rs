@@ -148,6 +148,7 @@ pub(super) async fn put_object(kura: &KuraS3, req: S3Request<PutObjectInput>) ->
         conditional,
         digests,
         size: input.content_length.map(|n| n as u64),
+        max_size: None,
     };
     let body = input
         .body

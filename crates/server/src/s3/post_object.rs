@@ -86,6 +86,7 @@ impl S3Route for PostAsPut {
             conditional: conditional(headers, ""),
             digests: digests(headers, req.trailing_headers.clone())?,
             size: text(header::CONTENT_LENGTH).and_then(|n| n.parse().ok()),
+            max_size: None,
         };
         let r2: &Arc<R2> = &self.s3.r2;
         let info =

@@ -149,6 +149,7 @@ async fn write_to(app: &AppState, bucket: &str, headers: &HeaderMap, body: Body)
                     conditional: conditional(only_if),
                     digests,
                     size: payload_size,
+                    max_size: None,
                 };
                 let mut payload = payload;
                 match app.r2.put_object(bucket, &object, payload.by_ref(), options).await {
