@@ -89,7 +89,7 @@ fn asset() -> Vec<u8> {
 }
 
 /// The multipart upload wrangler would send for the benchmark's Worker.
-fn upload_form(database: &str, assets_jwt: &str) -> (String, Vec<u8>) {
+fn upload_form(database: &str, namespace: &str, assets_jwt: &str) -> (String, Vec<u8>) {
     let boundary = "kura-bench-boundary-0123456789";
     let metadata = json!({
         "assets": {"jwt": assets_jwt, "config": {}},
@@ -98,6 +98,7 @@ fn upload_form(database: &str, assets_jwt: &str) -> (String, Vec<u8>) {
         "bindings": [
             {"name": "DB", "type": "d1", "id": database},
             {"name": "FILES", "type": "r2_bucket", "bucket_name": "bench-files"},
+            {"name": "CACHE", "type": "kv_namespace", "namespace_id": namespace},
             {"name": "ROOMS", "type": "durable_object_namespace", "class_name": "Room"},
         ],
         "migrations": {"new_tag": "v1", "steps": [{"new_sqlite_classes": ["Room"]}]},
@@ -116,7 +117,7 @@ fn upload_form(database: &str, assets_jwt: &str) -> (String, Vec<u8>) {
     (format!("multipart/form-data; boundary={boundary}"), body)
 }
 
-/// Creates the database and bucket and deploys the Worker on kura's v4 API.
+/// Creates the database, bucket and KV namespace and deploys the Worker on kura's v4 API.
 async fn deploy(api: &str) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     let accounts = format!("{api}/client/v4/accounts/{ACCOUNT}");
@@ -132,6 +133,13 @@ async fn deploy(api: &str) -> anyhow::Result<()> {
     let bucket: Json =
         call(reqwest::Method::POST, "/r2/buckets").json(&json!({"name": "bench-files"})).send().await?.json().await?;
     anyhow::ensure!(bucket["success"] == true, "creating the bucket: {bucket}");
+    let namespace: Json = call(reqwest::Method::POST, "/storage/kv/namespaces")
+        .json(&json!({"title": "bench-cache"}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let namespace = namespace["result"]["id"].as_str().context("creating the KV namespace")?.to_owned();
     // The asset, through wrangler's upload session.
     let asset = asset();
     let encoded = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &asset);
@@ -160,7 +168,7 @@ async fn deploy(api: &str) -> anyhow::Result<()> {
             .await?;
         jwt = uploaded["result"]["jwt"].as_str().context("uploading the asset")?.to_owned();
     }
-    let (content_type, body) = upload_form(&uuid, &jwt);
+    let (content_type, body) = upload_form(&uuid, &namespace, &jwt);
     let deployed: Json = call(reqwest::Method::PUT, "/workers/scripts/bench")
         .header("content-type", content_type)
         .body(body)
@@ -421,6 +429,8 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         ("/r2", "one R2 1 KiB GET"),
         ("/do", "one Durable Object call"),
         ("/asset.txt", "a static asset (4 KiB)"),
+        ("/kv", "one KV 1 KiB get"),
+        ("/kv-put", "one KV 1 KiB put"),
     ];
     // The machine is shared: each workload runs three rounds, kura and the peer alternating,
     // and each side's median round is reported.
@@ -444,7 +454,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
         measured.push((median(ours), (!theirs.is_empty()).then(|| median(theirs))));
     }
     let floor = measured[0].0;
-    let targets = [None, Some(3.0), Some(3.0), Some(1.0), Some(3.0)];
+    let targets = [None, Some(3.0), Some(3.0), Some(1.0), Some(3.0), Some(3.0), Some(3.0)];
     let rows: Vec<Row> = workloads
         .iter()
         .zip(&measured)
@@ -468,7 +478,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
     };
     report::print(
         "Workers: HTTP requests to one deployed Worker through kura's Workers listener and workerd; \
-         limit = the same Worker answering a constant (the Worker's own floor); target = 3× the peer (D1, R2, assets; assets also ≥ 0.7× the limit), 1× (Durable Objects)",
+         limit = the same Worker answering a constant (the Worker's own floor); target = 3× the peer (D1, R2, assets, KV; assets also ≥ 0.7× the limit, KV gets ≥ 0.5×), 1× (Durable Objects)",
         &rows,
         &note,
     );
@@ -477,11 +487,9 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
             "the peer dropped {peer_failures} requests (connection resets under load); its figures count the rest"
         );
     }
-    let asset_row = &rows[4];
-    println!(
-        "static asset vs the Worker's floor: {:.2}× (target ≥ 0.70×)",
-        asset_row.kura.rate() / floor.rate().max(f64::MIN_POSITIVE)
-    );
+    let of_floor = |row: &Row| row.kura.rate() / floor.rate().max(f64::MIN_POSITIVE);
+    println!("static asset vs the Worker's floor: {:.2}× (target ≥ 0.70×)", of_floor(&rows[4]));
+    println!("KV 1 KiB get vs the Worker's floor: {:.2}× (target ≥ 0.50×)", of_floor(&rows[5]));
 
     // The same constant Worker with one real `wrangler tail` attached.
     println!();

@@ -13,6 +13,8 @@ export class Room extends DurableObject {
   }
 }
 
+const KV_VALUE = "v".repeat(1024);
+
 export default {
   // Records how late it started (Date.now() is the time the invocation began).
   async scheduled(controller, env) {
@@ -31,6 +33,11 @@ export default {
         const object = await env.FILES.get("k/" + (i % 100));
         return new Response(object.body);
       }
+      case "/kv":
+        return new Response(await env.CACHE.get("k/" + (i % 100), "arrayBuffer"));
+      case "/kv-put":
+        await env.CACHE.put("w/" + (i % 1000), KV_VALUE);
+        return new Response("ok");
       case "/do":
         return Response.json(await env.ROOMS.getByName("room:" + (i % 1000)).add("u" + i));
       case "/lateness": {
@@ -46,6 +53,7 @@ export default {
         await env.DB.batch(rows);
         const value = new Uint8Array(1024).fill(7);
         await Promise.all(Array.from({ length: 100 }, (_, k) => env.FILES.put("k/" + k, value)));
+        await Promise.all(Array.from({ length: 100 }, (_, k) => env.CACHE.put("k/" + k, value)));
         return new Response("ready");
       }
       default:

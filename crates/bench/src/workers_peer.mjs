@@ -1,5 +1,5 @@
 // The Workers peer: Miniflare (what `wrangler dev` runs) serving the benchmark's Worker over
-// HTTP, with a D1 database, an R2 bucket and a SQLite-backed Durable Object class, persisted
+// HTTP, with a D1 database, an R2 bucket, a KV namespace and a SQLite-backed Durable Object class, persisted
 // under the directory given, and a directory of static assets. Prints {"url": …} once ready, and runs until stdin closes.
 import { Miniflare } from "miniflare";
 import { readFileSync } from "node:fs";
@@ -11,9 +11,11 @@ const mf = new Miniflare({
   script: readFileSync(scriptPath, "utf8"),
   d1Databases: ["DB"],
   r2Buckets: ["FILES"],
+  kvNamespaces: ["CACHE"],
   durableObjects: { ROOMS: { className: "Room", useSQLite: true } },
   d1Persist: dir + "/d1",
   r2Persist: dir + "/r2",
+  kvPersist: dir + "/kv",
   durableObjectsPersist: dir + "/do",
   // Static assets, as `wrangler dev` serves an [assets] directory.
   // (wrangler dev sets has_user_worker when the project has a `main`, as this one does).

@@ -1,5 +1,6 @@
 //! `kura check`: an offline check of a stopped server's data directory — every SQLite file's
-//! integrity, every history's checksums and positions, every bucket's rows against its blobs.
+//! integrity, every history's checksums and positions, every bucket's (and KV namespace's) rows
+//! against its blobs.
 //! It only reads, and holds the directory's lock so no server starts meanwhile.
 
 use std::path::{Path, PathBuf};
@@ -36,6 +37,8 @@ struct Report {
     /// integrity is checked then, not here).
     restores_pending: u64,
     buckets: u64,
+    /// KV namespaces (stored as buckets: their keys count as objects).
+    kv_namespaces: u64,
     objects: u64,
     blobs: u64,
     /// Blobs no row names, which the bucket's sweep removes when it next opens.
@@ -80,8 +83,12 @@ pub fn run(args: CheckArgs) -> anyhow::Result<()> {
                 Err(e) => report.problems.push(e.to_string()),
             }
         }
-        if name == "meta.sqlite" && path.parent().and_then(Path::parent) == Some(&dir.join("r2")) {
-            report.buckets += 1;
+        let parent = path.parent().and_then(Path::parent);
+        if name == "meta.sqlite" && (parent == Some(&dir.join("r2")) || parent == Some(&dir.join("kv"))) {
+            match parent == Some(&dir.join("kv")) {
+                true => report.kv_namespaces += 1,
+                false => report.buckets += 1,
+            }
             match kura_r2::check_bucket(path.parent().expect("a bucket directory")) {
                 Ok(bucket) => {
                     report.objects += bucket.objects;
@@ -106,9 +113,12 @@ pub fn run(args: CheckArgs) -> anyhow::Result<()> {
                 ),
             ],
             vec![
-                "R2 buckets".into(),
-                report.buckets.to_string(),
-                format!("{} objects, {} blobs; {} orphan blobs", report.objects, report.blobs, report.orphan_blobs),
+                "R2 buckets, KV namespaces".into(),
+                format!("{}, {}", report.buckets, report.kv_namespaces),
+                format!(
+                    "{} objects and keys, {} blobs; {} orphan blobs",
+                    report.objects, report.blobs, report.orphan_blobs
+                ),
             ],
         ];
         println!("{}", table(&["checked", "count", "what"], rows));

@@ -1,6 +1,6 @@
 //! wrangler's configuration file (`wrangler.json`, `wrangler.jsonc` or `wrangler.toml`), read as
-//! wrangler reads it: only what kura needs, the `d1_databases` bindings and the Durable Object
-//! bindings with the migrations that declare their classes.
+//! wrangler reads it: only what kura needs, the `d1_databases` and `kv_namespaces` bindings and
+//! the Durable Object bindings with the migrations that declare their classes.
 
 use std::path::{Path, PathBuf};
 
@@ -23,6 +23,19 @@ pub struct D1Binding {
     pub migrations_table: Option<String>,
     /// The migrations directory, relative to the configuration file.
     pub migrations_dir: Option<String>,
+}
+
+/// One `[[kv_namespaces]]` entry.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct KvBinding {
+    /// `env.<binding>` in a Worker.
+    pub binding: String,
+    /// The namespace's id.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// The id `wrangler dev --remote` uses instead, when set.
+    #[serde(default)]
+    pub preview_id: Option<String>,
 }
 
 /// One `[[durable_objects.bindings]]` entry.
@@ -69,6 +82,8 @@ struct RawConfig {
     #[serde(default)]
     d1_databases: Vec<D1Binding>,
     #[serde(default)]
+    kv_namespaces: Vec<KvBinding>,
+    #[serde(default)]
     durable_objects: DurableObjectsSection,
     #[serde(default)]
     migrations: Vec<Migration>,
@@ -83,6 +98,8 @@ pub struct WranglerConfig {
     pub name: Option<String>,
     /// Its D1 bindings.
     pub d1_databases: Vec<D1Binding>,
+    /// Its KV bindings.
+    pub kv_namespaces: Vec<KvBinding>,
     /// Its Durable Object bindings.
     pub durable_objects: Vec<DoBinding>,
     /// Classes its migrations declare SQLite-backed (`new_sqlite_classes`).
@@ -139,6 +156,7 @@ impl WranglerConfig {
             path,
             name: raw.name,
             d1_databases: raw.d1_databases,
+            kv_namespaces: raw.kv_namespaces,
             durable_objects: raw.durable_objects.bindings,
             sqlite_classes,
             kv_classes,

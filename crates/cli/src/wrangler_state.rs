@@ -1,8 +1,9 @@
 //! `kura import wrangler-state DIR`: a `wrangler dev` project's local state
 //! (`.wrangler/state/v3`, Miniflare's layout) into
 //! the data directory — its D1 databases (as SQL, through D1's import, so Time Travel starts
-//! with them), its R2 buckets (objects with their metadata, bytes from Miniflare's blob store)
-//! and its Durable Objects (each object's SQLite file, copied consistently with SQLite's backup,
+//! with them), its R2 buckets (objects with their metadata, bytes from Miniflare's blob store),
+//! its KV namespaces (under the ids the configuration names, so its bindings need no change;
+//! keys with their metadata and expiry) and its Durable Objects (each object's SQLite file, copied consistently with SQLite's backup,
 //! into a namespace workerd will run once the Worker is deployed). Idempotent: what is already
 //! here is left alone. Refuses a state directory a running `wrangler dev` holds.
 
@@ -22,6 +23,7 @@ use crate::local::Local;
 /// Miniflare's unique keys for its own D1 and R2 objects.
 const D1_KEY: &str = "miniflare-D1DatabaseObject";
 const R2_KEY: &str = "miniflare-R2BucketObject";
+const KV_KEY: &str = "miniflare-KVNamespaceObject";
 
 /// What one import did.
 #[derive(Default, Debug)]
@@ -30,6 +32,8 @@ struct Report {
     databases_skipped: usize,
     objects: usize,
     objects_skipped: usize,
+    kv_keys: usize,
+    kv_keys_skipped: usize,
     durable_objects: usize,
     durable_objects_skipped: usize,
 }
@@ -55,8 +59,26 @@ fn object_files(dir: &Path) -> Vec<(String, PathBuf)> {
     found
 }
 
+/// The directories of `dir` that hold a `blobs` directory (Miniflare's buckets and
+/// namespaces, each named by its local id), sorted.
+fn with_blobs(dir: &Path) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("blobs").is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    found.sort();
+    found
+}
+
 fn refuse_if_running(state: &Path) -> anyhow::Result<()> {
-    let mut dirs = vec![state.join("d1/miniflare-D1DatabaseObject"), state.join("r2/miniflare-R2BucketObject")];
+    let mut dirs = vec![
+        state.join("d1/miniflare-D1DatabaseObject"),
+        state.join("r2/miniflare-R2BucketObject"),
+        state.join("kv").join(KV_KEY),
+    ];
     dirs.extend(std::fs::read_dir(state.join("do")).into_iter().flatten().flatten().map(|e| e.path()));
     for dir in dirs {
         // A running wrangler dev keeps each namespace's metadata.sqlite open for as long as it runs.
@@ -74,9 +96,9 @@ fn refuse_if_running(state: &Path) -> anyhow::Result<()> {
 }
 
 pub async fn run(state: &Path, config: Option<WranglerConfig>, local: &Local) -> anyhow::Result<()> {
-    if !state.join("d1").is_dir() && !state.join("r2").is_dir() && !state.join("do").is_dir() {
+    if !["d1", "r2", "kv", "do"].iter().any(|d| state.join(d).is_dir()) {
         bail!(
-            "{} holds no wrangler state (no d1/, r2/ or do/): pass the project's .wrangler/state/v3",
+            "{} holds no wrangler state (no d1/, r2/, kv/ or do/): pass the project's .wrangler/state/v3",
             state.display()
         );
     }
@@ -84,13 +106,16 @@ pub async fn run(state: &Path, config: Option<WranglerConfig>, local: &Local) ->
     let mut report = Report::default();
     import_d1(state, config.as_ref(), local, &mut report).await?;
     import_r2(state, local, &mut report).await?;
+    import_kv(state, config.as_ref(), local, &mut report).await?;
     import_durable_objects(state, local, &mut report).await?;
     println!(
-        "Imported {} D1 database(s) ({} already here), {} R2 object(s) ({} already here), {} Durable Object(s) ({} already here).",
+        "Imported {} D1 database(s) ({} already here), {} R2 object(s) ({} already here), {} KV key(s) ({} already here), {} Durable Object(s) ({} already here).",
         report.databases,
         report.databases_skipped,
         report.objects,
         report.objects_skipped,
+        report.kv_keys,
+        report.kv_keys_skipped,
         report.durable_objects,
         report.durable_objects_skipped
     );
@@ -165,15 +190,7 @@ fn dump_file(path: &Path) -> anyhow::Result<String> {
 async fn import_r2(state: &Path, local: &Local, report: &mut Report) -> anyhow::Result<()> {
     let ids = IdFactory::new(R2_KEY);
     let r2 = local.node.r2();
-    let mut buckets: Vec<String> = std::fs::read_dir(state.join("r2"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.path().join("blobs").is_dir())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    buckets.sort();
-    for name in buckets {
+    for name in with_blobs(&state.join("r2")) {
         let meta = state.join("r2").join(R2_KEY).join(format!("{}.sqlite", ids.id_from_name(&name)));
         if !meta.is_file() {
             continue;
@@ -224,6 +241,92 @@ async fn import_r2(state: &Path, local: &Local, report: &mut Report) -> anyhow::
         println!("R2 bucket {name}: {imported} object(s) imported, {skipped} already here");
         report.objects += imported;
         report.objects_skipped += skipped;
+    }
+    Ok(())
+}
+
+/// KV: each namespace `wrangler dev` kept (its local id is the binding's `id`, else the
+/// binding's name). A local id that is a namespace id (32 hex characters) is kept, so the
+/// configuration's binding reaches the imported namespace unchanged; another gets a new id,
+/// printed. Titled by the binding's name where the configuration binds it. Expired keys are
+/// left behind.
+async fn import_kv(
+    state: &Path,
+    config: Option<&WranglerConfig>,
+    local: &Local,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let ids = IdFactory::new(KV_KEY);
+    let bindings = config.map(|c| c.kv_namespaces.as_slice()).unwrap_or_default();
+    let kv = local.node.kv();
+    let catalog = local.node.catalog();
+    let local_ids = with_blobs(&state.join("kv"));
+    let now_ms = jiff::Timestamp::now().as_millisecond();
+    for local_id in local_ids {
+        let entries_file = state.join("kv").join(KV_KEY).join(format!("{}.sqlite", ids.id_from_name(&local_id)));
+        if !entries_file.is_file() {
+            continue;
+        }
+        let title = bindings
+            .iter()
+            .find(|b| b.id.as_deref().unwrap_or(&b.binding) == local_id)
+            .map_or_else(|| local_id.clone(), |b| b.binding.clone());
+        let is_id = local_id.len() == 32 && local_id.bytes().all(|b| b.is_ascii_hexdigit());
+        let existing = match is_id {
+            true => catalog.kv_namespace(&local.account, &local_id)?,
+            false => None,
+        };
+        let namespace = match existing {
+            Some(namespace) => namespace,
+            None => {
+                let made = match is_id {
+                    true => catalog.create_kv_namespace_with_id(&local.account, &local_id, &title),
+                    false => catalog.create_kv_namespace(&local.account, &title),
+                }
+                .with_context(|| format!("creating the KV namespace {title}"))?;
+                if let Err(e) = kv.create_namespace(&made.id).await {
+                    let _ = catalog.delete_kv_namespace(&local.account, &made.id);
+                    return Err(e.into());
+                }
+                made
+            }
+        };
+        let blobs = state.join("kv").join(&local_id).join("blobs");
+        let conn = open_read_only(&entries_file)?;
+        let mut statement = conn.prepare("SELECT key, blob_id, expiration, metadata FROM _mf_entries ORDER BY key")?;
+        let entries = statement
+            .query_map([], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<i64>>(2)?, r.get(3)?))
+            })?
+            .collect::<rusqlite::Result<Vec<(String, String, Option<i64>, Option<String>)>>>()?;
+        let bar = crate::progress::count(&format!("KV namespace {title}"), entries.len() as u64);
+        let (mut imported, mut skipped) = (0, 0);
+        for (key, blob, expiration_ms, metadata) in entries {
+            bar.inc(1);
+            if expiration_ms.is_some_and(|at| at <= now_ms) {
+                continue;
+            }
+            let bytes = std::fs::read(blobs.join(&blob)).with_context(|| format!("reading the value of {key}"))?;
+            if kv.head(&namespace.id, &key).await?.is_some_and(|e| e.size == bytes.len() as u64) {
+                skipped += 1;
+                continue;
+            }
+            let options = kura_kv::PutOptions {
+                expiration: expiration_ms.map(|ms| ms / 1000),
+                metadata,
+                size: Some(bytes.len() as u64),
+            };
+            let body = futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from(bytes))]);
+            kv.put(&namespace.id, &key, body, options).await.with_context(|| format!("importing the key {key}"))?;
+            imported += 1;
+        }
+        bar.finish_and_clear();
+        println!(
+            "KV namespace {} (id {}): {imported} key(s) imported, {skipped} already here",
+            namespace.title, namespace.id
+        );
+        report.kv_keys += imported;
+        report.kv_keys_skipped += skipped;
     }
     Ok(())
 }

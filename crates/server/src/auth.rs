@@ -33,6 +33,10 @@ pub enum Need {
     DoRead,
     /// Change Durable Object namespaces and storage.
     DoWrite,
+    /// Read KV namespaces, keys and values.
+    KvRead,
+    /// Change KV namespaces, keys and values.
+    KvWrite,
 }
 
 impl Caller {
@@ -46,6 +50,8 @@ impl Caller {
             Need::R2Write => self.token.scope.can_write_r2(),
             Need::DoRead => self.token.scope.can_read_do(),
             Need::DoWrite => self.token.scope.can_write_do(),
+            Need::KvRead => self.token.scope.can_read_kv(),
+            Need::KvWrite => self.token.scope.can_write_kv(),
         };
         if self.token.account_id != account_id || !allowed {
             return Err(ApiError::forbidden());

@@ -35,6 +35,7 @@ const ASSETS: &[Asset] = &[
     Asset { name: "d1.js", content_type: "text/javascript; charset=utf-8", body: include_bytes!("../console/d1.js") },
     Asset { name: "r2.js", content_type: "text/javascript; charset=utf-8", body: include_bytes!("../console/r2.js") },
     Asset { name: "do.js", content_type: "text/javascript; charset=utf-8", body: include_bytes!("../console/do.js") },
+    Asset { name: "kv.js", content_type: "text/javascript; charset=utf-8", body: include_bytes!("../console/kv.js") },
     Asset {
         name: "workers.js",
         content_type: "text/javascript; charset=utf-8",

@@ -61,6 +61,24 @@ pub async fn read_body(body: Body) -> Result<Bytes, ApiError> {
     })
 }
 
+/// Reads and throws away what is left of a request body a handler refused after it began
+/// (up to `limit` bytes; a larger rest is left for the connection's close). A client writing its
+/// body while the answer comes would otherwise find the connection reset under it, and report
+/// that instead of the answer.
+pub async fn discard_rest<S, E>(body: &mut S, limit: u64)
+where
+    S: futures_util::Stream<Item = Result<Bytes, E>> + Unpin,
+{
+    use futures_util::StreamExt as _;
+    let mut seen = 0u64;
+    while seen <= limit {
+        match body.next().await {
+            Some(Ok(chunk)) => seen += chunk.len() as u64,
+            Some(Err(_)) | None => return,
+        }
+    }
+}
+
 /// Parses a JSON body; anything malformed is a 400 with serde's explanation.
 pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {

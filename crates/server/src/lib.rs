@@ -205,6 +205,7 @@ pub async fn serve_all(
         d1: Arc::clone(node.d1()),
         transfers,
         r2: Arc::clone(node.r2()),
+        kv: node.kv().clone(),
         durable_objects: node.durable_objects().clone(),
         workers: workers.clone(),
         forwarding: node.forwarding().cloned(),
@@ -222,6 +223,8 @@ pub async fn serve_all(
         Arc::clone(&state.r2),
         stopped(stop_rx.clone()),
     ));
+    let kv_sweeper =
+        tokio::spawn(sweep_kv_periodically(Arc::clone(&state.catalog), state.kv.clone(), stopped(stop_rx.clone())));
     let alarms =
         tokio::spawn(alarms::run(Arc::clone(&state.catalog), state.durable_objects.clone(), stopped(stop_rx.clone())));
     let domains = node.s3_domains();
@@ -274,10 +277,12 @@ pub async fn serve_all(
     }
     let _ = usage_flusher.await;
     let _ = sweeper.await;
+    let _ = kv_sweeper.await;
     let _ = alarms.await;
     state.d1.shutdown().await;
     state.durable_objects.shutdown().await;
     state.r2.shutdown().await;
+    state.kv.storage().shutdown().await;
     drop(node);
     api_result.and(s3_result)
 }
@@ -399,6 +404,50 @@ async fn sweep_r2_periodically(catalog: Arc<Catalog>, r2: Arc<kura_r2::R2>, stop
         tokio::select! {
             _ = &mut stop => return,
             _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+        }
+    }
+}
+
+/// Removes KV's expired keys at start-up and every five minutes; once an hour (and at start),
+/// also the storage of deleted namespaces and the orphan blobs a crash left.
+async fn sweep_kv_periodically(catalog: Arc<Catalog>, kv: kura_kv::Kv, stop: impl Future<Output = ()>) {
+    const ROUNDS_PER_SWEEP: u32 = 12;
+    tokio::pin!(stop);
+    for round in 0u32.. {
+        let storage = kv.storage();
+        let dirs = storage.bucket_dirs();
+        let namespaces = {
+            let catalog = Arc::clone(&catalog);
+            tokio::task::spawn_blocking(move || catalog.all_kv_namespaces()).await
+        };
+        match namespaces {
+            Ok(Ok(namespaces)) => {
+                let full = round % ROUNDS_PER_SWEEP == 0;
+                if full && let Ok(dirs) = dirs {
+                    let known = namespaces.iter().map(|n| n.id.clone()).collect();
+                    if let Err(e) = storage.remove_unknown_buckets(dirs, &known).await {
+                        tracing::warn!(error = %e, "could not remove the storage of deleted KV namespaces");
+                    }
+                }
+                for namespace in namespaces {
+                    if full && let Err(e) = storage.sweep(&namespace.id).await {
+                        tracing::warn!(namespace = namespace.id, error = %e, "could not sweep a KV namespace");
+                    }
+                    match kv.remove_expired(&namespace.id).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::debug!(namespace = namespace.id, removed = n, "removed expired KV keys"),
+                        Err(e) => {
+                            tracing::warn!(namespace = namespace.id, error = %e, "could not remove expired KV keys")
+                        }
+                    }
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not list KV namespaces to sweep"),
+            Err(e) => tracing::warn!(error = %e, "the KV sweep task failed"),
+        }
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(Duration::from_secs(300)) => {}
         }
     }
 }

@@ -2,11 +2,13 @@
 //! atomics as it works:
 //!
 //! - requests answered by surface and status, and their latencies ([`crate::observe`]);
-//! - per engine (`d1`, `r2` for buckets' metadata, `do` for objects and namespaces' indexes):
+//! - per engine (`d1`, `r2` for buckets' metadata, `kv` for KV namespaces' metadata, `do` for
+//!   objects and namespaces' indexes):
 //!   commits, failed commits, requests per group commit, commit time (fsync, history capture,
 //!   shipping), files open now;
 //! - per D1 database: commits and history bytes since the process started;
-//! - R2's object bytes in and out; Durable Objects open and alarm deliveries;
+//! - R2's object bytes in and out; KV's value bytes in and out; Durable Objects open and alarm
+//!   deliveries;
 //! - the process's open files and resident memory;
 //! - on a cluster node, what its ownerships do ([`crate::cluster::ClusterStatus::metrics`]).
 //!
@@ -93,9 +95,10 @@ fn http(out: &mut String, figures: &crate::observe::HttpFigures) {
 }
 
 fn engines(out: &mut String, app: &AppState) {
-    let engines: [(&str, &Stats, usize); 3] = [
+    let engines: [(&str, &Stats, usize); 4] = [
         ("d1", app.d1.stats(), app.d1.open_databases()),
         ("r2", app.r2.stats(), app.r2.open_buckets()),
+        ("kv", app.kv.storage().stats(), app.kv.storage().open_buckets()),
         ("do", app.durable_objects.stats(), app.durable_objects.open_objects()),
     ];
     let per_engine = |value: &dyn Fn(&Stats, usize) -> f64| -> Vec<(String, f64)> {
@@ -105,7 +108,7 @@ fn engines(out: &mut String, app: &AppState) {
         out,
         "kura_sqlite_commits_total",
         "counter",
-        "Transactions committed (each with its fsync), by engine: D1 databases, R2 buckets' metadata, Durable Objects.",
+        "Transactions committed (each with its fsync), by engine: D1 databases, R2 buckets' metadata, KV namespaces, Durable Objects.",
         &per_engine(&|s, _| s.commits.load(Ordering::Relaxed) as f64),
     );
     family(
@@ -171,6 +174,15 @@ fn engines(out: &mut String, app: &AppState) {
         "Object bytes read (GETs, copy sources).",
         &[(String::new(), sent as f64)],
     );
+    let (received, sent) = app.kv.storage().bytes_moved();
+    family(
+        out,
+        "kura_kv_received_bytes_total",
+        "counter",
+        "KV value bytes written.",
+        &[(String::new(), received as f64)],
+    );
+    family(out, "kura_kv_sent_bytes_total", "counter", "KV value bytes read.", &[(String::new(), sent as f64)]);
     let alarms = app.durable_objects.alarm_figures();
     family(
         out,

@@ -42,6 +42,9 @@ pub enum NodeError {
     /// The R2 engine failed to start.
     #[error(transparent)]
     R2(#[from] kura_r2::R2Error),
+    /// The KV engine failed to start.
+    #[error(transparent)]
+    Kv(#[from] kura_kv::KvError),
     /// The Durable Objects engine failed to start.
     #[error(transparent)]
     DurableObjects(#[from] kura_do::DoError),
@@ -92,6 +95,7 @@ pub struct Node {
     catalog: Arc<Catalog>,
     d1: Arc<D1>,
     r2: Arc<R2>,
+    kv: kura_kv::Kv,
     durable_objects: kura_do::DurableObjects,
     s3_domains: Vec<String>,
     forwarding: Option<crate::forward::Forwarding>,
@@ -114,6 +118,9 @@ impl Node {
             None => Catalog::open(catalog_path)?,
         });
         let d1 = Arc::new(D1::open(dir, Arc::clone(&catalog), settings.d1)?);
+        // KV namespaces are this node's alone, even in a cluster (whose front door refuses
+        // them): what shares a cluster's store must be placed, and KV is not yet.
+        let kv = kura_kv::Kv::open(dir.join("kv"), R2Settings { shared: None, ..settings.r2.clone() })?;
         let r2 = Arc::new(R2::open(dir.join("r2"), settings.r2)?);
         let durable_objects = kura_do::DurableObjects::open(dir.join("do"), settings.durable_objects)?;
         Ok(Node {
@@ -121,6 +128,7 @@ impl Node {
             catalog,
             d1,
             r2,
+            kv,
             durable_objects,
             s3_domains: settings.s3_domains,
             forwarding: settings.forwarding,
@@ -146,6 +154,11 @@ impl Node {
     /// The R2 engine.
     pub fn r2(&self) -> &Arc<R2> {
         &self.r2
+    }
+
+    /// The KV engine.
+    pub fn kv(&self) -> &kura_kv::Kv {
+        &self.kv
     }
 
     /// The Durable Objects engine.

@@ -136,3 +136,52 @@ pub fn script_json(script: &WorkerScript, stored: Option<&StoredVersion>) -> Jso
 pub fn schedule_json(schedule: &WorkerSchedule) -> Json {
     json!({ "cron": schedule.cron, "created_on": schedule.created_on, "modified_on": schedule.modified_on })
 }
+
+/// A KV namespace as the v4 API shows it.
+pub fn kv_namespace_json(ns: &kura_catalog::KvNamespace) -> Json {
+    json!({"id": ns.id, "title": ns.title, "supports_url_encoding": true})
+}
+
+/// A key of a KV listing as the v4 API shows it: `expiration` in seconds and `metadata` as
+/// JSON, each only when the key has one.
+pub fn kv_key_json(entry: &kura_kv::Entry) -> Json {
+    let mut key = json!({"name": entry.key});
+    if let Some(at) = entry.expiration {
+        key["expiration"] = json!(at);
+    }
+    if let Some(metadata) = entry.metadata.as_deref().and_then(|m| serde_json::from_str::<Json>(m).ok()) {
+        key["metadata"] = metadata;
+    }
+    key
+}
+
+/// A KV key's metadata as JSON (`null` when it has none).
+pub fn kv_metadata_json(entry: &kura_kv::Entry) -> Json {
+    entry.metadata.as_deref().and_then(|m| serde_json::from_str(m).ok()).unwrap_or(Json::Null)
+}
+
+/// A KV bulk read's values by key: each value, or with metadata `{value, metadata}` (and the
+/// v4 API's `expiration`, when `with_expiration`); a missing key's is `null`.
+pub fn kv_bulk_values(
+    found: Vec<kura_kv::BulkValue>,
+    with_metadata: bool,
+    with_expiration: bool,
+) -> serde_json::Map<String, Json> {
+    found
+        .into_iter()
+        .map(|(key, value)| {
+            let value = match (value, with_metadata) {
+                (None, _) => Json::Null,
+                (Some((value, _)), false) => value,
+                (Some((value, entry)), true) => {
+                    let mut shaped = json!({"value": value, "metadata": kv_metadata_json(&entry)});
+                    if let (true, Some(at)) = (with_expiration, entry.expiration) {
+                        shaped["expiration"] = json!(at);
+                    }
+                    shaped
+                }
+            };
+            (key, value)
+        })
+        .collect()
+}

@@ -1,8 +1,9 @@
 //! Finding what a request names, for the caller that names it: an R2 bucket its token
-//! reaches, a Durable Object namespace of its account. Shared by the v4 API and the bindings.
+//! reaches, a Durable Object or KV namespace of its account. Shared by the v4 API and the
+//! bindings.
 
 use axum::http::StatusCode;
-use kura_catalog::{DoNamespace, R2Bucket};
+use kura_catalog::{DoNamespace, KvNamespace, R2Bucket};
 use kura_do::{DoError, Namespace};
 use kura_r2::R2Error;
 
@@ -49,4 +50,9 @@ pub fn find_namespace(
     })?;
     let engine_ns = engine_namespace(&ns)?;
     Ok((ns, engine_ns))
+}
+
+/// The account's KV namespace with this id.
+pub fn find_kv_namespace(app: &AppState, account_id: &str, id: &str) -> Result<KvNamespace, ApiError> {
+    app.catalog.kv_namespace(account_id, id)?.ok_or_else(|| kura_kv::KvError::NamespaceNotFound.into())
 }

@@ -35,6 +35,8 @@ pub struct Shared {
     pub transfers: Arc<transfer::Transfers>,
     /// The R2 engine.
     pub r2: Arc<kura_r2::R2>,
+    /// The KV engine.
+    pub kv: kura_kv::Kv,
     /// The Durable Objects engine.
     pub durable_objects: kura_do::DurableObjects,
     /// The Workers layer, when this server runs Workers.

@@ -1,6 +1,6 @@
 //! workerd's configuration, written by kura from the deployed scripts: one worker per script
 //! (its modules, compatibility, bindings), one listening socket per script, the services that
-//! carry bindings to kura (D1 and R2 requests, object announcements, logs) with the headers
+//! carry bindings to kura (D1, R2 and KV requests, object announcements, logs) with the headers
 //! that say whose they are, and the disks Durable Object classes store their objects on.
 //!
 //! The format is capnp text (workerd has no other text format).
@@ -25,6 +25,8 @@ pub mod headers {
     pub const D1_DATABASE: &str = "x-kura-d1-database";
     /// The R2 bucket, by name.
     pub const R2_BUCKET: &str = "x-kura-r2-bucket";
+    /// The KV namespace, by id.
+    pub const KV_NAMESPACE: &str = "x-kura-kv-namespace";
     /// The script (storage id) an announcement or a log comes from.
     pub const SCRIPT: &str = "x-kura-script";
     /// The script (storage id) whose assets an `env.ASSETS.fetch()` asks for.
@@ -250,6 +252,16 @@ pub fn render(layout: &Layout, scripts: &[ServedScript], purpose: Purpose) -> Wo
                         vec![(headers::ACCOUNT, script.account_id.clone()), (headers::R2_BUCKET, bucket_name.clone())],
                     );
                     bindings.push(format!("(name = {name}, r2Bucket = {})", quote(&svc)));
+                }
+                Binding::KvNamespace { namespace_id, .. } => {
+                    let svc = external(
+                        format!("kv-{}-{namespace_id}", script.account_id),
+                        vec![
+                            (headers::ACCOUNT, script.account_id.clone()),
+                            (headers::KV_NAMESPACE, namespace_id.clone()),
+                        ],
+                    );
+                    bindings.push(format!("(name = {name}, kvNamespace = {})", quote(&svc)));
                 }
                 Binding::DurableObjectNamespace { class_name, script_name, .. } => match script_name {
                     None => bindings.push(format!("(name = {name}, durableObjectNamespace = {})", quote(class_name))),

@@ -399,6 +399,11 @@ impl Workers {
                         ));
                     }
                 }
+                Binding::KvNamespace { namespace_id, .. } => {
+                    if catalog.kv_namespace(account_id, namespace_id)?.is_none() {
+                        return Err(missing(10041, format!("KV namespace '{namespace_id}' is not valid.")));
+                    }
+                }
                 Binding::DurableObjectNamespace { class_name, script_name: other, .. } => {
                     let implemented = match other.as_deref().filter(|o| *o != script_name) {
                         None => classes.iter().any(|c| c.class_name == *class_name),

@@ -193,6 +193,13 @@ pub enum Binding {
         /// The bucket.
         bucket_name: String,
     },
+    /// A KV namespace, by id.
+    KvNamespace {
+        /// `env` name.
+        name: String,
+        /// The namespace's id.
+        namespace_id: String,
+    },
     /// A Durable Object namespace: a class of this script or of another.
     DurableObjectNamespace {
         /// `env` name.
@@ -236,6 +243,7 @@ impl Binding {
             | Binding::Json { name, .. }
             | Binding::D1 { name, .. }
             | Binding::R2Bucket { name, .. }
+            | Binding::KvNamespace { name, .. }
             | Binding::DurableObjectNamespace { name, .. }
             | Binding::Service { name, .. }
             | Binding::VersionMetadata { name }
@@ -250,6 +258,7 @@ impl Binding {
             Binding::Json { .. } => "json",
             Binding::D1 { .. } => "d1",
             Binding::R2Bucket { .. } => "r2_bucket",
+            Binding::KvNamespace { .. } => "kv_namespace",
             Binding::DurableObjectNamespace { .. } => "durable_object_namespace",
             Binding::Service { .. } => "service",
             Binding::VersionMetadata { .. } => "version_metadata",
@@ -278,7 +287,7 @@ pub enum UploadedBinding {
 }
 
 /// Binding types kura serves, for error messages.
-pub const SUPPORTED_BINDINGS: &str = "d1, r2_bucket, durable_object_namespace, service, plain_text, json, secret_text, inherit, version_metadata and assets";
+pub const SUPPORTED_BINDINGS: &str = "d1, r2_bucket, kv_namespace, durable_object_namespace, service, plain_text, json, secret_text, inherit, version_metadata and assets";
 
 impl UploadedBinding {
     /// Reads one element of the metadata's `bindings`.
@@ -300,6 +309,7 @@ impl UploadedBinding {
             | "json"
             | "d1"
             | "r2_bucket"
+            | "kv_namespace"
             | "durable_object_namespace"
             | "service"
             | "version_metadata"
@@ -461,9 +471,12 @@ mod tests {
 
     #[test]
     fn bindings_kura_does_not_serve_are_refused_by_name() {
+        let queue = json!({"name": "Q", "type": "queue", "queue_name": "x"});
+        let e = UploadedBinding::parse(&queue).unwrap_err().to_string();
+        assert!(e.contains("'queue'") && e.contains("Q"), "{e}");
         let kv = json!({"name": "KV", "type": "kv_namespace", "namespace_id": "x"});
-        let e = UploadedBinding::parse(&kv).unwrap_err().to_string();
-        assert!(e.contains("kv_namespace") && e.contains("KV"), "{e}");
+        let parsed = UploadedBinding::parse(&kv).unwrap();
+        assert_eq!(parsed, UploadedBinding::Kept(Binding::KvNamespace { name: "KV".into(), namespace_id: "x".into() }));
         let bad_name = json!({"name": "a-b", "type": "plain_text", "text": "x"});
         assert!(UploadedBinding::parse(&bad_name).is_err());
         let missing = json!({"name": "DB", "type": "d1"});

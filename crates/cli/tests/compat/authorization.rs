@@ -32,6 +32,8 @@ enum Credential {
     R2Write,
     DoRead,
     DoWrite,
+    KvRead,
+    KvWrite,
     /// `r2:write` limited to [`OPEN`].
     BucketLimited,
     /// `admin` limited to [`OPEN`]: everything but other buckets, tokens, Workers (whose R2
@@ -41,7 +43,7 @@ enum Credential {
     OtherAccountAdmin,
 }
 
-const CREDENTIALS: [Credential; 14] = [
+const CREDENTIALS: [Credential; 16] = [
     Credential::None,
     Credential::Malformed,
     Credential::Unknown,
@@ -52,6 +54,8 @@ const CREDENTIALS: [Credential; 14] = [
     Credential::R2Write,
     Credential::DoRead,
     Credential::DoWrite,
+    Credential::KvRead,
+    Credential::KvWrite,
     Credential::BucketLimited,
     Credential::BucketLimitedAdmin,
     Credential::Admin,
@@ -69,6 +73,8 @@ enum Need {
     R2Write(Option<&'static str>),
     DoRead,
     DoWrite,
+    KvRead,
+    KvWrite,
     /// Managing tokens: an admin token with no bucket limit.
     TokenAdmin,
     /// Workers and the cluster: an admin token.
@@ -91,7 +97,11 @@ fn allowed(credential: Credential, need: Need, surface: Surface) -> bool {
         Need::AccountToken => valid && credential != C::OtherAccountAdmin,
         Need::R2Read(None) | Need::R2Write(None) if credential == C::OtherAccountAdmin => surface != Surface::V4,
         _ if credential == C::Admin => true,
-        Need::D1Read | Need::D1Write | Need::DoRead | Need::DoWrite if credential == C::BucketLimitedAdmin => true,
+        Need::D1Read | Need::D1Write | Need::DoRead | Need::DoWrite | Need::KvRead | Need::KvWrite
+            if credential == C::BucketLimitedAdmin =>
+        {
+            true
+        }
         Need::D1Read => matches!(credential, C::D1Read | C::D1Write),
         Need::D1Write => credential == C::D1Write,
         Need::R2Read(bucket) => match credential {
@@ -107,13 +117,15 @@ fn allowed(credential: Credential, need: Need, surface: Surface) -> bool {
         },
         Need::DoRead => matches!(credential, C::DoRead | C::DoWrite),
         Need::DoWrite => credential == C::DoWrite,
+        Need::KvRead => matches!(credential, C::KvRead | C::KvWrite),
+        Need::KvWrite => credential == C::KvWrite,
         Need::TokenAdmin | Need::Admin => false,
     }
 }
 
 /// The credentials an allowed write is sent with, narrowest first: every valid credential of
 /// this account (checked in the test).
-const NARROWEST_FIRST: [Credential; 9] = [
+const NARROWEST_FIRST: [Credential; 11] = [
     Credential::BucketLimited,
     Credential::D1Read,
     Credential::D1Write,
@@ -121,6 +133,8 @@ const NARROWEST_FIRST: [Credential; 9] = [
     Credential::R2Write,
     Credential::DoRead,
     Credential::DoWrite,
+    Credential::KvRead,
+    Credential::KvWrite,
     Credential::BucketLimitedAdmin,
     Credential::Admin,
 ];
@@ -151,6 +165,9 @@ fn shows(e: &Endpoint, c: Credential, body: &str) -> Result<(), String> {
         "do select" | "do explorer select" => (vec!["[1]".into()], vec![]),
         "do fan-out" => (vec!["\"name\":\"obj\"".into(), "\"rows\":[[2]]".into()], vec![]),
         "tokens list" => (vec!["\"name\":\"D1Read\"".into()], vec![]),
+        "kv namespaces" | "kv namespace details" => (vec!["\"title\":\"fixture\"".into()], vec![]),
+        "kv keys" => (vec!["\"name\":\"k\"".into()], vec![]),
+        "kv get value" | "kv bulk get" => (vec!["fixture".into()], vec![]),
         "workers scripts" => (vec![WORKER.into()], vec![]),
         "workers script" => (vec!["the fixture".into()], vec![]),
         "worker fetch" => (vec!["the fixture".into()], vec![]),
@@ -248,8 +265,7 @@ impl Secrets {
 }
 
 fn sha256_hex(text: &str) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+    crate::common::sha256_hex(text.as_bytes())
 }
 
 async fn admin(
@@ -340,6 +356,8 @@ struct Bookmarks {
     import: (String, String),
     /// The version the fixture Worker runs, for the deployment.
     worker_version: String,
+    /// The fixture KV namespace's id, and that of one to delete.
+    kv: (String, String),
 }
 
 fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
@@ -358,6 +376,9 @@ fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
         Some(json!({ "sql": "SELECT count(*) FROM t" })),
     );
     let tokens = Probe::v4(Method::GET, v4("/tokens"), None);
+    let kv_namespaces = Probe::v4(Method::GET, v4("/storage/kv/namespaces"), None);
+    let kv = |tail: &str| v4(&format!("/storage/kv/namespaces/{}{tail}", bookmarks.kv.0));
+    let kv_keys = Probe::v4(Method::GET, kv("/keys"), None);
     let scripts = Probe::v4(Method::GET, v4("/workers/scripts"), None);
     let script = |tail: &str| v4(&format!("/workers/scripts/{WORKER}{tail}"));
     let script_probe = |tail: &str| Probe::v4(Method::GET, script(tail), None);
@@ -394,6 +415,82 @@ fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
     let select = json_body(json!({ "sql": "SELECT * FROM t" }));
     let insert = json_body(json!({ "sql": "INSERT INTO t VALUES (99)" }));
     vec![
+        e("kv namespaces", Surface::V4, Method::GET, v4("/storage/kv/namespaces"), None, Need::KvRead, None),
+        e(
+            "kv create namespace",
+            Surface::V4,
+            Method::POST,
+            v4("/storage/kv/namespaces"),
+            json_body(json!({ "title": "made-by-the-matrix" })),
+            Need::KvWrite,
+            Some(kv_namespaces.clone()),
+        ),
+        e("kv namespace details", Surface::V4, Method::GET, kv(""), None, Need::KvRead, None),
+        e(
+            "kv rename namespace",
+            Surface::V4,
+            Method::PUT,
+            v4(&format!("/storage/kv/namespaces/{}", bookmarks.kv.1)),
+            json_body(json!({ "title": "renamed-by-the-matrix" })),
+            Need::KvWrite,
+            Some(kv_namespaces.clone()),
+        ),
+        e("kv keys", Surface::V4, Method::GET, kv("/keys"), None, Need::KvRead, None),
+        e("kv get value", Surface::V4, Method::GET, kv("/values/k"), None, Need::KvRead, None),
+        e(
+            "kv put value",
+            Surface::V4,
+            Method::PUT,
+            kv("/values/v4-new"),
+            Some(b"x".to_vec()),
+            Need::KvWrite,
+            Some(kv_keys.clone()),
+        ),
+        e(
+            "kv delete value",
+            Surface::V4,
+            Method::DELETE,
+            kv("/values/k-del"),
+            None,
+            Need::KvWrite,
+            Some(kv_keys.clone()),
+        ),
+        e(
+            "kv bulk put",
+            Surface::V4,
+            Method::PUT,
+            kv("/bulk"),
+            json_body(json!([{ "key": "bulk-new", "value": "x" }])),
+            Need::KvWrite,
+            Some(kv_keys.clone()),
+        ),
+        e(
+            "kv bulk get",
+            Surface::V4,
+            Method::POST,
+            kv("/bulk/get"),
+            json_body(json!({ "keys": ["k"] })),
+            Need::KvRead,
+            None,
+        ),
+        e(
+            "kv bulk delete",
+            Surface::V4,
+            Method::POST,
+            kv("/bulk/delete"),
+            json_body(json!(["k-bulk-del"])),
+            Need::KvWrite,
+            Some(kv_keys.clone()),
+        ),
+        e(
+            "kv delete namespace",
+            Surface::V4,
+            Method::DELETE,
+            v4(&format!("/storage/kv/namespaces/{}", bookmarks.kv.1)),
+            None,
+            Need::KvWrite,
+            Some(kv_namespaces.clone()),
+        ),
         e("healthz", Surface::Plain, Method::GET, "/healthz".into(), None, Need::Open, None),
         e("metrics", Surface::Plain, Method::GET, "/metrics".into(), None, Need::Open, None),
         e("console", Surface::Plain, Method::GET, "/console/".into(), None, Need::Open, None),
@@ -866,7 +963,6 @@ fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
         e("memberships", Surface::V4, Method::GET, "/memberships".into(), None, Need::AnyToken, None),
         e("token verify", Surface::V4, Method::GET, "/user/tokens/verify".into(), None, Need::AnyToken, None),
         e("account token verify", Surface::V4, Method::GET, v4("/tokens/verify"), None, Need::AccountToken, None),
-        e("kv namespaces", Surface::V4, Method::GET, v4("/storage/kv/namespaces"), None, Need::AccountToken, None),
         e(
             "d1 analytics",
             Surface::V4,
@@ -1171,6 +1267,8 @@ fn every_endpoint_against_every_credential() {
             (Credential::R2Write, "r2:write", None),
             (Credential::DoRead, "do:read", None),
             (Credential::DoWrite, "do:write", None),
+            (Credential::KvRead, "kv:read", None),
+            (Credential::KvWrite, "kv:write", None),
             (Credential::BucketLimited, "r2:write", Some(json!([OPEN]))),
             (Credential::BucketLimitedAdmin, "admin", Some(json!([OPEN]))),
             (Credential::Revoked, "admin", None),
@@ -1227,7 +1325,18 @@ fn every_endpoint_against_every_credential() {
         let uploaded = client.put(upload_url).body(sql).send().await.unwrap();
         assert!(uploaded.status().is_success(), "uploading the import: {}", uploaded.status());
         let filename = init["result"]["filename"].as_str().expect("an import's file name").to_owned();
+        let namespace = async |title: &str| -> String {
+            let path = v4("/storage/kv/namespaces");
+            let made = admin(&client, &server, Method::POST, &path, Some(json!({"title": title}))).await;
+            made["result"]["id"].as_str().expect("a KV namespace's id").to_owned()
+        };
+        let kv = (namespace("fixture").await, namespace("doomed").await);
+        for key in ["k", "k-del", "k-bulk-del"] {
+            let url = format!("{}{}", server.api, v4(&format!("/storage/kv/namespaces/{}/values/{key}", kv.0)));
+            assert!(client.put(url).bearer_auth(TOKEN).body("fixture").send().await.unwrap().status().is_success());
+        }
         Bookmarks {
+            kv,
             d1: d1["result"]["bookmark"].as_str().unwrap().to_owned(),
             object: object["result"]["bookmark"].as_str().unwrap().to_owned(),
             import: (etag, filename),
@@ -1330,7 +1439,7 @@ fn every_endpoint_against_every_credential() {
 }
 
 /// The Workers' binding socket serves the workerd kura runs, which sends this run's secret with
-/// every request; D1, R2, Durable Object announcements and logs there refuse anyone else — no
+/// every request; D1, R2, KV, Durable Object announcements and logs there refuse anyone else — no
 /// secret, an API token, a wrong secret — and change nothing. Answers the cells checked.
 async fn binding_socket_refuses_outsiders(
     client: &reqwest::Client,
@@ -1359,6 +1468,14 @@ async fn binding_socket_refuses_outsiders(
         Some(json!({ "sql": "SELECT count(*) AS n FROM t" })),
     );
     let objects = Probe::v4(Method::GET, v4(&format!("/r2/buckets/{CLOSED}/objects")), None);
+    let namespaces = admin(client, server, Method::GET, &v4("/storage/kv/namespaces"), None).await;
+    let kv_namespace = namespaces["result"]
+        .as_array()
+        .and_then(|all| all.iter().find(|n| n["title"] == "fixture"))
+        .and_then(|n| n["id"].as_str())
+        .expect("the fixture KV namespace")
+        .to_owned();
+    let kv_keys = Probe::v4(Method::GET, v4(&format!("/storage/kv/namespaces/{kv_namespace}/keys")), None);
     let (put, put_headers) = binding_r2_write("put", "made-through-the-socket");
     let insert = serde_json::to_vec(&json!({ "sql": "INSERT INTO t VALUES (97)" })).unwrap();
     let get = json!({ "version": 1, "method": "get", "object": "k" }).to_string();
@@ -1370,6 +1487,9 @@ async fn binding_socket_refuses_outsiders(
         ("PUT", "/", [vec![(headers::R2_BUCKET, CLOSED.to_owned())], put_headers].concat(), put),
         ("POST", "/objects", vec![(headers::SCRIPT, WORKER.into())], br#"{"class":"C","id":"00"}"#.to_vec()),
         ("POST", "/logs", vec![(headers::SCRIPT, WORKER.into())], b"[]".to_vec()),
+        ("GET", "/k?urlencoded=true", vec![(headers::KV_NAMESPACE, kv_namespace.clone())], Vec::new()),
+        ("PUT", "/socket-new?urlencoded=true", vec![(headers::KV_NAMESPACE, kv_namespace.clone())], b"x".to_vec()),
+        ("GET", "/", vec![(headers::KV_NAMESPACE, kv_namespace.clone())], Vec::new()),
     ];
     let outsiders: [(&str, Option<(&str, String)>); 3] = [
         ("no secret", None),
@@ -1385,8 +1505,11 @@ async fn binding_socket_refuses_outsiders(
     ];
     let (status, answer) = unix_request(&socket, "POST", "/query", &with_secret, &select).await;
     assert_eq!(status, 200, "the binding socket with this run's secret: {answer}");
-    let (rows_before, objects_before) =
-        (probe(client, server, secrets, &rows).await, probe(client, server, secrets, &objects).await);
+    let (rows_before, objects_before, keys_before) = (
+        probe(client, server, secrets, &rows).await,
+        probe(client, server, secrets, &objects).await,
+        probe(client, server, secrets, &kv_keys).await,
+    );
     let mut cells = 0;
     for (method, path, fields, body) in &requests {
         for (who, credential) in &outsiders {
@@ -1405,8 +1528,10 @@ async fn binding_socket_refuses_outsiders(
     }
     if probe(client, server, secrets, &rows).await != rows_before
         || probe(client, server, secrets, &objects).await != objects_before
+        || probe(client, server, secrets, &kv_keys).await != keys_before
     {
-        failures.push("a refused request on the binding socket changed the database or the bucket".into());
+        failures
+            .push("a refused request on the binding socket changed the database, the bucket or the namespace".into());
     }
     cells
 }

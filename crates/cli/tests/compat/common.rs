@@ -9,6 +9,12 @@ pub use kura_testkit::credentials::{ACCOUNT, S3_ACCESS_KEY_ID, S3_SECRET_ACCESS_
 pub use kura_testkit::process::{KuraProcess, compat_dir, installed};
 
 /// The `kura` binary of this package, for running its commands.
+/// The SHA-256 of `bytes`, in hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
 pub fn kura_bin() -> &'static str {
     env!("CARGO_BIN_EXE_kura")
 }

@@ -10,8 +10,8 @@
 //!   listed object reads back whole, with the bytes and ETag acknowledged.
 //! - Durable Objects: atomic batches of KV and SQL on three objects, and alarms, which must fire
 //!   once due and never unless set.
-//! - A Worker (in the workerd kura supervises, killed with it): writes through its D1 and R2
-//!   bindings and to its own Durable Object's SQL storage, each checked after the restart.
+//! - A Worker (in the workerd kura supervises, killed with it): writes through its D1, R2 and
+//!   KV bindings and to its own Durable Object's SQL storage, each checked after the restart.
 //!
 //! Before each kill every client has had a request answered in that life (a server that hangs
 //! fails), and any failure while the server serves — a refusal, a reply that is not one, a
@@ -667,6 +667,26 @@ export default {
         const object = await env.BUCKET.put(params.get("key"), await request.arrayBuffer());
         return Response.json({ etag: object.etag });
       }
+      case "/kv":
+        if (request.method === "DELETE") await env.KV.delete(params.get("key"));
+        else await env.KV.put(params.get("key"), await request.arrayBuffer());
+        return Response.json({ ok: true });
+      case "/kv/all": {
+        // Every key with the SHA-256 of its value.
+        const all = {};
+        let cursor;
+        for (;;) {
+          const page = await env.KV.list({ cursor });
+          for (const { name } of page.keys) {
+            const value = await env.KV.get(name, "arrayBuffer");
+            const hash = new Uint8Array(await crypto.subtle.digest("SHA-256", value));
+            all[name] = [...hash].map((b) => b.toString(16).padStart(2, "0")).join("");
+          }
+          if (page.list_complete) break;
+          cursor = page.cursor;
+        }
+        return Response.json(all);
+      }
       case "/do": {
         const stub = env.LOG.get(env.LOG.idFromName("log"));
         return stub.fetch(new Request("http://log/" + url.search, { method: request.method }));
@@ -687,6 +707,10 @@ struct WorkerClient {
     in_flight: Option<(Place, Rows)>,
     /// The Worker's objects, checked with the uploaders'.
     r2: R2Client,
+    /// Its KV namespace: each key and the SHA-256 of its value.
+    kv: BTreeMap<String, String>,
+    /// The namespace if the KV write in flight at the crash happened.
+    kv_in_flight: Option<BTreeMap<String, String>>,
     ops: u64,
 }
 
@@ -702,6 +726,11 @@ impl WorkerClient {
         let created =
             server.v4(reqwest::Method::POST, "/d1/database", Some(json!({ "name": "crash-w" }))).await.unwrap();
         let uuid = created["uuid"].as_str().unwrap().to_owned();
+        let namespace = server
+            .v4(reqwest::Method::POST, "/storage/kv/namespaces", Some(json!({ "title": "crash-kv" })))
+            .await
+            .unwrap();
+        let namespace = namespace["id"].as_str().unwrap().to_owned();
         let sql = "CREATE TABLE t (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)";
         let path = format!("/d1/database/{uuid}/query");
         server.v4(reqwest::Method::POST, &path, Some(json!({ "sql": sql }))).await.unwrap();
@@ -711,6 +740,7 @@ impl WorkerClient {
             "bindings": [
                 { "name": "DB", "type": "d1", "id": uuid },
                 { "name": "BUCKET", "type": "r2_bucket", "bucket_name": BUCKET },
+                { "name": "KV", "type": "kv_namespace", "namespace_id": namespace },
                 { "name": "LOG", "type": "durable_object_namespace", "class_name": "Log" },
             ],
             "migrations": { "new_tag": "v1", "steps": [{ "new_sqlite_classes": ["Log"] }] },
@@ -725,7 +755,7 @@ impl WorkerClient {
             deployed.text().await.unwrap()
         );
         let r2 = R2Client { prefix: "w/".into(), ..Default::default() };
-        WorkerClient { uuid, rows: Rows::new(), log: Rows::new(), in_flight: None, r2, ops: 0 }
+        WorkerClient { uuid, r2, ..Default::default() }
     }
 
     async fn step(&mut self, server: &Server, rng: &mut Rng) -> Result<(), Failed> {
@@ -738,7 +768,22 @@ impl WorkerClient {
             self.in_flight = Some((Place::Database, after.clone()));
             server.worker(reqwest::Method::POST, &format!("/d1?id={k}&n={n}"), Vec::new()).await?;
             self.rows = after;
-        } else if roll < 70 {
+        } else if roll < 55 {
+            let key = format!("kv-{:02}", rng.below(12));
+            let mut after = self.kv.clone();
+            if rng.chance(20) {
+                after.remove(&key);
+                self.kv_in_flight = Some(after.clone());
+                server.worker(reqwest::Method::DELETE, &format!("/kv?key={key}"), Vec::new()).await?;
+            } else {
+                let body = bytes(rng.next(), [0, 7, 1000, 70_000][rng.below(4) as usize]);
+                after.insert(key.clone(), crate::common::sha256_hex(&body));
+                self.kv_in_flight = Some(after.clone());
+                server.worker(reqwest::Method::PUT, &format!("/kv?key={key}"), body).await?;
+            }
+            self.kv = after;
+            self.kv_in_flight = None;
+        } else if roll < 75 {
             let key = format!("{}key-{:02}", self.r2.prefix, rng.below(12));
             let seed = rng.next();
             let len = [0, 7, 1000, 70_000][rng.below(4) as usize];
@@ -783,6 +828,21 @@ impl WorkerClient {
         let rows_of = |answer: Json, (a, b): (&str, &str)| -> Rows {
             answer.as_array().unwrap().iter().map(|r| (r[a].as_i64().unwrap(), r[b].as_i64().unwrap())).collect()
         };
+        let kv: BTreeMap<String, String> = read("/kv/all")
+            .await
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+            .collect();
+        if let Some(write) = &self.kv_in_flight {
+            tally.record(kv == self.kv, kv == *write);
+        }
+        if kv != self.kv {
+            assert_eq!(Some(&kv), self.kv_in_flight.as_ref(), "the Worker's KV: neither acknowledged nor in flight");
+            self.kv = kv;
+        }
+        self.kv_in_flight = None;
         let found = [
             (Place::Database, rows_of(read("/d1/rows").await, ("id", "n"))),
             (Place::Object, rows_of(read("/do").await, ("k", "n"))),
@@ -877,6 +937,7 @@ impl Workload for WorkerClient {
     fn not_sent(&mut self) {
         self.in_flight = None;
         self.r2.in_flight = None;
+        self.kv_in_flight = None;
     }
 }
 

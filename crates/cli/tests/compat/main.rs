@@ -19,6 +19,7 @@ mod docs;
 mod fidelity;
 mod hostile_clients;
 mod kura_cli;
+mod kv;
 mod metrics;
 mod node_bindings;
 mod s3_clients;

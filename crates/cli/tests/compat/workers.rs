@@ -15,12 +15,12 @@ use crate::s3_clients::ok as aws_ok;
 
 /// A copy of one of the Workers under `workers/`, where wrangler can bundle it (aws4fetch
 /// resolves from the compat directory's node_modules).
-struct Project {
+pub(crate) struct Project {
     dir: tempfile::TempDir,
 }
 
 impl Project {
-    fn new(name: &str) -> Project {
+    pub(crate) fn new(name: &str) -> Project {
         let parent = compat_dir().join("projects");
         std::fs::create_dir_all(&parent).unwrap();
         let dir = tempfile::tempdir_in(&parent).unwrap();
@@ -29,7 +29,7 @@ impl Project {
     }
 
     /// A project of the files given (name, contents).
-    fn with_files(files: &[(&str, &str)]) -> Project {
+    pub(crate) fn with_files(files: &[(&str, &str)]) -> Project {
         let parent = compat_dir().join("projects");
         std::fs::create_dir_all(&parent).unwrap();
         let dir = tempfile::tempdir_in(&parent).unwrap();
@@ -41,11 +41,11 @@ impl Project {
         Project { dir }
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.dir.path()
     }
 
-    fn edit(&self, file: &str, from: &str, to: &str) {
+    pub(crate) fn edit(&self, file: &str, from: &str, to: &str) {
         let path = self.path().join(file);
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains(from), "{file} has no '{from}'");
@@ -67,28 +67,28 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 /// A client of the Workers listener, reaching a Worker by its host name.
-struct Client {
+pub(crate) struct Client {
     http: reqwest::Client,
     base: String,
     runtime: tokio::runtime::Runtime,
 }
 
 impl Client {
-    fn new(server: &KuraProcess) -> Client {
+    pub(crate) fn new(server: &KuraProcess) -> Client {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         Client { http: reqwest::Client::new(), base: server.workers.clone(), runtime }
     }
 
-    fn request(&self, method: reqwest::Method, worker: &str, path: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn request(&self, method: reqwest::Method, worker: &str, path: &str) -> reqwest::RequestBuilder {
         self.http.request(method, format!("{}{path}", self.base)).header("host", format!("{worker}.localhost"))
     }
 
     /// Sends and answers (status, body as JSON or as a string).
-    fn send(&self, request: reqwest::RequestBuilder) -> (u16, Json) {
+    pub(crate) fn send(&self, request: reqwest::RequestBuilder) -> (u16, Json) {
         self.runtime.block_on(answer(request))
     }
 
-    fn get(&self, worker: &str, path: &str) -> Json {
+    pub(crate) fn get(&self, worker: &str, path: &str) -> Json {
         let (status, body) = self.send(self.request(reqwest::Method::GET, worker, path));
         assert_eq!(status, 200, "GET {path}: {body}");
         body
@@ -113,7 +113,7 @@ async fn answer(request: reqwest::RequestBuilder) -> (u16, Json) {
     (status, serde_json::from_str(&text).unwrap_or(Json::String(text)))
 }
 
-fn deploy(w: &Wrangler<'_>, project: &Project, extra: &[&str]) -> Run {
+pub(crate) fn deploy(w: &Wrangler<'_>, project: &Project, extra: &[&str]) -> Run {
     let mut args = vec!["deploy"];
     args.extend(extra);
     w.ok(project.path(), &args)
@@ -727,8 +727,14 @@ fn wrangler_dev_state_imports_and_the_deployed_worker_serves_it() {
     assert!(first.stdout.contains("D1 database rooms-db"), "{}", first.stdout);
     assert!(first.stdout.contains("R2 bucket avatars: 1 object(s) imported"), "{}", first.stdout);
     assert!(first.stdout.contains("(namespace rooms_Room): 2 imported"), "{}", first.stdout);
+    let cache = "c0ffee00c0ffee00c0ffee00c0ffee00";
+    assert!(
+        first.stdout.contains(&format!("KV namespace {cache} (id {cache}): 2 key(s) imported")),
+        "{}",
+        first.stdout
+    );
     let again = import(&env).expect_ok("import again");
-    assert!(again.stdout.contains("Imported 0 D1 database(s) (1 already here), 0 R2 object(s) (1 already here), 0 Durable Object(s) (2 already here)"), "{}", again.stdout);
+    assert!(again.stdout.contains("Imported 0 D1 database(s) (1 already here), 0 R2 object(s) (1 already here), 0 KV key(s) (2 already here), 0 Durable Object(s) (2 already here)"), "{}", again.stdout);
 
     // The Worker deployed from the same project serves what wrangler dev had stored.
     let server = KuraProcess::start_on(dir, data);
@@ -751,6 +757,14 @@ fn wrangler_dev_state_imports_and_the_deployed_worker_serves_it() {
         (&head["ContentType"], &head["Metadata"], &head["ContentLength"]),
         (&json!("image/png"), &json!({"owner": "alice"}), &json!(4))
     );
+    // KV keys keep the namespace's id, their metadata and their expiry.
+    let value = w.ok(project.path(), &["kv", "key", "get", "greeting", "--namespace-id", cache, "--remote", "--text"]);
+    assert_eq!(value.stdout.trim_end(), "hello");
+    let keys = w.ok(project.path(), &["kv", "key", "list", "--namespace-id", cache, "--remote"]).stdout;
+    let keys: Json = serde_json::from_str(&keys[keys.find('[').unwrap()..]).unwrap();
+    assert_eq!((&keys[0]["name"], &keys[0]["metadata"]), (&json!("greeting"), &json!({"lang": "en"})), "{keys}");
+    assert!(keys[0]["expiration"].as_i64().unwrap() > jiff::Timestamp::now().as_second() + 80_000, "{keys}");
+    assert_eq!((&keys[1]["name"], keys[1].get("expiration")), (&json!("large"), None), "{keys}");
 }
 
 /// Cron Triggers: `[triggers] crons` deploy as schedules (`GET …/schedules` reads them back, a bad

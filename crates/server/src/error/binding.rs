@@ -1,6 +1,7 @@
 //! The binding protocols' failures: D1's `{success: false, error}` (workerd's shim reads only
-//! `error`), and R2's `cf-r2-error` header carrying R2's v4 code, which workerd turns into the
-//! exception (or the `null`) a Worker sees.
+//! `error`), R2's `cf-r2-error` header carrying R2's v4 code, which workerd turns into the
+//! exception (or the `null`) a Worker sees, and KV's status line, whose reason phrase is the
+//! message workerd shows (`KV PUT failed: 413 Value length of … exceeds limit of 26214400.`).
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -43,4 +44,31 @@ pub fn r2_binding_failure(e: &R2Error) -> (StatusCode, u32, String) {
         other => super::r2_status(other),
     };
     (status, super::r2_v4_code(e), e.binding_message())
+}
+
+/// A KV binding failure: the status, with the message as its reason phrase and as its body.
+pub fn kv_error(e: &kura_kv::KvError) -> Response {
+    let (status, message) = match e {
+        // A namespace deleted since the deploy: not a missing key (404 is `null` to workerd).
+        kura_kv::KvError::NamespaceNotFound => (StatusCode::BAD_REQUEST, e.to_string()),
+        kura_kv::KvError::Storage(R2Error::Storage(detail)) => {
+            let api = ApiError::internal_text(detail);
+            (api.status(), api.message().to_owned())
+        }
+        kura_kv::KvError::Storage(inner) => (super::engines::r2_status(inner), inner.to_string()),
+        _ => (super::engines::kv_status(e), e.to_string()),
+    };
+    kv_failure(status, &message)
+}
+
+/// A KV binding failure from a status and a message (of at most 512 characters, as Miniflare).
+pub fn kv_failure(status: StatusCode, message: &str) -> Response {
+    let message: String = message.chars().take(512).collect();
+    let mut response = (status, message.clone()).into_response();
+    // A reason phrase may hold visible ASCII, spaces and tabs only.
+    let phrase: String = message.chars().map(|c| if c == '\t' || (' '..='~').contains(&c) { c } else { '?' }).collect();
+    if let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(phrase.into_bytes()) {
+        response.extensions_mut().insert(phrase);
+    }
+    response
 }

@@ -4,6 +4,7 @@
 
 use axum::http::StatusCode;
 use kura_do::DoError;
+use kura_kv::KvError;
 use kura_r2::R2Error;
 use kura_workers::WorkersError;
 
@@ -135,6 +136,40 @@ impl From<WorkersError> for ApiError {
             WorkersError::Catalog(e) => e.into(),
             other => ApiError::internal(&other),
         }
+    }
+}
+
+impl From<KvError> for ApiError {
+    fn from(e: KvError) -> Self {
+        match e {
+            KvError::Storage(e) => e.into(),
+            e => ApiError::new(kv_status(&e), kv_v4_code(&e), e.to_string()),
+        }
+    }
+}
+
+/// The status Workers KV answers `e` with, on the v4 API and on the binding alike.
+pub fn kv_status(e: &KvError) -> StatusCode {
+    match e {
+        KvError::NamespaceNotFound => StatusCode::NOT_FOUND,
+        KvError::KeyTooLong(_) => StatusCode::URI_TOO_LONG,
+        KvError::MetadataTooLarge(_) | KvError::ValueTooLarge(_) | KvError::BulkTooLarge => {
+            StatusCode::PAYLOAD_TOO_LARGE
+        }
+        KvError::Storage(e) => r2_status(e),
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+
+/// Cloudflare's v4 code for `e`: KV's own where known (namespace not found, payload too large,
+/// bad limit), 10012 ("malformed value") for the other refusals of bad input.
+pub fn kv_v4_code(e: &KvError) -> u32 {
+    match e {
+        KvError::NamespaceNotFound => 10013,
+        KvError::MetadataTooLarge(_) | KvError::ValueTooLarge(_) | KvError::BulkTooLarge => 10024,
+        KvError::LimitTooSmall(_) | KvError::LimitTooLarge(_) => 10028,
+        KvError::Storage(e) => r2_v4_code(e),
+        _ => 10012,
     }
 }
 

@@ -6,6 +6,7 @@ mod d1;
 pub mod durable_objects;
 mod graphql;
 mod import_export;
+mod kv;
 pub(crate) mod r2;
 mod time_travel;
 mod tokens;
@@ -224,8 +225,47 @@ pub fn routes() -> Routes {
         )
         .route(
             &v4("/accounts/{account_id}/storage/kv/namespaces"),
-            Touches::Anywhere,
-            get(workers::kv_namespaces).post(workers::no_kv),
+            Touches::NotClustered("Workers KV"),
+            get(kv::list_namespaces).post(kv::create_namespace),
+        )
+        .route(
+            &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}"),
+            Touches::NotClustered("Workers KV"),
+            get(kv::namespace).put(kv::rename_namespace).delete(kv::delete_namespace),
+        )
+        .route(
+            &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}/keys"),
+            Touches::NotClustered("Workers KV"),
+            get(kv::list_keys),
+        )
+        .route(
+            &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}/values/{*key}"),
+            Touches::NotClustered("Workers KV"),
+            // A value's limit is KV's (25 MiB), checked as it streams.
+            get(kv::get_value)
+                .put(kv::put_value)
+                .delete(kv::delete_value)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route(
+            &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}/metadata/{*key}"),
+            Touches::NotClustered("Workers KV"),
+            get(kv::get_metadata),
+        )
+        .route(
+            &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}/bulk"),
+            Touches::NotClustered("Workers KV"),
+            axum::routing::put(kv::bulk_put).delete(kv::bulk_delete),
+        )
+        .route(
+            &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}/bulk/delete"),
+            Touches::NotClustered("Workers KV"),
+            post(kv::bulk_delete),
+        )
+        .route(
+            &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}/bulk/get"),
+            Touches::NotClustered("Workers KV"),
+            post(kv::bulk_get),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/tails"),

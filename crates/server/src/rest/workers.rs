@@ -556,27 +556,6 @@ pub async fn tails_by_consumer(
     Ok(ok(json!([])))
 }
 
-/// `GET /accounts/{a}/storage/kv/namespaces`: kura has no KV; wrangler lists them when it
-/// deletes a Worker (to clean up Workers Sites).
-pub async fn kv_namespaces(caller: Caller, V4Path(account_id): V4Path<String>) -> Result<Response, ApiError> {
-    if caller.token.account_id != account_id {
-        return Err(ApiError::forbidden());
-    }
-    Ok(ok_paged(json!([]), ResultInfo::numbered(1, 100, 0, 0)))
-}
-
-/// `POST /accounts/{a}/storage/kv/namespaces` (wrangler provisioning a KV binding).
-pub async fn no_kv(_caller: Caller) -> Result<Response, ApiError> {
-    Err(ApiError::new(
-        StatusCode::BAD_REQUEST,
-        10021,
-        format!(
-            "kura does not serve KV namespaces; it serves bindings of types {}",
-            kura_workers::version::SUPPORTED_BINDINGS
-        ),
-    ))
-}
-
 fn tail_json(headers: &HeaderMap, tail: &kura_workers::tails::TailInfo) -> Json {
     let origin = crate::transfer::origin(headers);
     let origin = origin.replacen("https://", "wss://", 1).replacen("http://", "ws://", 1);

@@ -17,7 +17,7 @@ mod remote;
 mod rfc2047;
 mod service;
 mod signature_debug;
-mod url;
+pub(crate) mod url;
 
 pub(crate) use url::query_pairs;
 

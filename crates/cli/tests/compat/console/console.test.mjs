@@ -1,7 +1,8 @@
 // The web console in headless Chromium (Debian's), driven by puppeteer-core against a real
 // kura server: sign in, D1 (create, SQL, a 10,000-row table paged, Time Travel restore and undo,
 // import), R2 (a 20 MiB multipart upload downloaded byte-identical, details, a presigned URL
-// fetched from outside), Durable Objects (a room's objects by name, SQL, fan-out), Workers (cron
+// fetched from outside), KV (a namespace made, 150 keys paged by prefix, a key written with
+// metadata and expiry, read and deleted), Durable Objects (a room's objects by name, SQL, fan-out), Workers (cron
 // runs among the recent logs, a request seen live through a tail), tokens (a
 // read-only token sees a read-only console), a phone-width screen, and text holding markup
 // shown as text. Every page is screenshotted into SCREENSHOTS; the run fails on any console
@@ -324,6 +325,34 @@ await shot(page, "12-r2-bucket");
 await page.focus(".skip");
 await page.keyboard.press("Enter");
 check(await page.evaluate(() => location.hash === "#/r2/media" && document.activeElement.id === "main"), "the skip link keeps the page and focuses its content");
+
+// ---- Workers KV ----
+await go(page, "#/kv");
+await page.type("form[aria-label='Create a namespace'] input[name=title]", "sessions");
+await page.click("form[aria-label='Create a namespace'] button[type=submit]");
+await page.waitForFunction(() => document.querySelector("h1")?.textContent === "sessions");
+const kvId = decodeURIComponent(await page.evaluate(() => location.hash.split("/")[2]));
+await api("PUT", `/storage/kv/namespaces/${kvId}/bulk`, Array.from({ length: 150 }, (_, i) => ({ key: `user:${String(i).padStart(3, "0")}`, value: `session ${i}` })));
+await go(page, `#/kv/${kvId}?prefix=user%3A`);
+await waitText(page, ".page-count", "100 keys on this page");
+await clickText(page, "a", "Next page →");
+await waitText(page, ".page-count", "50 keys on this page");
+await waitText(page, "td a", "user:149");
+check(true, "150 keys are paged 100 at a time");
+await shot(page, "12b-kv-keys");
+await page.type("form[aria-label='Write a key'] input[name=key]", "note:<b>");
+await page.type("form[aria-label='Write a key'] textarea[name=value]", "hello <i>kv</i>");
+await page.type("form[aria-label='Write a key'] input[name=metadata]", '{"by": "console"}');
+await page.type("form[aria-label='Write a key'] input[name=ttl]", "3600");
+await page.click("form[aria-label='Write a key'] button[type=submit]");
+await waitText(page, "pre.value", "hello <i>kv</i>");
+await waitText(page, "td code", '{"by":"console"}');
+check(await page.evaluate(() => ![["", "never"]].flat().includes(document.querySelectorAll("td")[1]?.textContent ?? "")), "the key shows when it expires");
+await shot(page, "12c-kv-key");
+await clickText(page, "button", "Delete key");
+await waitText(page, "h1", "sessions");
+const gone = await fetch(`${KURA_URL}/client/v4/accounts/${KURA_ACCOUNT_ID}/storage/kv/namespaces/${kvId}/values/${encodeURIComponent("note:<b>")}`, { headers: { authorization: `Bearer ${KURA_API_TOKEN}` } });
+check(gone.status === 404, `the deleted key is gone (${gone.status})`);
 
 // ---- Durable Objects ----
 await go(page, "#/do");
