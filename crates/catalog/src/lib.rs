@@ -30,6 +30,7 @@ mod account;
 mod d1;
 mod durable_objects;
 mod kv;
+mod queues;
 mod r2;
 mod remembered;
 mod replication;
@@ -44,6 +45,7 @@ pub use account::{Account, is_valid_account_id};
 pub use d1::{D1Database, D1DatabaseList, NewD1Database, Usage, UsageDelta, is_valid_database_name};
 pub use durable_objects::{DoNamespace, NewDoNamespace, is_valid_namespace_name};
 pub use kv::{KvNamespace, KvOrder, MAX_KV_NAMESPACES, MAX_KV_TITLE_CHARS};
+pub use queues::{ConsumerSettings, DEFAULT_CONCURRENCY, MAX_QUEUES, Queue, QueueConsumer, is_valid_queue_name, spent};
 pub use r2::{R2Bucket, S3Credential, is_valid_bucket_name};
 pub use replication::{BoxError, Replication, ReplicationError};
 pub use token::{Scope, Token, s3_secret_for};
@@ -289,6 +291,28 @@ const MIGRATIONS: &[&str] = &[
         title      TEXT NOT NULL,
         created_at TEXT NOT NULL,
         UNIQUE (account_id, title)
+    );
+"#,
+    r#"
+    CREATE TABLE queues (
+        id                TEXT PRIMARY KEY,
+        account_id        TEXT NOT NULL REFERENCES accounts(id),
+        name              TEXT NOT NULL,
+        created_on        TEXT NOT NULL,
+        modified_on       TEXT NOT NULL,
+        delivery_delay    INTEGER NOT NULL DEFAULT 0,
+        retention_seconds INTEGER NOT NULL DEFAULT 345600,
+        delivery_paused   INTEGER NOT NULL DEFAULT 0,
+        UNIQUE (account_id, name)
+    );
+    CREATE TABLE queue_consumers (
+        id                TEXT PRIMARY KEY,
+        queue_id          TEXT NOT NULL REFERENCES queues(id),
+        kind              TEXT NOT NULL,
+        script            TEXT,
+        settings          TEXT NOT NULL,
+        dead_letter_queue TEXT,
+        created_on        TEXT NOT NULL
     );
 "#,
 ];

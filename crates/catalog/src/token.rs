@@ -32,6 +32,11 @@ pub enum Scope {
     KvRead,
     /// Create, rename and delete KV namespaces, write and delete keys ("Workers KV Storage Edit").
     KvWrite,
+    /// Read queues and their backlogs (Cloudflare's "Queues Read").
+    QueuesRead,
+    /// Create, change and delete queues and consumers, send, pull and acknowledge messages
+    /// ("Queues Edit").
+    QueuesWrite,
 }
 
 impl Scope {
@@ -75,6 +80,16 @@ impl Scope {
         matches!(self, Scope::Admin | Scope::KvWrite)
     }
 
+    /// Whether a token with this scope may read queues.
+    pub fn can_read_queues(self) -> bool {
+        matches!(self, Scope::Admin | Scope::QueuesRead | Scope::QueuesWrite)
+    }
+
+    /// Whether a token with this scope may change queues and their messages.
+    pub fn can_write_queues(self) -> bool {
+        matches!(self, Scope::Admin | Scope::QueuesWrite)
+    }
+
     /// Every scope, for help texts.
     pub const ALL: &'static [Scope] = &[
         Scope::Admin,
@@ -86,6 +101,8 @@ impl Scope {
         Scope::DoWrite,
         Scope::KvRead,
         Scope::KvWrite,
+        Scope::QueuesRead,
+        Scope::QueuesWrite,
     ];
 }
 
@@ -101,6 +118,8 @@ impl fmt::Display for Scope {
             Scope::DoWrite => "do:write",
             Scope::KvRead => "kv:read",
             Scope::KvWrite => "kv:write",
+            Scope::QueuesRead => "queues:read",
+            Scope::QueuesWrite => "queues:write",
         })
     }
 }
@@ -119,9 +138,11 @@ impl FromStr for Scope {
             "do:write" => Ok(Scope::DoWrite),
             "kv:read" => Ok(Scope::KvRead),
             "kv:write" => Ok(Scope::KvWrite),
+            "queues:read" => Ok(Scope::QueuesRead),
+            "queues:write" => Ok(Scope::QueuesWrite),
             other => Err(Error::Invalid(format!(
-                "unknown scope '{other}': use admin, d1:read, d1:write, r2:read, r2:write, do:read, do:write, kv:read \
-                 or kv:write"
+                "unknown scope '{other}': use admin, d1:read, d1:write, r2:read, r2:write, do:read, do:write, kv:read, \
+                 kv:write, queues:read or queues:write"
             ))),
         }
     }

@@ -125,7 +125,7 @@ pub enum NamespaceCommand {
 
 /// Where commands run.
 enum Backend {
-    Local(Local),
+    Local(Box<Local>),
     Remote(ApiClient),
 }
 
@@ -140,7 +140,7 @@ impl Backend {
         Ok(if at.remote {
             Backend::Remote(ApiClient::from_env().await?)
         } else {
-            Backend::Local(Local::open(&at.data)?)
+            Backend::Local(Box::new(Local::open(&at.data)?))
         })
     }
 

@@ -37,6 +37,10 @@ pub enum Need {
     KvRead,
     /// Change KV namespaces, keys and values.
     KvWrite,
+    /// Read queues.
+    QueuesRead,
+    /// Change queues and their messages.
+    QueuesWrite,
 }
 
 impl Caller {
@@ -52,6 +56,8 @@ impl Caller {
             Need::DoWrite => self.token.scope.can_write_do(),
             Need::KvRead => self.token.scope.can_read_kv(),
             Need::KvWrite => self.token.scope.can_write_kv(),
+            Need::QueuesRead => self.token.scope.can_read_queues(),
+            Need::QueuesWrite => self.token.scope.can_write_queues(),
         };
         if self.token.account_id != account_id || !allowed {
             return Err(ApiError::forbidden());

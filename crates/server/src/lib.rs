@@ -206,6 +206,7 @@ pub async fn serve_all(
         transfers,
         r2: Arc::clone(node.r2()),
         kv: node.kv().clone(),
+        queues: node.queues().clone(),
         durable_objects: node.durable_objects().clone(),
         workers: workers.clone(),
         forwarding: node.forwarding().cloned(),
@@ -223,8 +224,12 @@ pub async fn serve_all(
         Arc::clone(&state.r2),
         stopped(stop_rx.clone()),
     ));
-    let kv_sweeper =
-        tokio::spawn(sweep_kv_periodically(Arc::clone(&state.catalog), state.kv.clone(), stopped(stop_rx.clone())));
+    let kv_sweeper = tokio::spawn(sweep_kv_periodically(
+        Arc::clone(&state.catalog),
+        state.kv.clone(),
+        state.queues.clone(),
+        stopped(stop_rx.clone()),
+    ));
     let alarms =
         tokio::spawn(alarms::run(Arc::clone(&state.catalog), state.durable_objects.clone(), stopped(stop_rx.clone())));
     let domains = node.s3_domains();
@@ -263,6 +268,11 @@ pub async fn serve_all(
             schedules.await;
             Ok(())
         }));
+        let deliveries = workers.clone().run_queue_consumers(state.queues.clone(), stopped(stop_rx.clone()));
+        workers_servers.push(tokio::spawn(async move {
+            deliveries.await;
+            Ok(())
+        }));
     }
     tokio::spawn(async move {
         shutdown.await;
@@ -283,6 +293,7 @@ pub async fn serve_all(
     state.durable_objects.shutdown().await;
     state.r2.shutdown().await;
     state.kv.storage().shutdown().await;
+    state.queues.shutdown().await;
     drop(node);
     api_result.and(s3_result)
 }
@@ -409,8 +420,13 @@ async fn sweep_r2_periodically(catalog: Arc<Catalog>, r2: Arc<kura_r2::R2>, stop
 }
 
 /// Removes KV's expired keys at start-up and every five minutes; once an hour (and at start),
-/// also the storage of deleted namespaces and the orphan blobs a crash left.
-async fn sweep_kv_periodically(catalog: Arc<Catalog>, kv: kura_kv::Kv, stop: impl Future<Output = ()>) {
+/// also the storage of deleted namespaces and queues and the orphan blobs a crash left.
+async fn sweep_kv_periodically(
+    catalog: Arc<Catalog>,
+    kv: kura_kv::Kv,
+    queue_engine: kura_queues::Queues,
+    stop: impl Future<Output = ()>,
+) {
     const ROUNDS_PER_SWEEP: u32 = 12;
     tokio::pin!(stop);
     for round in 0u32.. {
@@ -427,6 +443,13 @@ async fn sweep_kv_periodically(catalog: Arc<Catalog>, kv: kura_kv::Kv, stop: imp
                     let known = namespaces.iter().map(|n| n.id.clone()).collect();
                     if let Err(e) = storage.remove_unknown_buckets(dirs, &known).await {
                         tracing::warn!(error = %e, "could not remove the storage of deleted KV namespaces");
+                    }
+                }
+                if full && let Ok(queues) = catalog.all_queues() {
+                    let known = queues.into_iter().map(|q| q.id).collect();
+                    let removed = queue_engine.remove_unknown(&known).await;
+                    if removed > 0 {
+                        tracing::info!(removed, "removed the files of deleted queues");
                     }
                 }
                 for namespace in namespaces {

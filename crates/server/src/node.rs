@@ -96,6 +96,7 @@ pub struct Node {
     d1: Arc<D1>,
     r2: Arc<R2>,
     kv: kura_kv::Kv,
+    queues: kura_queues::Queues,
     durable_objects: kura_do::DurableObjects,
     s3_domains: Vec<String>,
     forwarding: Option<crate::forward::Forwarding>,
@@ -122,6 +123,9 @@ impl Node {
         // them): what shares a cluster's store must be placed, and KV is not yet.
         let kv = kura_kv::Kv::open(dir.join("kv"), R2Settings { shared: None, ..settings.r2.clone() })?;
         let r2 = Arc::new(R2::open(dir.join("r2"), settings.r2)?);
+        // Queues too are this node's alone.
+        let queues = kura_queues::Queues::open(dir.join("queues"), Default::default())
+            .map_err(io(format!("opening {}", dir.join("queues").display())))?;
         let durable_objects = kura_do::DurableObjects::open(dir.join("do"), settings.durable_objects)?;
         Ok(Node {
             dir: dir.to_owned(),
@@ -129,6 +133,7 @@ impl Node {
             d1,
             r2,
             kv,
+            queues,
             durable_objects,
             s3_domains: settings.s3_domains,
             forwarding: settings.forwarding,
@@ -159,6 +164,11 @@ impl Node {
     /// The KV engine.
     pub fn kv(&self) -> &kura_kv::Kv {
         &self.kv
+    }
+
+    /// The Queues engine.
+    pub fn queues(&self) -> &kura_queues::Queues {
+        &self.queues
     }
 
     /// The Durable Objects engine.

@@ -185,3 +185,48 @@ pub fn kv_bulk_values(
         })
         .collect()
 }
+
+/// A queue's consumer as the v4 API shows it (wrangler reads `script`, and `type`).
+pub fn queue_consumer_json(queue: &kura_catalog::Queue, consumer: &kura_catalog::QueueConsumer) -> Json {
+    let settings: Json = serde_json::from_str(&consumer.settings).unwrap_or(Json::Null);
+    let mut shown = json!({
+        "consumer_id": consumer.id,
+        "type": consumer.kind,
+        "queue_id": queue.id,
+        "queue_name": queue.name,
+        "created_on": consumer.created_on,
+        "settings": settings,
+    });
+    if let Some(script) = &consumer.script {
+        shown["script"] = json!(script);
+        shown["script_name"] = json!(script);
+    }
+    if let Some(dlq) = &consumer.dead_letter_queue {
+        shown["dead_letter_queue"] = json!(dlq);
+    }
+    shown
+}
+
+/// A queue as the v4 API shows it, with its consumers and the Workers producing to it (the
+/// arrays and their counts always present: wrangler reads them).
+pub fn queue_json(
+    queue: &kura_catalog::Queue,
+    consumers: &[kura_catalog::QueueConsumer],
+    producers: &[String],
+) -> Json {
+    json!({
+        "queue_id": queue.id,
+        "queue_name": queue.name,
+        "created_on": queue.created_on,
+        "modified_on": queue.modified_on,
+        "producers": producers.iter().map(|script| json!({"type": "worker", "script": script})).collect::<Vec<_>>(),
+        "producers_total_count": producers.len(),
+        "consumers": consumers.iter().map(|c| queue_consumer_json(queue, c)).collect::<Vec<_>>(),
+        "consumers_total_count": consumers.len(),
+        "settings": {
+            "delivery_delay": queue.delivery_delay,
+            "delivery_paused": queue.delivery_paused,
+            "message_retention_period": queue.retention_seconds,
+        },
+    })
+}

@@ -37,6 +37,8 @@ pub struct Shared {
     pub r2: Arc<kura_r2::R2>,
     /// The KV engine.
     pub kv: kura_kv::Kv,
+    /// The Queues engine.
+    pub queues: kura_queues::Queues,
     /// The Durable Objects engine.
     pub durable_objects: kura_do::DurableObjects,
     /// The Workers layer, when this server runs Workers.

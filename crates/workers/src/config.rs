@@ -1,6 +1,6 @@
 //! workerd's configuration, written by kura from the deployed scripts: one worker per script
 //! (its modules, compatibility, bindings), one listening socket per script, the services that
-//! carry bindings to kura (D1, R2 and KV requests, object announcements, logs) with the headers
+//! carry bindings to kura (D1, R2, KV and queue requests, object announcements, logs) with the headers
 //! that say whose they are, and the disks Durable Object classes store their objects on.
 //!
 //! The format is capnp text (workerd has no other text format).
@@ -27,6 +27,10 @@ pub mod headers {
     pub const R2_BUCKET: &str = "x-kura-r2-bucket";
     /// The KV namespace, by id.
     pub const KV_NAMESPACE: &str = "x-kura-kv-namespace";
+    /// The queue a producer binding sends to, by name.
+    pub const QUEUE: &str = "x-kura-queue";
+    /// The producer binding's `delivery_delay`, in seconds.
+    pub const QUEUE_DELAY: &str = "x-kura-queue-delay";
     /// The script (storage id) an announcement or a log comes from.
     pub const SCRIPT: &str = "x-kura-script";
     /// The script (storage id) whose assets an `env.ASSETS.fetch()` asks for.
@@ -262,6 +266,18 @@ pub fn render(layout: &Layout, scripts: &[ServedScript], purpose: Purpose) -> Wo
                         ],
                     );
                     bindings.push(format!("(name = {name}, kvNamespace = {})", quote(&svc)));
+                }
+                Binding::Queue { queue_name, delivery_delay, .. } => {
+                    let mut injected =
+                        vec![(headers::ACCOUNT, script.account_id.clone()), (headers::QUEUE, queue_name.clone())];
+                    if let Some(delay) = delivery_delay {
+                        injected.push((headers::QUEUE_DELAY, delay.to_string()));
+                    }
+                    let svc = external(
+                        format!("queue-{}-{queue_name}-{}", script.account_id, delivery_delay.unwrap_or(0)),
+                        injected,
+                    );
+                    bindings.push(format!("(name = {name}, queue = {})", quote(&svc)));
                 }
                 Binding::DurableObjectNamespace { class_name, script_name, .. } => match script_name {
                     None => bindings.push(format!("(name = {name}, durableObjectNamespace = {})", quote(class_name))),

@@ -399,6 +399,16 @@ impl Workers {
                         ));
                     }
                 }
+                Binding::Queue { queue_name, .. } => {
+                    if catalog.queue(account_id, queue_name)?.is_none_or(|q| q.name != *queue_name) {
+                        return Err(missing(
+                            10104,
+                            format!(
+                                "Queue \"{queue_name}\" does not exist. To create it, run: wrangler queues create {queue_name}"
+                            ),
+                        ));
+                    }
+                }
                 Binding::KvNamespace { namespace_id, .. } => {
                     if catalog.kv_namespace(account_id, namespace_id)?.is_none() {
                         return Err(missing(10041, format!("KV namespace '{namespace_id}' is not valid.")));

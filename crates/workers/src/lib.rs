@@ -4,9 +4,10 @@
 //! - [`Workers`]: uploads ([`version`]: what wrangler sends, what kura keeps), deployments,
 //!   secrets, the configuration of the workerd kura supervises ([`config`], [`runtime`]), the
 //!   listener that routes requests to Workers by host ([`proxy`]), and their logs ([`logs`]).
-//! - It knows the catalog, not the engines: the server serves the bindings (D1, R2, object
-//!   announcements) on the socket [`Workers::bindings_socket`] names, to requests carrying
-//!   [`Workers::secret`].
+//! - It knows the catalog, not the engines: the server serves the bindings (D1, R2, KV, queue
+//!   producers, object announcements) on the socket [`Workers::bindings_socket`] names, to
+//!   requests carrying [`Workers::secret`]. The one engine it drives is the Queues engine, whose
+//!   messages it pushes to consumer Workers (`queue_delivery`).
 //!
 //! On disk, under its directory (`<data>/workers`):
 //!
@@ -28,6 +29,7 @@ pub mod gate;
 pub mod logs;
 pub mod obtain;
 pub mod proxy;
+mod queue_delivery;
 pub mod runtime;
 mod served;
 pub mod tails;
@@ -85,6 +87,8 @@ struct Inner {
     served_assets: RwLock<std::collections::HashMap<String, Arc<assets::serve::ServedAssets>>>,
     /// Uploads, deployments, deletions and secret changes, one at a time.
     changes: tokio::sync::Mutex<()>,
+    /// What wakes the queues' delivery loops.
+    deliveries: queue_delivery::Signals,
 }
 
 /// The Workers layer of one data directory. Cheap to clone.
@@ -143,6 +147,7 @@ impl Workers {
                 served_assets: RwLock::default(),
                 dir,
                 changes: tokio::sync::Mutex::new(()),
+                deliveries: Default::default(),
             }),
         };
         workers.sweep_versions()?;

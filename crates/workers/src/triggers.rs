@@ -50,20 +50,32 @@ impl Workers {
     /// `controller.scheduledTime = scheduled_ms`, through the script's cron trigger Worker;
     /// waits, as a request does, while workerd restarts.
     pub(crate) async fn fire(&self, script_id: &str, cron: &str, scheduled_ms: i64) -> Result<CronRun> {
+        let body = serde_json::json!({ "cron": cron, "scheduledTime": scheduled_ms });
+        self.call_trigger(script_id, "/", &body, "firing a Cron Trigger").await
+    }
+
+    /// Posts `body` to the script's handler trigger Worker at `path` and reads its JSON answer;
+    /// waits, as a request does, while workerd restarts. `doing` names the work in errors.
+    pub(crate) async fn call_trigger<T: serde::de::DeserializeOwned>(
+        &self,
+        script_id: &str,
+        path: &str,
+        body: &serde_json::Value,
+        doing: &str,
+    ) -> Result<T> {
         let key = crate::config::cron_trigger(script_id);
-        let failed = |why: String| WorkersError::Runtime(format!("firing a Cron Trigger: {why}"));
+        let failed = |why: String| WorkersError::Runtime(format!("{doing}: {why}"));
         // The pass keeps workerd from restarting under the run.
         let Some((_pass, _socket)) = self.runtime_enter(&key).await else {
             return Err(failed("workerd does not run this Worker now".into()));
         };
-        let body = serde_json::json!({ "cron": cron, "scheduledTime": scheduled_ms }).to_string();
-        let request = axum::http::Request::post(format!("http://{key}/"))
+        let request = axum::http::Request::post(format!("http://{key}{path}"))
             .header(axum::http::header::CONTENT_TYPE, "application/json")
-            .body(axum::body::Body::from(body))
+            .body(axum::body::Body::from(body.to_string()))
             .map_err(|e| failed(e.to_string()))?;
         let response = self.upstream().request(request).await.map_err(|e| failed(e.to_string()))?;
         let status = response.status();
-        let answer = axum::body::to_bytes(axum::body::Body::new(response.into_body()), 64 * 1024)
+        let answer = axum::body::to_bytes(axum::body::Body::new(response.into_body()), 1024 * 1024)
             .await
             .map_err(|e| failed(e.to_string()))?;
         if !status.is_success() {

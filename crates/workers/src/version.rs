@@ -200,6 +200,16 @@ pub enum Binding {
         /// The namespace's id.
         namespace_id: String,
     },
+    /// A queue this Worker sends to.
+    Queue {
+        /// `env` name.
+        name: String,
+        /// The queue.
+        queue_name: String,
+        /// Seconds its messages wait before delivery unless a send says otherwise.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        delivery_delay: Option<u32>,
+    },
     /// A Durable Object namespace: a class of this script or of another.
     DurableObjectNamespace {
         /// `env` name.
@@ -244,6 +254,7 @@ impl Binding {
             | Binding::D1 { name, .. }
             | Binding::R2Bucket { name, .. }
             | Binding::KvNamespace { name, .. }
+            | Binding::Queue { name, .. }
             | Binding::DurableObjectNamespace { name, .. }
             | Binding::Service { name, .. }
             | Binding::VersionMetadata { name }
@@ -259,6 +270,7 @@ impl Binding {
             Binding::D1 { .. } => "d1",
             Binding::R2Bucket { .. } => "r2_bucket",
             Binding::KvNamespace { .. } => "kv_namespace",
+            Binding::Queue { .. } => "queue",
             Binding::DurableObjectNamespace { .. } => "durable_object_namespace",
             Binding::Service { .. } => "service",
             Binding::VersionMetadata { .. } => "version_metadata",
@@ -287,7 +299,7 @@ pub enum UploadedBinding {
 }
 
 /// Binding types kura serves, for error messages.
-pub const SUPPORTED_BINDINGS: &str = "d1, r2_bucket, kv_namespace, durable_object_namespace, service, plain_text, json, secret_text, inherit, version_metadata and assets";
+pub const SUPPORTED_BINDINGS: &str = "d1, r2_bucket, kv_namespace, queue, durable_object_namespace, service, plain_text, json, secret_text, inherit, version_metadata and assets";
 
 impl UploadedBinding {
     /// Reads one element of the metadata's `bindings`.
@@ -310,6 +322,7 @@ impl UploadedBinding {
             | "d1"
             | "r2_bucket"
             | "kv_namespace"
+            | "queue"
             | "durable_object_namespace"
             | "service"
             | "version_metadata"
@@ -471,9 +484,18 @@ mod tests {
 
     #[test]
     fn bindings_kura_does_not_serve_are_refused_by_name() {
-        let queue = json!({"name": "Q", "type": "queue", "queue_name": "x"});
-        let e = UploadedBinding::parse(&queue).unwrap_err().to_string();
-        assert!(e.contains("'queue'") && e.contains("Q"), "{e}");
+        let ai = json!({"name": "AI", "type": "ai"});
+        let e = UploadedBinding::parse(&ai).unwrap_err().to_string();
+        assert!(e.contains("'ai'") && e.contains("AI"), "{e}");
+        let queue = json!({"name": "Q", "type": "queue", "queue_name": "jobs", "delivery_delay": 5});
+        assert_eq!(
+            UploadedBinding::parse(&queue).unwrap(),
+            UploadedBinding::Kept(Binding::Queue {
+                name: "Q".into(),
+                queue_name: "jobs".into(),
+                delivery_delay: Some(5)
+            })
+        );
         let kv = json!({"name": "KV", "type": "kv_namespace", "namespace_id": "x"});
         let parsed = UploadedBinding::parse(&kv).unwrap();
         assert_eq!(parsed, UploadedBinding::Kept(Binding::KvNamespace { name: "KV".into(), namespace_id: "x".into() }));

@@ -19,7 +19,7 @@ use kura_d1::{CreateOptions, Request, Statement};
 /// Where commands run.
 pub enum Backend {
     /// In-process.
-    Local(Local),
+    Local(Box<Local>),
     /// Over the v4 API.
     Remote(ApiClient),
 }
@@ -133,7 +133,7 @@ impl Backend {
         if remote {
             return Ok(Backend::Remote(ApiClient::from_env().await?));
         }
-        Ok(Backend::Local(Local::open(data)?))
+        Ok(Backend::Local(Box::new(Local::open(data)?)))
     }
 
     pub fn is_remote(&self) -> bool {

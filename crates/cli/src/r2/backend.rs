@@ -71,7 +71,7 @@ impl ObjectMetadata {
 /// Where commands run.
 pub enum Backend {
     /// In-process.
-    Local(Local),
+    Local(Box<Local>),
     /// Over the v4 API.
     Remote(ApiClient),
 }
@@ -91,7 +91,7 @@ impl Backend {
         if remote {
             return Ok(Backend::Remote(ApiClient::from_env().await?));
         }
-        Ok(Backend::Local(Local::open(data)?))
+        Ok(Backend::Local(Box::new(Local::open(data)?)))
     }
 
     fn local_bucket(local: &Local, name: &str) -> anyhow::Result<kura_catalog::R2Bucket> {

@@ -34,6 +34,8 @@ enum Credential {
     DoWrite,
     KvRead,
     KvWrite,
+    QueuesRead,
+    QueuesWrite,
     /// `r2:write` limited to [`OPEN`].
     BucketLimited,
     /// `admin` limited to [`OPEN`]: everything but other buckets, tokens, Workers (whose R2
@@ -43,7 +45,7 @@ enum Credential {
     OtherAccountAdmin,
 }
 
-const CREDENTIALS: [Credential; 16] = [
+const CREDENTIALS: [Credential; 18] = [
     Credential::None,
     Credential::Malformed,
     Credential::Unknown,
@@ -56,6 +58,8 @@ const CREDENTIALS: [Credential; 16] = [
     Credential::DoWrite,
     Credential::KvRead,
     Credential::KvWrite,
+    Credential::QueuesRead,
+    Credential::QueuesWrite,
     Credential::BucketLimited,
     Credential::BucketLimitedAdmin,
     Credential::Admin,
@@ -75,6 +79,8 @@ enum Need {
     DoWrite,
     KvRead,
     KvWrite,
+    QueuesRead,
+    QueuesWrite,
     /// Managing tokens: an admin token with no bucket limit.
     TokenAdmin,
     /// Workers and the cluster: an admin token.
@@ -97,7 +103,14 @@ fn allowed(credential: Credential, need: Need, surface: Surface) -> bool {
         Need::AccountToken => valid && credential != C::OtherAccountAdmin,
         Need::R2Read(None) | Need::R2Write(None) if credential == C::OtherAccountAdmin => surface != Surface::V4,
         _ if credential == C::Admin => true,
-        Need::D1Read | Need::D1Write | Need::DoRead | Need::DoWrite | Need::KvRead | Need::KvWrite
+        Need::D1Read
+        | Need::D1Write
+        | Need::DoRead
+        | Need::DoWrite
+        | Need::KvRead
+        | Need::KvWrite
+        | Need::QueuesRead
+        | Need::QueuesWrite
             if credential == C::BucketLimitedAdmin =>
         {
             true
@@ -119,13 +132,15 @@ fn allowed(credential: Credential, need: Need, surface: Surface) -> bool {
         Need::DoWrite => credential == C::DoWrite,
         Need::KvRead => matches!(credential, C::KvRead | C::KvWrite),
         Need::KvWrite => credential == C::KvWrite,
+        Need::QueuesRead => matches!(credential, C::QueuesRead | C::QueuesWrite),
+        Need::QueuesWrite => credential == C::QueuesWrite,
         Need::TokenAdmin | Need::Admin => false,
     }
 }
 
 /// The credentials an allowed write is sent with, narrowest first: every valid credential of
 /// this account (checked in the test).
-const NARROWEST_FIRST: [Credential; 11] = [
+const NARROWEST_FIRST: [Credential; 13] = [
     Credential::BucketLimited,
     Credential::D1Read,
     Credential::D1Write,
@@ -135,6 +150,8 @@ const NARROWEST_FIRST: [Credential; 11] = [
     Credential::DoWrite,
     Credential::KvRead,
     Credential::KvWrite,
+    Credential::QueuesRead,
+    Credential::QueuesWrite,
     Credential::BucketLimitedAdmin,
     Credential::Admin,
 ];
@@ -168,6 +185,7 @@ fn shows(e: &Endpoint, c: Credential, body: &str) -> Result<(), String> {
         "kv namespaces" | "kv namespace details" => (vec!["\"title\":\"fixture\"".into()], vec![]),
         "kv keys" => (vec!["\"name\":\"k\"".into()], vec![]),
         "kv get value" | "kv bulk get" => (vec!["fixture".into()], vec![]),
+        "queues" | "queue details" => (vec!["\"queue_name\":\"fixture\"".into()], vec![]),
         "workers scripts" => (vec![WORKER.into()], vec![]),
         "workers script" => (vec!["the fixture".into()], vec![]),
         "worker fetch" => (vec!["the fixture".into()], vec![]),
@@ -358,6 +376,8 @@ struct Bookmarks {
     worker_version: String,
     /// The fixture KV namespace's id, and that of one to delete.
     kv: (String, String),
+    /// The fixture queue's id (it has an HTTP pull consumer), and that of one to delete.
+    queue: (String, String),
 }
 
 fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
@@ -379,6 +399,9 @@ fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
     let kv_namespaces = Probe::v4(Method::GET, v4("/storage/kv/namespaces"), None);
     let kv = |tail: &str| v4(&format!("/storage/kv/namespaces/{}{tail}", bookmarks.kv.0));
     let kv_keys = Probe::v4(Method::GET, kv("/keys"), None);
+    let queue_list = Probe::v4(Method::GET, v4("/queues"), None);
+    let queue = |tail: &str| v4(&format!("/queues/{}{tail}", bookmarks.queue.0));
+    let queue_details = Probe::v4(Method::GET, queue(""), None);
     let scripts = Probe::v4(Method::GET, v4("/workers/scripts"), None);
     let script = |tail: &str| v4(&format!("/workers/scripts/{WORKER}{tail}"));
     let script_probe = |tail: &str| Probe::v4(Method::GET, script(tail), None);
@@ -415,6 +438,72 @@ fn endpoints(bookmarks: &Bookmarks) -> Vec<Endpoint> {
     let select = json_body(json!({ "sql": "SELECT * FROM t" }));
     let insert = json_body(json!({ "sql": "INSERT INTO t VALUES (99)" }));
     vec![
+        e("queues", Surface::V4, Method::GET, v4("/queues"), None, Need::QueuesRead, None),
+        e(
+            "queue create",
+            Surface::V4,
+            Method::POST,
+            v4("/queues"),
+            json_body(json!({ "queue_name": "made-by-the-matrix" })),
+            Need::QueuesWrite,
+            Some(queue_list.clone()),
+        ),
+        e("queue details", Surface::V4, Method::GET, queue(""), None, Need::QueuesRead, None),
+        e("queue consumers", Surface::V4, Method::GET, queue("/consumers"), None, Need::QueuesRead, None),
+        e(
+            "queue send",
+            Surface::V4,
+            Method::POST,
+            queue("/messages"),
+            json_body(json!({ "body": "x", "content_type": "text" })),
+            Need::QueuesWrite,
+            Some(queue_details.clone()),
+        ),
+        e(
+            "queue send batch",
+            Surface::V4,
+            Method::POST,
+            queue("/messages/batch"),
+            json_body(json!({ "messages": [{ "body": 1 }] })),
+            Need::QueuesWrite,
+            Some(queue_details.clone()),
+        ),
+        e(
+            "queue pull",
+            Surface::V4,
+            Method::POST,
+            queue("/messages/pull"),
+            json_body(json!({ "batch_size": 1 })),
+            Need::QueuesWrite,
+            Some(queue_details.clone()),
+        ),
+        e(
+            "queue update",
+            Surface::V4,
+            Method::PATCH,
+            queue(""),
+            json_body(json!({ "settings": { "delivery_delay": 7 } })),
+            Need::QueuesWrite,
+            Some(queue_details.clone()),
+        ),
+        e(
+            "queue purge",
+            Surface::V4,
+            Method::POST,
+            queue("/purge"),
+            None,
+            Need::QueuesWrite,
+            Some(queue_details.clone()),
+        ),
+        e(
+            "queue delete",
+            Surface::V4,
+            Method::DELETE,
+            v4(&format!("/queues/{}", bookmarks.queue.1)),
+            None,
+            Need::QueuesWrite,
+            Some(queue_list.clone()),
+        ),
         e("kv namespaces", Surface::V4, Method::GET, v4("/storage/kv/namespaces"), None, Need::KvRead, None),
         e(
             "kv create namespace",
@@ -1269,6 +1358,8 @@ fn every_endpoint_against_every_credential() {
             (Credential::DoWrite, "do:write", None),
             (Credential::KvRead, "kv:read", None),
             (Credential::KvWrite, "kv:write", None),
+            (Credential::QueuesRead, "queues:read", None),
+            (Credential::QueuesWrite, "queues:write", None),
             (Credential::BucketLimited, "r2:write", Some(json!([OPEN]))),
             (Credential::BucketLimitedAdmin, "admin", Some(json!([OPEN]))),
             (Credential::Revoked, "admin", None),
@@ -1335,7 +1426,18 @@ fn every_endpoint_against_every_credential() {
             let url = format!("{}{}", server.api, v4(&format!("/storage/kv/namespaces/{}/values/{key}", kv.0)));
             assert!(client.put(url).bearer_auth(TOKEN).body("fixture").send().await.unwrap().status().is_success());
         }
+        let queue = async |name: &str| -> String {
+            let made = admin(&client, &server, Method::POST, &v4("/queues"), Some(json!({"queue_name": name}))).await;
+            made["result"]["queue_id"].as_str().expect("a queue's id").to_owned()
+        };
+        let queue = (queue("fixture").await, queue("doomed").await);
+        let consumers = v4(&format!("/queues/{}/consumers", queue.0));
+        admin(&client, &server, Method::POST, &consumers, Some(json!({"type": "http_pull"}))).await;
+        let messages = v4(&format!("/queues/{}/messages/batch", queue.0));
+        let many: Vec<Value> = (0..40).map(|i| json!({"body": i})).collect();
+        admin(&client, &server, Method::POST, &messages, Some(json!({"messages": many}))).await;
         Bookmarks {
+            queue,
             kv,
             d1: d1["result"]["bookmark"].as_str().unwrap().to_owned(),
             object: object["result"]["bookmark"].as_str().unwrap().to_owned(),
@@ -1439,7 +1541,7 @@ fn every_endpoint_against_every_credential() {
 }
 
 /// The Workers' binding socket serves the workerd kura runs, which sends this run's secret with
-/// every request; D1, R2, KV, Durable Object announcements and logs there refuse anyone else — no
+/// every request; D1, R2, KV, queue producers, Durable Object announcements and logs there refuse anyone else — no
 /// secret, an API token, a wrong secret — and change nothing. Answers the cells checked.
 async fn binding_socket_refuses_outsiders(
     client: &reqwest::Client,
@@ -1476,6 +1578,10 @@ async fn binding_socket_refuses_outsiders(
         .expect("the fixture KV namespace")
         .to_owned();
     let kv_keys = Probe::v4(Method::GET, v4(&format!("/storage/kv/namespaces/{kv_namespace}/keys")), None);
+    let fixture_queue = admin(client, server, Method::GET, &v4("/queues?name=fixture"), None).await;
+    let fixture_queue = fixture_queue["result"][0]["queue_id"].as_str().expect("the fixture queue").to_owned();
+    // Its details show its backlog, which a refused send must leave as it was.
+    let queues = Probe::v4(Method::GET, v4(&format!("/queues/{fixture_queue}")), None);
     let (put, put_headers) = binding_r2_write("put", "made-through-the-socket");
     let insert = serde_json::to_vec(&json!({ "sql": "INSERT INTO t VALUES (97)" })).unwrap();
     let get = json!({ "version": 1, "method": "get", "object": "k" }).to_string();
@@ -1490,6 +1596,7 @@ async fn binding_socket_refuses_outsiders(
         ("GET", "/k?urlencoded=true", vec![(headers::KV_NAMESPACE, kv_namespace.clone())], Vec::new()),
         ("PUT", "/socket-new?urlencoded=true", vec![(headers::KV_NAMESPACE, kv_namespace.clone())], b"x".to_vec()),
         ("GET", "/", vec![(headers::KV_NAMESPACE, kv_namespace.clone())], Vec::new()),
+        ("POST", "/message", vec![(headers::QUEUE, "fixture".into()), ("x-msg-fmt", "text".into())], b"x".to_vec()),
     ];
     let outsiders: [(&str, Option<(&str, String)>); 3] = [
         ("no secret", None),
@@ -1505,10 +1612,11 @@ async fn binding_socket_refuses_outsiders(
     ];
     let (status, answer) = unix_request(&socket, "POST", "/query", &with_secret, &select).await;
     assert_eq!(status, 200, "the binding socket with this run's secret: {answer}");
-    let (rows_before, objects_before, keys_before) = (
+    let (rows_before, objects_before, keys_before, queues_before) = (
         probe(client, server, secrets, &rows).await,
         probe(client, server, secrets, &objects).await,
         probe(client, server, secrets, &kv_keys).await,
+        probe(client, server, secrets, &queues).await,
     );
     let mut cells = 0;
     for (method, path, fields, body) in &requests {
@@ -1529,9 +1637,12 @@ async fn binding_socket_refuses_outsiders(
     if probe(client, server, secrets, &rows).await != rows_before
         || probe(client, server, secrets, &objects).await != objects_before
         || probe(client, server, secrets, &kv_keys).await != keys_before
+        || probe(client, server, secrets, &queues).await != queues_before
     {
-        failures
-            .push("a refused request on the binding socket changed the database, the bucket or the namespace".into());
+        failures.push(
+            "a refused request on the binding socket changed the database, the bucket, the namespace or the queue"
+                .into(),
+        );
     }
     cells
 }

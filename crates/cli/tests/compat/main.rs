@@ -22,6 +22,7 @@ mod kura_cli;
 mod kv;
 mod metrics;
 mod node_bindings;
+mod queues;
 mod s3_clients;
 mod s3_fuzz;
 mod workerd;

@@ -68,7 +68,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 /// A client of the Workers listener, reaching a Worker by its host name.
 pub(crate) struct Client {
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
     base: String,
     runtime: tokio::runtime::Runtime,
 }

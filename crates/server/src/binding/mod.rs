@@ -4,12 +4,13 @@
 //!   bindings in `packages/kura-bindings`): D1's and R2's bindings, authenticated with the v4
 //!   API's bearer tokens ([`routes`]).
 //! - On the Workers' own socket, for the workerd kura supervises ([`worker_routes`]): D1, R2,
-//!   KV, Durable Object announcements, logs and `env.ASSETS`. workerd adds to every request the headers its
+//!   KV, queue producers, Durable Object announcements, logs and `env.ASSETS`. workerd adds to every request the headers its
 //!   configuration names — this run's secret, the account, the database or bucket — and the
 //!   Worker's code can neither see nor change them.
 
 mod d1;
 mod kv;
+mod queues;
 mod r2;
 mod workers;
 
@@ -52,10 +53,11 @@ pub(crate) fn worker_routes(state: AppState) -> Router<AppState> {
         .route("/", get(r2::read).put(r2::write).layer(axum::extract::DefaultBodyLimit::disable()))
         .route("/objects", post(workers::announce))
         .route("/logs", post(workers::logs))
-        // `env.ASSETS.fetch()` and KV's requests ask for any path: each is told apart by its
-        // header, not its route.
+        // `env.ASSETS.fetch()`, KV's and queues' requests ask for any path: each is told apart
+        // by its header, not its route.
         .layer(axum::middleware::from_fn_with_state(state.clone(), workers::assets))
-        .layer(axum::middleware::from_fn_with_state(state, kv::serve))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), kv::serve))
+        .layer(axum::middleware::from_fn_with_state(state, queues::serve))
 }
 
 /// The Workers layer, for a request on its socket that carries this run's secret.

@@ -5,6 +5,7 @@
 use axum::http::StatusCode;
 use kura_do::DoError;
 use kura_kv::KvError;
+use kura_queues::QueueError;
 use kura_r2::R2Error;
 use kura_workers::WorkersError;
 
@@ -145,6 +146,30 @@ impl From<KvError> for ApiError {
             KvError::Storage(e) => e.into(),
             e => ApiError::new(kv_status(&e), kv_v4_code(&e), e.to_string()),
         }
+    }
+}
+
+impl From<QueueError> for ApiError {
+    fn from(e: QueueError) -> Self {
+        let status = queue_status(&e);
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            return ApiError::internal(&e);
+        }
+        ApiError::new(status, e.code(), e.to_string())
+    }
+}
+
+/// The status Queues answers `e` with, on the v4 API and on the producer binding alike.
+pub fn queue_status(e: &QueueError) -> StatusCode {
+    match e {
+        QueueError::NotFound => StatusCode::NOT_FOUND,
+        QueueError::MessageTooLarge(_) | QueueError::BatchTooLarge(_) | QueueError::BatchCount(_) => {
+            StatusCode::PAYLOAD_TOO_LARGE
+        }
+        QueueError::InvalidDelay(_) | QueueError::InvalidContentType(_) => StatusCode::BAD_REQUEST,
+        QueueError::Storage(kura_sqlite::Error::Overloaded) => StatusCode::TOO_MANY_REQUESTS,
+        QueueError::Storage(kura_sqlite::Error::Reopening) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

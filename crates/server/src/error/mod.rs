@@ -17,7 +17,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-pub use engines::{r2_status, r2_v4_code};
+pub use engines::{queue_status, r2_status, r2_v4_code};
 
 use kura_client::v4::Envelope;
 pub use kura_client::v4::ResultInfo;

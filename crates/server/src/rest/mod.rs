@@ -7,6 +7,7 @@ pub mod durable_objects;
 mod graphql;
 mod import_export;
 mod kv;
+mod queues;
 pub(crate) mod r2;
 mod time_travel;
 mod tokens;
@@ -286,6 +287,47 @@ pub fn routes() -> Routes {
             &v4("/accounts/{account_id}/workers/scripts/{name}/tails/{tail}"),
             Touches::NotClustered("Workers"),
             axum::routing::delete(workers::delete_tail),
+        )
+        .route(
+            &v4("/accounts/{account_id}/queues"),
+            Touches::NotClustered("Queues"),
+            get(queues::list).post(queues::create),
+        )
+        .route(
+            &v4("/accounts/{account_id}/queues/{queue}"),
+            Touches::NotClustered("Queues"),
+            get(queues::details).patch(queues::update).put(queues::update).delete(queues::delete),
+        )
+        .route(&v4("/accounts/{account_id}/queues/{queue}/purge"), Touches::NotClustered("Queues"), post(queues::purge))
+        .route(
+            &v4("/accounts/{account_id}/queues/{queue}/consumers"),
+            Touches::NotClustered("Queues"),
+            get(queues::list_consumers).post(queues::add_consumer),
+        )
+        .route(
+            &v4("/accounts/{account_id}/queues/{queue}/consumers/{consumer}"),
+            Touches::NotClustered("Queues"),
+            axum::routing::put(queues::replace_consumer).delete(queues::delete_consumer),
+        )
+        .route(
+            &v4("/accounts/{account_id}/queues/{queue}/messages"),
+            Touches::NotClustered("Queues"),
+            post(queues::send),
+        )
+        .route(
+            &v4("/accounts/{account_id}/queues/{queue}/messages/batch"),
+            Touches::NotClustered("Queues"),
+            post(queues::send_batch),
+        )
+        .route(
+            &v4("/accounts/{account_id}/queues/{queue}/messages/pull"),
+            Touches::NotClustered("Queues"),
+            post(queues::pull),
+        )
+        .route(
+            &v4("/accounts/{account_id}/queues/{queue}/messages/ack"),
+            Touches::NotClustered("Queues"),
+            post(queues::ack),
         )
         .route(&v4("/graphql"), Touches::Anywhere, post(graphql::query))
         .with_router(|router| {
