@@ -114,6 +114,25 @@ pub struct Message {
     pub lease_id: String,
 }
 
+/// A message as it waits in its queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peeked {
+    /// 32 hex characters.
+    pub id: String,
+    /// Its body.
+    pub body: Vec<u8>,
+    /// How the body is encoded.
+    pub content_type: ContentType,
+    /// When it was sent (ms).
+    pub sent_ms: i64,
+    /// Deliveries so far.
+    pub attempts: u32,
+    /// When it may next be delivered (ms).
+    pub visible_ms: i64,
+    /// Whether a consumer holds it now.
+    pub in_flight: bool,
+}
+
 /// What a queue holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Backlog {
@@ -407,6 +426,35 @@ impl Queues {
                 }
             }
             Ok(held)
+        })
+        .await
+    }
+
+    /// Up to `limit` messages, oldest first, as they are (nothing leased or counted): what an
+    /// operator looks at.
+    pub async fn peek(&self, queue: &str, limit: usize) -> Result<Vec<Peeked>> {
+        let now = self.now_ms();
+        self.read(queue, move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT id, body, content_type, sent_ms, attempts, visible_ms, lease IS NOT NULL FROM messages \
+                     ORDER BY seq LIMIT ?1",
+                )?
+                .query_map([limit as i64], |r| {
+                    let content_type: String = r.get(2)?;
+                    let visible_ms: i64 = r.get(5)?;
+                    let leased: bool = r.get(6)?;
+                    Ok(Peeked {
+                        id: r.get(0)?,
+                        body: r.get(1)?,
+                        content_type: ContentType::parse(&content_type).unwrap_or(ContentType::Bytes),
+                        sent_ms: r.get(3)?,
+                        attempts: r.get(4)?,
+                        in_flight: leased && visible_ms > now,
+                        visible_ms,
+                    })
+                })?
+                .collect::<rusqlite::Result<_>>()?)
         })
         .await
     }

@@ -125,6 +125,8 @@ async fn taken_and_released_and_deleted() {
     // A delivery that died with its process is not waited out.
     assert_eq!(f.queues.release_leases(Q).await.unwrap(), 1);
     assert_eq!(bodies(&f.queues.lease(Q, 10, 60_000).await.unwrap()), ["fine"]);
+    let peeked = f.queues.peek(Q, 10).await.unwrap();
+    assert_eq!((peeked.len(), peeked[0].in_flight, peeked[0].attempts), (1, true, 2));
     f.queues.delete_queue(Q).await.unwrap();
     assert!(matches!(f.queues.backlog(Q).await, Err(QueueError::NotFound)));
     assert!(matches!(f.queues.send(Q, vec![text("x")], 0).await, Err(QueueError::NotFound)));

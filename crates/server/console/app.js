@@ -1,11 +1,12 @@
 // The console's shell: sign-in, navigation and the hash router that hands each page to its
-// section (d1.js, r2.js, kv.js, do.js, workers.js, tokens.js).
+// section (d1.js, r2.js, kv.js, queues.js, do.js, workers.js, tokens.js).
 
 import { session, signIn, forget, can, v4, acct } from "./api.js";
 import { h, fill, field, form, heading, table, when, errorBox } from "./ui.js";
 import * as d1 from "./d1.js";
 import * as r2 from "./r2.js";
 import * as kv from "./kv.js";
+import * as queues from "./queues.js";
 import * as durable from "./do.js";
 import * as tokens from "./tokens.js";
 import * as workers from "./workers.js";
@@ -16,6 +17,7 @@ const SECTIONS = [
   ["d1", "D1", () => can("d1:read")],
   ["r2", "R2", () => can("r2:read")],
   ["kv", "KV", () => can("kv:read")],
+  ["queues", "Queues", () => can("queues:read")],
   ["do", "Durable Objects", () => can("do:read")],
   ["workers", "Workers", () => can("admin") && session.config?.workers],
   ["tokens", "API tokens", () => can("admin")],
@@ -121,6 +123,9 @@ export async function route() {
         break;
       case "kv":
         page = await kv.page(parts.slice(1), query);
+        break;
+      case "queues":
+        page = await queues.page(parts.slice(1));
         break;
       case "do":
         page = await durable.page(parts.slice(1), query);

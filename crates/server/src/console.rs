@@ -37,6 +37,11 @@ const ASSETS: &[Asset] = &[
     Asset { name: "do.js", content_type: "text/javascript; charset=utf-8", body: include_bytes!("../console/do.js") },
     Asset { name: "kv.js", content_type: "text/javascript; charset=utf-8", body: include_bytes!("../console/kv.js") },
     Asset {
+        name: "queues.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../console/queues.js"),
+    },
+    Asset {
         name: "workers.js",
         content_type: "text/javascript; charset=utf-8",
         body: include_bytes!("../console/workers.js"),

@@ -7,8 +7,9 @@
 //!   commits, failed commits, requests per group commit, commit time (fsync, history capture,
 //!   shipping), files open now;
 //! - per D1 database: commits and history bytes since the process started;
-//! - R2's object bytes in and out; KV's value bytes in and out; Durable Objects open and alarm
-//!   deliveries;
+//! - R2's object bytes in and out; KV's value bytes in and out; per queue, its backlog, the
+//!   messages in flight and waiting out a delay, and its oldest message's age; Durable Objects
+//!   open and alarm deliveries;
 //! - the process's open files and resident memory;
 //! - on a cluster node, what its ownerships do ([`crate::cluster::ClusterStatus::metrics`]).
 //!
@@ -33,6 +34,7 @@ pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
     family(&mut out, "kura_up", "gauge", "Whether the server answers.", &[(String::new(), 1.0)]);
     http(&mut out, &app.http);
     engines(&mut out, &app);
+    queues(&mut out, &app).await;
     process(&mut out);
     if let Some(forwarding) = &app.forwarding {
         out.push_str(&forwarding.status().metrics().await);
@@ -77,6 +79,53 @@ fn labels(pairs: &[(&str, &str)]) -> String {
     format!("{{{}}}", inner.join(","))
 }
 
+/// Most queues whose backlogs one scrape reads (each is a read of the queue's file).
+const MAX_QUEUES_SCRAPED: usize = 1000;
+
+/// Each queue's backlog, by account and name.
+async fn queues(out: &mut String, app: &AppState) {
+    let Ok(queues) = app.catalog.all_queues() else { return };
+    let now = app.queues.now_ms();
+    let mut rows = Vec::new();
+    for queue in queues.into_iter().take(MAX_QUEUES_SCRAPED) {
+        if let Ok(backlog) = app.queues.backlog(&queue.id).await {
+            rows.push((labels(&[("account", &queue.account_id), ("queue", &queue.name)]), backlog));
+        }
+    }
+    let series = |value: &dyn Fn(&kura_queues::Backlog) -> f64| -> Vec<(String, f64)> {
+        rows.iter().map(|(labels, backlog)| (labels.clone(), value(backlog))).collect()
+    };
+    family(
+        out,
+        "kura_queue_backlog_messages",
+        "gauge",
+        "Messages not yet acknowledged, per queue.",
+        &series(&|b| b.count as f64),
+    );
+    family(out, "kura_queue_backlog_bytes", "gauge", "Their bodies' bytes, per queue.", &series(&|b| b.bytes as f64));
+    family(
+        out,
+        "kura_queue_in_flight_messages",
+        "gauge",
+        "Messages leased to a consumer now, per queue.",
+        &series(&|b| b.in_flight as f64),
+    );
+    family(
+        out,
+        "kura_queue_delayed_messages",
+        "gauge",
+        "Messages waiting out a delay (a send's or a retry's), per queue.",
+        &series(&|b| b.delayed as f64),
+    );
+    family(
+        out,
+        "kura_queue_oldest_message_age_seconds",
+        "gauge",
+        "Seconds since the oldest unacknowledged message was sent (0 when there is none), per queue.",
+        &series(&|b| b.oldest_ms.map_or(0.0, |sent| (now - sent).max(0) as f64 / 1000.0)),
+    );
+}
+
 fn http(out: &mut String, figures: &crate::observe::HttpFigures) {
     let answered: Vec<(String, f64)> = figures
         .answered()
@@ -95,10 +144,11 @@ fn http(out: &mut String, figures: &crate::observe::HttpFigures) {
 }
 
 fn engines(out: &mut String, app: &AppState) {
-    let engines: [(&str, &Stats, usize); 4] = [
+    let engines: [(&str, &Stats, usize); 5] = [
         ("d1", app.d1.stats(), app.d1.open_databases()),
         ("r2", app.r2.stats(), app.r2.open_buckets()),
         ("kv", app.kv.storage().stats(), app.kv.storage().open_buckets()),
+        ("queues", app.queues.stats(), app.queues.open_queues()),
         ("do", app.durable_objects.stats(), app.durable_objects.open_objects()),
     ];
     let per_engine = |value: &dyn Fn(&Stats, usize) -> f64| -> Vec<(String, f64)> {
@@ -108,7 +158,7 @@ fn engines(out: &mut String, app: &AppState) {
         out,
         "kura_sqlite_commits_total",
         "counter",
-        "Transactions committed (each with its fsync), by engine: D1 databases, R2 buckets' metadata, KV namespaces, Durable Objects.",
+        "Transactions committed (each with its fsync), by engine: D1 databases, R2 buckets' metadata, KV namespaces, queues, Durable Objects.",
         &per_engine(&|s, _| s.commits.load(Ordering::Relaxed) as f64),
     );
     family(

@@ -222,6 +222,10 @@ fn an_http_pull_consumer_leases_acknowledges_and_retries() {
     let dlq_id = dlq["result"][0]["queue_id"].as_str().unwrap();
     let details = get(format!("{queues}/{dlq_id}"));
     assert_eq!(details["result"]["backlog"]["count"], 1, "{details}");
+    let scraped = client.send(client.http.get(format!("{}/metrics", server.api.trim_end_matches("/client/v4")))).1;
+    let scraped = scraped.as_str().unwrap_or_default().to_owned();
+    let line = format!("kura_queue_backlog_messages{{account=\"{ACCOUNT}\",queue=\"pulled-dlq\"}} 1");
+    assert!(scraped.lines().any(|l| l == line), "{line} in:\n{scraped}");
     // A stale lease acknowledges nothing.
     let stale = call("/messages/ack", json!({"acks": [{"lease_id": messages[1]["lease_id"]}]}));
     assert_eq!(stale["ackCount"], 0);

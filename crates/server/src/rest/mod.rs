@@ -312,7 +312,7 @@ pub fn routes() -> Routes {
         .route(
             &v4("/accounts/{account_id}/queues/{queue}/messages"),
             Touches::NotClustered("Queues"),
-            post(queues::send),
+            get(queues::peek).post(queues::send),
         )
         .route(
             &v4("/accounts/{account_id}/queues/{queue}/messages/batch"),

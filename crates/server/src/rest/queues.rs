@@ -348,6 +348,38 @@ pub async fn delete_consumer(
     Ok(ok(Json::Null))
 }
 
+/// `GET /accounts/{a}/queues/{queue_id}/messages?limit=N` (kura's own, for the console): up
+/// to 100 messages, oldest first, as they wait — read without leasing or counting them.
+pub async fn peek(
+    State(app): State<AppState>,
+    caller: Caller,
+    V4Path((account_id, id)): V4Path<(String, String)>,
+    crate::extract::V4Query(query): crate::extract::V4Query,
+) -> Result<Response, ApiError> {
+    let queue = reach(&app, &caller, &account_id, &id, Need::QueuesRead)?;
+    let limit = crate::extract::query_number(&query, "limit")?.unwrap_or(20).clamp(1, 100) as usize;
+    let messages = app.queues.peek(&queue.id, limit).await?;
+    let shown: Vec<Json> = messages
+        .iter()
+        .map(|m| {
+            let body = match m.content_type {
+                ContentType::Text | ContentType::Json => String::from_utf8_lossy(&m.body).into_owned(),
+                _ => base64::engine::general_purpose::STANDARD.encode(&m.body),
+            };
+            json!({
+                "id": m.id,
+                "body": body,
+                "content_type": m.content_type.as_str(),
+                "timestamp_ms": m.sent_ms,
+                "attempts": m.attempts,
+                "visible_at_ms": m.visible_ms,
+                "in_flight": m.in_flight,
+            })
+        })
+        .collect();
+    Ok(ok(shown))
+}
+
 #[derive(Deserialize)]
 struct HttpMessage {
     body: Json,

@@ -2,7 +2,8 @@
 // kura server: sign in, D1 (create, SQL, a 10,000-row table paged, Time Travel restore and undo,
 // import), R2 (a 20 MiB multipart upload downloaded byte-identical, details, a presigned URL
 // fetched from outside), KV (a namespace made, 150 keys paged by prefix, a key written with
-// metadata and expiry, read and deleted), Durable Objects (a room's objects by name, SQL, fan-out), Workers (cron
+// metadata and expiry, read and deleted), Queues (backlog, a message in flight, a message
+// sent), Durable Objects (a room's objects by name, SQL, fan-out), Workers (cron
 // runs among the recent logs, a request seen live through a tail), tokens (a
 // read-only token sees a read-only console), a phone-width screen, and text holding markup
 // shown as text. Every page is screenshotted into SCREENSHOTS; the run fails on any console
@@ -353,6 +354,25 @@ await clickText(page, "button", "Delete key");
 await waitText(page, "h1", "sessions");
 const gone = await fetch(`${KURA_URL}/client/v4/accounts/${KURA_ACCOUNT_ID}/storage/kv/namespaces/${kvId}/values/${encodeURIComponent("note:<b>")}`, { headers: { authorization: `Bearer ${KURA_API_TOKEN}` } });
 check(gone.status === 404, `the deleted key is gone (${gone.status})`);
+
+// ---- Queues ----
+const made = await api("POST", "/queues", { queue_name: "emails" });
+await api("POST", "/queues", { queue_name: "emails-dlq" });
+await api("POST", `/queues/${made.queue_id}/consumers`, { type: "http_pull", dead_letter_queue: "emails-dlq" });
+await api("POST", `/queues/${made.queue_id}/messages/batch`, { messages: [{ body: { to: "<b>alice</b>" } }, { body: "hello", content_type: "text" }] });
+await api("POST", `/queues/${made.queue_id}/messages/pull`, { batch_size: 1, visibility_timeout_ms: 600000 });
+await go(page, "#/queues");
+await waitText(page, "td a", "emails-dlq");
+await clickText(page, "td a", "emails");
+await waitText(page, "td", "HTTP pull → emails-dlq");
+await waitText(page, "td", "in flight");
+await waitText(page, "td code", '{"to":"<b>alice</b>"}');
+check(await page.evaluate(() => [...document.querySelectorAll("td")].some((td) => td.textContent === "2")), "the backlog counts both messages");
+await shot(page, "12d-queue");
+await page.type("form[aria-label='Send a message'] textarea[name=body]", "from the console");
+await page.click("form[aria-label='Send a message'] button[type=submit]");
+await waitText(page, "td code", "from the console");
+check(true, "a message sent from the console waits in the queue");
 
 // ---- Durable Objects ----
 await go(page, "#/do");
