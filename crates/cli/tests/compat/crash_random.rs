@@ -11,7 +11,8 @@
 //! - Durable Objects: atomic batches of KV and SQL on three objects, and alarms, which must fire
 //!   once due and never unless set.
 //! - A Worker (in the workerd kura supervises, killed with it): writes through its D1, R2 and
-//!   KV bindings and to its own Durable Object's SQL storage, each checked after the restart.
+//!   KV bindings and to its own Durable Object's SQL storage, and sends to a queue through its
+//!   producer binding, each checked after the restart (the queue by pulling every message).
 //!
 //! Before each kill every client has had a request answered in that life (a server that hangs
 //! fails), and any failure while the server serves — a refusal, a reply that is not one, a
@@ -671,6 +672,9 @@ export default {
         if (request.method === "DELETE") await env.KV.delete(params.get("key"));
         else await env.KV.put(params.get("key"), await request.arrayBuffer());
         return Response.json({ ok: true });
+      case "/queue":
+        await env.QUEUE.send({ seq: Number(params.get("seq")) });
+        return Response.json({ ok: true });
       case "/kv/all": {
         // Every key with the SHA-256 of its value.
         const all = {};
@@ -711,6 +715,11 @@ struct WorkerClient {
     kv: BTreeMap<String, String>,
     /// The namespace if the KV write in flight at the crash happened.
     kv_in_flight: Option<BTreeMap<String, String>>,
+    /// The queue's id, the messages acknowledged since it was last drained, the one in flight.
+    queue: String,
+    queue_sent: BTreeSet<u64>,
+    queue_in_flight: Option<u64>,
+    next_seq: u64,
     ops: u64,
 }
 
@@ -731,6 +740,11 @@ impl WorkerClient {
             .await
             .unwrap();
         let namespace = namespace["id"].as_str().unwrap().to_owned();
+        let queue =
+            server.v4(reqwest::Method::POST, "/queues", Some(json!({ "queue_name": "crash-q" }))).await.unwrap();
+        let queue = queue["queue_id"].as_str().unwrap().to_owned();
+        let consumers = format!("/queues/{queue}/consumers");
+        server.v4(reqwest::Method::POST, &consumers, Some(json!({ "type": "http_pull" }))).await.unwrap();
         let sql = "CREATE TABLE t (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)";
         let path = format!("/d1/database/{uuid}/query");
         server.v4(reqwest::Method::POST, &path, Some(json!({ "sql": sql }))).await.unwrap();
@@ -741,6 +755,7 @@ impl WorkerClient {
                 { "name": "DB", "type": "d1", "id": uuid },
                 { "name": "BUCKET", "type": "r2_bucket", "bucket_name": BUCKET },
                 { "name": "KV", "type": "kv_namespace", "namespace_id": namespace },
+                { "name": "QUEUE", "type": "queue", "queue_name": "crash-q" },
                 { "name": "LOG", "type": "durable_object_namespace", "class_name": "Log" },
             ],
             "migrations": { "new_tag": "v1", "steps": [{ "new_sqlite_classes": ["Log"] }] },
@@ -755,7 +770,7 @@ impl WorkerClient {
             deployed.text().await.unwrap()
         );
         let r2 = R2Client { prefix: "w/".into(), ..Default::default() };
-        WorkerClient { uuid, r2, ..Default::default() }
+        WorkerClient { uuid, r2, queue, ..Default::default() }
     }
 
     async fn step(&mut self, server: &Server, rng: &mut Rng) -> Result<(), Failed> {
@@ -768,6 +783,13 @@ impl WorkerClient {
             self.in_flight = Some((Place::Database, after.clone()));
             server.worker(reqwest::Method::POST, &format!("/d1?id={k}&n={n}"), Vec::new()).await?;
             self.rows = after;
+        } else if roll < 47 {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.queue_in_flight = Some(seq);
+            server.worker(reqwest::Method::POST, &format!("/queue?seq={seq}"), Vec::new()).await?;
+            self.queue_sent.insert(seq);
+            self.queue_in_flight = None;
         } else if roll < 55 {
             let key = format!("kv-{:02}", rng.below(12));
             let mut after = self.kv.clone();
@@ -828,6 +850,44 @@ impl WorkerClient {
         let rows_of = |answer: Json, (a, b): (&str, &str)| -> Rows {
             answer.as_array().unwrap().iter().map(|r| (r[a].as_i64().unwrap(), r[b].as_i64().unwrap())).collect()
         };
+        // The queue, drained by pulling: every acknowledged send is there (and the one in flight
+        // at the kill may be).
+        let mut pulled = BTreeSet::new();
+        loop {
+            let path = format!("/queues/{}/messages/pull", self.queue);
+            let batch = server.v4(
+                reqwest::Method::POST,
+                &path,
+                Some(json!({ "batch_size": 100, "visibility_timeout_ms": 600_000 })),
+            );
+            let batch = batch.await.expect("pulling the queue after the restart");
+            let messages = batch["messages"].as_array().unwrap().clone();
+            if messages.is_empty() {
+                break;
+            }
+            let acks: Vec<Json> = messages.iter().map(|m| json!({ "lease_id": m["lease_id"] })).collect();
+            for m in &messages {
+                use base64::Engine as _;
+                let body = base64::engine::general_purpose::STANDARD.decode(m["body"].as_str().unwrap()).unwrap();
+                let body: Json = serde_json::from_slice(&body).unwrap();
+                pulled.insert(body["seq"].as_u64().unwrap());
+            }
+            let path = format!("/queues/{}/messages/ack", self.queue);
+            server.v4(reqwest::Method::POST, &path, Some(json!({ "acks": acks }))).await.expect("acknowledging");
+        }
+        let missing: Vec<&u64> = self.queue_sent.difference(&pulled).collect();
+        assert!(missing.is_empty(), "acknowledged sends lost by the queue: {missing:?}");
+        let extra: Vec<&u64> = pulled.difference(&self.queue_sent).collect();
+        assert!(
+            extra.iter().all(|seq| Some(**seq) == self.queue_in_flight),
+            "the queue holds messages never sent: {extra:?} (in flight: {:?})",
+            self.queue_in_flight
+        );
+        if let Some(seq) = self.queue_in_flight {
+            tally.record(!pulled.contains(&seq), pulled.contains(&seq));
+        }
+        self.queue_sent.clear();
+        self.queue_in_flight = None;
         let kv: BTreeMap<String, String> = read("/kv/all")
             .await
             .as_object()
@@ -938,6 +998,7 @@ impl Workload for WorkerClient {
         self.in_flight = None;
         self.r2.in_flight = None;
         self.kv_in_flight = None;
+        self.queue_in_flight = None;
     }
 }
 
