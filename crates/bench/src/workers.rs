@@ -99,6 +99,7 @@ fn upload_form(database: &str, namespace: &str, assets_jwt: &str) -> (String, Ve
             {"name": "DB", "type": "d1", "id": database},
             {"name": "FILES", "type": "r2_bucket", "bucket_name": "bench-files"},
             {"name": "CACHE", "type": "kv_namespace", "namespace_id": namespace},
+            {"name": "Q", "type": "queue", "queue_name": "bench-q"},
             {"name": "ROOMS", "type": "durable_object_namespace", "class_name": "Room"},
         ],
         "migrations": {"new_tag": "v1", "steps": [{"new_sqlite_classes": ["Room"]}]},
@@ -140,6 +141,9 @@ async fn deploy(api: &str) -> anyhow::Result<()> {
         .json()
         .await?;
     let namespace = namespace["result"]["id"].as_str().context("creating the KV namespace")?.to_owned();
+    let queue: Json =
+        call(reqwest::Method::POST, "/queues").json(&json!({"queue_name": "bench-q"})).send().await?.json().await?;
+    let queue = queue["result"]["queue_id"].as_str().context("creating the queue")?.to_owned();
     // The asset, through wrangler's upload session.
     let asset = asset();
     let encoded = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &asset);
@@ -177,7 +181,73 @@ async fn deploy(api: &str) -> anyhow::Result<()> {
         .json()
         .await?;
     anyhow::ensure!(deployed["success"] == true, "deploying the Worker: {deployed}");
+    // The Worker consumes the queue as `[[queues.consumers]]` with max_batch_size = 100 and
+    // max_batch_timeout = 1 registers it.
+    let consumer: Json = call(reqwest::Method::POST, &format!("/queues/{queue}/consumers"))
+        .json(&json!({"type": "worker", "script_name": "bench", "settings": {"batch_size": 100, "max_wait_time_ms": 1000}}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    anyhow::ensure!(consumer["success"] == true, "registering the consumer: {consumer}");
     Ok(())
+}
+
+/// Queues end to end: `batches` batches of 100 messages sent by `CLIENTS` clients through the
+/// Worker's `sendBatch`, timed until the consumer has recorded all of them; answers messages
+/// per second and the p50 and p99 of send-to-delivery.
+async fn queue_throughput(target: &Target, run: &str, batches: usize) -> anyhow::Result<(f64, f64, f64)> {
+    let started = std::time::Instant::now();
+    let sends = (0..CLIENTS).map(|client| {
+        let target = target.clone();
+        let run = run.to_owned();
+        async move {
+            for _ in (client..batches).step_by(CLIENTS) {
+                target.get(&format!("/q-send?n=100&run={run}")).await?;
+            }
+            anyhow::Ok(())
+        }
+    });
+    for sent in futures_util::future::join_all(sends).await {
+        sent?;
+    }
+    let want = batches * 100;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let stats: Json = serde_json::from_str(&target.get(&format!("/q-stats?run={run}")).await?)?;
+        let delivered = stats["delivered"].as_u64().unwrap_or(0) as usize;
+        if delivered >= want {
+            let elapsed = started.elapsed().as_secs_f64();
+            let mut delays: Vec<f64> =
+                stats["delays"].as_array().into_iter().flatten().filter_map(Json::as_f64).collect();
+            delays.sort_by(f64::total_cmp);
+            let at = |q: f64| delays.get(((delays.len() - 1) as f64 * q).round() as usize).copied().unwrap_or(0.0);
+            return Ok((want as f64 / elapsed, at(0.5), at(0.99)));
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "{delivered} of {want} messages delivered in 2 minutes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One message at a time, each after the last was delivered: the send-to-delivery delay a lone
+/// message sees (its batch waits max_batch_timeout for company). Answers the p50 in ms.
+async fn queue_lone_delay(target: &Target, run: &str, messages: usize) -> anyhow::Result<f64> {
+    for k in 0..messages {
+        target.get(&format!("/q-send?n=1&run={run}")).await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let stats: Json = serde_json::from_str(&target.get(&format!("/q-stats?run={run}")).await?)?;
+            if stats["delivered"].as_u64().unwrap_or(0) as usize > k {
+                break;
+            }
+            anyhow::ensure!(std::time::Instant::now() < deadline, "a lone message was not delivered in 30 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let stats: Json = serde_json::from_str(&target.get(&format!("/q-stats?run={run}")).await?)?;
+    let mut delays: Vec<f64> = stats["delays"].as_array().into_iter().flatten().filter_map(Json::as_f64).collect();
+    delays.sort_by(f64::total_cmp);
+    Ok(delays.get(delays.len() / 2).copied().unwrap_or(0.0))
 }
 
 /// wrangler as `scripts/test` installs it.
@@ -490,6 +560,47 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
     let of_floor = |row: &Row| row.kura.rate() / floor.rate().max(f64::MIN_POSITIVE);
     println!("static asset vs the Worker's floor: {:.2}× (target ≥ 0.70×)", of_floor(&rows[4]));
     println!("KV 1 KiB get vs the Worker's floor: {:.2}× (target ≥ 0.50×)", of_floor(&rows[5]));
+
+    // Queues end to end, kura and the peer alternating.
+    println!();
+    const QUEUE_BATCHES: usize = 100;
+    let mut queue_rounds = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let run = format!("t{round}");
+        queue_rounds.0.push(client_runtime.block_on(queue_throughput(&kura_target, &run, QUEUE_BATCHES))?);
+        if let Some(target) = &peer_target {
+            match client_runtime.block_on(queue_throughput(target, &run, QUEUE_BATCHES)) {
+                Ok(measured) => queue_rounds.1.push(measured),
+                Err(e) => println!("the peer's queue round {round} failed: {e:#}"),
+            }
+        }
+    }
+    let middle = |mut rounds: Vec<(f64, f64, f64)>| {
+        rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+        rounds.get(rounds.len() / 2).copied()
+    };
+    let (ours, theirs) = (middle(queue_rounds.0), middle(queue_rounds.1));
+    if let Some((rate, p50, p99)) = ours {
+        let versus = theirs.map_or("peer not measured".to_owned(), |(peer_rate, peer_p50, _)| {
+            format!(
+                "peer {peer_rate:.0}/s (send to delivery p50 {peer_p50:.0} ms) = {:.2}× (target ≥ 3× {})",
+                rate / peer_rate,
+                if rate >= 3.0 * peer_rate { "✓" } else { "✗" }
+            )
+        });
+        println!(
+            "queue end to end, {} messages by {CLIENTS} clients through sendBatch(100) to an acknowledged consumer batch (max_batch_size 100, max_batch_timeout 1): {rate:.0} messages/s, send to delivery p50 {p50:.0} ms, p99 {p99:.0} ms; {versus}",
+            QUEUE_BATCHES * 100
+        );
+    }
+    let lone = client_runtime.block_on(queue_lone_delay(&kura_target, "lone", 10))?;
+    let peer_lone = match &peer_target {
+        Some(target) => client_runtime
+            .block_on(queue_lone_delay(target, "lone", 10))
+            .map_or("failed".into(), |d| format!("{d:.0} ms")),
+        None => "not measured".into(),
+    };
+    println!("a lone message, send to delivery with max_batch_timeout 1: p50 {lone:.0} ms (peer {peer_lone})");
 
     // The same constant Worker with one real `wrangler tail` attached.
     println!();

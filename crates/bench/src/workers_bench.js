@@ -16,6 +16,14 @@ export class Room extends DurableObject {
 const KV_VALUE = "v".repeat(1024);
 
 export default {
+  // The consumer of the queue `bench-q`: per batch, how many messages and how long each took
+  // from its send (the time in its body) to this delivery.
+  async queue(batch, env) {
+    const now = Date.now();
+    const delays = batch.messages.map((m) => now - m.body.t);
+    await env.DB.prepare("INSERT INTO qstats (run, n, delays) VALUES (?, ?, ?)").bind(batch.messages[0].body.run, batch.messages.length, JSON.stringify(delays)).run();
+  },
+
   // Records how late it started (Date.now() is the time the invocation began).
   async scheduled(controller, env) {
     await env.DB.prepare("INSERT INTO lateness (ms) VALUES (?)").bind(Date.now() - controller.scheduledTime).run();
@@ -38,6 +46,18 @@ export default {
       case "/kv-put":
         await env.CACHE.put("w/" + (i % 1000), KV_VALUE);
         return new Response("ok");
+      case "/q-send": {
+        // A batch of `n` messages of run `run`.
+        const n = Number(url.searchParams.get("n") ?? 100);
+        const run = url.searchParams.get("run");
+        const t = Date.now();
+        await env.Q.sendBatch(Array.from({ length: n }, (_, k) => ({ body: { run, k, t } })));
+        return new Response("sent");
+      }
+      case "/q-stats": {
+        const rows = (await env.DB.prepare("SELECT n, delays FROM qstats WHERE run = ?").bind(url.searchParams.get("run")).all()).results;
+        return Response.json({ delivered: rows.reduce((a, r) => a + r.n, 0), delays: rows.flatMap((r) => JSON.parse(r.delays)) });
+      }
       case "/do":
         return Response.json(await env.ROOMS.getByName("room:" + (i % 1000)).add("u" + i));
       case "/lateness": {
@@ -47,6 +67,7 @@ export default {
       }
       case "/setup": {
         await env.DB.exec("CREATE TABLE IF NOT EXISTS lateness (ms INTEGER NOT NULL)");
+        await env.DB.exec("CREATE TABLE IF NOT EXISTS qstats (run TEXT NOT NULL, n INTEGER NOT NULL, delays TEXT NOT NULL)");
         await env.DB.exec("CREATE TABLE IF NOT EXISTS kv (id INTEGER PRIMARY KEY, v TEXT)");
         const rows = [];
         for (let k = 0; k < 1000; k++) rows.push(env.DB.prepare("INSERT OR REPLACE INTO kv (id, v) VALUES (?, ?)").bind(k, "value-" + k));

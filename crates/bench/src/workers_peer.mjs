@@ -1,5 +1,5 @@
 // The Workers peer: Miniflare (what `wrangler dev` runs) serving the benchmark's Worker over
-// HTTP, with a D1 database, an R2 bucket, a KV namespace and a SQLite-backed Durable Object class, persisted
+// HTTP, with a D1 database, an R2 bucket, a KV namespace, a queue it consumes and a SQLite-backed Durable Object class, persisted
 // under the directory given, and a directory of static assets. Prints {"url": …} once ready, and runs until stdin closes.
 import { Miniflare } from "miniflare";
 import { readFileSync } from "node:fs";
@@ -12,6 +12,8 @@ const mf = new Miniflare({
   d1Databases: ["DB"],
   r2Buckets: ["FILES"],
   kvNamespaces: ["CACHE"],
+  queueProducers: { Q: { queueName: "bench-q" } },
+  queueConsumers: { "bench-q": { maxBatchSize: 100, maxBatchTimeout: 1 } },
   durableObjects: { ROOMS: { className: "Room", useSQLite: true } },
   d1Persist: dir + "/d1",
   r2Persist: dir + "/r2",

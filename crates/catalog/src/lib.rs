@@ -45,7 +45,9 @@ pub use account::{Account, is_valid_account_id};
 pub use d1::{D1Database, D1DatabaseList, NewD1Database, Usage, UsageDelta, is_valid_database_name};
 pub use durable_objects::{DoNamespace, NewDoNamespace, is_valid_namespace_name};
 pub use kv::{KvNamespace, KvOrder, MAX_KV_NAMESPACES, MAX_KV_TITLE_CHARS};
-pub use queues::{ConsumerSettings, DEFAULT_CONCURRENCY, MAX_QUEUES, Queue, QueueConsumer, is_valid_queue_name, spent};
+pub use queues::{
+    ConsumerSettings, DEFAULT_CONCURRENCY, DeadLetter, MAX_QUEUES, Queue, QueueConsumer, is_valid_queue_name, spent,
+};
 pub use r2::{R2Bucket, S3Credential, is_valid_bucket_name};
 pub use replication::{BoxError, Replication, ReplicationError};
 pub use token::{Scope, Token, s3_secret_for};

@@ -68,14 +68,22 @@ pub struct ConsumerSettings {
     pub visibility_timeout_ms: u32,
 }
 
+/// Settings as sent: numbers, possibly fractional (wrangler sends `max_wait_time_ms` as 1,000 ×
+/// `max_batch_timeout`, which may be 1.1), rounded here.
 #[derive(Deserialize, Default)]
 struct RawSettings {
-    batch_size: Option<u32>,
-    max_retries: Option<u32>,
-    max_wait_time_ms: Option<u32>,
-    max_concurrency: Option<u32>,
-    retry_delay: Option<u32>,
-    visibility_timeout_ms: Option<u32>,
+    batch_size: Option<f64>,
+    max_retries: Option<f64>,
+    max_wait_time_ms: Option<f64>,
+    max_concurrency: Option<f64>,
+    retry_delay: Option<f64>,
+    visibility_timeout_ms: Option<f64>,
+}
+
+/// A sent number as a whole one (out of range stays out of range: negative to 0 is refused
+/// below as below its floor only when the floor is above 0).
+fn whole(value: Option<f64>) -> Option<u32> {
+    value.map(|v| if v.is_finite() { v.round().clamp(0.0, f64::from(u32::MAX)) as u32 } else { u32::MAX })
 }
 
 /// Concurrent deliveries to one Worker when its consumer sets no `max_concurrency`.
@@ -92,13 +100,27 @@ impl ConsumerSettings {
             }
         };
         let pull = kind == "http_pull";
+        if [
+            raw.batch_size,
+            raw.max_retries,
+            raw.max_wait_time_ms,
+            raw.max_concurrency,
+            raw.retry_delay,
+            raw.visibility_timeout_ms,
+        ]
+        .iter()
+        .flatten()
+        .any(|v| *v < 0.0)
+        {
+            return Err("The specified consumer settings are invalid: settings must not be negative".into());
+        }
         let settings = ConsumerSettings {
-            batch_size: raw.batch_size.unwrap_or(if pull { 5 } else { 10 }),
-            max_retries: raw.max_retries.unwrap_or(3),
-            max_wait_time_ms: raw.max_wait_time_ms.unwrap_or(5_000),
-            max_concurrency: raw.max_concurrency,
-            retry_delay: raw.retry_delay.unwrap_or(0),
-            visibility_timeout_ms: raw.visibility_timeout_ms.unwrap_or(30_000),
+            batch_size: whole(raw.batch_size).unwrap_or(if pull { 5 } else { 10 }),
+            max_retries: whole(raw.max_retries).unwrap_or(3),
+            max_wait_time_ms: whole(raw.max_wait_time_ms).unwrap_or(5_000),
+            max_concurrency: whole(raw.max_concurrency),
+            retry_delay: whole(raw.retry_delay).unwrap_or(0),
+            visibility_timeout_ms: whole(raw.visibility_timeout_ms).unwrap_or(30_000),
         };
         let bounds = [
             ("batch_size", settings.batch_size, 1, 100),
@@ -148,6 +170,17 @@ impl ConsumerSettings {
 /// Whether a message delivered `attempts` times has had every delivery `settings` allows.
 pub fn spent(attempts: u32, settings: &ConsumerSettings) -> bool {
     attempts > settings.max_retries
+}
+
+/// Where a consumer's spent messages go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadLetter {
+    /// The consumer names no dead-letter queue: they are dropped.
+    Dropped,
+    /// Into this queue.
+    Queue(Queue),
+    /// The consumer names a queue that does not exist (any more): they are kept until it does.
+    Missing(String),
 }
 
 /// Cloudflare's rule for queue names: 1 to 63 of `a-z`, `0-9` and `-`, not starting or
@@ -387,12 +420,13 @@ impl Catalog {
         Ok(consumer)
     }
 
-    /// The queue that takes `consumer`'s spent messages, if it names one that exists.
-    pub fn dead_letter_queue(&self, queue: &Queue, consumer: &QueueConsumer) -> Result<Option<Queue>> {
-        match consumer.dead_letter_queue.as_deref() {
-            Some(name) => self.queue(&queue.account_id, name),
-            None => Ok(None),
-        }
+    /// Where `consumer`'s spent messages go.
+    pub fn dead_letter_target(&self, queue: &Queue, consumer: &QueueConsumer) -> Result<DeadLetter> {
+        let Some(name) = consumer.dead_letter_queue.as_deref() else { return Ok(DeadLetter::Dropped) };
+        Ok(match self.queue(&queue.account_id, name)? {
+            Some(target) if target.name == name => DeadLetter::Queue(target),
+            _ => DeadLetter::Missing(name.to_owned()),
+        })
     }
 
     /// Removes a queue's consumer; false if it had no such consumer.
@@ -421,6 +455,9 @@ mod tests {
         let consumer = catalog.set_queue_consumer(&queue.id, None, "http_pull", None, "{}", None).unwrap();
         assert_eq!(ConsumerSettings::of(&consumer).visibility_timeout_ms, 30_000);
         assert!(ConsumerSettings::parse("worker", Some(&json!({"batch_size": 101}))).is_err());
+        let fractional = ConsumerSettings::parse("worker", Some(&json!({"max_wait_time_ms": 1100.0000000000002})));
+        assert_eq!(fractional.unwrap().max_wait_time_ms, 1100);
+        assert!(ConsumerSettings::parse("worker", Some(&json!({"max_retries": -1}))).is_err());
         assert!(matches!(
             catalog.set_queue_consumer(&queue.id, None, "worker", Some("w"), "{}", None),
             Err(Error::Conflict(_))

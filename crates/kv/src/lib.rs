@@ -41,6 +41,10 @@ pub const MIN_EXPIRATION_TTL: i64 = 60;
 pub const MIN_CACHE_TTL: i64 = 30;
 /// Most keys in one page of a listing.
 pub const MAX_LIST_LIMIT: usize = 1000;
+/// Most entries one listing looks at: past it, a page full of expired keys ends short, with a
+/// cursor (as Cloudflare's pages may).
+const MAX_LIST_SCAN: usize = 10_000;
+
 /// Most keys in one bulk read.
 pub const MAX_BULK_GET_KEYS: usize = 100;
 
@@ -375,6 +379,7 @@ impl Kv {
         let mut after = options.cursor.as_deref().map(decode_cursor).transpose()?;
         let now = self.now();
         let (mut keys, mut expired) = (Vec::new(), Vec::new());
+        let mut scanned = 0;
         loop {
             let page = self
                 .r2
@@ -389,6 +394,7 @@ impl Kv {
                 )
                 .await?;
             let listed = page.objects.len();
+            scanned += listed;
             for (i, object) in page.objects.into_iter().enumerate() {
                 let entry = Entry::from_object(object);
                 after = Some(entry.key.clone());
@@ -407,6 +413,11 @@ impl Kv {
             if !page.truncated {
                 self.remove_later(namespace, expired);
                 return Ok(KeyPage { keys, list_complete: true, cursor: None });
+            }
+            if scanned >= MAX_LIST_SCAN {
+                self.remove_later(namespace, expired);
+                let cursor = after.as_deref().map(encode_cursor);
+                return Ok(KeyPage { keys, list_complete: false, cursor });
             }
         }
     }
@@ -441,10 +452,12 @@ impl Kv {
             return;
         }
         let (r2, namespace) = (Arc::clone(&self.r2), namespace.to_owned());
-        let versions = expired.into_iter().map(|e| (e.key, e.version)).collect();
+        let versions: Vec<(String, String)> = expired.into_iter().map(|e| (e.key, e.version)).collect();
         tokio::spawn(async move {
-            if let Err(e) = r2.delete_versions(&namespace, versions).await {
-                tracing::debug!(namespace, error = %e, "could not remove expired keys (the sweep will)");
+            for chunk in versions.chunks(1000) {
+                if let Err(e) = r2.delete_versions(&namespace, chunk.to_vec()).await {
+                    tracing::debug!(namespace, error = %e, "could not remove expired keys (the sweep will)");
+                }
             }
         });
     }

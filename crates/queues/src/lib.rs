@@ -114,6 +114,17 @@ pub struct Message {
     pub lease_id: String,
 }
 
+/// Where spent messages go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterTo<'a> {
+    /// Nowhere: they are dropped (and logged).
+    Drop,
+    /// Into this queue (its id).
+    Queue(&'a str),
+    /// They stay, visible again after this many seconds.
+    KeepFor(u32),
+}
+
 /// A message as it waits in its queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peeked {
@@ -239,12 +250,24 @@ impl Queues {
         }
     }
 
-    /// Removes the files of queues not in `known` (left by a deletion a crash cut short).
-    pub async fn remove_unknown(&self, known: &std::collections::HashSet<String>) -> usize {
+    /// The queues that have a file here.
+    pub fn queue_dirs(&self) -> Vec<String> {
+        std::fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| valid_queue_id(name))
+            .collect()
+    }
+
+    /// Removes the files of the queues of `dirs` not in `known` (left by a deletion a crash cut
+    /// short). List `dirs` before reading `known` from the catalog: a queue created in between
+    /// is then in neither, not taken for the leftover of a deleted one.
+    pub async fn remove_unknown(&self, dirs: Vec<String>, known: &std::collections::HashSet<String>) -> usize {
         let mut removed = 0;
-        for entry in std::fs::read_dir(&self.root).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if valid_queue_id(&name) && !known.contains(&name) && self.delete_queue(&name).await.is_ok() {
+        for name in dirs.into_iter().filter(|d| !known.contains(d)) {
+            if self.delete_queue(&name).await.is_ok() {
                 removed += 1;
             }
         }
@@ -344,6 +367,23 @@ impl Queues {
         .await
     }
 
+    /// Gives leased messages back without counting the delivery (it never reached a consumer:
+    /// workerd was not running, say), visible again after `delay_ms`.
+    pub async fn unlease(&self, queue: &str, leases: Vec<String>, delay_ms: i64) -> Result<usize> {
+        let now = self.now_ms();
+        self.write(queue, move |tx| {
+            let mut update = tx.prepare_cached(
+                "UPDATE messages SET attempts = max(attempts - 1, 0), visible_ms = ?2, lease = NULL WHERE lease = ?1",
+            )?;
+            let mut released = 0;
+            for lease in &leases {
+                released += update.execute((lease, now + delay_ms))?;
+            }
+            Ok(released)
+        })
+        .await
+    }
+
     /// Takes leased messages out of the queue (to be dead-lettered), answering those still
     /// held by the leases given.
     pub async fn take(&self, queue: &str, leases: Vec<String>) -> Result<Vec<Message>> {
@@ -385,15 +425,21 @@ impl Queues {
         .await
     }
 
-    /// Messages that had their last delivery leave `queue`: into `dead_letter` first if there
-    /// is one (a crash between leaves a copy in both, never a loss), else dropped and logged.
-    pub async fn dead_letter(&self, queue: &str, dead_letter: Option<&str>, messages: Vec<Message>) -> Result<()> {
+    /// Messages that had their last delivery leave `queue` as `to` says: into a dead-letter
+    /// queue (written there first, so a crash between leaves a copy in both, never a loss), or
+    /// dropped and logged — or they stay, visible again later (their dead-letter queue is gone).
+    pub async fn dead_letter(&self, queue: &str, to: DeadLetterTo<'_>, messages: Vec<Message>) -> Result<()> {
         if messages.is_empty() {
             return Ok(());
         }
-        match dead_letter {
-            Some(target) => self.requeue(target, messages.clone()).await?,
-            None => {
+        match to {
+            DeadLetterTo::Queue(target) => self.requeue(target, messages.clone()).await?,
+            DeadLetterTo::KeepFor(seconds) => {
+                let retries = messages.into_iter().map(|m| (m.lease_id, seconds)).collect();
+                self.settle(queue, Vec::new(), retries).await?;
+                return Ok(());
+            }
+            DeadLetterTo::Drop => {
                 for message in &messages {
                     tracing::warn!(
                         queue,

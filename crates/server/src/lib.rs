@@ -432,6 +432,7 @@ async fn sweep_kv_periodically(
     for round in 0u32.. {
         let storage = kv.storage();
         let dirs = storage.bucket_dirs();
+        let queue_dirs = queue_engine.queue_dirs();
         let namespaces = {
             let catalog = Arc::clone(&catalog);
             tokio::task::spawn_blocking(move || catalog.all_kv_namespaces()).await
@@ -447,7 +448,7 @@ async fn sweep_kv_periodically(
                 }
                 if full && let Ok(queues) = catalog.all_queues() {
                     let known = queues.into_iter().map(|q| q.id).collect();
-                    let removed = queue_engine.remove_unknown(&known).await;
+                    let removed = queue_engine.remove_unknown(queue_dirs, &known).await;
                     if removed > 0 {
                         tracing::info!(removed, "removed the files of deleted queues");
                     }

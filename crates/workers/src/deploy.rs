@@ -399,7 +399,13 @@ impl Workers {
                         ));
                     }
                 }
-                Binding::Queue { queue_name, .. } => {
+                Binding::Queue { queue_name, delivery_delay, .. } => {
+                    if let Some(delay) = delivery_delay.filter(|d| *d > kura_queues::MAX_DELAY_SECONDS) {
+                        return Err(WorkersError::invalid_upload(format!(
+                            "the producer binding of queue {queue_name} has delivery_delay {delay}: at most {} seconds",
+                            kura_queues::MAX_DELAY_SECONDS
+                        )));
+                    }
                     if catalog.queue(account_id, queue_name)?.is_none_or(|q| q.name != *queue_name) {
                         return Err(missing(
                             10104,

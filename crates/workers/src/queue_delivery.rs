@@ -18,8 +18,8 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 
-use kura_catalog::{ConsumerSettings, DEFAULT_CONCURRENCY, Queue, QueueConsumer, spent};
-use kura_queues::{Message, Queues};
+use kura_catalog::{ConsumerSettings, DEFAULT_CONCURRENCY, DeadLetter, Queue, QueueConsumer, spent};
+use kura_queues::{DeadLetterTo, Message, Queues};
 
 use crate::version::Binding;
 use crate::{Result, Workers};
@@ -29,6 +29,16 @@ const PUSH_LEASE_MS: i64 = 15 * 60 * 1000;
 
 /// How often the consumers are looked at again even with no change announced.
 const RESCAN: Duration = Duration::from_secs(30);
+
+/// How long a handler may run on a batch before the batch is retried (a little under its lease,
+/// so no one else is given the batch meanwhile).
+const HANDLER_LIMIT: Duration = Duration::from_millis(PUSH_LEASE_MS as u64 - 30_000);
+
+/// How long spent messages wait when their dead-letter queue is gone (until it exists again).
+const KEEP_SPENT_SECONDS: u32 = 60;
+
+/// How long a batch that could not reach workerd (not running, restarting) waits, uncounted.
+const UNDELIVERED_BACKOFF_MS: i64 = 1_000;
 
 /// What wakes the delivery loops: a change to queues or consumers, or a send to a queue.
 #[derive(Default)]
@@ -112,8 +122,9 @@ impl Consumer {
     /// What, if it changes, restarts the queue's loop.
     fn signature(&self) -> String {
         format!(
-            "{}|{}|{:?}|{:?}|{}",
+            "{}|{}|{}|{:?}|{:?}|{}",
             self.consumer.id,
+            self.script_id,
             self.consumer.settings,
             self.consumer.script,
             self.consumer.dead_letter_queue,
@@ -302,17 +313,22 @@ impl Workers {
             },
         });
         let started = Instant::now();
-        let outcome: Outcome = match self.call_trigger(&consumer.script_id, "/queue", &body, "delivering a batch").await
-        {
-            Ok(outcome) => outcome,
-            Err(e) => {
-                tracing::warn!(queue = queue.name, error = %e, "a batch could not be delivered; it will be retried");
-                // Not a handler's failure: wait a little before the messages are seen again.
-                Outcome {
-                    outcome: "exception".into(),
-                    retry_batch: RetryBatch { retry: true, delay_seconds: Some(settings.retry_delay.max(1)) },
-                    ..Default::default()
+        let call = self.call_trigger(&consumer.script_id, "/queue", &body, "delivering a batch");
+        let outcome: Outcome = match tokio::time::timeout(HANDLER_LIMIT, call).await {
+            Ok(Ok(outcome)) => outcome,
+            // The handler ran past its limit: the batch is retried, the delivery counted.
+            Err(_) => {
+                tracing::warn!(queue = queue.name, "a queue handler ran past its limit; the batch is retried");
+                Outcome { outcome: "exceededWallTime".into(), ..Default::default() }
+            }
+            // It never reached the handler: the messages go back uncounted, a little later.
+            Ok(Err(e)) => {
+                tracing::warn!(queue = queue.name, error = %e, "a batch could not reach its consumer; it waits");
+                let leases = batch.into_iter().map(|m| m.lease_id).collect();
+                if let Err(e) = queues.unlease(&queue.id, leases, UNDELIVERED_BACKOFF_MS).await {
+                    tracing::warn!(queue = queue.name, error = %e, "cannot give a batch back; its lease will run out");
                 }
+                return;
             }
         };
         let (mut acks, mut retries, mut spent_now) = (Vec::new(), Vec::new(), Vec::new());
@@ -343,16 +359,29 @@ impl Workers {
         if spent.is_empty() {
             return;
         }
-        let target = match self.inner.catalog.dead_letter_queue(&consumer.queue, &consumer.consumer) {
+        let target = match self.inner.catalog.dead_letter_target(&consumer.queue, &consumer.consumer) {
             Ok(target) => target,
             Err(e) => {
+                // Left leased: they come back when the lease runs out.
                 tracing::warn!(queue = consumer.queue.name, error = %e, "cannot find the dead-letter queue; retrying later");
                 return;
             }
         };
-        match queues.dead_letter(&consumer.queue.id, target.as_ref().map(|q| q.id.as_str()), spent).await {
+        let to = match &target {
+            DeadLetter::Dropped => DeadLetterTo::Drop,
+            DeadLetter::Queue(target) => DeadLetterTo::Queue(&target.id),
+            DeadLetter::Missing(name) => {
+                tracing::warn!(
+                    queue = consumer.queue.name,
+                    dead_letter_queue = name,
+                    "the dead-letter queue does not exist; its messages wait for it"
+                );
+                DeadLetterTo::KeepFor(KEEP_SPENT_SECONDS)
+            }
+        };
+        match queues.dead_letter(&consumer.queue.id, to, spent).await {
             Ok(()) => {
-                if let Some(target) = target {
+                if let DeadLetter::Queue(target) = &target {
                     self.queue_sent(&target.id);
                 }
             }

@@ -103,6 +103,9 @@ impl Workers {
     }
 
     pub(crate) fn set_routes(&self, scripts: &[ServedScript]) {
+        // Every deploy, rollback and deletion passes here: a queue's consumer may have become
+        // another script (or none).
+        self.queues_changed();
         let mut routes = self.inner.routes.write().unwrap_or_else(|p| p.into_inner());
         let domains = std::mem::take(&mut routes.domains);
         let mut by_name = std::collections::HashMap::new();

@@ -74,12 +74,15 @@ fn queues_deliver_every_acknowledged_message_through_kills_retries_and_dead_lett
     client.get("queue-jobs", "/send?body=%7B%22failTimes%22%3A1%2C%22tag%22%3A%22flaky%22%7D");
     client.get("queue-jobs", "/send?body=%7B%22poison%22%3Atrue%7D");
     client.get("queue-jobs", "/send?body=%7B%22tag%22%3A%22late%22%7D&delay=3");
+    // A handler that throws has its batch retried whole.
+    client.get("queue-jobs", "/send?body=%7B%22throwBatch%22%3Atrue%2C%22tag%22%3A%22thrown%22%7D");
     let sent_late = jiff::Timestamp::now().as_millisecond();
     let settled = wait_for(Duration::from_secs(30), || {
         let all = deliveries(&client);
         let dead = all.iter().any(|d| d["queue"] == "jobs-dlq" && d["body"]["poison"] == true);
         let late = all.iter().any(|d| d["body"]["tag"] == "late");
-        (dead && late).then_some(all)
+        let thrown = all.iter().filter(|d| d["body"]["tag"] == "thrown").count() >= 2;
+        (dead && late && thrown).then_some(all)
     })
     .expect("the poison message reaches the dead-letter queue, the delayed one arrives");
     let attempts_of = |pred: &dyn Fn(&Json) -> bool, queue: &str| -> Vec<i64> {
@@ -90,6 +93,7 @@ fn queues_deliver_every_acknowledged_message_through_kills_retries_and_dead_lett
             .collect()
     };
     assert_eq!(attempts_of(&|b| b["tag"] == "flaky", "jobs"), [1, 2]);
+    assert_eq!(attempts_of(&|b| b["tag"] == "thrown", "jobs"), [1, 2]);
     assert_eq!(attempts_of(&|b| b["poison"] == true, "jobs"), [1, 2, 3]);
     assert_eq!(attempts_of(&|b| b["poison"] == true, "jobs-dlq"), [1]);
     let late = settled.iter().find(|d| d["body"]["tag"] == "late").unwrap();
@@ -170,6 +174,9 @@ fn an_http_pull_consumer_leases_acknowledges_and_retries() {
     let w = Wrangler::new(&server);
     let dir = tempfile::tempdir().unwrap();
     w.ok(dir.path(), &["queues", "create", "pulled"]);
+    let refused =
+        w.run(dir.path(), &["queues", "consumer", "http", "add", "pulled", "--dead-letter-queue", "pulled-dlq"]);
+    assert!(!refused.ok && refused.all().contains("does not exist"), "{}", refused.all());
     w.ok(dir.path(), &["queues", "create", "pulled-dlq"]);
     w.ok(
         dir.path(),
@@ -224,7 +231,7 @@ fn an_http_pull_consumer_leases_acknowledges_and_retries() {
     assert_eq!(details["result"]["backlog"]["count"], 1, "{details}");
     let scraped = client.send(client.http.get(format!("{}/metrics", server.api.trim_end_matches("/client/v4")))).1;
     let scraped = scraped.as_str().unwrap_or_default().to_owned();
-    let line = format!("kura_queue_backlog_messages{{account=\"{ACCOUNT}\",queue=\"pulled-dlq\"}} 1");
+    let line = format!("kura_queue_backlog_messages{{queue=\"{dlq_id}\"}} 1");
     assert!(scraped.lines().any(|l| l == line), "{line} in:\n{scraped}");
     // A stale lease acknowledges nothing.
     let stale = call("/messages/ack", json!({"acks": [{"lease_id": messages[1]["lease_id"]}]}));

@@ -11,8 +11,8 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use kura_catalog::{ConsumerSettings, Queue, QueueConsumer, spent};
-use kura_queues::{ContentType, NewMessage, QueueError};
+use kura_catalog::{ConsumerSettings, DeadLetter, Queue, QueueConsumer, spent};
+use kura_queues::{ContentType, DeadLetterTo, NewMessage, QueueError};
 
 use crate::auth::{Caller, Need};
 use crate::error::{ApiError, ResultInfo, ok, ok_paged};
@@ -81,7 +81,7 @@ pub async fn list(
     let total = all.len() as u64;
     let shown_page = all
         .iter()
-        .skip(((page - 1) * per_page) as usize)
+        .skip(usize::try_from((page - 1).saturating_mul(per_page)).unwrap_or(usize::MAX))
         .take(per_page as usize)
         .map(|q| shown(&app, q))
         .collect::<Result<Vec<_>, _>>()?;
@@ -280,6 +280,17 @@ async fn set_consumer(
     if dead_letter_queue.as_deref() == Some(queue.name.as_str()) {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, 100127, "a queue cannot be its own dead-letter queue"));
     }
+    if let Some(name) = &dead_letter_queue
+        && app.catalog.queue(&queue.account_id, name)?.is_none_or(|q| q.name != *name)
+    {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            100127,
+            format!(
+                "The dead letter queue \"{name}\" does not exist. To create it, run: wrangler queues create {name}"
+            ),
+        ));
+    }
     let consumer = app
         .catalog
         .set_queue_consumer(
@@ -456,9 +467,24 @@ async fn dead_letter(
     consumer: &QueueConsumer,
     spent: Vec<kura_queues::Message>,
 ) -> Result<(), ApiError> {
-    let target = app.catalog.dead_letter_queue(queue, consumer)?;
-    app.queues.dead_letter(&queue.id, target.as_ref().map(|q| q.id.as_str()), spent).await?;
+    let target = app.catalog.dead_letter_target(queue, consumer)?;
+    app.queues.dead_letter(&queue.id, dead_letter_to(&target), spent).await?;
     Ok(())
+}
+
+/// How long spent messages wait when their dead-letter queue is gone (until it exists again).
+const KEEP_SPENT_SECONDS: u32 = 60;
+
+/// The engine's view of where spent messages go.
+pub(crate) fn dead_letter_to(target: &DeadLetter) -> DeadLetterTo<'_> {
+    match target {
+        DeadLetter::Dropped => DeadLetterTo::Drop,
+        DeadLetter::Queue(queue) => DeadLetterTo::Queue(&queue.id),
+        DeadLetter::Missing(name) => {
+            tracing::warn!(dead_letter_queue = name, "the dead-letter queue does not exist; its messages wait for it");
+            DeadLetterTo::KeepFor(KEEP_SPENT_SECONDS)
+        }
+    }
 }
 
 fn notify(app: &AppState, queue: &Queue) {
