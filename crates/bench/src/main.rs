@@ -152,7 +152,7 @@ pub struct Settings {
     /// batch1, batch4; do: sdk16, sdk1 and cold (each in turns with the limit), http16 and
     /// http1 (in turns with a server doing only the limit's work and with the limit), memory;
     /// cluster: engine, takeover, d1, r2), skipping the peer (and, but for do's, the limit);
-    /// for profiling.
+    /// for profiling. workers: requests, queues, tail, cron (each beside the peer).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Where to keep data files (default: the system's temporary directory).

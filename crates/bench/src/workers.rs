@@ -493,126 +493,139 @@ pub fn run(settings: &Settings) -> anyhow::Result<()> {
     let kura_alone = crate::memory::resident_bytes().0;
     let peer_memory = peer.as_ref().ok().map(|p| tree_resident_bytes(p.pid, 0));
 
-    let workloads = [
-        ("/const", "Worker answering a constant"),
-        ("/d1", "one D1 point SELECT"),
-        ("/r2", "one R2 1 KiB GET"),
-        ("/do", "one Durable Object call"),
-        ("/asset.txt", "a static asset (4 KiB)"),
-        ("/kv", "one KV 1 KiB get"),
-        ("/kv-put", "one KV 1 KiB put"),
-    ];
-    // The machine is shared: each workload runs three rounds, kura and the peer alternating,
-    // and each side's median round is reported.
-    let median = |mut rounds: Vec<Stats>| {
-        rounds.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
-        rounds[rounds.len() / 2]
-    };
-    let mut measured = Vec::new();
-    let mut peer_failures = 0;
-    for (path, _) in workloads {
-        eprintln!("measuring {path}…");
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-        for _ in 0..ROUNDS {
-            ours.push(client_runtime.block_on(kura_target.measure(path, duration)).0);
-            if let Some(target) = &peer_target {
-                let (stats, failed) = client_runtime.block_on(target.measure(path, duration));
-                peer_failures += failed;
-                theirs.push(stats);
+    // `--only requests,queues,tail,cron` picks parts.
+    let wanted = |part: &str| settings.only.is_empty() || settings.only.iter().any(|o| o == part);
+    let floor = if wanted("requests") {
+        let workloads = [
+            ("/const", "Worker answering a constant"),
+            ("/d1", "one D1 point SELECT"),
+            ("/r2", "one R2 1 KiB GET"),
+            ("/do", "one Durable Object call"),
+            ("/asset.txt", "a static asset (4 KiB)"),
+            ("/kv", "one KV 1 KiB get"),
+            ("/kv-put", "one KV 1 KiB put"),
+        ];
+        // The machine is shared: each workload runs three rounds, kura and the peer alternating,
+        // and each side's median round is reported.
+        let median = |mut rounds: Vec<Stats>| {
+            rounds.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
+            rounds[rounds.len() / 2]
+        };
+        let mut measured = Vec::new();
+        let mut peer_failures = 0;
+        for (path, _) in workloads {
+            eprintln!("measuring {path}…");
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                ours.push(client_runtime.block_on(kura_target.measure(path, duration)).0);
+                if let Some(target) = &peer_target {
+                    let (stats, failed) = client_runtime.block_on(target.measure(path, duration));
+                    peer_failures += failed;
+                    theirs.push(stats);
+                }
             }
+            measured.push((median(ours), (!theirs.is_empty()).then(|| median(theirs))));
         }
-        measured.push((median(ours), (!theirs.is_empty()).then(|| median(theirs))));
-    }
-    let floor = measured[0].0;
-    let targets = [None, Some(3.0), Some(3.0), Some(1.0), Some(3.0), Some(3.0), Some(3.0)];
-    let rows: Vec<Row> = workloads
-        .iter()
-        .zip(&measured)
-        .zip(targets)
-        .map(|(((_, name), (ours, theirs)), times)| Row {
-            workload: (*name).into(),
-            clients: CLIENTS,
-            unit: "requests",
-            kura: *ours,
-            peer: theirs.map(|t| t.rate()),
-            limit: Some(floor),
-            target: times.zip(*theirs).map(|(k, t)| k * t.rate()),
-        })
-        .collect();
-    let note = match &peer {
-        Ok(_) => format!(
-            "Miniflare {} serving the same Worker over HTTP, {CLIENTS} clients; the median of {ROUNDS} alternating rounds per side",
-            "4.20260730.0"
-        ),
-        Err(why) => format!("not measured: {why}"),
-    };
-    report::print(
-        "Workers: HTTP requests to one deployed Worker through kura's Workers listener and workerd; \
-         limit = the same Worker answering a constant (the Worker's own floor); target = 3× the peer (D1, R2, assets, KV; assets also ≥ 0.7× the limit, KV gets ≥ 0.5×), 1× (Durable Objects)",
-        &rows,
-        &note,
-    );
-    if peer_failures > 0 {
-        println!(
-            "the peer dropped {peer_failures} requests (connection resets under load); its figures count the rest"
+        let floor = measured[0].0;
+        let targets = [None, Some(3.0), Some(3.0), Some(1.0), Some(3.0), Some(3.0), Some(3.0)];
+        let rows: Vec<Row> = workloads
+            .iter()
+            .zip(&measured)
+            .zip(targets)
+            .map(|(((_, name), (ours, theirs)), times)| Row {
+                workload: (*name).into(),
+                clients: CLIENTS,
+                unit: "requests",
+                kura: *ours,
+                peer: theirs.map(|t| t.rate()),
+                limit: Some(floor),
+                target: times.zip(*theirs).map(|(k, t)| k * t.rate()),
+            })
+            .collect();
+        let note = match &peer {
+            Ok(_) => format!(
+                "Miniflare {} serving the same Worker over HTTP, {CLIENTS} clients; the median of {ROUNDS} alternating rounds per side",
+                "4.20260730.0"
+            ),
+            Err(why) => format!("not measured: {why}"),
+        };
+        report::print(
+            "Workers: HTTP requests to one deployed Worker through kura's Workers listener and workerd; \
+             limit = the same Worker answering a constant (the Worker's own floor); target = 3× the peer (D1, R2, assets, KV; assets also ≥ 0.7× the limit, KV gets ≥ 0.5×), 1× (Durable Objects)",
+            &rows,
+            &note,
         );
-    }
-    let of_floor = |row: &Row| row.kura.rate() / floor.rate().max(f64::MIN_POSITIVE);
-    println!("static asset vs the Worker's floor: {:.2}× (target ≥ 0.70×)", of_floor(&rows[4]));
-    println!("KV 1 KiB get vs the Worker's floor: {:.2}× (target ≥ 0.50×)", of_floor(&rows[5]));
+        if peer_failures > 0 {
+            println!(
+                "the peer dropped {peer_failures} requests (connection resets under load); its figures count the rest"
+            );
+        }
+        let of_floor = |row: &Row| row.kura.rate() / floor.rate().max(f64::MIN_POSITIVE);
+        println!("static asset vs the Worker's floor: {:.2}× (target ≥ 0.70×)", of_floor(&rows[4]));
+        println!("KV 1 KiB get vs the Worker's floor: {:.2}× (target ≥ 0.50×)", of_floor(&rows[5]));
+        Some(floor)
+    } else {
+        None
+    };
 
     // Queues end to end, kura and the peer alternating.
     println!();
-    const QUEUE_BATCHES: usize = 100;
-    let mut queue_rounds = (Vec::new(), Vec::new());
-    for round in 0..ROUNDS {
-        let run = format!("t{round}");
-        queue_rounds.0.push(client_runtime.block_on(queue_throughput(&kura_target, &run, QUEUE_BATCHES))?);
-        if let Some(target) = &peer_target {
-            match client_runtime.block_on(queue_throughput(target, &run, QUEUE_BATCHES)) {
-                Ok(measured) => queue_rounds.1.push(measured),
-                Err(e) => println!("the peer's queue round {round} failed: {e:#}"),
+    if wanted("queues") {
+        const QUEUE_BATCHES: usize = 300;
+        let mut queue_rounds = (Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            let run = format!("t{round}");
+            queue_rounds.0.push(client_runtime.block_on(queue_throughput(&kura_target, &run, QUEUE_BATCHES))?);
+            if let Some(target) = &peer_target {
+                match client_runtime.block_on(queue_throughput(target, &run, QUEUE_BATCHES)) {
+                    Ok(measured) => queue_rounds.1.push(measured),
+                    Err(e) => println!("the peer's queue round {round} failed: {e:#}"),
+                }
             }
         }
+        let middle = |mut rounds: Vec<(f64, f64, f64)>| {
+            rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+            rounds.get(rounds.len() / 2).copied()
+        };
+        let (ours, theirs) = (middle(queue_rounds.0), middle(queue_rounds.1));
+        if let Some((rate, p50, p99)) = ours {
+            let versus = theirs.map_or("peer not measured".to_owned(), |(peer_rate, peer_p50, _)| {
+                format!(
+                    "peer {peer_rate:.0}/s (send to delivery p50 {peer_p50:.0} ms) = {:.2}× (target ≥ 3× {})",
+                    rate / peer_rate,
+                    if rate >= 3.0 * peer_rate { "✓" } else { "✗" }
+                )
+            });
+            println!(
+                "queue end to end, {} messages by {CLIENTS} clients through sendBatch(100) to an acknowledged consumer batch (max_batch_size 100, max_batch_timeout 1): {rate:.0} messages/s, send to delivery p50 {p50:.0} ms, p99 {p99:.0} ms; {versus}",
+                QUEUE_BATCHES * 100
+            );
+        }
+        let lone = client_runtime.block_on(queue_lone_delay(&kura_target, "lone", 10))?;
+        let peer_lone = match &peer_target {
+            Some(target) => client_runtime
+                .block_on(queue_lone_delay(target, "lone", 10))
+                .map_or("failed".into(), |d| format!("{d:.0} ms")),
+            None => "not measured".into(),
+        };
+        println!("a lone message, send to delivery with max_batch_timeout 1: p50 {lone:.0} ms (peer {peer_lone})");
     }
-    let middle = |mut rounds: Vec<(f64, f64, f64)>| {
-        rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
-        rounds.get(rounds.len() / 2).copied()
-    };
-    let (ours, theirs) = (middle(queue_rounds.0), middle(queue_rounds.1));
-    if let Some((rate, p50, p99)) = ours {
-        let versus = theirs.map_or("peer not measured".to_owned(), |(peer_rate, peer_p50, _)| {
-            format!(
-                "peer {peer_rate:.0}/s (send to delivery p50 {peer_p50:.0} ms) = {:.2}× (target ≥ 3× {})",
-                rate / peer_rate,
-                if rate >= 3.0 * peer_rate { "✓" } else { "✗" }
-            )
-        });
-        println!(
-            "queue end to end, {} messages by {CLIENTS} clients through sendBatch(100) to an acknowledged consumer batch (max_batch_size 100, max_batch_timeout 1): {rate:.0} messages/s, send to delivery p50 {p50:.0} ms, p99 {p99:.0} ms; {versus}",
-            QUEUE_BATCHES * 100
-        );
-    }
-    let lone = client_runtime.block_on(queue_lone_delay(&kura_target, "lone", 10))?;
-    let peer_lone = match &peer_target {
-        Some(target) => client_runtime
-            .block_on(queue_lone_delay(target, "lone", 10))
-            .map_or("failed".into(), |d| format!("{d:.0} ms")),
-        None => "not measured".into(),
-    };
-    println!("a lone message, send to delivery with max_batch_timeout 1: p50 {lone:.0} ms (peer {peer_lone})");
 
     // The same constant Worker with one real `wrangler tail` attached.
     println!();
-    match tail_overhead(&api, &kura_target, &client_runtime, duration, floor) {
-        Ok(line) => println!("{line}"),
-        Err(e) => println!("with one wrangler tail attached: not measured ({e:#})"),
+    if let Some(floor) = floor.filter(|_| wanted("tail")) {
+        match tail_overhead(&api, &kura_target, &client_runtime, duration, floor) {
+            Ok(line) => println!("{line}"),
+            Err(e) => println!("with one wrangler tail attached: not measured ({e:#})"),
+        }
     }
 
     // Cron Triggers: how late each run's handler starts after its scheduled time.
-    match client_runtime.block_on(cron_lateness(&api, &kura_target)) {
-        Ok(line) => println!("{line}"),
-        Err(e) => println!("cron lateness: not measured ({e:#})"),
+    if wanted("cron") {
+        match client_runtime.block_on(cron_lateness(&api, &kura_target)) {
+            Ok(line) => println!("{line}"),
+            Err(e) => println!("cron lateness: not measured ({e:#})"),
+        }
     }
     let mib = |b: u64| b as f64 / 1024.0 / 1024.0;
     println!();

@@ -87,7 +87,7 @@ fn whole(value: Option<f64>) -> Option<u32> {
 }
 
 /// Concurrent deliveries to one Worker when its consumer sets no `max_concurrency`.
-pub const DEFAULT_CONCURRENCY: u32 = 4;
+pub const DEFAULT_CONCURRENCY: u32 = 16;
 
 impl ConsumerSettings {
     /// Reads settings from the API's JSON (`null` or absent fields take Cloudflare's defaults

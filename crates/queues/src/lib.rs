@@ -36,15 +36,30 @@ pub const MAX_DELAY_SECONDS: u32 = 43_200;
 const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS messages (
         seq          INTEGER PRIMARY KEY,
-        id           TEXT NOT NULL UNIQUE,
+        id           TEXT NOT NULL,
         body         BLOB NOT NULL,
         content_type TEXT NOT NULL,
         sent_ms      INTEGER NOT NULL,
         visible_ms   INTEGER NOT NULL,
         attempts     INTEGER NOT NULL DEFAULT 0,
-        lease        TEXT UNIQUE
+        lease        TEXT
     );
     CREATE INDEX IF NOT EXISTS messages_by_visibility ON messages (visible_ms, seq);
+    -- How many messages and bytes the queue holds, kept by the triggers below: a send answers
+    -- with them, and counting the rows each time cost a scan of the whole queue per send.
+    CREATE TABLE IF NOT EXISTS totals (
+        id    INTEGER PRIMARY KEY CHECK (id = 1),
+        count INTEGER NOT NULL,
+        bytes INTEGER NOT NULL
+    );
+    INSERT OR IGNORE INTO totals
+        SELECT 1, count(*), coalesce(sum(length(body)), 0) FROM messages;
+    CREATE TRIGGER IF NOT EXISTS totals_on_insert AFTER INSERT ON messages BEGIN
+        UPDATE totals SET count = count + 1, bytes = bytes + length(NEW.body) WHERE id = 1;
+    END;
+    CREATE TRIGGER IF NOT EXISTS totals_on_delete AFTER DELETE ON messages BEGIN
+        UPDATE totals SET count = count - 1, bytes = bytes - length(OLD.body) WHERE id = 1;
+    END;
 ";
 
 /// The time in milliseconds since the Unix epoch, as this engine sees it.
@@ -198,6 +213,8 @@ pub struct Queues {
     registry: Registry,
     root: PathBuf,
     clock: Clock,
+    /// Queues whose file this process has brought to the current schema.
+    current: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Queues {
@@ -209,7 +226,7 @@ impl Queues {
             let dir = opener_root.join(queue);
             (valid_queue_id(queue) && dir.is_dir()).then(|| DatabaseOptions::new(dir.join("queue.sqlite")).create(true))
         });
-        Ok(Queues { registry, root, clock: Arc::new(system_clock) })
+        Ok(Queues { registry, root, clock: Arc::new(system_clock), current: Arc::default() })
     }
 
     /// The same engine, telling time by `clock` (tests move it).
@@ -238,11 +255,12 @@ impl Queues {
             return Err(QueueError::NotFound);
         }
         std::fs::create_dir_all(self.root.join(queue)).map_err(QueueError::Io)?;
-        self.write(queue, |tx| Ok(tx.execute_batch(SCHEMA)?)).await
+        self.make_current(queue).await
     }
 
     /// Removes a queue's file and every message in it.
     pub async fn delete_queue(&self, queue: &str) -> Result<()> {
+        self.current.lock().unwrap_or_else(|p| p.into_inner()).remove(queue);
         self.registry.retire(queue).await;
         match std::fs::remove_dir_all(self.root.join(queue)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(QueueError::Io(e)),
@@ -274,7 +292,27 @@ impl Queues {
         removed
     }
 
+    /// Brings a queue's file to the current schema, once per process (a file made by an
+    /// earlier kura may lack what came since).
+    async fn make_current(&self, queue: &str) -> Result<()> {
+        if self.current.lock().unwrap_or_else(|p| p.into_inner()).contains(queue) {
+            return Ok(());
+        }
+        self.write_unchecked(queue, |tx| Ok(tx.execute_batch(SCHEMA)?)).await?;
+        self.current.lock().unwrap_or_else(|p| p.into_inner()).insert(queue.to_owned());
+        Ok(())
+    }
+
     async fn write<T, F>(&self, queue: &str, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&Connection) -> Result<T> + Send + 'static,
+    {
+        self.make_current(queue).await?;
+        self.write_unchecked(queue, f).await
+    }
+
+    async fn write_unchecked<T, F>(&self, queue: &str, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnMut(&Connection) -> Result<T> + Send + 'static,
@@ -291,7 +329,7 @@ impl Queues {
     }
 
     /// Sends messages, each delayed by its own delay or else `default_delay` seconds; answers
-    /// once they are durable, with the queue's backlog after them.
+    /// once they are durable, with the queue's totals after them ([`Queues::totals`]).
     pub async fn send(&self, queue: &str, messages: Vec<NewMessage>, default_delay: u32) -> Result<Backlog> {
         if messages.is_empty() || messages.len() > MAX_BATCH_MESSAGES {
             return Err(QueueError::BatchCount(messages.len()));
@@ -313,7 +351,7 @@ impl Queues {
                 let visible = now + i64::from(m.delay_seconds.unwrap_or(default_delay)) * 1000;
                 insert.execute((id, &m.body, m.content_type.as_str(), now, visible))?;
             }
-            backlog(tx, now)
+            totals(tx)
         })
         .await
     }
@@ -336,7 +374,7 @@ impl Queues {
             )?;
             let mut leased = Vec::with_capacity(picked.len());
             for (seq, id, body, content_type, sent_ms, attempts) in picked {
-                let lease_id = new_id();
+                let lease_id = lease_id(seq);
                 update.execute((seq, now + lease_ms, &lease_id))?;
                 let content_type = ContentType::parse(&content_type).unwrap_or(ContentType::Bytes);
                 leased.push(Message { id, body, content_type, sent_ms, attempts: attempts + 1, lease_id });
@@ -353,14 +391,17 @@ impl Queues {
         let now = self.now_ms();
         self.write(queue, move |tx| {
             let mut acked = 0;
-            let mut delete = tx.prepare_cached("DELETE FROM messages WHERE lease = ?1")?;
-            for lease in &acks {
-                acked += delete.execute([lease])?;
+            let mut delete = tx.prepare_cached("DELETE FROM messages WHERE seq = ?1 AND lease = ?2")?;
+            for (seq, lease) in acks.iter().filter_map(|l| lease_seq(l)) {
+                acked += delete.execute((seq, lease))?;
             }
             let mut retried = 0;
-            let mut retry = tx.prepare_cached("UPDATE messages SET visible_ms = ?2, lease = NULL WHERE lease = ?1")?;
+            let mut retry =
+                tx.prepare_cached("UPDATE messages SET visible_ms = ?3, lease = NULL WHERE seq = ?1 AND lease = ?2")?;
             for (lease, delay) in &retries {
-                retried += retry.execute((lease, now + i64::from(*delay) * 1000))?;
+                if let Some((seq, lease)) = lease_seq(lease) {
+                    retried += retry.execute((seq, lease, now + i64::from(*delay) * 1000))?;
+                }
             }
             Ok((acked, retried))
         })
@@ -373,11 +414,11 @@ impl Queues {
         let now = self.now_ms();
         self.write(queue, move |tx| {
             let mut update = tx.prepare_cached(
-                "UPDATE messages SET attempts = max(attempts - 1, 0), visible_ms = ?2, lease = NULL WHERE lease = ?1",
+                "UPDATE messages SET attempts = max(attempts - 1, 0), visible_ms = ?3, lease = NULL WHERE seq = ?1 AND lease = ?2",
             )?;
             let mut released = 0;
-            for lease in &leases {
-                released += update.execute((lease, now + delay_ms))?;
+            for (seq, lease) in leases.iter().filter_map(|l| lease_seq(l)) {
+                released += update.execute((seq, lease, now + delay_ms))?;
             }
             Ok(released)
         })
@@ -389,19 +430,12 @@ impl Queues {
     pub async fn take(&self, queue: &str, leases: Vec<String>) -> Result<Vec<Message>> {
         self.write(queue, move |tx| {
             let mut taken = Vec::new();
-            let mut select =
-                tx.prepare_cached("SELECT id, body, content_type, sent_ms, attempts FROM messages WHERE lease = ?1")?;
-            let mut delete = tx.prepare_cached("DELETE FROM messages WHERE lease = ?1")?;
+            let mut delete = tx.prepare_cached("DELETE FROM messages WHERE seq = ?1 AND lease = ?2")?;
             for lease in &leases {
-                let found = select
-                    .query_row([lease], |r| {
-                        Ok((r.get::<_, String>(0)?, r.get(1)?, r.get::<_, String>(2)?, r.get(3)?, r.get(4)?))
-                    })
-                    .optional()?;
-                if let Some((id, body, content_type, sent_ms, attempts)) = found {
-                    delete.execute([lease])?;
-                    let content_type = ContentType::parse(&content_type).unwrap_or(ContentType::Bytes);
-                    taken.push(Message { id, body, content_type, sent_ms, attempts, lease_id: lease.clone() });
+                if let Some(message) = held_by(tx, lease)? {
+                    let (seq, held) = lease_seq(lease).expect("a held lease parses");
+                    delete.execute((seq, held))?;
+                    taken.push(message);
                 }
             }
             Ok(taken)
@@ -415,7 +449,7 @@ impl Queues {
         let now = self.now_ms();
         self.write(queue, move |tx| {
             let mut insert = tx.prepare_cached(
-                "INSERT OR IGNORE INTO messages (id, body, content_type, sent_ms, visible_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO messages (id, body, content_type, sent_ms, visible_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?;
             for m in &messages {
                 insert.execute((&m.id, &m.body, m.content_type.as_str(), m.sent_ms, now))?;
@@ -457,19 +491,9 @@ impl Queues {
     /// The messages the leases given still hold, as they are.
     pub async fn held(&self, queue: &str, leases: Vec<String>) -> Result<Vec<Message>> {
         self.read(queue, move |conn| {
-            let mut select =
-                conn.prepare_cached("SELECT id, body, content_type, sent_ms, attempts FROM messages WHERE lease = ?1")?;
             let mut held = Vec::new();
             for lease in &leases {
-                let found = select
-                    .query_row([lease], |r| {
-                        Ok((r.get::<_, String>(0)?, r.get(1)?, r.get::<_, String>(2)?, r.get(3)?, r.get(4)?))
-                    })
-                    .optional()?;
-                if let Some((id, body, content_type, sent_ms, attempts)) = found {
-                    let content_type = ContentType::parse(&content_type).unwrap_or(ContentType::Bytes);
-                    held.push(Message { id, body, content_type, sent_ms, attempts, lease_id: lease.clone() });
-                }
+                held.extend(held_by(conn, lease)?);
             }
             Ok(held)
         })
@@ -520,7 +544,14 @@ impl Queues {
         self.write(queue, |tx| Ok(tx.execute("DELETE FROM messages", [])?)).await
     }
 
-    /// What the queue holds now.
+    /// How many messages and bytes the queue holds, and when its oldest was sent: cheap (kept
+    /// as messages come and go), for every send's answer and every delivery's metadata.
+    pub async fn totals(&self, queue: &str) -> Result<Backlog> {
+        self.read(queue, totals).await
+    }
+
+    /// What the queue holds now, with what is in flight and delayed (a scan of the queue: for
+    /// operators, not for every request).
     pub async fn backlog(&self, queue: &str) -> Result<Backlog> {
         let now = self.now_ms();
         self.read(queue, move |conn| backlog(conn, now)).await
@@ -555,9 +586,7 @@ impl Queues {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
-        if !valid_queue_id(queue) {
-            return Err(QueueError::NotFound);
-        }
+        self.make_current(queue).await?;
         match self.registry.with_database(queue, move |db| db.with_internal(f)).await {
             Ok(outcome) => outcome,
             // No such file (the opener found none), or a queue deleted under the request.
@@ -570,6 +599,49 @@ impl Queues {
     pub async fn shutdown(&self) {
         self.registry.shutdown().await;
     }
+}
+
+/// A lease id: the message's row and a random part, so a settlement finds the row by its key.
+fn lease_id(seq: i64) -> String {
+    format!("{seq:x}-{}", new_id())
+}
+
+/// The row a lease id names, and the id itself (as stored); `None` for what no lease looks like.
+fn lease_seq(lease: &str) -> Option<(i64, &str)> {
+    let (seq, _) = lease.split_once('-')?;
+    Some((i64::from_str_radix(seq, 16).ok()?, lease))
+}
+
+/// The message `lease` holds now, if it still does.
+fn held_by(conn: &Connection, lease: &str) -> Result<Option<Message>> {
+    let Some((seq, lease)) = lease_seq(lease) else { return Ok(None) };
+    let found = conn
+        .prepare_cached("SELECT id, body, content_type, sent_ms, attempts FROM messages WHERE seq = ?1 AND lease = ?2")?
+        .query_row((seq, lease), |r| {
+            Ok((r.get::<_, String>(0)?, r.get(1)?, r.get::<_, String>(2)?, r.get(3)?, r.get(4)?))
+        })
+        .optional()?;
+    Ok(found.map(|(id, body, content_type, sent_ms, attempts)| Message {
+        id,
+        body,
+        content_type: ContentType::parse(&content_type).unwrap_or(ContentType::Bytes),
+        sent_ms,
+        attempts,
+        lease_id: lease.to_owned(),
+    }))
+}
+
+fn totals(conn: &Connection) -> Result<Backlog> {
+    let (count, bytes) = conn
+        .prepare_cached("SELECT count, bytes FROM totals WHERE id = 1")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?
+        .unwrap_or((0, 0));
+    let oldest_ms = conn
+        .prepare_cached("SELECT sent_ms FROM messages ORDER BY seq LIMIT 1")?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    Ok(Backlog { count, bytes, oldest_ms, ..Backlog::default() })
 }
 
 fn backlog(conn: &Connection, now: i64) -> Result<Backlog> {

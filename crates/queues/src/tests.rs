@@ -47,6 +47,10 @@ async fn messages_are_leased_oldest_first_and_acknowledged_once() {
     assert_eq!(f.queues.settle(Q, leases, vec![]).await.unwrap(), (0, 0), "an acknowledgement counts once");
     let backlog = f.queues.backlog(Q).await.unwrap();
     assert_eq!((backlog.count, backlog.in_flight), (1, 1));
+    let totals = f.queues.totals(Q).await.unwrap();
+    assert_eq!((totals.count, totals.bytes, totals.oldest_ms), (1, 1, Some(1_800_000_000_000)));
+    f.queues.purge(Q).await.unwrap();
+    assert_eq!(f.queues.totals(Q).await.unwrap(), Backlog::default(), "kept through deletions");
 }
 
 #[tokio::test]

@@ -128,7 +128,7 @@ async fn answer(app: &AppState, queue: &Queue, request: axum::extract::Request) 
             sent
         }
         (Method::GET, "/metrics") => {
-            let backlog = app.queues.backlog(&queue.id).await?;
+            let backlog = app.queues.totals(&queue.id).await?;
             return Ok(axum::Json(metrics(&backlog)).into_response());
         }
         _ => return Ok(kv_failure(StatusCode::NOT_FOUND, "no such queue operation")),

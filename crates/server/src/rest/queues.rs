@@ -543,7 +543,7 @@ pub async fn pull(
     let (spent_ones, delivered): (Vec<_>, Vec<_>) =
         leased.into_iter().partition(|m| m.attempts > settings.max_retries + 1);
     dead_letter(&app, &queue, &consumer, spent_ones).await?;
-    let backlog = app.queues.backlog(&queue.id).await?;
+    let backlog = app.queues.totals(&queue.id).await?;
     let messages: Vec<Json> = delivered
         .iter()
         .map(|m| {
