@@ -394,6 +394,12 @@ mod tests {
         assert_eq!(parse_range_header("bytes=-3").ok().flatten(), Some(ByteRange::Suffix(3)));
         assert_eq!(parse_range_header("bytes=0-1,3-4").ok().flatten(), None);
         assert!(parse_range_header("pages=1").is_err());
+        // An offset and a length whose sum passes 2^64 read to the end, as a length past the end does.
+        let huge = wire::RangeJson { offset: Some(u64::MAX - 1), length: Some(u64::MAX), suffix: None };
+        assert_eq!(
+            wire::byte_range(Some(huge), None).ok().flatten(),
+            Some(ByteRange::From { start: u64::MAX - 1, end: Some(u64::MAX) })
+        );
     }
 
     proptest::proptest! {
