@@ -47,6 +47,7 @@ pub use durable_objects::{DoNamespace, NewDoNamespace, is_valid_namespace_name};
 pub use kv::{KvNamespace, KvOrder, MAX_KV_NAMESPACES, MAX_KV_TITLE_CHARS};
 pub use queues::{
     ConsumerSettings, DEFAULT_CONCURRENCY, DeadLetter, MAX_QUEUES, Queue, QueueConsumer, is_valid_queue_name, spent,
+    spent_on_lease,
 };
 pub use r2::{R2Bucket, S3Credential, is_valid_bucket_name};
 pub use replication::{BoxError, Replication, ReplicationError};
@@ -119,6 +120,8 @@ pub struct Catalog {
     do_namespaces_seen: remembered::Remembered<DoNamespace>,
     /// KV namespaces lately looked up, by account and id: every KV binding call names one.
     kv_seen: remembered::Remembered<KvNamespace>,
+    /// Queues lately looked up, by account and id or name: every producer's send names one.
+    queues_seen: remembered::Remembered<Queue>,
     /// See [`ChangeMark`].
     changes: ChangeMark,
 }
@@ -350,6 +353,7 @@ impl Catalog {
             d1_seen: Default::default(),
             do_namespaces_seen: Default::default(),
             kv_seen: Default::default(),
+            queues_seen: Default::default(),
         };
         catalog.migrate()?;
         Ok(Catalog { replication, ..catalog })

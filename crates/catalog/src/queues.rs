@@ -172,6 +172,13 @@ pub fn spent(attempts: u32, settings: &ConsumerSettings) -> bool {
     attempts > settings.max_retries
 }
 
+/// Whether a message just leased for its `attempts`th delivery is past them all: its earlier
+/// deliveries ended without a verdict (their leases ran out, or their process died), so it is
+/// dead-lettered rather than delivered.
+pub fn spent_on_lease(attempts: u32, settings: &ConsumerSettings) -> bool {
+    spent(attempts.saturating_sub(1), settings)
+}
+
 /// Where a consumer's spent messages go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeadLetter {
@@ -284,13 +291,15 @@ impl Catalog {
 
     /// The account's queue with this id, or else with this name.
     pub fn queue(&self, account_id: &str, id_or_name: &str) -> Result<Option<Queue>> {
-        self.read_found(|c| {
-            c.prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM queues WHERE account_id = ?1 AND (id = lower(?2) OR name = ?2) \
-                 ORDER BY id = lower(?2) DESC LIMIT 1"
-            ))?
-            .query_row([account_id, id_or_name], queue_from_row)
-            .optional()
+        self.remembered(&self.queues_seen, format!("{account_id}\0{id_or_name}"), || {
+            self.read_found(|c| {
+                c.prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM queues WHERE account_id = ?1 AND (id = lower(?2) OR name = ?2) \
+                     ORDER BY id = lower(?2) DESC LIMIT 1"
+                ))?
+                .query_row([account_id, id_or_name], queue_from_row)
+                .optional()
+            })
         })
     }
 
@@ -357,7 +366,7 @@ impl Catalog {
         })
     }
 
-    /// Every consumer of the account's queues that is a Worker's.
+    /// Every queue's consumer, of every account (for the delivery loops).
     pub fn all_queue_consumers(&self) -> Result<Vec<QueueConsumer>> {
         self.read(|c| {
             c.prepare_cached(&format!("SELECT {CONSUMER_COLUMNS} FROM queue_consumers ORDER BY id"))?

@@ -136,9 +136,14 @@ pub enum DeadLetterTo<'a> {
     Drop,
     /// Into this queue (its id).
     Queue(&'a str),
-    /// They stay, visible again after this many seconds.
-    KeepFor(u32),
+    /// Into the queue of this name, which does not exist (any more): they stay, visible again
+    /// every [`KEEP_SPENT_MS`] until it does.
+    Missing(&'a str),
 }
+
+/// How long spent messages whose dead-letter queue is missing wait before they are looked at
+/// again.
+pub const KEEP_SPENT_MS: i64 = 60_000;
 
 /// A message as it waits in its queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -468,9 +473,14 @@ impl Queues {
         }
         match to {
             DeadLetterTo::Queue(target) => self.requeue(target, messages.clone()).await?,
-            DeadLetterTo::KeepFor(seconds) => {
-                let retries = messages.into_iter().map(|m| (m.lease_id, seconds)).collect();
-                self.settle(queue, Vec::new(), retries).await?;
+            DeadLetterTo::Missing(name) => {
+                tracing::warn!(
+                    queue,
+                    dead_letter_queue = name,
+                    "the dead-letter queue does not exist; its messages wait for it"
+                );
+                let leases = messages.into_iter().map(|m| m.lease_id).collect();
+                self.unlease(queue, leases, KEEP_SPENT_MS).await?;
                 return Ok(());
             }
             DeadLetterTo::Drop => {
@@ -569,14 +579,6 @@ impl Queues {
             )?;
             let earliest: Option<i64> = conn.query_row("SELECT min(visible_ms) FROM messages", [], |r| r.get(0))?;
             Ok((visible, earliest))
-        })
-        .await
-    }
-
-    /// When the next message becomes visible (ms), if any is waiting.
-    pub async fn next_visible_ms(&self, queue: &str) -> Result<Option<i64>> {
-        self.read(queue, |conn| {
-            Ok(conn.query_row("SELECT min(visible_ms) FROM messages", [], |r| r.get::<_, Option<i64>>(0))?)
         })
         .await
     }

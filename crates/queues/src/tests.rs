@@ -91,7 +91,7 @@ async fn delays_and_retries_wait_their_time() {
     assert_eq!((bodies(&again), again[0].attempts), (vec!["later".to_owned()], 2));
     // A send's default delay applies where a message has none of its own.
     f.queues.send(Q, vec![text("default")], 3).await.unwrap();
-    assert_eq!(f.queues.next_visible_ms(Q).await.unwrap(), Some(f.queues.now_ms() + 3_000));
+    assert_eq!(f.queues.ready(Q, 10).await.unwrap(), (0, Some(f.queues.now_ms() + 3_000)));
 }
 
 #[tokio::test]

@@ -224,7 +224,7 @@ pub async fn serve_all(
         Arc::clone(&state.r2),
         stopped(stop_rx.clone()),
     ));
-    let kv_sweeper = tokio::spawn(sweep_kv_periodically(
+    let kv_sweeper = tokio::spawn(sweep_kv_and_queues_periodically(
         Arc::clone(&state.catalog),
         state.kv.clone(),
         state.queues.clone(),
@@ -421,7 +421,7 @@ async fn sweep_r2_periodically(catalog: Arc<Catalog>, r2: Arc<kura_r2::R2>, stop
 
 /// Removes KV's expired keys at start-up and every five minutes; once an hour (and at start),
 /// also the storage of deleted namespaces and queues and the orphan blobs a crash left.
-async fn sweep_kv_periodically(
+async fn sweep_kv_and_queues_periodically(
     catalog: Arc<Catalog>,
     kv: kura_kv::Kv,
     queue_engine: kura_queues::Queues,

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 
-use kura_catalog::{ConsumerSettings, DEFAULT_CONCURRENCY, DeadLetter, Queue, QueueConsumer, spent};
+use kura_catalog::{ConsumerSettings, DEFAULT_CONCURRENCY, DeadLetter, Queue, QueueConsumer, spent, spent_on_lease};
 use kura_queues::{DeadLetterTo, Message, Queues};
 
 use crate::version::Binding;
@@ -33,9 +33,6 @@ const RESCAN: Duration = Duration::from_secs(30);
 /// How long a handler may run on a batch before the batch is retried (a little under its lease,
 /// so no one else is given the batch meanwhile).
 const HANDLER_LIMIT: Duration = Duration::from_millis(PUSH_LEASE_MS as u64 - 30_000);
-
-/// How long spent messages wait when their dead-letter queue is gone (until it exists again).
-const KEEP_SPENT_SECONDS: u32 = 60;
 
 /// How long a batch that could not reach workerd (not running, restarting) waits, uncounted.
 const UNDELIVERED_BACKOFF_MS: i64 = 1_000;
@@ -144,19 +141,22 @@ impl Workers {
         self.inner.deliveries.for_queue(queue_id).notify_one();
     }
 
-    /// The deployed Workers of the account with a producer binding to the queue, by name.
-    pub fn queue_producers(&self, account_id: &str, queue_name: &str) -> Result<Vec<String>> {
-        let mut names: Vec<String> = self
-            .served_scripts()?
-            .into_iter()
-            .filter(|s| s.account_id == account_id)
-            .filter(|s| {
-                s.version.bindings.iter().any(|b| matches!(b, Binding::Queue { queue_name: q, .. } if q == queue_name))
-            })
-            .map(|s| s.name)
-            .collect();
-        names.sort();
-        Ok(names)
+    /// For each queue of the account, by name, the deployed Workers with a producer binding to
+    /// it, by name (each deployed version read once, however many queues are shown).
+    pub fn queue_producers(&self, account_id: &str) -> Result<HashMap<String, Vec<String>>> {
+        let mut producers: HashMap<String, Vec<String>> = HashMap::new();
+        for script in self.served_scripts()?.into_iter().filter(|s| s.account_id == account_id) {
+            for binding in &script.version.bindings {
+                if let Binding::Queue { queue_name, .. } = binding {
+                    let names = producers.entry(queue_name.clone()).or_default();
+                    if !names.contains(&script.name) {
+                        names.push(script.name.clone());
+                    }
+                }
+            }
+        }
+        producers.values_mut().for_each(|names| names.sort());
+        Ok(producers)
     }
 
     /// Delivers the queues' messages to their consumer Workers until `shutdown`.
@@ -289,9 +289,8 @@ impl Workers {
     /// Runs the consumer's `queue` handler with one leased batch and settles it.
     async fn deliver(&self, queues: &Queues, consumer: &Consumer, settings: &ConsumerSettings, leased: Vec<Message>) {
         let queue = &consumer.queue;
-        // A message whose earlier deliveries all died with their process is spent too.
         let (spent_already, batch): (Vec<Message>, Vec<Message>) =
-            leased.into_iter().partition(|m| m.attempts > settings.max_retries + 1);
+            leased.into_iter().partition(|m| spent_on_lease(m.attempts, settings));
         self.dead_letter(queues, consumer, spent_already).await;
         if batch.is_empty() {
             return;
@@ -370,14 +369,7 @@ impl Workers {
         let to = match &target {
             DeadLetter::Dropped => DeadLetterTo::Drop,
             DeadLetter::Queue(target) => DeadLetterTo::Queue(&target.id),
-            DeadLetter::Missing(name) => {
-                tracing::warn!(
-                    queue = consumer.queue.name,
-                    dead_letter_queue = name,
-                    "the dead-letter queue does not exist; its messages wait for it"
-                );
-                DeadLetterTo::KeepFor(KEEP_SPENT_SECONDS)
-            }
+            DeadLetter::Missing(name) => DeadLetterTo::Missing(name),
         };
         match queues.dead_letter(&consumer.queue.id, to, spent).await {
             Ok(()) => {

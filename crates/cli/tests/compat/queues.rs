@@ -11,20 +11,7 @@ use std::time::Duration;
 use serde_json::{Value as Json, json};
 
 use crate::common::{ACCOUNT, KuraProcess, TOKEN, Wrangler};
-use crate::workers::{Client, Project, deploy};
-
-fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        if let Some(done) = check() {
-            return Some(done);
-        }
-        if std::time::Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
+use crate::workers::{Client, Project, deploy, wait_for};
 
 /// The deliveries the Worker recorded, with the message bodies parsed.
 fn deliveries(client: &Client) -> Vec<Json> {

@@ -1224,7 +1224,7 @@ fn runs_by_hand(runs: &Json) -> Vec<Json> {
 }
 
 /// `check`'s answer once it has one, polling every 250 ms up to `limit`.
-fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+pub(crate) fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = std::time::Instant::now() + limit;
     loop {
         if let Some(done) = check() {

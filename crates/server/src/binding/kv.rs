@@ -15,7 +15,7 @@ use serde_json::{Value as Json, json};
 use kura_kv::{KvError, ListOptions, PutOptions, ValueType};
 use kura_workers::config::headers;
 
-use crate::error::binding::{kv_error, kv_failure};
+use crate::error::binding::{kv_error, status_line_failure};
 use crate::extract::read_body;
 use crate::state::AppState;
 
@@ -67,7 +67,7 @@ async fn answer(app: &AppState, namespace: &str, request: axum::extract::Request
                     app.kv.delete(namespace, vec![key]).await?;
                     Ok(StatusCode::OK.into_response())
                 }
-                _ => Ok(kv_failure(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")),
+                _ => Ok(status_line_failure(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")),
             }
         }
     }
@@ -205,11 +205,11 @@ struct BulkGet {
 async fn bulk_get(app: &AppState, namespace: &str, body: Body) -> Result<Response, KvError> {
     let bytes = match read_body(body).await {
         Ok(bytes) => bytes,
-        Err(e) => return Ok(kv_failure(e.status(), e.message())),
+        Err(e) => return Ok(status_line_failure(e.status(), e.message())),
     };
     let asked: BulkGet = match serde_json::from_slice(&bytes) {
         Ok(asked) => asked,
-        Err(e) => return Ok(kv_failure(StatusCode::BAD_REQUEST, &format!("The request is malformed: {e}"))),
+        Err(e) => return Ok(status_line_failure(StatusCode::BAD_REQUEST, &format!("The request is malformed: {e}"))),
     };
     if let Some(ttl) = &asked.cache_ttl {
         kura_kv::check_cache_ttl(ttl)?;

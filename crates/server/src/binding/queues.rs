@@ -17,7 +17,7 @@ use kura_catalog::Queue;
 use kura_queues::{Backlog, ContentType, NewMessage, QueueError};
 use kura_workers::config::headers;
 
-use crate::error::binding::kv_failure;
+use crate::error::binding::status_line_failure;
 use crate::extract::read_body;
 use crate::state::AppState;
 
@@ -56,7 +56,7 @@ fn failure(e: &QueueError) -> Response {
         StatusCode::INTERNAL_SERVER_ERROR => "Unknown Internal Error".to_owned(),
         _ => e.to_string(),
     };
-    let mut response = kv_failure(status, &cause);
+    let mut response = status_line_failure(status, &cause);
     if let Ok(value) = HeaderValue::from_str(&cause) {
         response.headers_mut().insert("cf-queues-error-cause", value);
     }
@@ -131,7 +131,7 @@ async fn answer(app: &AppState, queue: &Queue, request: axum::extract::Request) 
             let backlog = app.queues.totals(&queue.id).await?;
             return Ok(axum::Json(metrics(&backlog)).into_response());
         }
-        _ => return Ok(kv_failure(StatusCode::NOT_FOUND, "no such queue operation")),
+        _ => return Ok(status_line_failure(StatusCode::NOT_FOUND, "no such queue operation")),
     };
     Ok(axum::Json(json!({"metadata": {"metrics": metrics(&backlog)}})).into_response())
 }

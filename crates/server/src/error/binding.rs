@@ -58,11 +58,12 @@ pub fn kv_error(e: &kura_kv::KvError) -> Response {
         kura_kv::KvError::Storage(inner) => (super::engines::r2_status(inner), inner.to_string()),
         _ => (super::engines::kv_status(e), e.to_string()),
     };
-    kv_failure(status, &message)
+    status_line_failure(status, &message)
 }
 
-/// A KV binding failure from a status and a message (of at most 512 characters, as Miniflare).
-pub fn kv_failure(status: StatusCode, message: &str) -> Response {
+/// A binding failure whose message travels in the status line (KV's, and queue producers'
+/// without `queue_expose_error_codes`), at most 512 characters, as Miniflare's.
+pub fn status_line_failure(status: StatusCode, message: &str) -> Response {
     let message: String = message.chars().take(512).collect();
     let mut response = (status, message.clone()).into_response();
     // A reason phrase may hold visible ASCII, spaces and tabs only.

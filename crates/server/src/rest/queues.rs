@@ -3,6 +3,8 @@
 //! consumer (a Worker's or an HTTP pull consumer), and messages over HTTP (send, send a batch,
 //! pull with a visibility timeout, acknowledge and retry by lease).
 
+use std::collections::HashMap;
+
 use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
@@ -11,7 +13,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use kura_catalog::{ConsumerSettings, DeadLetter, Queue, QueueConsumer, spent};
+use kura_catalog::{ConsumerSettings, DeadLetter, Queue, QueueConsumer, spent, spent_on_lease};
 use kura_queues::{ContentType, DeadLetterTo, NewMessage, QueueError};
 
 use crate::auth::{Caller, Need};
@@ -44,14 +46,23 @@ fn catalog_error(e: kura_catalog::Error) -> ApiError {
     }
 }
 
+/// For each queue of the account, the Workers that produce to it.
+fn producers(app: &AppState, account_id: &str) -> Result<HashMap<String, Vec<String>>, ApiError> {
+    match &app.workers {
+        Some(workers) => Ok(workers.queue_producers(account_id)?),
+        None => Ok(HashMap::new()),
+    }
+}
+
 /// The queue as the API shows it, with its consumer and the Workers that produce to it.
-fn shown(app: &AppState, queue: &Queue) -> Result<Json, ApiError> {
+fn shown_with(app: &AppState, queue: &Queue, producers: &HashMap<String, Vec<String>>) -> Result<Json, ApiError> {
     let consumers = app.catalog.queue_consumers(&queue.id)?;
-    let producers = match &app.workers {
-        Some(workers) => workers.queue_producers(&queue.account_id, &queue.name)?,
-        None => Vec::new(),
-    };
-    Ok(queue_json(queue, &consumers, &producers))
+    Ok(queue_json(queue, &consumers, producers.get(&queue.name).map_or(&[], Vec::as_slice)))
+}
+
+/// One queue as the API shows it.
+fn shown(app: &AppState, queue: &Queue) -> Result<Json, ApiError> {
+    shown_with(app, queue, &producers(app, &queue.account_id)?)
 }
 
 /// `GET /accounts/{a}/queues`: `page`, `per_page` and any number of `name` filters.
@@ -79,11 +90,12 @@ pub async fn list(
         .filter(|q| names.is_empty() || names.contains(&q.name.as_str()))
         .collect();
     let total = all.len() as u64;
+    let producers = producers(&app, &account_id)?;
     let shown_page = all
         .iter()
         .skip(usize::try_from((page - 1).saturating_mul(per_page)).unwrap_or(usize::MAX))
         .take(per_page as usize)
-        .map(|q| shown(&app, q))
+        .map(|q| shown_with(&app, q, &producers))
         .collect::<Result<Vec<_>, _>>()?;
     let info = ResultInfo::numbered(page, per_page, shown_page.len() as u64, total);
     Ok(ok_paged(shown_page, info))
@@ -468,23 +480,13 @@ async fn dead_letter(
     spent: Vec<kura_queues::Message>,
 ) -> Result<(), ApiError> {
     let target = app.catalog.dead_letter_target(queue, consumer)?;
-    app.queues.dead_letter(&queue.id, dead_letter_to(&target), spent).await?;
-    Ok(())
-}
-
-/// How long spent messages wait when their dead-letter queue is gone (until it exists again).
-const KEEP_SPENT_SECONDS: u32 = 60;
-
-/// The engine's view of where spent messages go.
-pub(crate) fn dead_letter_to(target: &DeadLetter) -> DeadLetterTo<'_> {
-    match target {
+    let to = match &target {
         DeadLetter::Dropped => DeadLetterTo::Drop,
-        DeadLetter::Queue(queue) => DeadLetterTo::Queue(&queue.id),
-        DeadLetter::Missing(name) => {
-            tracing::warn!(dead_letter_queue = name, "the dead-letter queue does not exist; its messages wait for it");
-            DeadLetterTo::KeepFor(KEEP_SPENT_SECONDS)
-        }
-    }
+        DeadLetter::Queue(target) => DeadLetterTo::Queue(&target.id),
+        DeadLetter::Missing(name) => DeadLetterTo::Missing(name),
+    };
+    app.queues.dead_letter(&queue.id, to, spent).await?;
+    Ok(())
 }
 
 fn notify(app: &AppState, queue: &Queue) {
@@ -539,9 +541,8 @@ pub async fn pull(
         ));
     }
     let leased = app.queues.lease(&queue.id, batch_size as usize, i64::from(visibility)).await?;
-    // A message leased once more than its retries allow (its leases ran out) is spent.
     let (spent_ones, delivered): (Vec<_>, Vec<_>) =
-        leased.into_iter().partition(|m| m.attempts > settings.max_retries + 1);
+        leased.into_iter().partition(|m| spent_on_lease(m.attempts, &settings));
     dead_letter(&app, &queue, &consumer, spent_ones).await?;
     let backlog = app.queues.totals(&queue.id).await?;
     let messages: Vec<Json> = delivered
