@@ -419,5 +419,49 @@ pub async fn run_node(command: NodeCommand) -> anyhow::Result<()> {
             );
         }
     }
+    if let Some(running) = status["workers"]["running"].as_array() {
+        println!("Workers running here: {}", running.len());
+        for w in running {
+            println!(
+                "  {:<32} version {}",
+                w["script"].as_str().unwrap_or("?"),
+                w["version_id"].as_str().unwrap_or("?")
+            );
+        }
+    }
     Ok(())
+}
+
+/// The cluster's store as the Workers layer keeps versions' files in it.
+#[derive(Debug)]
+pub struct StoreFiles(pub SharedStorage);
+
+fn io_error(e: kura_cluster::StorageError) -> std::io::Error {
+    match e {
+        kura_cluster::StorageError::NotFound { .. } => std::io::Error::new(std::io::ErrorKind::NotFound, e.to_string()),
+        other => std::io::Error::other(other.to_string()),
+    }
+}
+
+#[async_trait::async_trait]
+impl kura_workers::SharedFiles for StoreFiles {
+    async fn put(&self, name: &str, bytes: bytes::Bytes) -> std::io::Result<()> {
+        match self.0.put(name, bytes, kura_cluster::PutMode::New).await {
+            // Each name holds one content: whoever wrote it first wrote the same bytes.
+            Ok(_) | Err(kura_cluster::StorageError::AlreadyExists { .. }) => Ok(()),
+            Err(e) => Err(io_error(e)),
+        }
+    }
+
+    async fn get(&self, name: &str) -> std::io::Result<bytes::Bytes> {
+        self.0.get(name).await.map(|(bytes, _)| bytes).map_err(io_error)
+    }
+
+    async fn exists(&self, name: &str) -> std::io::Result<bool> {
+        match self.0.head(name).await {
+            Ok(_) => Ok(true),
+            Err(kura_cluster::StorageError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(io_error(e)),
+        }
+    }
 }

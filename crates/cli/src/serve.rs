@@ -120,10 +120,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         s3_key: args.s3_access_key_id.clone().zip(args.s3_secret_access_key.clone()),
     };
     let boot = bootstrap(&node, &credentials, joined.is_some())?;
-    // Without its port, the rest of kura still serves (wrangler dev may hold 8787). A cluster
-    // node runs no Workers yet.
+    // Without its port, the rest of kura still serves (wrangler dev may hold 8787).
     let workers = match TcpListener::bind(args.workers_listen).await {
-        _ if joined.is_some() => None,
         Ok(listener) => Some(listener),
         Err(e) => {
             tracing::warn!(
@@ -135,7 +133,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let workers_url = match &workers {
         Some(listener) => format!("http://{} (as <name>.localhost)", listener.local_addr()?),
-        None if joined.is_some() => "not served by a cluster node".to_owned(),
         None => "not served (see the warning above)".to_owned(),
     };
     let api_url = format!("http://{}/client/v4", api.local_addr()?);
@@ -181,6 +178,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         domains: args.workers_domains.clone(),
         offline: false,
         test_scheduled: args.test_scheduled,
+        shared: joined
+            .as_ref()
+            .map(|j| Arc::new(crate::cluster::StoreFiles(j.storage.clone())) as Arc<dyn kura_workers::SharedFiles>),
     };
     let listeners = kura_server::Listeners { api, s3, workers };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -104,19 +104,35 @@ impl<S> Application for S where
 /// each route's handler, and every request then pays for each layer a boxed clone of the
 /// services below it and a boxed future (a fifth of the allocations of a one-row D1 INSERT).
 pub fn app(state: AppState) -> impl Application {
+    // In a cluster, the binding calls other nodes' Workers send this node's way.
+    let bindings = worker_bindings(state.clone());
+    let from_node = axum::routing::any(move |axum::extract::State(app): axum::extract::State<AppState>, request| {
+        cluster::from_node(app, bindings.clone(), request)
+    });
     let (routes, table) = Routes::default()
         .route("/healthz", Touches::Anywhere, get(|| async { "ok" }))
         .route("/metrics", Touches::Anywhere, get(metrics::metrics))
         .route("/d1-transfers/{token}", Touches::Transfer, get(transfer::download).put(transfer::upload))
-        .route("/workers-tails/{tail}", Touches::NotClustered("Workers"), get(tail_stream::stream))
+        .route("/workers-tails/{tail}", Touches::Anywhere, get(tail_stream::stream))
         .merge(rest::routes())
         .merge(binding::routes())
         .merge(cluster::routes())
+        .route(&format!("{}/{{*path}}", cluster::WORKER_BINDINGS_PATH), Touches::Anywhere, from_node.clone())
+        .route(&format!("{}/", cluster::WORKER_BINDINGS_PATH), Touches::Anywhere, from_node)
         .with_router(|router| router.merge(console::routes()))
         .split();
     let routes = routes.with_state(state.clone());
     let edge = axum::middleware::from_fn_with_state((state, Arc::new(table)), api_edge);
     DefaultBodyLimit::max(MAX_BODY_BYTES).layer(edge.layer(routes))
+}
+
+/// The routes of the Workers' binding socket ([`binding::worker_routes`]) inside their
+/// cluster placement ([`cluster::place_worker_binding`]), which on a node of its own lets
+/// every request through.
+fn worker_bindings(state: AppState) -> impl Application + Sync {
+    let routes = binding::worker_routes(state.clone()).with_state(state.clone());
+    let placed = axum::middleware::from_fn_with_state(state, cluster::place_worker_binding).layer(routes);
+    DefaultBodyLimit::max(MAX_BODY_BYTES).layer(placed)
 }
 
 /// The API listener's work common to every request, as one middleware (each axum `from_fn`
@@ -246,9 +262,7 @@ pub async fn serve_all(
         let bindings = tokio::net::UnixListener::bind(&socket)?;
         // Wrapped whole, as the API's edge is (see [`app`]): the Workers' binding calls are a
         // hot path too.
-        let binding_routes = binding::worker_routes(state.clone()).with_state(state.clone());
-        let binding_app = observed(observe::Surface::WorkerBindings)
-            .layer(DefaultBodyLimit::max(MAX_BODY_BYTES).layer(binding_routes));
+        let binding_app = observed(observe::Surface::WorkerBindings).layer(worker_bindings(state.clone()));
         workers_servers.push(tokio::spawn(
             axum::serve(bindings, tower::make::Shared::new(binding_app))
                 .with_graceful_shutdown(stopped(stop_rx.clone()))
@@ -268,6 +282,13 @@ pub async fn serve_all(
             schedules.await;
             Ok(())
         }));
+        if workers.is_clustered() {
+            let following = workers.clone().follow_catalog(stopped(stop_rx.clone()));
+            workers_servers.push(tokio::spawn(async move {
+                following.await;
+                Ok(())
+            }));
+        }
         let deliveries = workers.clone().run_queue_consumers(state.queues.clone(), stopped(stop_rx.clone()));
         workers_servers.push(tokio::spawn(async move {
             deliveries.await;

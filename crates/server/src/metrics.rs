@@ -35,6 +35,16 @@ pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
     http(&mut out, &app.http);
     engines(&mut out, &app);
     queues(&mut out, &app).await;
+    if let Some(workers) = &app.workers {
+        let running = workers.running().len() as f64;
+        family(
+            &mut out,
+            "kura_workers_running",
+            "gauge",
+            "Workers this node's workerd runs now.",
+            &[(String::new(), running)],
+        );
+    }
     process(&mut out);
     if let Some(forwarding) = &app.forwarding {
         out.push_str(&forwarding.status().metrics().await);

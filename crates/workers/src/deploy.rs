@@ -145,6 +145,12 @@ impl Workers {
             None => Vec::new(),
         };
         let classes = self.classes_after(account_id, name, previous.as_ref(), &changes)?;
+        if self.shared().is_some() && !classes.is_empty() {
+            return Err(WorkersError::invalid_upload(format!(
+                "Durable Object classes written in JavaScript ({}) are not served by a kura cluster yet: deploy this Worker to a single kura node",
+                classes.iter().map(|c| c.class_name.as_str()).collect::<Vec<_>>().join(", ")
+            )));
+        }
         self.check_bindings(account_id, name, &bindings, &classes)?;
         if let Some(binding) = bindings.iter().find(|b| matches!(b, Binding::Assets { .. }))
             && assets.is_none()
@@ -169,7 +175,12 @@ impl Workers {
             secrets: Vec::new(),
             classes,
         };
-        let recorded = match self.check(&candidate).await {
+        // Shared before it is recorded: a node that finds the version in the catalog finds its files.
+        let checked = match self.check(&candidate).await {
+            Ok(()) => self.share_version(&version_id, &stored, assets.as_ref()).await,
+            Err(e) => Err(e),
+        };
+        let recorded = match checked {
             Ok(()) => {
                 let annotations =
                     metadata.annotations.as_ref().map(|a| serde_json::Value::Object(a.clone()).to_string());

@@ -54,6 +54,9 @@ pub enum WorkersError {
     /// Files of the Workers layer failed.
     #[error("{0}")]
     Storage(String),
+    /// The cluster's shared store failed; nothing changed, and the request may be retried.
+    #[error("{0}")]
+    Unavailable(String),
     /// The file system failed (the chain keeps the `io::Error`, so a full disk is told by type).
     #[error("{context}: {source}")]
     Io {

@@ -32,6 +32,8 @@ pub mod proxy;
 mod queue_delivery;
 pub mod runtime;
 mod served;
+mod shared;
+pub use shared::SharedFiles;
 pub mod tails;
 mod triggers;
 pub use triggers::CronRun;
@@ -60,6 +62,9 @@ pub struct WorkersSettings {
     /// Workers listener, which run a Worker's `scheduled` handler by URL: for development and
     /// tests only, since anyone who reaches the listener can then run it.
     pub test_scheduled: bool,
+    /// The store a cluster's nodes share (`None` on a node of its own): every version's files
+    /// go there, and this node runs whatever the shared catalog deploys.
+    pub shared: Option<Arc<dyn SharedFiles>>,
 }
 
 struct Inner {
@@ -89,6 +94,12 @@ struct Inner {
     changes: tokio::sync::Mutex<()>,
     /// What wakes the queues' delivery loops.
     deliveries: queue_delivery::Signals,
+    /// See [`WorkersSettings::shared`].
+    shared: Option<Arc<dyn SharedFiles>>,
+    /// Asset hashes known to be in the shared store.
+    known_shared: shared::KnownShared,
+    /// What workerd was last configured with.
+    applied: std::sync::Mutex<Option<served::Applied>>,
 }
 
 /// The Workers layer of one data directory. Cheap to clone.
@@ -148,6 +159,9 @@ impl Workers {
                 dir,
                 changes: tokio::sync::Mutex::new(()),
                 deliveries: Default::default(),
+                shared: settings.shared,
+                known_shared: Default::default(),
+                applied: Default::default(),
             }),
         };
         workers.sweep_versions()?;
@@ -210,6 +224,19 @@ impl Workers {
     /// The secret every binding request carries in [`config::headers::SECRET`].
     pub fn secret(&self) -> &str {
         &self.inner.layout.secret
+    }
+
+    /// Whether this node is one of a cluster's, running whatever the shared catalog deploys
+    /// ([`Workers::follow_catalog`]).
+    pub fn is_clustered(&self) -> bool {
+        self.inner.shared.is_some()
+    }
+
+    /// The scripts this node's workerd runs now, with their versions: (account, name,
+    /// version id), by name.
+    pub fn running(&self) -> Vec<(String, String, String)> {
+        let applied = self.inner.applied.lock().unwrap_or_else(|p| p.into_inner());
+        applied.as_ref().map(|a| a.scripts.clone()).unwrap_or_default()
     }
 
     /// The catalog.

@@ -91,6 +91,8 @@ impl Workers {
     /// the change lock.
     pub(crate) async fn reload(&self) -> Result<()> {
         let scripts = self.served_scripts()?;
+        // In a cluster, a version deployed through another node has its files here first.
+        self.bring_in(&scripts).await?;
         let Some(runtime) = self.inner.runtime.get() else {
             self.set_routes(&scripts);
             return Ok(());
@@ -99,7 +101,51 @@ impl Workers {
         let config = config::render(&self.layout_for(runtime), &scripts, Purpose::Serve);
         runtime.apply(config).await?;
         self.set_routes(&scripts);
+        let mut running: Vec<_> =
+            scripts.iter().map(|s| (s.account_id.clone(), s.name.clone(), s.version_id.clone())).collect();
+        running.sort();
+        *self.inner.applied.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Applied { fingerprint: fingerprint(&scripts), scripts: running });
         Ok(())
+    }
+
+    /// On a cluster's node, until `shutdown`: whenever the shared catalog brings in a copy
+    /// that deploys something else (a deploy, rollback, deletion or secret changed through
+    /// another node), runs that, as a deploy through this node would. A failure (the store
+    /// unreachable) is tried again at the next look.
+    pub async fn follow_catalog(self, shutdown: impl std::future::Future<Output = ()>) {
+        const LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+        tokio::pin!(shutdown);
+        let mut seen = None;
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(LOOK_EVERY) => {}
+            }
+            let installs = self.inner.catalog.installs();
+            if seen == Some(installs) {
+                continue;
+            }
+            match self.follow_once().await {
+                Ok(()) => seen = Some(installs),
+                Err(e) => tracing::warn!(error = %e, "cannot run what the cluster deploys yet; trying again"),
+            }
+        }
+    }
+
+    async fn follow_once(&self) -> Result<()> {
+        let _changes = self.inner.changes.lock().await;
+        let scripts = self.served_scripts()?;
+        let now = fingerprint(&scripts);
+        if self.inner.applied.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|a| &a.fingerprint) == Some(&now) {
+            return Ok(());
+        }
+        if !scripts.is_empty() {
+            // The first Worker the cluster deploys: this node fetches workerd as a deploy would.
+            self.runtime().await?;
+        }
+        tracing::info!(scripts = scripts.len(), "running what the cluster deploys now");
+        self.reload().await
     }
 
     pub(crate) fn set_routes(&self, scripts: &[ServedScript]) {
@@ -177,6 +223,35 @@ fn explain_refusal(said: &str, script: &ServedScript) -> String {
         Some(first) => lines[first..].join("\n"),
         None => format!("workerd refused the Worker: {}", lines.join("\n")),
     }
+}
+
+/// What workerd was last configured with.
+pub(crate) struct Applied {
+    /// See [`fingerprint`].
+    fingerprint: String,
+    /// (account, name, version id) of each script, sorted.
+    pub(crate) scripts: Vec<(String, String, String)>,
+}
+
+/// What a configuration runs, summed up: each script's version, secrets and classes. Two
+/// catalogs with the same fingerprint configure workerd the same way.
+fn fingerprint(scripts: &[ServedScript]) -> String {
+    use sha2::Digest;
+    let mut sum = sha2::Sha256::new();
+    for script in scripts {
+        for part in [&script.id, &script.version_id] {
+            sum.update(part.as_bytes());
+            sum.update([0]);
+        }
+        for (name, text) in &script.secrets {
+            sum.update(format!("{}:{name}={}:{text}\0", name.len(), text.len()).as_bytes());
+        }
+        for class in &script.classes {
+            sum.update(format!("{}/{}/{}\0", class.namespace_id, class.class_name, class.unique_key).as_bytes());
+        }
+        sum.update([1]);
+    }
+    hex::encode(sum.finalize())
 }
 
 fn link(target: &Path, at: &Path) -> Result<()> {

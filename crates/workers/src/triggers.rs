@@ -124,7 +124,9 @@ impl Workers {
                     continue;
                 }
             };
-            if !parsed.fires_at(minute_ms) {
+            // Claimed already, by this node or (in a cluster) another: the catalog's write would
+            // find it so too, but costs a publish.
+            if !parsed.fires_at(minute_ms) || schedule.fired_minute.is_some_and(|m| m >= minute_ms / 1000) {
                 continue;
             }
             match self.inner.catalog.claim_worker_schedule_minute(&schedule.script_id, &schedule.cron, minute_ms / 1000)

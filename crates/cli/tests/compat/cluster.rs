@@ -21,13 +21,20 @@ pub(crate) struct Cluster {
     pub garage: Garage,
     pub etcd: Etcd,
     pub nodes: Vec<Option<KuraProcess>>,
+    /// Flags every node gets besides the cluster's own.
+    extra_args: Vec<String>,
 }
 
 impl Cluster {
     pub fn start() -> Cluster {
+        Cluster::start_with(Vec::new())
+    }
+
+    /// Three nodes, each started with `extra_args` too.
+    pub fn start_with(extra_args: Vec<String>) -> Cluster {
         let garage = Garage::start();
         let etcd = Etcd::start();
-        let mut cluster = Cluster { garage, etcd, nodes: Vec::new() };
+        let mut cluster = Cluster { garage, etcd, nodes: Vec::new(), extra_args };
         for i in 0..3 {
             let node = cluster.start_node(i, i);
             cluster.nodes.push(Some(node));
@@ -39,7 +46,7 @@ impl Cluster {
     pub fn start_node(&self, i: usize, garage: usize) -> KuraProcess {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
-        let args = [
+        let mut args = vec![
             "--cluster-store".to_owned(),
             format!("s3://{GARAGE_BUCKET}/cluster-test"),
             "--cluster-store-endpoint".to_owned(),
@@ -53,6 +60,7 @@ impl Cluster {
             "--lease-ttl".to_owned(),
             TTL_SECONDS.to_string(),
         ];
+        args.extend(self.extra_args.iter().cloned());
         let env = [
             ("KURA_CLUSTER_STORE_ACCESS_KEY_ID", GARAGE_KEY_ID.to_owned()),
             ("KURA_CLUSTER_STORE_SECRET_ACCESS_KEY", GARAGE_SECRET.to_owned()),

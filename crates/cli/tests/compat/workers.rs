@@ -119,7 +119,7 @@ pub(crate) fn deploy(w: &Wrangler<'_>, project: &Project, extra: &[&str]) -> Run
     w.ok(project.path(), &args)
 }
 
-fn secret(w: &Wrangler<'_>, project: &Project, name: &str, value: &str) {
+pub(crate) fn secret(w: &Wrangler<'_>, project: &Project, name: &str, value: &str) {
     let mut child = w.spawn(project.path(), &["secret", "put", name]);
     use std::io::Write;
     child.stdin.take().unwrap().write_all(value.as_bytes()).unwrap();

@@ -102,13 +102,18 @@ pub async fn place(app: AppState, table: &RouteTable, request: Request, next: Ne
             }
         }
     };
-    serve_placed(&app, &forwarding, placed, shape, request, next).await
+    serve_placed(&app, &forwarding, placed, shape, request, next, "").await
 }
 
 /// The id of the database a request names (by id, or by name within the path's account or
 /// the token's), once the catalog knows it: nothing is claimed for a database that does not
 /// exist.
-fn resolve_database(app: &AppState, request: &Request, account: Option<&str>, id: &str) -> Result<String, ApiError> {
+pub(super) fn resolve_database(
+    app: &AppState,
+    request: &Request,
+    account: Option<&str>,
+    id: &str,
+) -> Result<String, ApiError> {
     let account = match account {
         Some(account) => account.to_owned(),
         None if is_uuid(id) => String::new(),

@@ -8,12 +8,16 @@
 //! - [`s3`]: the S3 listener's placement, by the bucket a request names and the key it is
 //!   signed with; forwarded requests keep their `Host`, so the owner checks the client's own
 //!   signature.
+//! - [`workers`]: the placement of the D1 and R2 calls deployed Workers make on the binding
+//!   socket, sent to the owner's API listener under [`WORKER_BINDINGS_PATH`].
 
 mod api;
 mod s3;
+mod workers;
 
 pub use api::place;
 pub use s3::place_s3;
+pub(crate) use workers::{WORKER_BINDINGS_PATH, from_node, place_worker_binding};
 
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -74,7 +78,9 @@ impl Placed {
     }
 }
 
-/// Serves `request` here if this node owns what it is placed by, or sends it to the owner.
+/// Serves `request` here if this node owns what it is placed by, or sends it to the owner
+/// (to `via` under the owner's URL: its API, or for the binding socket's requests the path
+/// that takes them in).
 async fn serve_placed(
     app: &AppState,
     forwarding: &Forwarding,
@@ -82,6 +88,7 @@ async fn serve_placed(
     shape: Wire,
     request: Request,
     next: Next,
+    via: &str,
 ) -> Response {
     let forwarded = forwarding.is_forwarded(request.headers());
     let mut claimed = placed.claim(app).await;
@@ -105,7 +112,7 @@ async fn serve_placed(
                 return shape.refuse(ApiError::unavailable(format!("the {what}'s ownership is moving; retry shortly")));
             }
             let target = if shape == Wire::S3 { s3 } else { url };
-            let response = forwarding.forward(request, &node, &target, shape).await;
+            let response = forwarding.forward(request, &node, &format!("{target}{via}"), shape).await;
             if matches!(response.status(), StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY) {
                 // The owner is gone or no longer owns it: look again next time.
                 placed.forget_owner(app);
@@ -132,7 +139,17 @@ async fn status(
     caller: Caller,
     V4Path(account_id): V4Path<String>,
 ) -> Result<Response, ApiError> {
-    Ok(ok(cluster_for(&app, &caller, &account_id)?.status().status().await))
+    let mut status = cluster_for(&app, &caller, &account_id)?.status().status().await;
+    if let Some(workers) = &app.workers {
+        let running: Vec<serde_json::Value> = workers
+            .running()
+            .into_iter()
+            .filter(|(account, _, _)| *account == account_id)
+            .map(|(_, script, version)| serde_json::json!({ "script": script, "version_id": version }))
+            .collect();
+        status["workers"] = serde_json::json!({ "running": running });
+    }
+    Ok(ok(status))
 }
 
 /// `POST /accounts/{account_id}/kura/cluster/drain`: this node gives every database up and

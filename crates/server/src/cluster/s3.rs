@@ -34,7 +34,7 @@ pub async fn place_s3(
         Ok(None) => return next.run(request).await,
         Err(e) => return Wire::S3.refuse(ApiError::internal(&e)),
     };
-    serve_placed(&app, &forwarding, Placed::Bucket(bucket.id), Wire::S3, request, next).await
+    serve_placed(&app, &forwarding, Placed::Bucket(bucket.id), Wire::S3, request, next, "").await
 }
 
 /// The bucket a request addresses: by its host under one of `domains`, else the first segment

@@ -131,6 +131,7 @@ impl From<WorkersError> for ApiError {
             | WorkersError::InvalidAssets(m) => ApiError::new(StatusCode::BAD_REQUEST, 10021, m),
             WorkersError::MissingTarget { code, message } => ApiError::new(StatusCode::BAD_REQUEST, code, message),
             WorkersError::ScriptNotFound => ApiError::new(StatusCode::NOT_FOUND, 10007, e.to_string()),
+            WorkersError::Unavailable(m) => ApiError::unavailable(m),
             WorkersError::NotFound(m) => ApiError::new(StatusCode::NOT_FOUND, 10007, m),
             WorkersError::MigrationConflict(m) => ApiError::new(StatusCode::BAD_REQUEST, 10079, m),
             WorkersError::NoWorkerd { .. } => ApiError::new(StatusCode::BAD_REQUEST, 10021, e.to_string()),

@@ -139,89 +139,77 @@ pub fn routes() -> Routes {
             Touches::Namespace,
             post(durable_objects::restore),
         )
-        .route(
-            &v4("/accounts/{account_id}/workers/scripts"),
-            Touches::NotClustered("Workers"),
-            get(workers::list_scripts),
-        )
+        .route(&v4("/accounts/{account_id}/workers/scripts"), Touches::Anywhere, get(workers::list_scripts))
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             get(workers::get_script).put(workers::put_script).delete(workers::delete_script),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/settings"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             get(workers::settings).patch(workers::patch_script_settings),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/script-settings"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             get(workers::settings).patch(workers::patch_script_settings),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/subdomain"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             get(workers::get_subdomain).post(workers::set_subdomain),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/schedules"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             axum::routing::put(workers::put_schedules).get(workers::get_schedules),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/schedules/trigger"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             axum::routing::post(workers::trigger_schedule),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/deployments"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             get(workers::list_deployments).post(workers::create_deployment),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/versions"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             get(workers::list_versions).post(workers::upload_version),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/versions/{version}"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             get(workers::get_version),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/secrets"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             get(workers::list_secrets).put(workers::put_secret),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/secrets/{secret}"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             axum::routing::delete(workers::delete_secret),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/references"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             get(workers::references),
         )
-        .route(
-            &v4("/accounts/{account_id}/workers/scripts/{name}/logs"),
-            Touches::NotClustered("Workers"),
-            get(workers::logs),
-        )
+        .route(&v4("/accounts/{account_id}/workers/scripts/{name}/logs"), Touches::Anywhere, get(workers::logs))
         .route(
             &v4("/accounts/{account_id}/workers/services/{name}"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             get(workers::service).delete(workers::delete_script),
         )
-        .route(
-            &v4("/accounts/{account_id}/workers/subdomain"),
-            Touches::NotClustered("Workers"),
-            get(workers::account_subdomain),
-        )
+        .route(&v4("/accounts/{account_id}/workers/subdomain"), Touches::Anywhere, get(workers::account_subdomain))
         .route(
             &v4("/accounts/{account_id}/workers/tails/by-consumer/{name}"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             get(workers::tails_by_consumer),
         )
         .route(
@@ -270,22 +258,18 @@ pub fn routes() -> Routes {
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/tails"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             get(workers::list_tails).post(workers::create_tail),
         )
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/assets-upload-session"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             post(workers::assets_upload_session),
         )
-        .route(
-            &v4("/accounts/{account_id}/workers/assets/upload"),
-            Touches::NotClustered("Workers"),
-            post(workers::assets_upload),
-        )
+        .route(&v4("/accounts/{account_id}/workers/assets/upload"), Touches::Anywhere, post(workers::assets_upload))
         .route(
             &v4("/accounts/{account_id}/workers/scripts/{name}/tails/{tail}"),
-            Touches::NotClustered("Workers"),
+            Touches::Anywhere,
             axum::routing::delete(workers::delete_tail),
         )
         .route(

@@ -405,7 +405,7 @@ impl AssetStore {
     }
 
     /// Writes a file (and its type) under its hash, durably, whole or not at all.
-    fn store(&self, hash: &str, content_type: Option<&str>, bytes: &[u8]) -> Result<()> {
+    pub(crate) fn store(&self, hash: &str, content_type: Option<&str>, bytes: &[u8]) -> Result<()> {
         let path = self.file(hash);
         let dir = path.parent().expect("a hash's directory");
         std::fs::create_dir_all(dir).map_err(WorkersError::io(format!("creating {}", dir.display())))?;

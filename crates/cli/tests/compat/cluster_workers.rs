@@ -1,0 +1,177 @@
+//! Workers on three `kura serve` nodes over three Garage nodes and three etcd members: a Worker
+//! (`workers/ledger`: D1, R2 and a Cron Trigger) deployed with real wrangler through one node
+//! runs on every node; a redeploy through another and a secret through a third reach all of
+//! them; its R2 and D1 calls from nodes that do not own the bucket or database reach the owner;
+//! the owner killed with SIGKILL while requests go through every node's Workers listener loses
+//! no acknowledged write; and its schedule fires once a minute for the whole cluster, before
+//! and after the kill.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+
+use crate::cluster::Cluster;
+use crate::common::{Wrangler, installed};
+use crate::workers::{Project, deploy, secret};
+use crate::writers::{Outcome, Write, assert_consistent, kill_mid_write};
+
+const HOST: &str = "ledger.localhost";
+
+/// Sends a request to the ledger through the Workers listener at `base`; answers (status, body
+/// as JSON or as a string), or why there was no answer.
+async fn call(
+    client: &reqwest::Client,
+    base: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: &[u8],
+) -> Result<(u16, Value), String> {
+    let sent = client.request(method, format!("{base}{path}")).header("host", HOST).body(body.to_vec()).send().await;
+    let answer = sent.map_err(|e| format!("no answer: {e}"))?;
+    let status = answer.status().as_u16();
+    let text = answer.text().await.map_err(|e| format!("no body: {e}"))?;
+    Ok((status, serde_json::from_str(&text).unwrap_or(Value::String(text))))
+}
+
+/// GETs `path` until it answers 200 with a body `good` accepts (a node runs what the cluster
+/// deploys a moment after the deploy), for up to 30 s.
+async fn wait_for(client: &reqwest::Client, base: &str, path: &str, good: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = call(client, base, reqwest::Method::GET, path, b"").await;
+        match answer {
+            Ok((200, body)) if good(&body) => return body,
+            other if Instant::now() > deadline => panic!("GET {path} through {base}: {other:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Requests that each record a unique id through the Worker.
+fn entries() -> Write {
+    Arc::new(|client, base, id| {
+        Box::pin(async move {
+            let url = format!("{base}/entries/{id}");
+            Outcome::of(client.post(url).header("host", HOST).send()).await
+        })
+    })
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[test]
+fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_of_its_databases_owner() {
+    let workerd = installed("node_modules/workerd/bin/workerd");
+    let cluster = Cluster::start_with(vec!["--workerd".to_owned(), workerd.display().to_string()]);
+    let workers: Vec<String> = (0..3).map(|i| cluster.node(i).workers.clone()).collect();
+    let project = Project::new("ledger");
+    // Node 0 provisions the database and the bucket, so it owns both.
+    deploy(&Wrangler::new(cluster.node(0)), &project, &[]);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let client = reqwest::Client::new();
+
+    runtime.block_on(async {
+        for base in &workers {
+            wait_for(&client, base, "/greeting", |b| b["greeting"] == "hello").await;
+        }
+        let (status, body) = call(&client, &workers[1], reqwest::Method::POST, "/setup", b"").await.unwrap();
+        assert_eq!(status, 200, "setup through node 1: {body}");
+    });
+
+    // A redeploy through node 2 and a secret through node 1 reach every node.
+    project.edit("wrangler.toml", "GREETING = \"hello\"", "GREETING = \"hi\"");
+    deploy(&Wrangler::new(cluster.node(2)), &project, &[]);
+    secret(&Wrangler::new(cluster.node(1)), &project, "SECRET", "s3cret");
+    runtime.block_on(async {
+        for base in &workers {
+            wait_for(&client, base, "/greeting", |b| b["greeting"] == "hi" && b["secret"] == "s3cret").await;
+        }
+    });
+    // Each node says what its workerd runs: the version deployed last, through any node.
+    let version = |status: &Value| status["result"]["workers"]["running"][0]["version_id"].as_str().map(str::to_owned);
+    let versions: Vec<Option<String>> = runtime.block_on(async {
+        let mut versions = Vec::new();
+        for i in 0..3 {
+            let url = format!("{}/accounts/{}/kura/cluster", cluster.node(i).api, crate::common::ACCOUNT);
+            let status: Value =
+                client.get(url).bearer_auth(crate::common::TOKEN).send().await.unwrap().json().await.unwrap();
+            assert_eq!(status["result"]["workers"]["running"][0]["script"], "ledger", "node {i}: {status}");
+            versions.push(version(&status));
+        }
+        versions
+    });
+    assert!(
+        versions[0].is_some() && versions.iter().all(|v| *v == versions[0]),
+        "one version everywhere: {versions:?}"
+    );
+    let listed = Wrangler::new(cluster.node(1)).ok(project.path(), &["deployments", "list"]);
+    assert!(listed.all().matches("Version(s):").count() >= 2, "two deployments through node 1: {}", listed.all());
+
+    // Where nodes take in each other's Workers' calls, a client is no node: without a node's
+    // stamp, or with a forged one, nothing is served.
+    runtime.block_on(async {
+        let url = format!("{}/kura/worker-bindings/query", cluster.node(1).api.trim_end_matches("/client/v4"));
+        for stamp in [None, Some("node0 0000")] {
+            let mut request = client.post(&url).bearer_auth(crate::common::TOKEN).body("{}");
+            if let Some(stamp) = stamp {
+                request = request.header("x-kura-forwarded-by", stamp);
+            }
+            let answer = request.send().await.unwrap();
+            assert_eq!(answer.status(), 403, "{stamp:?}: {}", answer.text().await.unwrap());
+        }
+    });
+
+    // R2 and D1 through nodes that own neither: node 2 writes, node 1 reads.
+    let body = vec![7u8; 300 * 1024];
+    runtime.block_on(async {
+        let (status, put) = call(&client, &workers[2], reqwest::Method::PUT, "/files/big", &body).await.unwrap();
+        assert_eq!((status, put["size"].as_u64()), (200, Some(body.len() as u64)), "{put}");
+        let read = client.get(format!("{}/files/big", workers[1])).header("host", HOST).send().await.unwrap();
+        assert_eq!(read.status(), 200);
+        assert_eq!(read.bytes().await.unwrap().as_ref(), &body[..], "the body written through node 2, read through 1");
+        let (status, id) = call(&client, &workers[2], reqwest::Method::POST, "/entries/0", b"").await.unwrap();
+        assert_eq!(status, 200, "{id}");
+    });
+
+    // The owner of both killed while writes go through every node's Workers listener.
+    let (outcomes, takeover) = runtime.block_on(kill_mid_write(&cluster, 0, workers.clone(), entries(), 1));
+    let recovered_ms = unix_ms();
+    eprintln!("Workers through the kill of their database's owner: first acknowledgement {takeover:?} after it");
+    runtime.block_on(async {
+        for base in &workers[1..] {
+            let ids = wait_for(&client, base, "/entries", |b| b.is_array()).await;
+            let present: BTreeSet<u64> = ids.as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+            assert!(present.contains(&0), "the entry from before the kill is kept");
+            assert_consistent(&outcomes, &present, &format!("entries read through {base}"));
+        }
+        let read = client.get(format!("{}/files/big", workers[2])).header("host", HOST).send().await.unwrap();
+        assert_eq!(read.status(), 200, "the bucket is served after its owner died");
+        assert_eq!(read.bytes().await.unwrap().len(), body.len());
+    });
+
+    // The schedule fired once per minute for the whole cluster: no minute twice, and every
+    // minute once the survivors had taken over (wait for two of them).
+    let runs = runtime.block_on(async {
+        let first_after = (recovered_ms / 60_000 + 1) * 60_000;
+        let deadline = Instant::now() + Duration::from_secs(150);
+        loop {
+            let runs = wait_for(&client, &workers[1], "/runs", |b| b.is_array()).await;
+            let minutes: Vec<i64> = runs.as_array().unwrap().iter().map(|r| r["scheduled"].as_i64().unwrap()).collect();
+            if minutes.iter().filter(|m| **m >= first_after).count() >= 2 {
+                break minutes;
+            }
+            assert!(Instant::now() < deadline, "two minutes after the takeover did not both run: {minutes:?}");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    });
+    eprintln!("the ledger's scheduled runs: {runs:?} (survivors serving from {recovered_ms})");
+    let distinct: BTreeSet<i64> = runs.iter().copied().collect();
+    assert_eq!(distinct.len(), runs.len(), "a minute ran more than once across the cluster: {runs:?}");
+    assert!(runs.iter().all(|m| m % 60_000 == 0), "each run is for a minute's start: {runs:?}");
+    let after: Vec<i64> = runs.iter().copied().filter(|m| *m > recovered_ms).collect();
+    assert!(after.windows(2).all(|w| w[1] - w[0] == 60_000), "a minute after the takeover was missed: {runs:?}");
+}
