@@ -354,6 +354,7 @@ impl kura_server::ClusterStatus for NodeStatus {
             "buckets": describe(owned(kura_cluster::Kind::R2)),
             "namespaces": describe(owned(kura_cluster::Kind::DoNamespace)),
             "objects": describe(owned(kura_cluster::Kind::DoObject)),
+            "kv_namespaces": describe(owned(kura_cluster::Kind::Kv)),
         })
     }
 }
@@ -405,6 +406,7 @@ pub async fn run_node(command: NodeCommand) -> anyhow::Result<()> {
         ("buckets", "owned R2 buckets (metadata)"),
         ("namespaces", "owned Durable Object namespaces (index)"),
         ("objects", "owned Durable Objects"),
+        ("kv_namespaces", "owned KV namespaces"),
     ] {
         let owned = status[field].as_array().cloned().unwrap_or_default();
         println!("{title}: {}", owned.len());

@@ -97,7 +97,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             Some(kura_r2::Shared { placement: r2.clone(), blobs: kura_cluster::StoreBlobs::new(storage.clone()) });
         settings.durable_objects.cluster =
             Some(kura_do::DoCluster { namespaces: namespaces.clone(), objects: objects.clone() });
-        placements = vec![d1, r2, namespaces, objects];
+        let kv = placement(kura_cluster::Kind::Kv);
+        settings.kv_shared =
+            Some(kura_r2::Shared { placement: kv.clone(), blobs: kura_cluster::StoreBlobs::new(storage.clone()) });
+        placements = vec![d1, r2, namespaces, objects, kv];
         let catalog_path = args.data.data.join("catalog.sqlite");
         settings.catalog_replication = Some(Arc::new(kura_cluster::catalog::SharedCatalog::new(
             storage.clone(),

@@ -31,6 +31,8 @@ pub enum Kind {
     DoNamespace,
     /// Durable Objects' own files, by `<namespace id>/<object id>`.
     DoObject,
+    /// Workers KV namespaces' metadata (an R2 bucket's file each), by id.
+    Kv,
 }
 
 impl Kind {
@@ -41,6 +43,7 @@ impl Kind {
             Kind::R2 => "r2",
             Kind::DoNamespace => "do-index",
             Kind::DoObject => "do",
+            Kind::Kv => "kv",
         }
     }
 

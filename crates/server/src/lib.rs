@@ -474,7 +474,8 @@ async fn sweep_kv_and_queues_periodically(
                         tracing::info!(removed, "removed the files of deleted queues");
                     }
                 }
-                for namespace in namespaces {
+                // In a cluster, each namespace is swept by its owner.
+                for namespace in namespaces.into_iter().filter(|n| storage.owns(&n.id)) {
                     if full && let Err(e) = storage.sweep(&namespace.id).await {
                         tracing::warn!(namespace = namespace.id, error = %e, "could not sweep a KV namespace");
                     }

@@ -78,6 +78,9 @@ pub struct NodeSettings {
     pub d1: D1Settings,
     /// The R2 engine's settings.
     pub r2: R2Settings,
+    /// In a cluster: where KV namespaces' files are placed and their values' bodies kept (the
+    /// rest of KV's settings are R2's).
+    pub kv_shared: Option<kura_r2::Shared>,
     /// The Durable Objects engine's settings.
     pub durable_objects: kura_do::DoSettings,
     /// Domains under which the S3 listener serves virtual-hosted buckets (`<bucket>.<domain>`).
@@ -119,9 +122,7 @@ impl Node {
             None => Catalog::open(catalog_path)?,
         });
         let d1 = Arc::new(D1::open(dir, Arc::clone(&catalog), settings.d1)?);
-        // KV namespaces are this node's alone, even in a cluster (whose front door refuses
-        // them): what shares a cluster's store must be placed, and KV is not yet.
-        let kv = kura_kv::Kv::open(dir.join("kv"), R2Settings { shared: None, ..settings.r2.clone() })?;
+        let kv = kura_kv::Kv::open(dir.join("kv"), R2Settings { shared: settings.kv_shared, ..settings.r2.clone() })?;
         let r2 = Arc::new(R2::open(dir.join("r2"), settings.r2)?);
         // Queues too are this node's alone.
         let queues = kura_queues::Queues::open(dir.join("queues"), Default::default())

@@ -26,6 +26,8 @@ pub enum Touches {
     BindingBucket,
     /// One Durable Object namespace of `{account_id}`, by the id or name `{namespace}`.
     Namespace,
+    /// One Workers KV namespace of `{account_id}`, by the id `{namespace}`.
+    KvNamespace,
     /// A D1 export's download or import's upload: the node its `{token}` names holds it.
     Transfer,
     /// A surface a cluster does not serve yet, by its name.
@@ -52,7 +54,7 @@ impl Touches {
             Touches::Database(_) => &["account_id", "database"],
             Touches::Bucket => &["account_id", "bucket"],
             Touches::BindingBucket => &["bucket"],
-            Touches::Namespace => &["account_id", "namespace"],
+            Touches::Namespace | Touches::KvNamespace => &["account_id", "namespace"],
             Touches::Transfer => &["token"],
             Touches::Anywhere | Touches::DatabaseByHeader | Touches::NotClustered(_) => &[],
         }

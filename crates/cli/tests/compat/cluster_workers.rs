@@ -1,10 +1,11 @@
 //! Workers on three `kura serve` nodes over three Garage nodes and three etcd members: a Worker
-//! (`workers/ledger`: D1, R2 and a Cron Trigger) deployed with real wrangler through one node
-//! runs on every node; a redeploy through another and a secret through a third reach all of
-//! them; its R2 and D1 calls from nodes that do not own the bucket or database reach the owner;
-//! the owner killed with SIGKILL while requests go through every node's Workers listener loses
-//! no acknowledged write; and its schedule fires once a minute for the whole cluster, before
-//! and after the kill.
+//! (`workers/ledger`: D1, R2, KV and a Cron Trigger) deployed with real wrangler through one
+//! node runs on every node; a redeploy through another and a secret through a third reach all
+//! of them; its R2, D1 and KV calls from nodes that do not own the bucket, database or
+//! namespace reach the owner, and wrangler's `kv` commands work through any node; the owner
+//! killed with SIGKILL while requests go through every node's Workers listener loses no
+//! acknowledged write, and a survivor serves the bucket and the namespace; and its schedule
+//! fires once a minute for the whole cluster, before and after the kill.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -135,7 +136,26 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
         assert_eq!(read.bytes().await.unwrap().as_ref(), &body[..], "the body written through node 2, read through 1");
         let (status, id) = call(&client, &workers[2], reqwest::Method::POST, "/entries/0", b"").await.unwrap();
         assert_eq!(status, 200, "{id}");
+        let (status, put) = call(&client, &workers[2], reqwest::Method::PUT, "/notes/greeting", b"hej").await.unwrap();
+        assert_eq!(status, 200, "{put}");
+        let note = wait_for(&client, &workers[1], "/notes/greeting", |b| b["value"] == "hej").await;
+        assert_eq!(note["metadata"]["by"], "ledger");
     });
+    // wrangler's KV commands through a node that does not own the namespace.
+    let namespace_id = {
+        let listed = crate::kv::parse_json_output(
+            &Wrangler::new(cluster.node(1)).ok(project.path(), &["kv", "namespace", "list"]),
+        );
+        listed[0]["id"].as_str().expect("the provisioned namespace").to_owned()
+    };
+    let kv = |node: usize, args: &[&str]| {
+        let mut all = vec!["kv", "key"];
+        all.extend_from_slice(args);
+        all.extend(["--namespace-id", &namespace_id, "--remote"]);
+        Wrangler::new(cluster.node(node)).ok(project.path(), &all)
+    };
+    kv(2, &["put", "from-wrangler", "through node 2"]);
+    assert_eq!(kv(1, &["get", "greeting", "--text"]).stdout.trim(), "hej");
 
     // The owner of both killed while writes go through every node's Workers listener.
     let (outcomes, takeover) = runtime.block_on(kill_mid_write(&cluster, 0, workers.clone(), entries(), 1));
@@ -151,6 +171,8 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
         let read = client.get(format!("{}/files/big", workers[2])).header("host", HOST).send().await.unwrap();
         assert_eq!(read.status(), 200, "the bucket is served after its owner died");
         assert_eq!(read.bytes().await.unwrap().len(), body.len());
+        let note = wait_for(&client, &workers[2], "/notes/from-wrangler", |b| b.is_object()).await;
+        assert_eq!(note["value"], "through node 2", "the KV namespace is served after its owner died");
     });
 
     // The schedule fired once per minute for the whole cluster: no minute twice, and every

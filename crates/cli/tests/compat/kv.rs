@@ -20,7 +20,7 @@ fn namespace_id(created: &Run) -> String {
     id
 }
 
-fn parse_json_output(run: &Run) -> Json {
+pub(crate) fn parse_json_output(run: &Run) -> Json {
     let text = &run.stdout;
     let start = text.find(['[', '{']).unwrap_or_else(|| panic!("no JSON in: {}", run.all()));
     let mut stream = serde_json::Deserializer::from_str(&text[start..]).into_iter::<Json>();

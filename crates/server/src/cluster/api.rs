@@ -22,6 +22,8 @@ enum Target<'a> {
     BindingBucket { name: &'a str },
     /// One Durable Object namespace of the account, by id or name.
     Namespace { account: &'a str, namespace: &'a str },
+    /// One KV namespace of the account, by id.
+    KvNamespace { account: &'a str, namespace: &'a str },
     /// A D1 export's download or import's upload, held by the node its token names.
     Transfer { node: &'a str },
     /// Something a cluster does not serve yet.
@@ -46,6 +48,7 @@ fn classify<'a>(table: &'a RouteTable, path: &'a str, headers: &'a HeaderMap) ->
         // A namespace's details (its object count), objects, queries and fan-outs go to the node
         // serving it; the list of namespaces is the catalog's.
         Touches::Namespace => Target::Namespace { account: param("account_id"), namespace: param("namespace") },
+        Touches::KvNamespace => Target::KvNamespace { account: param("account_id"), namespace: param("namespace") },
         Touches::Transfer => match param("token").split_once(crate::transfer::NODE_SEPARATOR) {
             Some((node, _)) => Target::Transfer { node },
             None => Target::Anywhere,
@@ -81,6 +84,12 @@ pub async fn place(app: AppState, table: &RouteTable, request: Request, next: Ne
             // Unknown here (yet): answered here. A namespace made on another node a moment ago
             // may be found by the handler; its engine then claims it before serving, as the
             // placement would have.
+            Ok(None) => return forwarding.served_here(next.run(request).await),
+            Err(e) => return Wire::V4.refuse(ApiError::internal(&e)),
+        },
+        Target::KvNamespace { account, namespace } => match app.catalog.kv_namespace(account, namespace) {
+            Ok(Some(found)) => (Placed::KvNamespace(found.id), Wire::V4),
+            // An unknown namespace is nobody's: answered here (as not found).
             Ok(None) => return forwarding.served_here(next.run(request).await),
             Err(e) => return Wire::V4.refuse(ApiError::internal(&e)),
         },

@@ -33,12 +33,13 @@ use crate::forward::{FORWARDED_BY, Forwarding};
 use crate::routing::{Routes, Touches};
 use crate::state::AppState;
 
-/// The file a request is placed by: one D1 database, one R2 bucket or one Durable Object
-/// namespace, by its id.
+/// The file a request is placed by: one D1 database, one R2 bucket, one Durable Object
+/// namespace or one KV namespace, by its id.
 enum Placed {
     Database(String),
     Bucket(String),
     Namespace(String),
+    KvNamespace(String),
 }
 
 /// Why a request was not served here.
@@ -55,6 +56,7 @@ impl Placed {
             Placed::Database(_) => "database",
             Placed::Bucket(_) => "bucket",
             Placed::Namespace(_) => "namespace",
+            Placed::KvNamespace(_) => "KV namespace",
         }
     }
 
@@ -66,6 +68,7 @@ impl Placed {
             }),
             Placed::Bucket(id) => app.r2.claim(id).await.map_err(Unplaced::Placement),
             Placed::Namespace(id) => app.durable_objects.claim_namespace(id).await.map_err(Unplaced::Placement),
+            Placed::KvNamespace(id) => app.kv.storage().claim(id).await.map_err(Unplaced::Placement),
         }
     }
 
@@ -74,6 +77,7 @@ impl Placed {
             Placed::Database(uuid) => app.d1.forget_owner(uuid),
             Placed::Bucket(id) => app.r2.forget_owner(id),
             Placed::Namespace(id) => app.durable_objects.forget_namespace_owner(id),
+            Placed::KvNamespace(id) => app.kv.storage().forget_owner(id),
         }
     }
 }

@@ -156,6 +156,9 @@ pub enum Wire {
     S3,
     /// The R2 binding's `cf-r2-error` header.
     R2Binding,
+    /// KV's and queue producers' bindings: the message as the status line's reason phrase,
+    /// which workerd shows in the exception.
+    StatusLine,
 }
 
 impl Wire {
@@ -173,6 +176,7 @@ impl Wire {
                 s3::xml_error(error.status(), code, error.message())
             }
             Wire::R2Binding => binding::r2_error(error.status(), error.code(), error.message()),
+            Wire::StatusLine => binding::status_line_failure(error.status(), error.message()),
         }
     }
 }

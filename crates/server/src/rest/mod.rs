@@ -214,22 +214,22 @@ pub fn routes() -> Routes {
         )
         .route(
             &v4("/accounts/{account_id}/storage/kv/namespaces"),
-            Touches::NotClustered("Workers KV"),
+            Touches::Anywhere,
             get(kv::list_namespaces).post(kv::create_namespace),
         )
         .route(
             &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}"),
-            Touches::NotClustered("Workers KV"),
+            Touches::KvNamespace,
             get(kv::namespace).put(kv::rename_namespace).delete(kv::delete_namespace),
         )
         .route(
             &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}/keys"),
-            Touches::NotClustered("Workers KV"),
+            Touches::KvNamespace,
             get(kv::list_keys),
         )
         .route(
             &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}/values/{*key}"),
-            Touches::NotClustered("Workers KV"),
+            Touches::KvNamespace,
             // A value's limit is KV's (25 MiB), checked as it streams.
             get(kv::get_value)
                 .put(kv::put_value)
@@ -238,22 +238,22 @@ pub fn routes() -> Routes {
         )
         .route(
             &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}/metadata/{*key}"),
-            Touches::NotClustered("Workers KV"),
+            Touches::KvNamespace,
             get(kv::get_metadata),
         )
         .route(
             &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}/bulk"),
-            Touches::NotClustered("Workers KV"),
+            Touches::KvNamespace,
             axum::routing::put(kv::bulk_put).delete(kv::bulk_delete),
         )
         .route(
             &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}/bulk/delete"),
-            Touches::NotClustered("Workers KV"),
+            Touches::KvNamespace,
             post(kv::bulk_delete),
         )
         .route(
             &v4("/accounts/{account_id}/storage/kv/namespaces/{namespace}/bulk/get"),
-            Touches::NotClustered("Workers KV"),
+            Touches::KvNamespace,
             post(kv::bulk_get),
         )
         .route(

@@ -1,4 +1,4 @@
-// A ledger on D1 and R2 with a Cron Trigger, for the cluster tests. A binding call that fails
+// A ledger on D1, R2 and KV with a Cron Trigger, for the cluster tests. A binding call that fails
 // with a promise that nothing happened (kura's "retry shortly", "did not take effect") is
 // answered 503, so a client knows to retry; any other failure is answered 500.
 const json = (value, status = 200) => Response.json(value, { status });
@@ -34,6 +34,14 @@ async function handle(request, env) {
   if (what === "files") {
     const object = await env.FILES.get(key);
     return object ? new Response(object.body, { headers: { etag: object.httpEtag } }) : json(null, 404);
+  }
+  if (what === "notes" && request.method === "PUT") {
+    await env.NOTES.put(key, await request.text(), { metadata: { by: "ledger" } });
+    return json({ key });
+  }
+  if (what === "notes") {
+    const { value, metadata } = await env.NOTES.getWithMetadata(key);
+    return value === null ? json(null, 404) : json({ value, metadata });
   }
   if (what === "greeting") return json({ greeting: env.GREETING, secret: env.SECRET ?? null });
   return new Response("not found", { status: 404 });
