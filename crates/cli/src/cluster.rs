@@ -355,6 +355,7 @@ impl kura_server::ClusterStatus for NodeStatus {
             "namespaces": describe(owned(kura_cluster::Kind::DoNamespace)),
             "objects": describe(owned(kura_cluster::Kind::DoObject)),
             "kv_namespaces": describe(owned(kura_cluster::Kind::Kv)),
+            "queues": describe(owned(kura_cluster::Kind::Queue)),
         })
     }
 }
@@ -407,6 +408,7 @@ pub async fn run_node(command: NodeCommand) -> anyhow::Result<()> {
         ("namespaces", "owned Durable Object namespaces (index)"),
         ("objects", "owned Durable Objects"),
         ("kv_namespaces", "owned KV namespaces"),
+        ("queues", "owned queues"),
     ] {
         let owned = status[field].as_array().cloned().unwrap_or_default();
         println!("{title}: {}", owned.len());

@@ -100,7 +100,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let kv = placement(kura_cluster::Kind::Kv);
         settings.kv_shared =
             Some(kura_r2::Shared { placement: kv.clone(), blobs: kura_cluster::StoreBlobs::new(storage.clone()) });
-        placements = vec![d1, r2, namespaces, objects, kv];
+        let queues = placement(kura_cluster::Kind::Queue);
+        settings.queue_placement = Some(queues.clone());
+        placements = vec![d1, r2, namespaces, objects, kv, queues];
         let catalog_path = args.data.data.join("catalog.sqlite");
         settings.catalog_replication = Some(Arc::new(kura_cluster::catalog::SharedCatalog::new(
             storage.clone(),

@@ -33,6 +33,8 @@ pub enum Kind {
     DoObject,
     /// Workers KV namespaces' metadata (an R2 bucket's file each), by id.
     Kv,
+    /// Queues' files, by id.
+    Queue,
 }
 
 impl Kind {
@@ -44,6 +46,7 @@ impl Kind {
             Kind::DoNamespace => "do-index",
             Kind::DoObject => "do",
             Kind::Kv => "kv",
+            Kind::Queue => "queue",
         }
     }
 

@@ -33,6 +33,10 @@ pub enum QueueError {
     /// The queue's directory could not be made or removed.
     #[error("queue storage: {0}")]
     Io(std::io::Error),
+    /// In a cluster: the queue cannot be served here now (its ownership is moving, or another
+    /// node took it over); nothing happened, and the request may be retried.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl QueueError {
@@ -45,7 +49,7 @@ impl QueueError {
             QueueError::MessageTooLarge(_) => 10204,
             QueueError::BatchTooLarge(_) => 10205,
             QueueError::BatchCount(_) => 10206,
-            QueueError::Storage(kura_sqlite::Error::Overloaded) => 10250,
+            QueueError::Storage(kura_sqlite::Error::Overloaded) | QueueError::Unavailable(_) => 10250,
             QueueError::Storage(_) | QueueError::Sql(_) | QueueError::Io(_) => 15000,
         }
     }

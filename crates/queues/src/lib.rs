@@ -19,7 +19,7 @@ mod error;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kura_sqlite::{DatabaseOptions, Registry, RegistrySettings};
+use kura_sqlite::{DatabaseOptions, HistorySettings, Placement, PlacementError, Registry, RegistrySettings};
 use rusqlite::{Connection, OptionalExtension};
 
 pub use crate::error::{QueueError, Result};
@@ -218,20 +218,84 @@ pub struct Queues {
     registry: Registry,
     root: PathBuf,
     clock: Clock,
+    /// In a cluster, which node owns each queue's file (`None` alone).
+    placement: Option<Arc<dyn Placement>>,
     /// Queues whose file this process has brought to the current schema.
     current: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Queues {
-    /// Opens the engine over `root` (created if missing).
-    pub fn open(root: PathBuf, settings: RegistrySettings) -> std::io::Result<Queues> {
+    /// Opens the engine over `root` (created if missing); in a cluster, `placement` says which
+    /// queues this node owns, and each commit to one ships before it is acknowledged.
+    pub fn open(
+        root: PathBuf,
+        settings: RegistrySettings,
+        placement: Option<Arc<dyn Placement>>,
+    ) -> std::io::Result<Queues> {
         std::fs::create_dir_all(&root)?;
         let opener_root = root.clone();
+        let opener_placement = placement.clone();
         let registry = Registry::new(settings, move |queue: &str| {
             let dir = opener_root.join(queue);
-            (valid_queue_id(queue) && dir.is_dir()).then(|| DatabaseOptions::new(dir.join("queue.sqlite")).create(true))
+            if !valid_queue_id(queue) || !dir.is_dir() {
+                return None;
+            }
+            let options = DatabaseOptions::new(dir.join("queue.sqlite")).create(true);
+            match &opener_placement {
+                // A queue this node does not own (any more) is not opened here.
+                Some(placement) => placement
+                    .shipper(queue)
+                    .map(|shipper| options.history(HistorySettings::shipped_only(), queue).shipper(shipper)),
+                None => Some(options),
+            }
         });
-        Ok(Queues { registry, root, clock: Arc::new(system_clock), current: Arc::default() })
+        Ok(Queues { registry, root, clock: Arc::new(system_clock), placement, current: Arc::default() })
+    }
+
+    /// In a cluster, makes sure this node may serve the queue — it owns it, its file holding
+    /// everything the store does — or says where it is served; answers whether it was taken
+    /// over just now (the leases of the node that had it are then this node's to release).
+    /// Alone, a no-op.
+    pub async fn claim(&self, queue: &str) -> std::result::Result<bool, PlacementError> {
+        let Some(placement) = &self.placement else { return Ok(false) };
+        if !valid_queue_id(queue) || placement.is_current(queue) {
+            return Ok(false);
+        }
+        std::fs::create_dir_all(self.root.join(queue))
+            .map_err(|e| PlacementError::Unavailable(format!("creating the queue's directory: {e}")))?;
+        // Whatever an earlier ownership left open goes before the file is rebuilt.
+        let (registry, key) = (self.registry.clone(), queue.to_owned());
+        let release_file = Box::pin(async move { registry.close(&key).await });
+        placement.claim(queue, &self.root.join(queue).join("queue.sqlite"), release_file).await?;
+        self.current.lock().unwrap_or_else(|p| p.into_inner()).remove(queue);
+        Ok(true)
+    }
+
+    /// In a cluster: the node last named as the queue's owner did not serve it; look again
+    /// next time.
+    pub fn forget_owner(&self, queue: &str) {
+        if let Some(placement) = &self.placement {
+            placement.forget_owner(queue);
+        }
+    }
+
+    /// Why a queue's file could not be opened: it is gone, or (in a cluster) this node's
+    /// ownership of it ended since the request was placed.
+    fn missing(&self, queue: &str) -> QueueError {
+        match self.owns(queue) {
+            true => QueueError::NotFound,
+            false => QueueError::Unavailable("this node's ownership of the queue ended; retry shortly".into()),
+        }
+    }
+
+    /// Whether this node is one of a cluster's.
+    pub fn is_clustered(&self) -> bool {
+        self.placement.is_some()
+    }
+
+    /// Whether this node serves the queue now (always, alone).
+    pub fn owns(&self, queue: &str) -> bool {
+        self.placement.as_ref().is_none_or(|p| p.is_current(queue))
     }
 
     /// The same engine, telling time by `clock` (tests move it).
@@ -260,6 +324,7 @@ impl Queues {
             return Err(QueueError::NotFound);
         }
         std::fs::create_dir_all(self.root.join(queue)).map_err(QueueError::Io)?;
+        self.claim(queue).await.map_err(|e| QueueError::Unavailable(e.to_string()))?;
         self.make_current(queue).await
     }
 
@@ -267,6 +332,9 @@ impl Queues {
     pub async fn delete_queue(&self, queue: &str) -> Result<()> {
         self.current.lock().unwrap_or_else(|p| p.into_inner()).remove(queue);
         self.registry.retire(queue).await;
+        if let Some(placement) = &self.placement {
+            placement.release(queue).await;
+        }
         match std::fs::remove_dir_all(self.root.join(queue)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(QueueError::Io(e)),
             _ => Ok(()),
@@ -328,7 +396,10 @@ impl Queues {
         match self.registry.write_grouped(queue, f).await {
             Ok(outcome) => outcome,
             // No such file (the opener found none), or a queue deleted under the request.
-            Err(kura_sqlite::Error::Closed) => Err(QueueError::NotFound),
+            Err(kura_sqlite::Error::Closed) => Err(self.missing(queue)),
+            Err(e @ kura_sqlite::Error::Superseded { .. }) => Err(QueueError::Unavailable(format!(
+                "another node took this queue over; the request did not take effect ({e})"
+            ))),
             Err(e) => Err(e.into()),
         }
     }
@@ -592,7 +663,10 @@ impl Queues {
         match self.registry.with_database(queue, move |db| db.with_internal(f)).await {
             Ok(outcome) => outcome,
             // No such file (the opener found none), or a queue deleted under the request.
-            Err(kura_sqlite::Error::Closed) => Err(QueueError::NotFound),
+            Err(kura_sqlite::Error::Closed) => Err(self.missing(queue)),
+            Err(e @ kura_sqlite::Error::Superseded { .. }) => Err(QueueError::Unavailable(format!(
+                "another node took this queue over; the request did not take effect ({e})"
+            ))),
             Err(e) => Err(e.into()),
         }
     }

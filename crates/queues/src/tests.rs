@@ -16,7 +16,7 @@ async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let now = Arc::new(AtomicI64::new(1_800_000_000_000));
     let clock = Arc::clone(&now);
-    let queues = Queues::open(dir.path().join("queues"), RegistrySettings::default())
+    let queues = Queues::open(dir.path().join("queues"), RegistrySettings::default(), None)
         .unwrap()
         .with_clock(Arc::new(move || clock.load(Ordering::SeqCst)));
     queues.create_queue(Q).await.unwrap();

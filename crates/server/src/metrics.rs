@@ -97,7 +97,8 @@ async fn queues(out: &mut String, app: &AppState) {
     let Ok(queues) = app.catalog.all_queues() else { return };
     let now = app.queues.now_ms();
     let mut rows = Vec::new();
-    for queue in queues.into_iter().take(MAX_QUEUES_SCRAPED) {
+    // In a cluster, each queue's figures are its owner's.
+    for queue in queues.into_iter().filter(|q| app.queues.owns(&q.id)).take(MAX_QUEUES_SCRAPED) {
         if let Ok(backlog) = app.queues.backlog(&queue.id).await {
             // By id, as D1's databases: the endpoint is open, and names are the account's own.
             rows.push((labels(&[("queue", &queue.id)]), backlog));

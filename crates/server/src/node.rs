@@ -81,6 +81,8 @@ pub struct NodeSettings {
     /// In a cluster: where KV namespaces' files are placed and their values' bodies kept (the
     /// rest of KV's settings are R2's).
     pub kv_shared: Option<kura_r2::Shared>,
+    /// In a cluster: which node owns each queue's file.
+    pub queue_placement: Option<Arc<dyn kura_sqlite::Placement>>,
     /// The Durable Objects engine's settings.
     pub durable_objects: kura_do::DoSettings,
     /// Domains under which the S3 listener serves virtual-hosted buckets (`<bucket>.<domain>`).
@@ -124,8 +126,7 @@ impl Node {
         let d1 = Arc::new(D1::open(dir, Arc::clone(&catalog), settings.d1)?);
         let kv = kura_kv::Kv::open(dir.join("kv"), R2Settings { shared: settings.kv_shared, ..settings.r2.clone() })?;
         let r2 = Arc::new(R2::open(dir.join("r2"), settings.r2)?);
-        // Queues too are this node's alone.
-        let queues = kura_queues::Queues::open(dir.join("queues"), Default::default())
+        let queues = kura_queues::Queues::open(dir.join("queues"), Default::default(), settings.queue_placement)
             .map_err(io(format!("opening {}", dir.join("queues").display())))?;
         let durable_objects = kura_do::DurableObjects::open(dir.join("do"), settings.durable_objects)?;
         Ok(Node {

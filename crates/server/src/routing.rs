@@ -28,6 +28,8 @@ pub enum Touches {
     Namespace,
     /// One Workers KV namespace of `{account_id}`, by the id `{namespace}`.
     KvNamespace,
+    /// One queue of `{account_id}`, by the id `{queue}`.
+    Queue,
     /// A D1 export's download or import's upload: the node its `{token}` names holds it.
     Transfer,
     /// A surface a cluster does not serve yet, by its name.
@@ -55,6 +57,7 @@ impl Touches {
             Touches::Bucket => &["account_id", "bucket"],
             Touches::BindingBucket => &["bucket"],
             Touches::Namespace | Touches::KvNamespace => &["account_id", "namespace"],
+            Touches::Queue => &["account_id", "queue"],
             Touches::Transfer => &["token"],
             Touches::Anywhere | Touches::DatabaseByHeader | Touches::NotClustered(_) => &[],
         }

@@ -30,6 +30,9 @@ const PUSH_LEASE_MS: i64 = 15 * 60 * 1000;
 /// How often the consumers are looked at again even with no change announced.
 const RESCAN: Duration = Duration::from_secs(30);
 
+/// How often a node that does not own a queue with a consumer looks whether it should.
+const OWNER_POLL: Duration = Duration::from_secs(2);
+
 /// How long a handler may run on a batch before the batch is retried (a little under its lease,
 /// so no one else is given the batch meanwhile).
 const HANDLER_LIMIT: Duration = Duration::from_millis(PUSH_LEASE_MS as u64 - 30_000);
@@ -224,15 +227,35 @@ impl Workers {
         Ok(found)
     }
 
-    /// One queue's loop.
-    async fn consume(self, queues: Queues, consumer: Consumer, release: bool) {
+    /// One queue's loop. In a cluster the queue's owner delivers: the loop waits until this
+    /// node is it (taking the queue over when no live node has it), and waits again if that
+    /// ends.
+    async fn consume(self, queues: Queues, consumer: Consumer, mut release: bool) {
         let queue_id = consumer.queue.id.clone();
-        if release && let Err(e) = queues.release_leases(&queue_id).await {
-            tracing::warn!(queue = consumer.queue.name, error = %e, "cannot release the previous deliveries' leases");
+        loop {
+            if let Err(e) = queues.claim(&queue_id).await {
+                tracing::debug!(queue = consumer.queue.name, error = %e, "not delivering: the queue is served elsewhere");
+                tokio::time::sleep(OWNER_POLL).await;
+                continue;
+            }
+            // The leases of deliveries that died with the process or the node that made them
+            // (this one's predecessor, or the queue's last owner) are not waited out.
+            if (release || queues.is_clustered())
+                && let Err(e) = queues.release_leases(&queue_id).await
+            {
+                tracing::warn!(queue = consumer.queue.name, error = %e, "cannot release the previous deliveries' leases");
+            }
+            release = false;
+            if consumer.queue.delivery_paused {
+                return;
+            }
+            self.deliver_while_owner(&queues, &consumer).await;
         }
-        if consumer.queue.delivery_paused {
-            return;
-        }
+    }
+
+    /// Delivers the queue's messages for as long as this node owns it.
+    async fn deliver_while_owner(&self, queues: &Queues, consumer: &Consumer) {
+        let queue_id = consumer.queue.id.clone();
         let settings = ConsumerSettings::of(&consumer.consumer);
         let batch_size = settings.batch_size as usize;
         let wait_ms = i64::from(settings.max_wait_time_ms);
@@ -242,6 +265,7 @@ impl Workers {
             let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { return };
             let (ready, earliest) = match queues.ready(&queue_id, batch_size).await {
                 Ok(found) => found,
+                Err(_) if !queues.owns(&queue_id) => return,
                 Err(e) => {
                     tracing::warn!(queue = consumer.queue.name, error = %e, "cannot read the queue; retrying");
                     drop(slot);
@@ -268,6 +292,7 @@ impl Workers {
                         });
                     }
                     Ok(_) => drop(slot),
+                    Err(_) if !queues.owns(&queue_id) => return,
                     Err(e) => {
                         tracing::warn!(queue = consumer.queue.name, error = %e, "cannot lease a batch; retrying");
                         drop(slot);

@@ -60,6 +60,21 @@ fn entries() -> Write {
     })
 }
 
+/// The queue's v4 details once its backlog is empty (acknowledgements settle a moment after
+/// the deliveries they follow are recorded).
+async fn wait_for_queue_drained(client: &reqwest::Client, url: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let details: Value =
+            client.get(url).bearer_auth(crate::common::TOKEN).send().await.unwrap().json().await.unwrap();
+        if details["result"]["backlog"]["count"] == 0 || Instant::now() > deadline {
+            assert_eq!(details["result"]["backlog"]["count"], 0, "the backlog drains: {details}");
+            return details;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 fn unix_ms() -> i64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_millis() as i64
 }
@@ -70,7 +85,9 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
     let cluster = Cluster::start_with(vec!["--workerd".to_owned(), workerd.display().to_string()]);
     let workers: Vec<String> = (0..3).map(|i| cluster.node(i).workers.clone()).collect();
     let project = Project::new("ledger");
-    // Node 0 provisions the database and the bucket, so it owns both.
+    // Node 0 makes the queue and provisions the database, the bucket and the namespace, so it
+    // owns them all.
+    Wrangler::new(cluster.node(0)).ok(project.path(), &["queues", "create", "ledger-jobs"]);
     deploy(&Wrangler::new(cluster.node(0)), &project, &[]);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let client = reqwest::Client::new();
@@ -157,7 +174,23 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
     kv(2, &["put", "from-wrangler", "through node 2"]);
     assert_eq!(kv(1, &["get", "greeting", "--text"]).stdout.trim(), "hej");
 
-    // The owner of both killed while writes go through every node's Workers listener.
+    // Jobs sent through every node's producer, half of them due only after the owner's kill.
+    const JOBS: u64 = 90;
+    runtime.block_on(async {
+        for id in 0..JOBS {
+            let path = format!("/jobs/{id}?delay={}", if id % 2 == 0 { 0 } else { 8 });
+            let (status, body) =
+                call(&client, &workers[id as usize % 3], reqwest::Method::POST, &path, b"").await.unwrap();
+            assert_eq!(status, 200, "job {id}: {body}");
+        }
+        let early = wait_for(&client, &workers[2], "/jobs", |b| b.is_array()).await;
+        assert!(
+            early.as_array().unwrap().iter().all(|id| id.as_u64().unwrap() % 2 == 0),
+            "delayed jobs ran early: {early}"
+        );
+    });
+
+    // The owner of them all killed while writes go through every node's Workers listener.
     let (outcomes, takeover) = runtime.block_on(kill_mid_write(&cluster, 0, workers.clone(), entries(), 1));
     let recovered_ms = unix_ms();
     eprintln!("Workers through the kill of their database's owner: first acknowledgement {takeover:?} after it");
@@ -173,6 +206,22 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
         assert_eq!(read.bytes().await.unwrap().len(), body.len());
         let note = wait_for(&client, &workers[2], "/notes/from-wrangler", |b| b.is_object()).await;
         assert_eq!(note["value"], "through node 2", "the KV namespace is served after its owner died");
+        // Every job acknowledged before the kill is delivered, by the queue's new owner for those
+        // due after it.
+        let deliveries = wait_for(&client, &workers[1], "/jobs", |b| {
+            let ids: BTreeSet<u64> = b.as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+            ids.len() as u64 == JOBS
+        })
+        .await;
+        let count = deliveries.as_array().unwrap().len() as u64;
+        eprintln!("{JOBS} jobs, {} deliveries through the kill of the queue's owner", count);
+        // The queue's details, its backlog drained, through a node that does not own it.
+        let queues = format!("{}/accounts/{}/queues", cluster.node(2).api, crate::common::ACCOUNT);
+        let listed: Value =
+            client.get(&queues).bearer_auth(crate::common::TOKEN).send().await.unwrap().json().await.unwrap();
+        let id = listed["result"][0]["queue_id"].as_str().expect("the queue is listed").to_owned();
+        let details = wait_for_queue_drained(&client, &format!("{queues}/{id}")).await;
+        assert_eq!(details["result"]["queue_name"], "ledger-jobs", "{details}");
     });
 
     // The schedule fired once per minute for the whole cluster: no minute twice, and every

@@ -24,6 +24,8 @@ enum Target<'a> {
     Namespace { account: &'a str, namespace: &'a str },
     /// One KV namespace of the account, by id.
     KvNamespace { account: &'a str, namespace: &'a str },
+    /// One queue of the account, by id.
+    Queue { account: &'a str, queue: &'a str },
     /// A D1 export's download or import's upload, held by the node its token names.
     Transfer { node: &'a str },
     /// Something a cluster does not serve yet.
@@ -49,6 +51,7 @@ fn classify<'a>(table: &'a RouteTable, path: &'a str, headers: &'a HeaderMap) ->
         // serving it; the list of namespaces is the catalog's.
         Touches::Namespace => Target::Namespace { account: param("account_id"), namespace: param("namespace") },
         Touches::KvNamespace => Target::KvNamespace { account: param("account_id"), namespace: param("namespace") },
+        Touches::Queue => Target::Queue { account: param("account_id"), queue: param("queue") },
         Touches::Transfer => match param("token").split_once(crate::transfer::NODE_SEPARATOR) {
             Some((node, _)) => Target::Transfer { node },
             None => Target::Anywhere,
@@ -90,6 +93,12 @@ pub async fn place(app: AppState, table: &RouteTable, request: Request, next: Ne
         Target::KvNamespace { account, namespace } => match app.catalog.kv_namespace(account, namespace) {
             Ok(Some(found)) => (Placed::KvNamespace(found.id), Wire::V4),
             // An unknown namespace is nobody's: answered here (as not found).
+            Ok(None) => return forwarding.served_here(next.run(request).await),
+            Err(e) => return Wire::V4.refuse(ApiError::internal(&e)),
+        },
+        Target::Queue { account, queue } => match app.catalog.queue(account, queue) {
+            Ok(Some(found)) => (Placed::Queue(found.id), Wire::V4),
+            // An unknown queue is nobody's: answered here (as not found).
             Ok(None) => return forwarding.served_here(next.run(request).await),
             Err(e) => return Wire::V4.refuse(ApiError::internal(&e)),
         },

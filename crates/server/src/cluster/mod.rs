@@ -34,12 +34,13 @@ use crate::routing::{Routes, Touches};
 use crate::state::AppState;
 
 /// The file a request is placed by: one D1 database, one R2 bucket, one Durable Object
-/// namespace or one KV namespace, by its id.
+/// namespace, one KV namespace or one queue, by its id.
 enum Placed {
     Database(String),
     Bucket(String),
     Namespace(String),
     KvNamespace(String),
+    Queue(String),
 }
 
 /// Why a request was not served here.
@@ -57,6 +58,7 @@ impl Placed {
             Placed::Bucket(_) => "bucket",
             Placed::Namespace(_) => "namespace",
             Placed::KvNamespace(_) => "KV namespace",
+            Placed::Queue(_) => "queue",
         }
     }
 
@@ -69,6 +71,9 @@ impl Placed {
             Placed::Bucket(id) => app.r2.claim(id).await.map_err(Unplaced::Placement),
             Placed::Namespace(id) => app.durable_objects.claim_namespace(id).await.map_err(Unplaced::Placement),
             Placed::KvNamespace(id) => app.kv.storage().claim(id).await.map_err(Unplaced::Placement),
+            // A queue taken over here has its push deliveries' leases released by this node's
+            // delivery loop, once it finds itself the owner.
+            Placed::Queue(id) => app.queues.claim(id).await.map(drop).map_err(Unplaced::Placement),
         }
     }
 
@@ -78,6 +83,7 @@ impl Placed {
             Placed::Bucket(id) => app.r2.forget_owner(id),
             Placed::Namespace(id) => app.durable_objects.forget_namespace_owner(id),
             Placed::KvNamespace(id) => app.kv.storage().forget_owner(id),
+            Placed::Queue(id) => app.queues.forget_owner(id),
         }
     }
 }

@@ -169,7 +169,9 @@ pub fn queue_status(e: &QueueError) -> StatusCode {
         }
         QueueError::InvalidDelay(_) | QueueError::InvalidContentType(_) => StatusCode::BAD_REQUEST,
         QueueError::Storage(kura_sqlite::Error::Overloaded) => StatusCode::TOO_MANY_REQUESTS,
-        QueueError::Storage(kura_sqlite::Error::Reopening) => StatusCode::SERVICE_UNAVAILABLE,
+        QueueError::Storage(kura_sqlite::Error::Reopening) | QueueError::Unavailable(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

@@ -272,47 +272,31 @@ pub fn routes() -> Routes {
             Touches::Anywhere,
             axum::routing::delete(workers::delete_tail),
         )
-        .route(
-            &v4("/accounts/{account_id}/queues"),
-            Touches::NotClustered("Queues"),
-            get(queues::list).post(queues::create),
-        )
+        .route(&v4("/accounts/{account_id}/queues"), Touches::Anywhere, get(queues::list).post(queues::create))
         .route(
             &v4("/accounts/{account_id}/queues/{queue}"),
-            Touches::NotClustered("Queues"),
+            Touches::Queue,
             get(queues::details).patch(queues::update).put(queues::update).delete(queues::delete),
         )
-        .route(&v4("/accounts/{account_id}/queues/{queue}/purge"), Touches::NotClustered("Queues"), post(queues::purge))
+        .route(&v4("/accounts/{account_id}/queues/{queue}/purge"), Touches::Queue, post(queues::purge))
         .route(
             &v4("/accounts/{account_id}/queues/{queue}/consumers"),
-            Touches::NotClustered("Queues"),
+            Touches::Queue,
             get(queues::list_consumers).post(queues::add_consumer),
         )
         .route(
             &v4("/accounts/{account_id}/queues/{queue}/consumers/{consumer}"),
-            Touches::NotClustered("Queues"),
+            Touches::Queue,
             axum::routing::put(queues::replace_consumer).delete(queues::delete_consumer),
         )
         .route(
             &v4("/accounts/{account_id}/queues/{queue}/messages"),
-            Touches::NotClustered("Queues"),
+            Touches::Queue,
             get(queues::peek).post(queues::send),
         )
-        .route(
-            &v4("/accounts/{account_id}/queues/{queue}/messages/batch"),
-            Touches::NotClustered("Queues"),
-            post(queues::send_batch),
-        )
-        .route(
-            &v4("/accounts/{account_id}/queues/{queue}/messages/pull"),
-            Touches::NotClustered("Queues"),
-            post(queues::pull),
-        )
-        .route(
-            &v4("/accounts/{account_id}/queues/{queue}/messages/ack"),
-            Touches::NotClustered("Queues"),
-            post(queues::ack),
-        )
+        .route(&v4("/accounts/{account_id}/queues/{queue}/messages/batch"), Touches::Queue, post(queues::send_batch))
+        .route(&v4("/accounts/{account_id}/queues/{queue}/messages/pull"), Touches::Queue, post(queues::pull))
+        .route(&v4("/accounts/{account_id}/queues/{queue}/messages/ack"), Touches::Queue, post(queues::ack))
         .route(&v4("/graphql"), Touches::Anywhere, post(graphql::query))
         .with_router(|router| {
             router

@@ -1,4 +1,4 @@
-// A ledger on D1, R2 and KV with a Cron Trigger, for the cluster tests. A binding call that fails
+// A ledger on D1, R2, KV and a queue with a Cron Trigger, for the cluster tests. A binding call that fails
 // with a promise that nothing happened (kura's "retry shortly", "did not take effect") is
 // answered 503, so a client knows to retry; any other failure is answered 500.
 const json = (value, status = 200) => Response.json(value, { status });
@@ -6,6 +6,7 @@ const NOTHING_HAPPENED = /retry shortly|did not take effect|unavailable for now/
 const SCHEMA = [
   "CREATE TABLE IF NOT EXISTS entries (id INTEGER PRIMARY KEY)",
   "CREATE TABLE IF NOT EXISTS runs (scheduled INTEGER NOT NULL, cron TEXT NOT NULL)",
+  "CREATE TABLE IF NOT EXISTS deliveries (id INTEGER NOT NULL)",
 ];
 
 async function handle(request, env) {
@@ -43,6 +44,14 @@ async function handle(request, env) {
     const { value, metadata } = await env.NOTES.getWithMetadata(key);
     return value === null ? json(null, 404) : json({ value, metadata });
   }
+  if (what === "jobs" && request.method === "POST") {
+    await env.JOBS.send({ id: Number(key) }, { delaySeconds: Number(url.searchParams.get("delay") ?? 0) });
+    return json({ id: Number(key) });
+  }
+  if (what === "jobs") {
+    const { results } = await env.DB.prepare("SELECT id FROM deliveries ORDER BY rowid").all();
+    return json(results.map((r) => r.id));
+  }
   if (what === "greeting") return json({ greeting: env.GREETING, secret: env.SECRET ?? null });
   return new Response("not found", { status: 404 });
 }
@@ -55,6 +64,12 @@ export default {
       const said = String(e?.message ?? e);
       return json({ error: said }, NOTHING_HAPPENED.test(said) ? 503 : 500);
     }
+  },
+
+  // Each delivery is recorded, duplicates included; a batch that cannot be recorded is retried.
+  async queue(batch, env) {
+    const insert = env.DB.prepare("INSERT INTO deliveries (id) VALUES (?)");
+    await env.DB.batch(batch.messages.map((m) => insert.bind(m.body.id)));
   },
 
   // A run that meets its database moving to another node retries, as a job should.
