@@ -497,13 +497,26 @@ impl Catalog {
     /// and commits only once a copy with it is published: a write that fails changes nothing,
     /// and no reader sees a write before it is published.
     fn write_checked<T>(&self, f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
-        let written = self.write_unmarked(f);
+        let written = self.write_unmarked(f, Publish::Always);
         // Whatever the outcome: a failed write changed nothing, and a spare mark costs a read.
         self.changes.touch();
         written
     }
 
-    fn write_unmarked<T>(&self, f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>) -> Result<T> {
+    /// [`Catalog::write`] for a write that may well find nothing to change (a claim another node
+    /// made first): in a shared catalog, one whose statements changed no row is rolled back
+    /// rather than published. Only for writes of rows: a schema change counts no row.
+    fn write_rows<T>(&self, f: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>) -> Result<T> {
+        let written = self.write_unmarked(|tx| f(tx).map_err(|e| self.storage(e)), Publish::IfRowsChanged);
+        self.changes.touch();
+        written
+    }
+
+    fn write_unmarked<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
+        publish: Publish,
+    ) -> Result<T> {
         let Some(replication) = &self.replication else { return self.transact(&mut self.lock_writer(), f) };
         let mut conn = self.lock_writer_shared(replication.as_ref());
         if let Some(copy) = replication.begin_write().map_err(Error::Replication)?
@@ -512,7 +525,7 @@ impl Catalog {
             replication.end_write();
             return Err(e);
         }
-        let outcome = self.write_published(&mut conn, replication.as_ref(), f);
+        let outcome = self.write_published(&mut conn, replication.as_ref(), f, publish);
         replication.end_write();
         outcome
     }
@@ -522,6 +535,7 @@ impl Catalog {
         conn: &mut rusqlite::Connection,
         replication: &dyn Replication,
         f: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<T>,
+        publish: Publish,
     ) -> Result<T> {
         let storage = |e| self.storage(e);
         let rollback = |conn: &rusqlite::Connection| {
@@ -534,6 +548,7 @@ impl Catalog {
         // The transaction stays open past this wrapper: it is serialised, then committed or
         // rolled back below.
         tx.set_drop_behavior(rusqlite::DropBehavior::Ignore);
+        let rows_before = conn.total_changes();
         let done = f(&tx);
         drop(tx);
         let out = match done {
@@ -543,6 +558,10 @@ impl Catalog {
                 return Err(e);
             }
         };
+        if publish == Publish::IfRowsChanged && conn.total_changes() == rows_before {
+            rollback(conn);
+            return Ok(out);
+        }
         // The file as it will be once committed: a connection's serialisation reads its own
         // transaction's pages.
         let copy = self.path.with_extension("sqlite.publish");
@@ -626,6 +645,13 @@ fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut file = std::fs::File::create(path)?;
     file.write_all(bytes)?;
     file.sync_all()
+}
+
+/// Whether a shared catalog's write is published when its statements changed no row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Publish {
+    Always,
+    IfRowsChanged,
 }
 
 /// One connection to the catalog file, configured.

@@ -272,7 +272,7 @@ impl Catalog {
 
     /// The account's scripts in name order.
     pub fn list_worker_scripts(&self, account_id: &str) -> Result<Vec<WorkerScript>> {
-        self.read(|c| {
+        self.read_current(|c| {
             c.prepare_cached(&format!(
                 "SELECT {SCRIPT_COLUMNS} FROM workers_scripts WHERE account_id = ?1 ORDER BY name"
             ))?
@@ -509,7 +509,7 @@ impl Catalog {
 
     /// The script's versions, newest first.
     pub fn worker_versions(&self, script_id: &str) -> Result<Vec<WorkerVersion>> {
-        self.read(|c| {
+        self.read_current(|c| {
             c.prepare_cached(&format!(
                 "SELECT {VERSION_COLUMNS} FROM workers_versions WHERE script_id = ?1 ORDER BY number DESC"
             ))?
@@ -520,7 +520,7 @@ impl Catalog {
 
     /// The script's deployments, newest first.
     pub fn worker_deployments(&self, script_id: &str) -> Result<Vec<WorkerDeployment>> {
-        self.read(|c| {
+        self.read_current(|c| {
             c.prepare_cached(&format!(
                 "SELECT {DEPLOYMENT_COLUMNS} FROM workers_deployments WHERE script_id = ?1 ORDER BY rowid DESC"
             ))?
@@ -631,7 +631,9 @@ impl Catalog {
     /// fired for that minute or a later one, and now counts as fired. Claimed before the
     /// handler runs, so a minute fires at most once whatever restarts.
     pub fn claim_worker_schedule_minute(&self, script_id: &str, cron: &str, minute: i64) -> Result<bool> {
-        let claimed = self.write(|tx| {
+        // Every node of a cluster tries each minute's claim; the losers' writes change nothing
+        // and are not published.
+        let claimed = self.write_rows(|tx| {
             tx.execute(
                 "UPDATE workers_schedules SET fired_minute = ?3 WHERE script_id = ?1 AND cron = ?2 \
                  AND (fired_minute IS NULL OR fired_minute < ?3)",

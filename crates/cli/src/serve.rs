@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::Args;
 use kura_server::{CredentialsConfig, Node, NodeSettings};
 use tokio::net::TcpListener;
@@ -125,9 +125,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         s3_key: args.s3_access_key_id.clone().zip(args.s3_secret_access_key.clone()),
     };
     let boot = bootstrap(&node, &credentials, joined.is_some())?;
-    // Without its port, the rest of kura still serves (wrangler dev may hold 8787).
+    // Without its port, the rest of kura still serves (wrangler dev may hold 8787) — but not a
+    // cluster node's: the others send it their Workers' binding calls and its queues' deliveries
+    // run its Workers.
     let workers = match TcpListener::bind(args.workers_listen).await {
         Ok(listener) => Some(listener),
+        Err(e) if joined.is_some() => {
+            bail!(
+                "cannot listen on {} for Workers ({e}); a cluster node serves Workers: choose another address with --workers-listen",
+                args.workers_listen
+            )
+        }
         Err(e) => {
             tracing::warn!(
                 "cannot listen on {} for Workers ({e}); Workers are not served: choose another address with --workers-listen",

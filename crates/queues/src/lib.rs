@@ -220,6 +220,8 @@ pub struct Queues {
     clock: Clock,
     /// In a cluster, which node owns each queue's file (`None` alone).
     placement: Option<Arc<dyn Placement>>,
+    /// Queues this node took over whose leases nobody has released since ([`Queues::took_over`]).
+    taken_over: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     /// Queues whose file this process has brought to the current schema.
     current: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
@@ -249,17 +251,22 @@ impl Queues {
                 None => Some(options),
             }
         });
-        Ok(Queues { registry, root, clock: Arc::new(system_clock), placement, current: Arc::default() })
+        Ok(Queues {
+            registry,
+            root,
+            clock: Arc::new(system_clock),
+            placement,
+            taken_over: Arc::default(),
+            current: Arc::default(),
+        })
     }
 
     /// In a cluster, makes sure this node may serve the queue — it owns it, its file holding
-    /// everything the store does — or says where it is served; answers whether it was taken
-    /// over just now (the leases of the node that had it are then this node's to release).
-    /// Alone, a no-op.
-    pub async fn claim(&self, queue: &str) -> std::result::Result<bool, PlacementError> {
-        let Some(placement) = &self.placement else { return Ok(false) };
+    /// everything the store does — or says where it is served. Alone, a no-op.
+    pub async fn claim(&self, queue: &str) -> std::result::Result<(), PlacementError> {
+        let Some(placement) = &self.placement else { return Ok(()) };
         if !valid_queue_id(queue) || placement.is_current(queue) {
-            return Ok(false);
+            return Ok(());
         }
         std::fs::create_dir_all(self.root.join(queue))
             .map_err(|e| PlacementError::Unavailable(format!("creating the queue's directory: {e}")))?;
@@ -268,7 +275,15 @@ impl Queues {
         let release_file = Box::pin(async move { registry.close(&key).await });
         placement.claim(queue, &self.root.join(queue).join("queue.sqlite"), release_file).await?;
         self.current.lock().unwrap_or_else(|p| p.into_inner()).remove(queue);
-        Ok(true)
+        self.taken_over.lock().unwrap_or_else(|p| p.into_inner()).insert(queue.to_owned());
+        Ok(())
+    }
+
+    /// Whether this node took the queue over (or made it) since this was last asked: the leases
+    /// it holds were then made by deliveries of the node that had it, which died or gave it up,
+    /// and are the new owner's to release ([`Queues::release_leases`]).
+    pub fn took_over(&self, queue: &str) -> bool {
+        self.taken_over.lock().unwrap_or_else(|p| p.into_inner()).remove(queue)
     }
 
     /// In a cluster: the node last named as the queue's owner did not serve it; look again
@@ -286,11 +301,6 @@ impl Queues {
             true => QueueError::NotFound,
             false => QueueError::Unavailable("this node's ownership of the queue ended; retry shortly".into()),
         }
-    }
-
-    /// Whether this node is one of a cluster's.
-    pub fn is_clustered(&self) -> bool {
-        self.placement.is_some()
     }
 
     /// Whether this node serves the queue now (always, alone).

@@ -11,9 +11,15 @@ use axum::response::{IntoResponse, Response};
 use crate::error::{ApiError, Wire};
 
 /// Marks a request another node sent on: it is served where it lands or refused, never sent
-/// on again (ownership moving while it travelled). Its value is `<node> <proof>`, the proof an
-/// HMAC of the node's name under the cluster's key, so a client cannot pass for a node.
+/// on again (ownership moving while it travelled). Its value is `<node> <unix seconds>
+/// <proof>`, the proof an HMAC under the cluster's key of the node's name, that time, the
+/// method and the path with its query: a client cannot pass for a node, and a stamp seen on the
+/// wire vouches for nothing but that one request, for [`STAMP_WINDOW`].
 pub(crate) const FORWARDED_BY: &str = "x-kura-forwarded-by";
+
+/// How far a stamp's time may be from the receiving node's clock (the nodes' clocks must agree
+/// within it: NTP's job).
+const STAMP_WINDOW: u64 = 60;
 
 /// How long a forwarded request may go without a byte from the owner: past a D1 query's own
 /// limit (30 s) and a lease's TTL, so only a node that stopped answering reaches it.
@@ -45,15 +51,21 @@ pub struct Forwarding {
     status: std::sync::Arc<dyn ClusterStatus>,
     /// Shared by every node of the cluster: proves a forwarded request came from one.
     key: std::sync::Arc<[u8]>,
-    /// This node's `FORWARDED_BY` value.
-    stamp: axum::http::HeaderValue,
 }
 
-fn proof(key: &[u8], node: &str) -> String {
+/// The proof a stamp carries (see [`FORWARDED_BY`]).
+fn proof(key: &[u8], node: &str, seconds: u64, method: &str, path_and_query: &str) -> String {
     use hmac::Mac;
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes any key length");
-    mac.update(node.as_bytes());
+    for part in [node, &seconds.to_string(), method, path_and_query] {
+        mac.update(part.as_bytes());
+        mac.update(b"\n");
+    }
     hex::encode(mac.finalize().into_bytes())
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 impl std::fmt::Debug for Forwarding {
@@ -81,16 +93,30 @@ impl Forwarding {
         &*self.status
     }
 
-    /// Whether another node of the cluster sent this request on (its stamp checks out).
-    pub(crate) fn is_forwarded(&self, headers: &HeaderMap) -> bool {
-        let Some((node, given)) =
-            headers.get(FORWARDED_BY).and_then(|v| v.to_str().ok()).and_then(|v| v.split_once(' '))
+    /// Whether another node of the cluster sent this request on: its stamp checks out for this
+    /// method and path, and is recent.
+    pub(crate) fn is_forwarded(&self, request: &Request) -> bool {
+        let stamp = request.headers().get(FORWARDED_BY).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let mut parts = stamp.split(' ');
+        let (Some(node), Some(seconds), Some(given), None) = (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return false;
         };
-        let expected = proof(&self.key, node);
+        let Ok(seconds) = seconds.parse::<u64>() else { return false };
+        if unix_seconds().abs_diff(seconds) > STAMP_WINDOW {
+            return false;
+        }
+        let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
+        let expected = proof(&self.key, node, seconds, request.method().as_str(), path);
         // Compared in constant time: the proof is a secret's function.
         expected.len() == given.len() && expected.bytes().zip(given.bytes()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
+    }
+
+    /// This node's stamp for a request of `method` to `path_and_query` (see [`FORWARDED_BY`]).
+    fn stamp(&self, method: &str, path_and_query: &str) -> Option<axum::http::HeaderValue> {
+        let seconds = unix_seconds();
+        let proof = proof(&self.key, &self.node, seconds, method, path_and_query);
+        format!("{} {seconds} {proof}", self.node).parse().ok()
     }
 
     /// Forwarding for the node named `node`, which reports itself through `status`; `key`, the
@@ -101,9 +127,7 @@ impl Forwarding {
             .tcp_nodelay(true)
             .build()
             .expect("an HTTP client builds");
-        let node = node.into();
-        let stamp = format!("{node} {}", proof(key, &node)).parse().expect("node ids are header-safe");
-        Forwarding { node, client, status, key: key.into(), stamp }
+        Forwarding { node: node.into(), client, status, key: key.into() }
     }
 
     /// Sends a D1 export's or import's transfer to the node holding its file.
@@ -132,7 +156,21 @@ impl Forwarding {
                 headers.insert(HeaderName::from_static("x-forwarded-host"), host);
             }
         }
-        headers.insert(HeaderName::from_static(FORWARDED_BY), self.stamp.clone());
+        // The owner's own workerd secret stands in for a Worker's call: this node's stays here.
+        headers.remove(kura_workers::config::headers::SECRET);
+        // Stamped for the request exactly as the owner will read it (the URL parser may encode
+        // what the client's path left raw).
+        let Ok(target) = reqwest::Url::parse(&format!("{url}{path}")) else {
+            return shape.refuse(ApiError::bad_request("the request's path cannot be sent on to its owner"));
+        };
+        let sent_path = match target.query() {
+            Some(query) => format!("{}?{query}", target.path()),
+            None => target.path().to_owned(),
+        };
+        let Some(stamp) = self.stamp(parts.method.as_str(), &sent_path) else {
+            return shape.refuse(ApiError::internal_text(&"a node name that is not a header value"));
+        };
+        headers.insert(HeaderName::from_static(FORWARDED_BY), stamp);
         if let Some(id) = parts.extensions.get::<crate::observe::RequestId>()
             && let Ok(value) = id.0.parse()
         {
@@ -143,7 +181,7 @@ impl Forwarding {
         // long (an upload itself takes as long as the client takes).
         let (sent_tx, sent_rx) = tokio::sync::oneshot::channel::<()>();
         let body = reqwest::Body::wrap_stream(until_end(body.into_data_stream(), sent_tx));
-        let request = self.client.request(parts.method, format!("{url}{path}")).headers(headers).body(body).send();
+        let request = self.client.request(parts.method, target).headers(headers).body(body).send();
         let answered = tokio::select! {
             answered = request => answered.map_err(Some),
             () = async {

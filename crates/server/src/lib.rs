@@ -126,13 +126,17 @@ pub fn app(state: AppState) -> impl Application {
     DefaultBodyLimit::max(MAX_BODY_BYTES).layer(edge.layer(routes))
 }
 
-/// The routes of the Workers' binding socket ([`binding::worker_routes`]) inside their
-/// cluster placement ([`cluster::place_worker_binding`]), which on a node of its own lets
-/// every request through.
+/// The routes of the Workers' binding socket ([`binding::worker_routes`]); in a cluster, inside
+/// their placement ([`cluster::place_worker_binding`]). A node of its own spares its hot path
+/// the layer.
 fn worker_bindings(state: AppState) -> impl Application + Sync {
     let routes = binding::worker_routes(state.clone()).with_state(state.clone());
-    let placed = axum::middleware::from_fn_with_state(state, cluster::place_worker_binding).layer(routes);
-    DefaultBodyLimit::max(MAX_BODY_BYTES).layer(placed)
+    let routes = match state.forwarding.is_some() {
+        true => axum::Router::new()
+            .fallback_service(axum::middleware::from_fn_with_state(state, cluster::place_worker_binding).layer(routes)),
+        false => routes,
+    };
+    DefaultBodyLimit::max(MAX_BODY_BYTES).layer(routes)
 }
 
 /// The API listener's work common to every request, as one middleware (each axum `from_fn`

@@ -68,6 +68,11 @@ impl Workers {
         options: UploadOptions,
     ) -> Result<Uploaded> {
         let _changes = self.inner.changes.lock().await;
+        if self.shared().is_some() {
+            // What this upload inherits (bindings, assets, the migration tag) is the cluster's
+            // newest, not this node's copy of a moment ago.
+            self.inner.catalog.refresh()?;
+        }
         if !kura_catalog::is_valid_script_name(name) {
             return Err(WorkersError::invalid_upload(format!(
                 "'{name}' is not a valid Worker name: use 1 to 63 lowercase letters, digits, '-' or '_'"
@@ -85,7 +90,12 @@ impl Workers {
         };
         let metadata = &upload.metadata;
 
-        // Modules, and the assets (an assets-only Worker has no modules).
+        // Modules, and the assets (an assets-only Worker has no modules). In a cluster, the
+        // deployed version's files (whose assets `keep_assets` keeps) may not be here yet.
+        if let (Some(script), Some(version)) = (&previous, &previous_version) {
+            let deployed = script.deployed_version.clone().unwrap_or_default();
+            self.bring_in_version_files(&deployed, version).await?;
+        }
         let assets = self.version_assets(account_id, previous.as_ref(), metadata)?;
         let main = check_modules(&upload, assets.is_some())?;
         if main.is_none() && !metadata.bindings.is_empty() {
@@ -565,6 +575,8 @@ impl Workers {
             secrets: Vec::new(),
             classes: self.hosted_classes(&script)?,
         };
+        // In a cluster, a version uploaded through another node has its files here first.
+        self.bring_in(std::slice::from_ref(&candidate)).await?;
         self.check(&candidate).await?;
         let deployment = self.inner.catalog.deploy_worker_version(&script, version_id, "wrangler", annotations)?;
         let after = self.inner.catalog.worker_script(account_id, name)?.ok_or(WorkersError::ScriptNotFound)?;

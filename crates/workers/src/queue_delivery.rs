@@ -239,13 +239,13 @@ impl Workers {
                 continue;
             }
             // The leases of deliveries that died with the process or the node that made them
-            // (this one's predecessor, or the queue's last owner) are not waited out.
-            if (release || queues.is_clustered())
+            // (this one's predecessor, or the queue's last owner) are not waited out. Once: a
+            // loop restarted here (new settings, a pause lifted) has batches of its own out.
+            if (std::mem::take(&mut release) | queues.took_over(&queue_id))
                 && let Err(e) = queues.release_leases(&queue_id).await
             {
                 tracing::warn!(queue = consumer.queue.name, error = %e, "cannot release the previous deliveries' leases");
             }
-            release = false;
             if consumer.queue.delivery_paused {
                 return;
             }

@@ -126,9 +126,7 @@ impl Workers {
     pub(crate) async fn bring_in(&self, scripts: &[ServedScript]) -> Result<()> {
         let Some(shared) = self.shared() else { return Ok(()) };
         for script in scripts {
-            if !script.modules_dir.is_dir() {
-                self.bring_in_version(shared, &script.version_id, &script.version).await?;
-            }
+            self.bring_in_version_files(&script.version_id, &script.version).await?;
             let Some(assets) = VersionAssets::read(&script.modules_dir)? else { continue };
             let store = &self.inner.assets;
             let missing = assets.files.values().filter(|a| !store.file(&a.hash).is_file()).map(|asset| -> Move<'_> {
@@ -141,6 +139,17 @@ impl Workers {
             each(missing.collect()).await?;
         }
         Ok(())
+    }
+
+    /// Brings in a version's own files (its modules and its list of assets) if this node lacks
+    /// them (nothing on a node of its own).
+    pub(crate) async fn bring_in_version_files(&self, version_id: &str, stored: &StoredVersion) -> Result<()> {
+        match self.shared() {
+            Some(shared) if !self.version_dir(version_id).is_dir() => {
+                self.bring_in_version(shared, version_id, stored).await
+            }
+            _ => Ok(()),
+        }
     }
 
     async fn bring_in_version(&self, shared: &dyn SharedFiles, version_id: &str, stored: &StoredVersion) -> Result<()> {

@@ -44,7 +44,9 @@ async fn wait_for(client: &reqwest::Client, base: &str, path: &str, good: impl F
         let answer = call(client, base, reqwest::Method::GET, path, b"").await;
         match answer {
             Ok((200, body)) if good(&body) => return body,
-            other if Instant::now() > deadline => panic!("GET {path} through {base}: {other:?}"),
+            other if Instant::now() > deadline => {
+                panic!("GET {path} through {base} at {:?}: {other:?}", SystemTime::now())
+            }
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
@@ -128,6 +130,33 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
     );
     let listed = Wrangler::new(cluster.node(1)).ok(project.path(), &["deployments", "list"]);
     assert!(listed.all().matches("Version(s):").count() >= 2, "two deployments through node 1: {}", listed.all());
+
+    // A version uploaded through node 2 without deploying it (`wrangler versions upload`) and
+    // deployed through node 1 (what `wrangler versions deploy` sends), which had never seen its
+    // files: it brings them in from the store.
+    project.edit("wrangler.toml", "GREETING = \"hi\"", "GREETING = \"hey\"");
+    Wrangler::new(cluster.node(2)).ok(project.path(), &["versions", "upload"]);
+    runtime.block_on(async {
+        let scripts = format!("{}/accounts/{}/workers/scripts/ledger", cluster.node(1).api, crate::common::ACCOUNT);
+        let versions: Value = client
+            .get(format!("{scripts}/versions"))
+            .bearer_auth(crate::common::TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let newest = versions["result"]["items"][0]["id"].as_str().expect("the uploaded version").to_owned();
+        let deploy =
+            serde_json::json!({"strategy": "percentage", "versions": [{"version_id": newest, "percentage": 100}]});
+        let answer = client.post(format!("{scripts}/deployments")).bearer_auth(crate::common::TOKEN).json(&deploy);
+        let deployed: Value = answer.send().await.unwrap().json().await.unwrap();
+        assert_eq!(deployed["success"], true, "deploying through node 1 a version uploaded through node 2: {deployed}");
+        for base in &workers {
+            wait_for(&client, base, "/greeting", |b| b["greeting"] == "hey").await;
+        }
+    });
 
     // Where nodes take in each other's Workers' calls, a client is no node: without a node's
     // stamp, or with a forged one, nothing is served.

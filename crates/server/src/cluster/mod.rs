@@ -72,8 +72,8 @@ impl Placed {
             Placed::Namespace(id) => app.durable_objects.claim_namespace(id).await.map_err(Unplaced::Placement),
             Placed::KvNamespace(id) => app.kv.storage().claim(id).await.map_err(Unplaced::Placement),
             // A queue taken over here has its push deliveries' leases released by this node's
-            // delivery loop, once it finds itself the owner.
-            Placed::Queue(id) => app.queues.claim(id).await.map(drop).map_err(Unplaced::Placement),
+            // delivery loop ([`kura_queues::Queues::took_over`]).
+            Placed::Queue(id) => app.queues.claim(id).await.map_err(Unplaced::Placement),
         }
     }
 
@@ -100,7 +100,7 @@ async fn serve_placed(
     next: Next,
     via: &str,
 ) -> Response {
-    let forwarded = forwarding.is_forwarded(request.headers());
+    let forwarded = forwarding.is_forwarded(&request);
     let mut claimed = placed.claim(app).await;
     if matches!(claimed, Err(Unplaced::Placement(PlacementError::Elsewhere { .. }))) && forwarded {
         // Sent here to be served: the owner this node remembers may be the sender (a draining

@@ -83,7 +83,7 @@ where
     let (Some(forwarding), Some(workers)) = (&app.forwarding, &app.workers) else {
         return Wire::V4.refuse(no_route());
     };
-    if !forwarding.is_forwarded(request.headers()) {
+    if !forwarding.is_forwarded(&request) {
         return Wire::V4.refuse(ApiError::forbidden());
     }
     let inner = request.uri().path_and_query().map_or("", |p| p.as_str()).strip_prefix(WORKER_BINDINGS_PATH);
