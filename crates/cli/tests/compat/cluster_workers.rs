@@ -62,13 +62,17 @@ fn entries() -> Write {
     })
 }
 
+/// GETs a v4 URL with the admin token; answers its JSON.
+async fn api_get(client: &reqwest::Client, url: &str) -> Value {
+    client.get(url).bearer_auth(crate::common::TOKEN).send().await.unwrap().json().await.unwrap()
+}
+
 /// The queue's v4 details once its backlog is empty (acknowledgements settle a moment after
 /// the deliveries they follow are recorded).
 async fn wait_for_queue_drained(client: &reqwest::Client, url: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let details: Value =
-            client.get(url).bearer_auth(crate::common::TOKEN).send().await.unwrap().json().await.unwrap();
+        let details = api_get(client, url).await;
         if details["result"]["backlog"]["count"] == 0 || Instant::now() > deadline {
             assert_eq!(details["result"]["backlog"]["count"], 0, "the backlog drains: {details}");
             return details;
@@ -117,8 +121,7 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
         let mut versions = Vec::new();
         for i in 0..3 {
             let url = format!("{}/accounts/{}/kura/cluster", cluster.node(i).api, crate::common::ACCOUNT);
-            let status: Value =
-                client.get(url).bearer_auth(crate::common::TOKEN).send().await.unwrap().json().await.unwrap();
+            let status = api_get(&client, &url).await;
             assert_eq!(status["result"]["workers"]["running"][0]["script"], "ledger", "node {i}: {status}");
             versions.push(version(&status));
         }
@@ -138,15 +141,7 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
     Wrangler::new(cluster.node(2)).ok(project.path(), &["versions", "upload"]);
     runtime.block_on(async {
         let scripts = format!("{}/accounts/{}/workers/scripts/ledger", cluster.node(1).api, crate::common::ACCOUNT);
-        let versions: Value = client
-            .get(format!("{scripts}/versions"))
-            .bearer_auth(crate::common::TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let versions = api_get(&client, &format!("{scripts}/versions")).await;
         let newest = versions["result"]["items"][0]["id"].as_str().expect("the uploaded version").to_owned();
         let deploy =
             serde_json::json!({"strategy": "percentage", "versions": [{"version_id": newest, "percentage": 100}]});
@@ -246,8 +241,7 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
         eprintln!("{JOBS} jobs, {} deliveries through the kill of the queue's owner", count);
         // The queue's details, its backlog drained, through a node that does not own it.
         let queues = format!("{}/accounts/{}/queues", cluster.node(2).api, crate::common::ACCOUNT);
-        let listed: Value =
-            client.get(&queues).bearer_auth(crate::common::TOKEN).send().await.unwrap().json().await.unwrap();
+        let listed = api_get(&client, &queues).await;
         let id = listed["result"][0]["queue_id"].as_str().expect("the queue is listed").to_owned();
         let details = wait_for_queue_drained(&client, &format!("{queues}/{id}")).await;
         assert_eq!(details["result"]["queue_name"], "ledger-jobs", "{details}");
