@@ -211,6 +211,64 @@ async fn run_async(settings: &Settings) -> anyhow::Result<()> {
     if wanted("r2") {
         r2_through_nodes(settings, &etcd, &garage, &storage).await?;
     }
+    if wanted("workers") {
+        workers_through_nodes(settings, &etcd, &garage).await?;
+    }
+    Ok(())
+}
+
+/// The Worker of the Workers part: one D1 point SELECT per request.
+const SELECT_WORKER: &str = r#"export default {
+  async fetch(request, env) {
+    const i = Number(new URL(request.url).searchParams.get("i") ?? 0);
+    return Response.json(await env.DB.prepare("SELECT * FROM kv WHERE id = ?").bind(i % 1000).first());
+  },
+};"#;
+
+/// A Worker's D1 point SELECT at 16 clients through two cluster nodes' Workers listeners — the
+/// database's owner, and another node, whose binding calls go to the owner — beside the same
+/// Worker on one single-node server.
+async fn workers_through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage) -> anyhow::Result<()> {
+    let Some(workerd) = crate::workers::workerd() else {
+        anyhow::bail!("no workerd: run scripts/test once (it installs wrangler's workerd), or set KURA_WORKERD");
+    };
+    let duration = Duration::from_secs_f64(settings.seconds);
+    let workerd_arg = workerd.display().to_string();
+    let extra = ["--workerd", workerd_arg.as_str()];
+    let nodes = [start_node(etcd, garage, (0, "w"), &extra)?, start_node(etcd, garage, (1, "w"), &extra)?];
+    let single_dir = tempfile::tempdir()?;
+    let single_path = single_dir.path().to_owned();
+    let single =
+        tokio::task::spawn_blocking(move || crate::server::Kura::start_with_workers(&single_path, &workerd)).await??;
+    let single_api = single.base.split("/client/v4").next().unwrap_or_default().to_owned();
+    let owner_api = nodes[0].api.split("/client/v4").next().unwrap_or_default().to_owned();
+    for api in [&single_api, &owner_api] {
+        crate::workers::deploy_select_worker(api, SELECT_WORKER).await?;
+    }
+    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build()?;
+    let target = |base: &str| crate::workers::Target::new(http.clone(), base, "bench.localhost");
+    let (single_target, owner, other) =
+        (target(single.workers.as_deref().unwrap_or_default()), target(&nodes[0].workers), target(&nodes[1].workers));
+    // The other node runs the Worker once it has followed the deploy.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while other.get("/d1?i=1").await.is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "node 1 never ran the Worker deployed through node 0");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let single_stats = single_target.measure("/d1", duration).await.0;
+    let via_owner = owner.measure("/d1", duration).await.0;
+    let via_other = other.measure("/d1", duration).await.0;
+    println!();
+    println!("A Worker's D1 point SELECT through kura cluster nodes' Workers listeners, 16 clients");
+    line("Worker D1 SELECT, single node", &single_stats, &[]);
+    line("Worker D1 SELECT via the owner", &via_owner, &[("single node", single_stats.rate(), Some(0.8))]);
+    line(
+        "Worker D1 SELECT via another node",
+        &via_other,
+        &[("single node", single_stats.rate(), Some(0.8)), ("via the owner", via_owner.rate(), None)],
+    );
+    drop(nodes);
+    tokio::task::spawn_blocking(move || single.shutdown()).await?;
     Ok(())
 }
 
@@ -227,7 +285,7 @@ async fn r2_through_nodes(
     const MIB: usize = 1024 * 1024;
     let duration = Duration::from_secs_f64(settings.seconds);
     let clients = 16;
-    let nodes = [start_node(etcd, garage, 0, &[])?, start_node(etcd, garage, 1, &[])?];
+    let nodes = [start_node(etcd, garage, (0, ""), &[])?, start_node(etcd, garage, (1, ""), &[])?];
     let (owner, forwarder) = (crate::r2::S3::new(&nodes[0].s3), crate::r2::S3::new(&nodes[1].s3));
     let created = owner.signed(reqwest::Method::PUT, &format!("/{}", crate::r2::BUCKET)).send().await?;
     anyhow::ensure!(created.status().is_success(), "creating the bucket: {}", created.status());
@@ -372,8 +430,9 @@ async fn takeover(
 }
 
 /// A `kura serve` process joined to the benchmark's cluster.
-fn start_node(etcd: &Etcd, garage: &Garage, i: usize, extra: &[&str]) -> anyhow::Result<KuraProcess> {
-    let (endpoints, node_id) = (etcd.endpoints.join(","), format!("bench{i}"));
+/// Starts cluster node `bench{i}{suffix}`, speaking to Garage node `i`.
+fn start_node(etcd: &Etcd, garage: &Garage, (i, suffix): (usize, &str), extra: &[&str]) -> anyhow::Result<KuraProcess> {
+    let (endpoints, node_id) = (etcd.endpoints.join(","), format!("bench{i}{suffix}"));
     let mut args = vec!["--cluster-store", "s3://kura/bench-nodes", "--cluster-store-region", "garage"];
     args.extend(["--cluster-store-endpoint", &garage.s3_endpoints[i], "--etcd", &endpoints, "--node-id", &node_id]);
     args.extend(extra);
@@ -390,7 +449,7 @@ fn start_node(etcd: &Etcd, garage: &Garage, i: usize, extra: &[&str]) -> anyhow:
 /// node (which forwards), point SELECTs likewise, beside one single-node server in-process.
 async fn through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage) -> anyhow::Result<()> {
     let duration = Duration::from_secs_f64(settings.seconds);
-    let nodes = [start_node(etcd, garage, 0, &[])?, start_node(etcd, garage, 1, &[])?];
+    let nodes = [start_node(etcd, garage, (0, ""), &[])?, start_node(etcd, garage, (1, ""), &[])?];
     let single_dir = tempfile::tempdir()?;
     // The in-process server has a runtime of its own, started and stopped off this one.
     let single_path = single_dir.path().to_owned();
@@ -475,7 +534,7 @@ async fn through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage) -> any
     );
     // --durability async: acknowledged after the local fsync, shipped every second.
     drop(nodes);
-    let async_node = start_node(etcd, garage, 2, &["--durability", "async"])?;
+    let async_node = start_node(etcd, garage, (2, ""), &["--durability", "async"])?;
     let async_query = create(databases(&async_node.api), "bench-async").await?;
     let table = serde_json::json!({ "sql": "CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT)" }).to_string();
     crate::server::post_ok(&http, &async_query, table).await;

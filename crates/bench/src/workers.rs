@@ -26,7 +26,7 @@ const CLIENTS: usize = 16;
 const ROUNDS: usize = 3;
 
 /// The workerd kura runs Workers in: `KURA_WORKERD`, else the one `scripts/test` installs.
-fn workerd() -> Option<PathBuf> {
+pub(crate) fn workerd() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("KURA_WORKERD") {
         return Some(PathBuf::from(path));
     }
@@ -36,14 +36,19 @@ fn workerd() -> Option<PathBuf> {
 
 /// Where a side serves the Worker.
 #[derive(Clone)]
-struct Target {
+pub(crate) struct Target {
     http: reqwest::Client,
     base: String,
     host: Option<&'static str>,
 }
 
 impl Target {
-    async fn get(&self, path: &str) -> anyhow::Result<String> {
+    /// kura's Workers listener at `base`, reaching the Worker by `host`.
+    pub(crate) fn new(http: reqwest::Client, base: &str, host: &'static str) -> Target {
+        Target { http, base: base.to_owned(), host: Some(host) }
+    }
+
+    pub(crate) async fn get(&self, path: &str) -> anyhow::Result<String> {
         let mut request = self.http.get(format!("{}{path}", self.base));
         if let Some(host) = self.host {
             request = request.header("host", host);
@@ -60,7 +65,7 @@ impl Target {
     /// `CLIENTS` clients on `path` for `duration`: the stats of the requests that succeeded,
     /// and how many failed (the peer drops connections under this load now and then; a
     /// failure on kura's side is a bug and stops the benchmark).
-    async fn measure(&self, path: &'static str, duration: Duration) -> (Stats, u64) {
+    pub(crate) async fn measure(&self, path: &'static str, duration: Duration) -> (Stats, u64) {
         let target = self.clone();
         let failures = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let failed = std::sync::Arc::clone(&failures);
@@ -90,7 +95,6 @@ fn asset() -> Vec<u8> {
 
 /// The multipart upload wrangler would send for the benchmark's Worker.
 fn upload_form(database: &str, namespace: &str, assets_jwt: &str) -> (String, Vec<u8>) {
-    let boundary = "kura-bench-boundary-0123456789";
     let metadata = json!({
         "assets": {"jwt": assets_jwt, "config": {}},
         "main_module": "index.js",
@@ -104,6 +108,12 @@ fn upload_form(database: &str, namespace: &str, assets_jwt: &str) -> (String, Ve
         ],
         "migrations": {"new_tag": "v1", "steps": [{"new_sqlite_classes": ["Room"]}]},
     });
+    module_upload(&metadata, SCRIPT)
+}
+
+/// The multipart form of a one-module upload: `metadata`, then `script` as `index.js`.
+fn module_upload(metadata: &Json, script: &str) -> (String, Vec<u8>) {
+    let boundary = "kura-bench-boundary-0123456789";
     let mut body = Vec::new();
     body.extend(
         format!("--{boundary}\r\nContent-Disposition: form-data; name=\"metadata\"\r\n\r\n{metadata}\r\n").as_bytes(),
@@ -111,11 +121,55 @@ fn upload_form(database: &str, namespace: &str, assets_jwt: &str) -> (String, Ve
     body.extend(
         format!(
             "--{boundary}\r\nContent-Disposition: form-data; name=\"index.js\"; filename=\"index.js\"\r\n\
-             Content-Type: application/javascript+module\r\n\r\n{SCRIPT}\r\n--{boundary}--\r\n"
+             Content-Type: application/javascript+module\r\n\r\n{script}\r\n--{boundary}--\r\n"
         )
         .as_bytes(),
     );
     (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+/// Creates the database `bench-select` with 1,000 rows in `kv` and deploys `script` as the
+/// Worker `bench`, bound to it as `DB`, on the kura whose API is `api`.
+pub(crate) async fn deploy_select_worker(api: &str, script: &str) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let accounts = format!("{api}/client/v4/accounts/{ACCOUNT}");
+    let db: Json = http
+        .post(format!("{accounts}/d1/database"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"name": "bench-select"}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let uuid = db["result"]["uuid"].as_str().context("creating the database")?.to_owned();
+    let rows: Vec<String> = (0..1000).map(|i| format!("({i}, 'value {i}')")).collect();
+    let sql = format!("CREATE TABLE kv (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO kv VALUES {};", rows.join(","));
+    let filled: Json = http
+        .post(format!("{accounts}/d1/database/{uuid}/query"))
+        .bearer_auth(TOKEN)
+        .json(&json!({ "sql": sql }))
+        .send()
+        .await?
+        .json()
+        .await?;
+    anyhow::ensure!(filled["success"] == true, "filling the database: {filled}");
+    let metadata = json!({
+        "main_module": "index.js",
+        "compatibility_date": "2025-04-01",
+        "bindings": [{"name": "DB", "type": "d1", "id": uuid}],
+    });
+    let (content_type, body) = module_upload(&metadata, script);
+    let deployed: Json = http
+        .put(format!("{accounts}/workers/scripts/bench"))
+        .bearer_auth(TOKEN)
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await?
+        .json()
+        .await?;
+    anyhow::ensure!(deployed["success"] == true, "deploying the Worker: {deployed}");
+    Ok(())
 }
 
 /// Creates the database, bucket and KV namespace and deploys the Worker on kura's v4 API.
