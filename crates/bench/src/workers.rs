@@ -93,9 +93,9 @@ fn asset() -> Vec<u8> {
     (0..4096).map(|i| b'a' + (i % 26) as u8).collect()
 }
 
-/// The multipart upload wrangler would send for the benchmark's Worker.
-fn upload_form(database: &str, namespace: &str, assets_jwt: &str) -> (String, Vec<u8>) {
-    let metadata = json!({
+/// The metadata wrangler would send with the benchmark's Worker.
+fn bench_metadata(database: &str, namespace: &str, assets_jwt: &str) -> Json {
+    json!({
         "assets": {"jwt": assets_jwt, "config": {}},
         "main_module": "index.js",
         "compatibility_date": "2025-04-01",
@@ -107,8 +107,24 @@ fn upload_form(database: &str, namespace: &str, assets_jwt: &str) -> (String, Ve
             {"name": "ROOMS", "type": "durable_object_namespace", "class_name": "Room"},
         ],
         "migrations": {"new_tag": "v1", "steps": [{"new_sqlite_classes": ["Room"]}]},
-    });
-    module_upload(&metadata, SCRIPT)
+    })
+}
+
+/// Deploys `script` as the Worker `bench` with `metadata`, through the account's v4 URL
+/// `accounts`.
+async fn put_worker(http: &reqwest::Client, accounts: &str, metadata: &Json, script: &str) -> anyhow::Result<()> {
+    let (content_type, body) = module_upload(metadata, script);
+    let deployed: Json = http
+        .put(format!("{accounts}/workers/scripts/bench"))
+        .bearer_auth(TOKEN)
+        .header("content-type", content_type)
+        .body(body)
+        .send()
+        .await?
+        .json()
+        .await?;
+    anyhow::ensure!(deployed["success"] == true, "deploying the Worker: {deployed}");
+    Ok(())
 }
 
 /// The multipart form of a one-module upload: `metadata`, then `script` as `index.js`.
@@ -158,18 +174,7 @@ pub(crate) async fn deploy_select_worker(api: &str, script: &str) -> anyhow::Res
         "compatibility_date": "2025-04-01",
         "bindings": [{"name": "DB", "type": "d1", "id": uuid}],
     });
-    let (content_type, body) = module_upload(&metadata, script);
-    let deployed: Json = http
-        .put(format!("{accounts}/workers/scripts/bench"))
-        .bearer_auth(TOKEN)
-        .header("content-type", content_type)
-        .body(body)
-        .send()
-        .await?
-        .json()
-        .await?;
-    anyhow::ensure!(deployed["success"] == true, "deploying the Worker: {deployed}");
-    Ok(())
+    put_worker(&http, &accounts, &metadata, script).await
 }
 
 /// Creates the database, bucket and KV namespace and deploys the Worker on kura's v4 API.
@@ -226,15 +231,7 @@ async fn deploy(api: &str) -> anyhow::Result<()> {
             .await?;
         jwt = uploaded["result"]["jwt"].as_str().context("uploading the asset")?.to_owned();
     }
-    let (content_type, body) = upload_form(&uuid, &namespace, &jwt);
-    let deployed: Json = call(reqwest::Method::PUT, "/workers/scripts/bench")
-        .header("content-type", content_type)
-        .body(body)
-        .send()
-        .await?
-        .json()
-        .await?;
-    anyhow::ensure!(deployed["success"] == true, "deploying the Worker: {deployed}");
+    put_worker(&http, &accounts, &bench_metadata(&uuid, &namespace, &jwt), SCRIPT).await?;
     // The Worker consumes the queue as `[[queues.consumers]]` with max_batch_size = 100 and
     // max_batch_timeout = 1 registers it.
     let consumer: Json = call(reqwest::Method::POST, &format!("/queues/{queue}/consumers"))
