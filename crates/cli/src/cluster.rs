@@ -424,7 +424,11 @@ pub async fn run_node(command: NodeCommand) -> anyhow::Result<()> {
         }
     }
     if let Some(running) = status["workers"]["running"].as_array() {
-        println!("Workers running here: {}", running.len());
+        println!(
+            "Workers running here: {} ({} Cron Trigger runs started here)",
+            running.len(),
+            status["workers"]["cron_runs"].as_u64().unwrap_or(0)
+        );
         for w in running {
             println!(
                 "  {:<32} version {}",

@@ -44,6 +44,13 @@ pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
             "Workers this node's workerd runs now.",
             &[(String::new(), running)],
         );
+        family(
+            &mut out,
+            "kura_workers_cron_runs_total",
+            "counter",
+            "Cron Trigger runs this node claimed and started (in a cluster, each minute's run is one node's).",
+            &[(String::new(), workers.cron_runs() as f64)],
+        );
     }
     process(&mut out);
     if let Some(forwarding) = &app.forwarding {

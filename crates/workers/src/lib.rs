@@ -100,6 +100,9 @@ struct Inner {
     known_shared: shared::KnownShared,
     /// What workerd was last configured with.
     applied: std::sync::Mutex<Option<served::Applied>>,
+    /// Cron Trigger runs this node claimed and started (in a cluster, each minute's run is one
+    /// node's).
+    cron_runs: std::sync::atomic::AtomicU64,
 }
 
 /// The Workers layer of one data directory. Cheap to clone.
@@ -162,6 +165,7 @@ impl Workers {
                 shared: settings.shared,
                 known_shared: Default::default(),
                 applied: Default::default(),
+                cron_runs: Default::default(),
             }),
         };
         workers.sweep_versions()?;
@@ -237,6 +241,11 @@ impl Workers {
     pub fn running(&self) -> Vec<(String, String, String)> {
         let applied = self.inner.applied.lock().unwrap_or_else(|p| p.into_inner());
         applied.as_ref().map(|a| a.scripts.clone()).unwrap_or_default()
+    }
+
+    /// How many Cron Trigger runs this node has started since it started.
+    pub fn cron_runs(&self) -> u64 {
+        self.inner.cron_runs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The catalog.

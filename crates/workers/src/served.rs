@@ -115,20 +115,25 @@ impl Workers {
     /// unreachable) is tried again at the next look.
     pub async fn follow_catalog(self, shutdown: impl std::future::Future<Output = ()>) {
         const LOOK_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+        const AFTER_FAILURES_AT_MOST: std::time::Duration = std::time::Duration::from_secs(8);
         tokio::pin!(shutdown);
-        let mut seen = None;
+        let (mut seen, mut wait) = (None, LOOK_EVERY);
         loop {
             tokio::select! {
                 _ = &mut shutdown => return,
-                _ = tokio::time::sleep(LOOK_EVERY) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
             let installs = self.inner.catalog.installs();
             if seen == Some(installs) {
                 continue;
             }
             match self.follow_once().await {
-                Ok(()) => seen = Some(installs),
-                Err(e) => tracing::warn!(error = %e, "cannot run what the cluster deploys yet; trying again"),
+                Ok(()) => (seen, wait) = (Some(installs), LOOK_EVERY),
+                Err(e) => {
+                    // Tried again later and later (the store may be down a while).
+                    wait = (wait * 2).min(AFTER_FAILURES_AT_MOST);
+                    tracing::warn!(error = %e, retry_in = ?wait, "cannot run what the cluster deploys yet");
+                }
             }
         }
     }

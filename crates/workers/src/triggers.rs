@@ -138,6 +138,7 @@ impl Workers {
                     continue;
                 }
             }
+            self.inner.cron_runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let workers = self.clone();
             tokio::spawn(async move {
                 let started = std::time::Instant::now();

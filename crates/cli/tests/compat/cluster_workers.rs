@@ -268,4 +268,20 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
     assert!(runs.iter().all(|m| m % 60_000 == 0), "each run is for a minute's start: {runs:?}");
     let after: Vec<i64> = runs.iter().copied().filter(|m| *m > recovered_ms).collect();
     assert!(after.windows(2).all(|w| w[1] - w[0] == 60_000), "a minute after the takeover was missed: {runs:?}");
+    // The survivors say how many runs each started: together, at least every run since the
+    // takeover, and never more than ran.
+    let started: u64 = runtime.block_on(async {
+        let mut started = 0;
+        for i in 1..3 {
+            let url = format!("{}/accounts/{}/kura/cluster", cluster.node(i).api, crate::common::ACCOUNT);
+            started += api_get(&client, &url).await["result"]["workers"]["cron_runs"].as_u64().unwrap();
+        }
+        started
+    });
+    assert!(
+        (after.len() as u64..=runs.len() as u64).contains(&started),
+        "the survivors started {started} runs; {} ran since the takeover, {} in all",
+        after.len(),
+        runs.len()
+    );
 }

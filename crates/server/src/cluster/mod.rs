@@ -157,7 +157,7 @@ async fn status(
             .filter(|(account, _, _)| *account == account_id)
             .map(|(_, script, version)| serde_json::json!({ "script": script, "version_id": version }))
             .collect();
-        status["workers"] = serde_json::json!({ "running": running });
+        status["workers"] = serde_json::json!({ "running": running, "cron_runs": workers.cron_runs() });
     }
     Ok(ok(status))
 }
