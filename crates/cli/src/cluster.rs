@@ -257,6 +257,11 @@ impl kura_server::ClusterStatus for NodeStatus {
         members.into_iter().find(|m| m.node == node).map(|m| m.api)
     }
 
+    async fn members(&self) -> Vec<(String, String)> {
+        let members = self.joined.coordinator.members().await.unwrap_or_default();
+        members.into_iter().map(|m| (m.node, m.api)).collect()
+    }
+
     async fn metrics(&self) -> String {
         use kura_server::metrics::family;
         let mut out = String::new();

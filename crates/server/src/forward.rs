@@ -41,7 +41,13 @@ pub trait ClusterStatus: Send + Sync {
     async fn metrics(&self) -> String;
     /// The API URL of the live member named `node`.
     async fn member_api(&self, node: &str) -> Option<String>;
+    /// Every live member: its name and its API's URL.
+    async fn members(&self) -> Vec<(String, String)>;
 }
+
+/// Where a node takes the events of a script's invocations another node ran, for the live tails
+/// opened on it: `POST <TAIL_EVENTS_PATH>/<script id>` with a JSON array of events.
+pub(crate) const TAIL_EVENTS_PATH: &str = "/kura/tail-events";
 
 /// How this node reaches the others.
 #[derive(Clone)]
@@ -128,6 +134,37 @@ impl Forwarding {
             .build()
             .expect("an HTTP client builds");
         Forwarding { node: node.into(), client, status, key: key.into() }
+    }
+
+    /// POSTs `body` (JSON) to `path` on the node whose API is `api`, stamped as this node's
+    /// request; answers whether the node took it.
+    pub(crate) async fn post_to_node(&self, api: &str, path: &str, body: Vec<u8>) -> bool {
+        let Ok(target) = reqwest::Url::parse(&format!("{api}{path}")) else { return false };
+        let Some(stamp) = self.stamp("POST", target.path()) else { return false };
+        let sent = self
+            .client
+            .post(target)
+            .header(FORWARDED_BY, stamp)
+            .header(header::CONTENT_TYPE, "application/json")
+            .timeout(std::time::Duration::from_secs(5))
+            .body(body)
+            .send()
+            .await;
+        sent.is_ok_and(|answer| answer.status().is_success())
+    }
+
+    /// Sends the events of a script's invocations this node ran to the other nodes whose live
+    /// tails listen to it (`listeners`, their API URLs), in the background.
+    pub(crate) fn push_tail_events(&self, listeners: Vec<String>, script_id: &str, events: &[serde_json::Value]) {
+        let Ok(body) = serde_json::to_vec(events) else { return };
+        for api in listeners {
+            let (forwarding, body, path) = (self.clone(), body.clone(), format!("{TAIL_EVENTS_PATH}/{script_id}"));
+            tokio::spawn(async move {
+                if !forwarding.post_to_node(&api, &path, body).await {
+                    tracing::debug!(node = api, "a tail's events did not reach the node listening");
+                }
+            });
+        }
     }
 
     /// Sends a D1 export's or import's transfer to the node holding its file.

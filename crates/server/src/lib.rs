@@ -288,8 +288,9 @@ pub async fn serve_all(
         }));
         if workers.is_clustered() {
             let following = workers.clone().follow_catalog(stopped(stop_rx.clone()));
+            let sharing = cluster::share_tails(state.clone(), stopped(stop_rx.clone()));
             workers_servers.push(tokio::spawn(async move {
-                following.await;
+                tokio::join!(following, sharing);
                 Ok(())
             }));
         }

@@ -379,6 +379,15 @@ impl Workers {
         Ok(self.inner.tails.tailing(script_id))
     }
 
+    /// Takes a script's events another node's Worker produced (in a cluster): to this node's
+    /// live tails only (that node keeps its own logs).
+    pub fn record_remote_logs(&self, script_id: &str, mut events: Vec<logs::LogEvent>) -> Result<()> {
+        let script = self.inner.catalog.worker_script_by_id(script_id)?.ok_or(WorkersError::ScriptNotFound)?;
+        logs::name_events(&mut events, &script.name);
+        self.inner.tails.publish(script_id, &events);
+        Ok(())
+    }
+
     /// The script with this storage id.
     pub fn script_by_id(&self, script_id: &str) -> Result<WorkerScript> {
         self.inner.catalog.worker_script_by_id(script_id)?.ok_or(WorkersError::ScriptNotFound)

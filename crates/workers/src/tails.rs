@@ -1,6 +1,8 @@
 //! Live tails (`wrangler tail`, the console's live log): who listens to which script with which
 //! filters, and each invocation's event handed to every listener whose filters it passes —
 //! dropped, never waited for, when a listener falls behind, which then hears how many it missed.
+//! In a cluster, a node also keeps which other nodes listen to which scripts, so that its
+//! Workers' events reach a tail opened on another node.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -196,6 +198,11 @@ struct Tail {
 pub struct Tails {
     tails: Mutex<HashMap<String, Tail>>,
     connections: std::sync::atomic::AtomicU64,
+    /// In a cluster: the other nodes listening to a script, by script id, each with its API's
+    /// URL and until when (renewed while its tail lives).
+    remote: Mutex<HashMap<String, HashMap<String, Instant>>>,
+    /// Told when a tail connects, so the other nodes hear of it at once.
+    connected: tokio::sync::Notify,
 }
 
 /// A tail's stream: events as they arrive, until the tail is closed, expires or is taken over
@@ -291,6 +298,7 @@ impl Tails {
         let connection = self.connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let queued = std::sync::Arc::default();
         tail.listener = Some(Listener { sender, queued: std::sync::Arc::clone(&queued), connection, dropped: 0 });
+        self.connected.notify_waiters();
         Some(TailStream {
             script_id: tail.script_id.clone(),
             events,
@@ -335,9 +343,43 @@ impl Tails {
             .collect()
     }
 
-    /// Whether anyone listens to the script now.
+    /// Whether anyone listens to the script now, here or (in a cluster) on another node.
     pub fn tailing(&self, script_id: &str) -> bool {
         self.lock().values().any(|t| t.script_id == script_id && t.listener.is_some())
+            || !self.remote_listeners(script_id).is_empty()
+    }
+
+    /// The scripts someone listens to on this node now.
+    pub fn tailed_here(&self) -> Vec<String> {
+        let mut tails = self.lock();
+        Self::purge(&mut tails);
+        let mut scripts: Vec<String> =
+            tails.values().filter(|t| t.listener.is_some()).map(|t| t.script_id.clone()).collect();
+        scripts.sort();
+        scripts.dedup();
+        scripts
+    }
+
+    /// Waits until a tail connects here.
+    pub async fn connected(&self) {
+        self.connected.notified().await
+    }
+
+    /// Notes that the node whose API is `node_api` listens to `script_id` for `lasting`.
+    pub fn listened_from(&self, script_id: &str, node_api: &str, lasting: Duration) {
+        let mut remote = self.remote.lock().unwrap_or_else(|p| p.into_inner());
+        remote.entry(script_id.to_owned()).or_default().insert(node_api.to_owned(), Instant::now() + lasting);
+    }
+
+    /// The API URLs of the other nodes listening to `script_id` now.
+    pub fn remote_listeners(&self, script_id: &str) -> Vec<String> {
+        let mut remote = self.remote.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        remote.retain(|_, nodes| {
+            nodes.retain(|_, until| *until > now);
+            !nodes.is_empty()
+        });
+        remote.get(script_id).map(|nodes| nodes.keys().cloned().collect()).unwrap_or_default()
     }
 
     /// Hands a script's events to its listeners. A listener with no room (256 events, or 8 MiB)

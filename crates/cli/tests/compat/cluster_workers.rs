@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::cluster::Cluster;
 use crate::common::{Wrangler, installed};
-use crate::workers::{Project, deploy, secret};
+use crate::workers::{Project, Tail, deploy, secret};
 use crate::writers::{Outcome, Write, assert_consistent, kill_mid_write};
 
 const HOST: &str = "ledger.localhost";
@@ -152,6 +152,27 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
             wait_for(&client, base, "/greeting", |b| b["greeting"] == "hey").await;
         }
     });
+
+    // A `wrangler tail` opened through node 1 hears the invocations node 2 and node 0 run.
+    let tail = Tail::start(&Wrangler::new(cluster.node(1)), &project, &["tail", "ledger", "--format", "json"]);
+    for node in [2, 0] {
+        let mut n = 0;
+        let heard = crate::workers::wait_for(Duration::from_secs(60), || {
+            n += 1;
+            let path = format!("/greeting?through={node}&n={n}");
+            runtime.block_on(call(&client, &workers[node], reqwest::Method::GET, &path, b"")).unwrap();
+            let wanted = format!("through={node}&");
+            tail.events()
+                .into_iter()
+                .find(|e| e["event"]["request"]["url"].as_str().is_some_and(|u| u.contains(&wanted)))
+        });
+        let event =
+            heard.unwrap_or_else(|| panic!("node {node}'s invocations reach a tail on node 1: {}", tail.text()));
+        assert_eq!(event["scriptName"], "ledger", "{event}");
+        assert_eq!(event["outcome"], "ok", "{event}");
+    }
+    let said = tail.stop();
+    assert!(!said.contains("ERROR"), "wrangler tail left cleanly: {said}");
 
     // Where nodes take in each other's Workers' calls, a client is no node: without a node's
     // stamp, or with a forged one, nothing is served.

@@ -966,14 +966,14 @@ fn wrangler_tail_streams_each_invocation_live_with_its_logs_and_filters() {
 }
 
 /// A running `wrangler tail`, its output gathered as it comes.
-struct Tail {
+pub(crate) struct Tail {
     child: std::process::Child,
     stdout: std::sync::Arc<std::sync::Mutex<String>>,
     stderr: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Tail {
-    fn start(w: &Wrangler<'_>, project: &Project, args: &[&str]) -> Tail {
+    pub(crate) fn start(w: &Wrangler<'_>, project: &Project, args: &[&str]) -> Tail {
         let mut child = w.spawn(project.path(), args);
         let gather = |mut pipe: Box<dyn Read + Send>| {
             let output = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
@@ -995,12 +995,12 @@ impl Tail {
     }
 
     /// Everything it printed so far.
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         format!("{}{}", self.stdout.lock().unwrap(), self.stderr.lock().unwrap())
     }
 
     /// The JSON events printed so far (wrangler prints each indented, one after another).
-    fn events(&self) -> Vec<Json> {
+    pub(crate) fn events(&self) -> Vec<Json> {
         let text = self.stdout.lock().unwrap().clone();
         let start = text.find('{').unwrap_or(text.len());
         serde_json::Deserializer::from_str(&text[start..]).into_iter::<Json>().map_while(Result::ok).collect()
@@ -1008,7 +1008,7 @@ impl Tail {
 
     /// Interrupts wrangler as a user's Ctrl-C does (it then closes its tail); answers what it
     /// printed on its way out.
-    fn stop(mut self) -> String {
+    pub(crate) fn stop(mut self) -> String {
         let before = self.text().len();
         // SAFETY: kill(2) on a child this test started and has not yet reaped.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };

@@ -79,7 +79,15 @@ pub async fn logs(State(app): State<AppState>, headers: HeaderMap, body: Body) -
         let script = script_of(&app, &headers)?;
         let body = read_body(body).await?;
         let events: Vec<serde_json::Value> = crate::extract::parse_json(&body)?;
-        let tailing = app.workers.as_ref().expect("checked").record_logs(&script.id, events)?;
+        let workers = app.workers.as_ref().expect("checked");
+        // In a cluster, live tails opened on other nodes hear this node's invocations too.
+        if let Some(forwarding) = &app.forwarding {
+            let listeners = workers.tails().remote_listeners(&script.id);
+            if !listeners.is_empty() {
+                forwarding.push_tail_events(listeners, &script.id, &events);
+            }
+        }
+        let tailing = workers.record_logs(&script.id, events)?;
         Ok::<_, ApiError>(
             (StatusCode::NO_CONTENT, [("x-kura-tailing", if tailing { "1" } else { "0" })]).into_response(),
         )

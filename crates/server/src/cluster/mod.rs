@@ -8,15 +8,18 @@
 //! - [`s3`]: the S3 listener's placement, by the bucket a request names and the key it is
 //!   signed with; forwarded requests keep their `Host`, so the owner checks the client's own
 //!   signature.
-//! - [`workers`]: the placement of the D1 and R2 calls deployed Workers make on the binding
-//!   socket, sent to the owner's API listener under [`WORKER_BINDINGS_PATH`].
+//! - [`workers`]: the placement of the D1, R2, KV and queue calls deployed Workers make on the
+//!   binding socket, sent to the owner's API listener under [`WORKER_BINDINGS_PATH`].
+//! - [`tails`]: live tails that hear every node's invocations.
 
 mod api;
 mod s3;
+mod tails;
 mod workers;
 
 pub use api::place;
 pub use s3::place_s3;
+pub(crate) use tails::share as share_tails;
 pub(crate) use workers::{WORKER_BINDINGS_PATH, from_node, place_worker_binding};
 
 use axum::extract::{Request, State};
@@ -139,6 +142,7 @@ pub(crate) fn routes() -> Routes {
     Routes::default()
         .route("/client/v4/accounts/{account_id}/kura/cluster", Touches::Anywhere, get(status))
         .route("/client/v4/accounts/{account_id}/kura/cluster/drain", Touches::Anywhere, post(drain))
+        .merge(tails::routes())
         .with_router(|router| router.method_not_allowed_fallback(|| async { ApiError::method_not_allowed() }))
 }
 
