@@ -470,6 +470,10 @@ impl kura_workers::SharedFiles for StoreFiles {
         self.0.get(name).await.map(|(bytes, _)| bytes).map_err(io_error)
     }
 
+    async fn delete(&self, name: &str) -> std::io::Result<()> {
+        self.0.delete(name).await.map_err(io_error)
+    }
+
     async fn exists(&self, name: &str) -> std::io::Result<bool> {
         match self.0.head(name).await {
             Ok(_) => Ok(true),

@@ -57,17 +57,56 @@ pub struct Forwarding {
     status: std::sync::Arc<dyn ClusterStatus>,
     /// Shared by every node of the cluster: proves a forwarded request came from one.
     key: std::sync::Arc<[u8]>,
+    /// Live tails' events being sent to other nodes now: bounded, so a node that stopped
+    /// answering costs dropped events rather than a pile of waiting tasks.
+    pushes: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
+/// Live tails' events this node sends other nodes at once, at most.
+const PUSHES_AT_ONCE: usize = 64;
+
+/// How long a node's own request to another node (a tail's events, its listeners) may take.
+const NODE_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The headers a stamp vouches for besides the method and path: those naming what a Worker's
+/// binding call acts on (its account, database, bucket, namespace or queue), which the owner
+/// trusts from a node.
+const STAMPED_HEADERS: [&str; 6] = [
+    kura_workers::config::headers::ACCOUNT,
+    kura_workers::config::headers::D1_DATABASE,
+    kura_workers::config::headers::R2_BUCKET,
+    kura_workers::config::headers::KV_NAMESPACE,
+    kura_workers::config::headers::QUEUE,
+    kura_workers::config::headers::QUEUE_DELAY,
+];
+
+/// Marks a request this node took from another node and passed on within itself (a Worker's
+/// binding call, its path rewritten): it counts as forwarded, its stamp having been checked.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FromNode;
+
 /// The proof a stamp carries (see [`FORWARDED_BY`]).
-fn proof(key: &[u8], node: &str, seconds: u64, method: &str, path_and_query: &str) -> String {
+fn proof(key: &[u8], node: &str, seconds: u64, method: &str, path_and_query: &str, headers: &HeaderMap) -> String {
     use hmac::Mac;
     let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes any key length");
     for part in [node, &seconds.to_string(), method, path_and_query] {
         mac.update(part.as_bytes());
         mac.update(b"\n");
     }
+    for name in STAMPED_HEADERS {
+        mac.update(headers.get(name).map_or(&b""[..], |v| v.as_bytes()));
+        mac.update(b"\n");
+    }
     hex::encode(mac.finalize().into_bytes())
+}
+
+/// Whether a path (with or without its query) has a `.` or `..` segment, percent-encoded or not.
+fn has_dot_segment(path_and_query: &str) -> bool {
+    let path = path_and_query.split('?').next().unwrap_or_default();
+    path.split('/').any(|segment| {
+        let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
+        decoded == "." || decoded == ".."
+    })
 }
 
 fn unix_seconds() -> u64 {
@@ -100,8 +139,11 @@ impl Forwarding {
     }
 
     /// Whether another node of the cluster sent this request on: its stamp checks out for this
-    /// method and path, and is recent.
+    /// method, path and [`STAMPED_HEADERS`], and is recent (or it carries [`FromNode`]).
     pub(crate) fn is_forwarded(&self, request: &Request) -> bool {
+        if request.extensions().get::<FromNode>().is_some() {
+            return true;
+        }
         let stamp = request.headers().get(FORWARDED_BY).and_then(|v| v.to_str().ok()).unwrap_or_default();
         let mut parts = stamp.split(' ');
         let (Some(node), Some(seconds), Some(given), None) = (parts.next(), parts.next(), parts.next(), parts.next())
@@ -113,15 +155,21 @@ impl Forwarding {
             return false;
         }
         let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
-        let expected = proof(&self.key, node, seconds, request.method().as_str(), path);
+        let expected = proof(&self.key, node, seconds, request.method().as_str(), path, request.headers());
         // Compared in constant time: the proof is a secret's function.
         expected.len() == given.len() && expected.bytes().zip(given.bytes()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
     }
 
-    /// This node's stamp for a request of `method` to `path_and_query` (see [`FORWARDED_BY`]).
-    fn stamp(&self, method: &str, path_and_query: &str) -> Option<axum::http::HeaderValue> {
+    /// The node that stamped a request [`Forwarding::is_forwarded`] accepted.
+    pub(crate) fn stamped_by(request: &Request) -> Option<&str> {
+        request.headers().get(FORWARDED_BY)?.to_str().ok()?.split(' ').next()
+    }
+
+    /// This node's stamp for a request of `method` to `path_and_query` with `headers` (see
+    /// [`FORWARDED_BY`]).
+    fn stamp(&self, method: &str, path_and_query: &str, headers: &HeaderMap) -> Option<axum::http::HeaderValue> {
         let seconds = unix_seconds();
-        let proof = proof(&self.key, &self.node, seconds, method, path_and_query);
+        let proof = proof(&self.key, &self.node, seconds, method, path_and_query, headers);
         format!("{} {seconds} {proof}", self.node).parse().ok()
     }
 
@@ -133,20 +181,21 @@ impl Forwarding {
             .tcp_nodelay(true)
             .build()
             .expect("an HTTP client builds");
-        Forwarding { node: node.into(), client, status, key: key.into() }
+        let pushes = std::sync::Arc::new(tokio::sync::Semaphore::new(PUSHES_AT_ONCE));
+        Forwarding { node: node.into(), client, status, key: key.into(), pushes }
     }
 
     /// POSTs `body` (JSON) to `path` on the node whose API is `api`, stamped as this node's
     /// request; answers whether the node took it.
     pub(crate) async fn post_to_node(&self, api: &str, path: &str, body: Vec<u8>) -> bool {
         let Ok(target) = reqwest::Url::parse(&format!("{api}{path}")) else { return false };
-        let Some(stamp) = self.stamp("POST", target.path()) else { return false };
+        let Some(stamp) = self.stamp("POST", target.path(), &HeaderMap::new()) else { return false };
         let sent = self
             .client
             .post(target)
             .header(FORWARDED_BY, stamp)
             .header(header::CONTENT_TYPE, "application/json")
-            .timeout(std::time::Duration::from_secs(5))
+            .timeout(NODE_REQUEST_TIMEOUT)
             .body(body)
             .send()
             .await;
@@ -158,11 +207,16 @@ impl Forwarding {
     pub(crate) fn push_tail_events(&self, listeners: Vec<String>, script_id: &str, events: &[serde_json::Value]) {
         let Ok(body) = serde_json::to_vec(events) else { return };
         for api in listeners {
+            let Ok(permit) = std::sync::Arc::clone(&self.pushes).try_acquire_owned() else {
+                tracing::debug!(node = api, "too many tail events on their way to other nodes; dropping some");
+                continue;
+            };
             let (forwarding, body, path) = (self.clone(), body.clone(), format!("{TAIL_EVENTS_PATH}/{script_id}"));
             tokio::spawn(async move {
                 if !forwarding.post_to_node(&api, &path, body).await {
                     tracing::debug!(node = api, "a tail's events did not reach the node listening");
                 }
+                drop(permit);
             });
         }
     }
@@ -195,6 +249,13 @@ impl Forwarding {
         }
         // The owner's own workerd secret stands in for a Worker's call: this node's stays here.
         headers.remove(kura_workers::config::headers::SECRET);
+        // An HTTP client resolves `.` and `..` segments (`%2e` too): the owner would read
+        // another path than the one placed, so such a path is not sent on.
+        if has_dot_segment(path) {
+            return shape.refuse(ApiError::bad_request(
+                "a path with a '.' or '..' segment cannot be sent on to its owner in a cluster",
+            ));
+        }
         // Stamped for the request exactly as the owner will read it (the URL parser may encode
         // what the client's path left raw).
         let Ok(target) = reqwest::Url::parse(&format!("{url}{path}")) else {
@@ -204,7 +265,7 @@ impl Forwarding {
             Some(query) => format!("{}?{query}", target.path()),
             None => target.path().to_owned(),
         };
-        let Some(stamp) = self.stamp(parts.method.as_str(), &sent_path) else {
+        let Some(stamp) = self.stamp(parts.method.as_str(), &sent_path, &headers) else {
             return shape.refuse(ApiError::internal_text(&"a node name that is not a header value"));
         };
         headers.insert(HeaderName::from_static(FORWARDED_BY), stamp);
@@ -332,4 +393,19 @@ fn without_hop_headers(headers: &HeaderMap) -> HeaderMap {
         kept.remove(name);
     }
     kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_dot_segment;
+
+    #[test]
+    fn dot_segments_are_found_however_written() {
+        for path in ["/a/../b", "/a/./b", "/a/%2E%2e/b", "/a/%2e", "/..", "/a/..?x=1"] {
+            assert!(has_dot_segment(path), "{path}");
+        }
+        for path in ["/a/b", "/a/..b", "/a/b..", "/a/.b", "/a/b?x=/../", "/"] {
+            assert!(!has_dot_segment(path), "{path}");
+        }
+    }
 }

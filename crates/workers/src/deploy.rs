@@ -598,6 +598,11 @@ impl Workers {
         } else {
             self.reload().await.ok();
         }
+        let stored: Vec<(String, StoredVersion)> = versions
+            .iter()
+            .filter_map(|v| StoredVersion::from_json(&v.metadata).ok().map(|s| (v.id.clone(), s)))
+            .collect();
+        self.forget_shared_versions(&stored).await;
         for version in versions {
             let _ = std::fs::remove_dir_all(self.version_dir(&version.id));
         }

@@ -423,6 +423,14 @@ impl Workers {
     /// Removes version files no version owns (an upload cut short, a deleted script's), then
     /// the asset files no remaining version lists.
     fn sweep_versions(&self) -> Result<()> {
+        self.remove_unknown_versions()?;
+        self.sweep_assets()
+    }
+
+    /// Removes the version directories no version of the catalog owns. Callers hold the change
+    /// lock, or run before anything else (an upload's files are not in the catalog until it
+    /// is recorded).
+    pub(crate) fn remove_unknown_versions(&self) -> Result<()> {
         let known: std::collections::HashSet<String> =
             self.inner.catalog.all_worker_version_ids()?.into_iter().collect();
         let dir = self.inner.dir.join("versions");
@@ -430,11 +438,11 @@ impl Workers {
             let entry = entry.map_err(WorkersError::io("reading the versions"))?;
             let name = entry.file_name().to_string_lossy().into_owned();
             if !known.contains(&name) {
-                tracing::info!(version = name, "removing the files of an upload that was never recorded");
+                tracing::info!(version = name, "removing the files of a version the catalog does not have");
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
-        self.sweep_assets()
+        Ok(())
     }
 
     /// Removes the asset files no version lists (a deleted script's, an abandoned upload's).

@@ -239,8 +239,11 @@ impl Workers {
                 continue;
             }
             // The leases of deliveries that died with the process or the node that made them
-            // (this one's predecessor, or the queue's last owner) are not waited out. Once: a
-            // loop restarted here (new settings, a pause lifted) has batches of its own out.
+            // (this one's predecessor, or the queue's last owner) are not waited out: at start,
+            // and after each takeover ([`Queues::took_over`]), not when a loop restarts here
+            // (new settings, a pause lifted) with batches of its own out. A node that lost the
+            // queue a moment and took it back releases its own batches too: they come again,
+            // as at least once allows.
             if (std::mem::take(&mut release) | queues.took_over(&queue_id))
                 && let Err(e) = queues.release_leases(&queue_id).await
             {

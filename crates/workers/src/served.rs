@@ -150,7 +150,9 @@ impl Workers {
             self.runtime().await?;
         }
         tracing::info!(scripts = scripts.len(), "running what the cluster deploys now");
-        self.reload().await
+        self.reload().await?;
+        // A Worker deleted through another node leaves its files here otherwise.
+        self.remove_unknown_versions()
     }
 
     pub(crate) fn set_routes(&self, scripts: &[ServedScript]) {

@@ -31,6 +31,8 @@ pub trait SharedFiles: Send + Sync + std::fmt::Debug {
     async fn get(&self, name: &str) -> io::Result<Bytes>;
     /// Whether there is an object `name`.
     async fn exists(&self, name: &str) -> io::Result<bool>;
+    /// Removes the object `name`; a missing one is not an error.
+    async fn delete(&self, name: &str) -> io::Result<()>;
 }
 
 /// How many objects one node moves to or from the store at once.
@@ -119,6 +121,31 @@ impl Workers {
             })
         });
         each(uploads.collect()).await
+    }
+
+    /// Removes a deleted script's versions' own files from the shared store (nothing on a node
+    /// of its own). Assets stay: named by their contents, other versions may list them. A
+    /// failure leaves objects no version names, and is only logged.
+    pub(crate) async fn forget_shared_versions(&self, versions: &[(String, StoredVersion)]) {
+        let Some(shared) = self.shared() else { return };
+        let mut removals = Vec::new();
+        for (version_id, stored) in versions {
+            let mut files: Vec<&str> = stored.modules.iter().map(|m| m.file.as_str()).collect();
+            if stored.has_assets {
+                files.push(VERSION_FILE);
+            }
+            for file in files {
+                removals.push(Box::pin(async move {
+                    shared
+                        .delete(&version_object(version_id, file))
+                        .await
+                        .map_err(unavailable("removing a deleted Worker's module"))
+                }) as Move<'_>);
+            }
+        }
+        if let Err(e) = each(removals).await {
+            tracing::warn!(error = %e, "could not remove a deleted Worker's files from the store");
+        }
     }
 
     /// Brings in from the shared store the files of every version in `scripts` this node lacks

@@ -298,7 +298,8 @@ impl Tails {
         let connection = self.connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let queued = std::sync::Arc::default();
         tail.listener = Some(Listener { sender, queued: std::sync::Arc::clone(&queued), connection, dropped: 0 });
-        self.connected.notify_waiters();
+        // A permit kept if nobody waits right now: the next wait ends at once.
+        self.connected.notify_one();
         Some(TailStream {
             script_id: tail.script_id.clone(),
             events,

@@ -174,17 +174,19 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
     let said = tail.stop();
     assert!(!said.contains("ERROR"), "wrangler tail left cleanly: {said}");
 
-    // Where nodes take in each other's Workers' calls, a client is no node: without a node's
-    // stamp, or with a forged one, nothing is served.
+    // Where nodes take in each other's Workers' calls, and each other's tails, a client is no
+    // node: without a node's stamp, or with a forged one, nothing is served.
     runtime.block_on(async {
-        let url = format!("{}/kura/worker-bindings/query", cluster.node(1).api.trim_end_matches("/client/v4"));
-        for stamp in [None, Some("node0 0000")] {
-            let mut request = client.post(&url).bearer_auth(crate::common::TOKEN).body("{}");
-            if let Some(stamp) = stamp {
-                request = request.header("x-kura-forwarded-by", stamp);
+        let api = cluster.node(1).api.trim_end_matches("/client/v4").to_owned();
+        for path in ["/kura/worker-bindings/query", "/kura/tail-listeners", "/kura/tail-events/0123"] {
+            for stamp in [None, Some("node0 0000"), Some("node0 1796659200 0000")] {
+                let mut request = client.post(format!("{api}{path}")).bearer_auth(crate::common::TOKEN).body("{}");
+                if let Some(stamp) = stamp {
+                    request = request.header("x-kura-forwarded-by", stamp);
+                }
+                let answer = request.send().await.unwrap();
+                assert_eq!(answer.status(), 403, "{path}, {stamp:?}: {}", answer.text().await.unwrap());
             }
-            let answer = request.send().await.unwrap();
-            assert_eq!(answer.status(), 403, "{stamp:?}: {}", answer.text().await.unwrap());
         }
     });
 
@@ -305,4 +307,24 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
         after.len(),
         runs.len()
     );
+
+    // Deleted through node 2, the Worker stops on both survivors, and its files go from the
+    // survivors' disks and from the store.
+    Wrangler::new(cluster.node(2)).ok(project.path(), &["delete", "--force"]);
+    runtime.block_on(async {
+        for i in 1..3 {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let url = format!("{}/accounts/{}/kura/cluster", cluster.node(i).api, crate::common::ACCOUNT);
+                let running = api_get(&client, &url).await["result"]["workers"]["running"].clone();
+                let versions = cluster.node(i).data.join("workers/versions");
+                let left = std::fs::read_dir(&versions).map(|d| d.count()).unwrap_or(0);
+                if running.as_array().is_some_and(|r| r.is_empty()) && left == 0 {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "node {i} still runs {running} and keeps {left} versions' files");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
 }

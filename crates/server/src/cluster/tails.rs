@@ -14,12 +14,12 @@ use axum::response::{IntoResponse, Response};
 
 use crate::error::{ApiError, Wire};
 use crate::extract::{parse_json, read_body};
-use crate::forward::TAIL_EVENTS_PATH;
+use crate::forward::{Forwarding, TAIL_EVENTS_PATH};
 use crate::routing::{Routes, Touches};
 use crate::state::AppState;
 
-/// Where a node says it listens to a script: `POST <path>/<script id>` with `{"api": <its API's
-/// URL>}`.
+/// Where a node says which scripts its tails listen to: `POST <path>` with `{"scripts": [<script
+/// id>…]}`; the node is the one that stamped the request, reached at its member URL.
 const TAIL_LISTENERS_PATH: &str = "/kura/tail-listeners";
 
 /// How long a node's word that it listens lasts, unless it says so again.
@@ -30,29 +30,40 @@ const SAY_AGAIN_EVERY: Duration = Duration::from_secs(3);
 
 /// The two routes, on the API listener.
 pub(crate) fn routes() -> Routes {
-    Routes::default()
-        .route(&format!("{TAIL_LISTENERS_PATH}/{{script}}"), Touches::Anywhere, axum::routing::post(listening))
-        .route(&format!("{TAIL_EVENTS_PATH}/{{script}}"), Touches::Anywhere, axum::routing::post(events))
+    Routes::default().route(TAIL_LISTENERS_PATH, Touches::Anywhere, axum::routing::post(listening)).route(
+        &format!("{TAIL_EVENTS_PATH}/{{script}}"),
+        Touches::Anywhere,
+        axum::routing::post(events),
+    )
 }
 
-/// The request's body, if another node sent it (its stamp checks out).
-async fn from_a_node(app: &AppState, request: Request) -> Result<(bytes::Bytes, &kura_workers::Workers), ApiError> {
+/// What another node sent: the node that stamped it and the body, once the stamp checks out.
+async fn from_a_node(
+    app: &AppState,
+    request: Request,
+) -> Result<(String, bytes::Bytes, &Forwarding, &kura_workers::Workers), ApiError> {
     let (Some(forwarding), Some(workers)) = (&app.forwarding, &app.workers) else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, 7003, "No route for that URI"));
     };
     if !forwarding.is_forwarded(&request) {
         return Err(ApiError::forbidden());
     }
-    Ok((read_body(request.into_body()).await?, workers))
+    let node = Forwarding::stamped_by(&request).unwrap_or_default().to_owned();
+    Ok((node, read_body(request.into_body()).await?, forwarding, workers))
 }
 
-/// `POST /kura/tail-listeners/{script}`: another node listens to the script.
-async fn listening(State(app): State<AppState>, Path(script): Path<String>, request: Request) -> Response {
+/// `POST /kura/tail-listeners`: the scripts the stamping node's tails listen to.
+async fn listening(State(app): State<AppState>, request: Request) -> Response {
     let outcome = async {
-        let (body, workers) = from_a_node(&app, request).await?;
+        let (node, body, forwarding, workers) = from_a_node(&app, request).await?;
         let said: serde_json::Value = parse_json(&body)?;
-        let api = said["api"].as_str().ok_or_else(|| ApiError::bad_request("`api` names no node"))?;
-        workers.tails().listened_from(&script, api, LISTENING_FOR);
+        // Sent where the cluster says the node is, whatever the request says.
+        let Some(api) = forwarding.status().member_api(&node).await else {
+            return Err(ApiError::unavailable(format!("node {node} is not a live member")));
+        };
+        for script in said["scripts"].as_array().into_iter().flatten().filter_map(|s| s.as_str()) {
+            workers.tails().listened_from(script, &api, LISTENING_FOR);
+        }
         Ok::<_, ApiError>(StatusCode::NO_CONTENT.into_response())
     };
     outcome.await.unwrap_or_else(|e| Wire::V4.refuse(e))
@@ -62,7 +73,7 @@ async fn listening(State(app): State<AppState>, Path(script): Path<String>, requ
 /// tails.
 async fn events(State(app): State<AppState>, Path(script): Path<String>, request: Request) -> Response {
     let outcome = async {
-        let (body, workers) = from_a_node(&app, request).await?;
+        let (_, body, _, workers) = from_a_node(&app, request).await?;
         let events: Vec<serde_json::Value> = parse_json(&body)?;
         workers.record_remote_logs(&script, events)?;
         Ok::<_, ApiError>(StatusCode::NO_CONTENT.into_response())
@@ -85,19 +96,17 @@ pub(crate) async fn share(app: AppState, stop: impl Future<Output = ()>) {
         if scripts.is_empty() {
             continue;
         }
+        // One request per node, all at once: a node that stopped answering delays no other.
+        let body = serde_json::to_vec(&serde_json::json!({ "scripts": scripts })).expect("JSON");
         let members = forwarding.status().members().await;
-        let Some(own_api) = members.iter().find(|(node, _)| node == forwarding.node()).map(|(_, api)| api.clone())
-        else {
-            continue;
-        };
-        let body = serde_json::to_vec(&serde_json::json!({ "api": own_api })).expect("JSON");
-        for (_, api) in members.iter().filter(|(node, _)| node != forwarding.node()) {
-            for script in &scripts {
-                let path = format!("{TAIL_LISTENERS_PATH}/{script}");
-                if !forwarding.post_to_node(api, &path, body.clone()).await {
+        let told = members.iter().filter(|(node, _)| node != forwarding.node()).map(|(_, api)| {
+            let (forwarding, body) = (&forwarding, body.clone());
+            async move {
+                if !forwarding.post_to_node(api, TAIL_LISTENERS_PATH, body).await {
                     tracing::debug!(node = api, "could not tell a node of this node's tails");
                 }
             }
-        }
+        });
+        futures_util::future::join_all(told).await;
     }
 }

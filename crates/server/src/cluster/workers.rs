@@ -95,6 +95,8 @@ where
         return Wire::V4.refuse(ApiError::forbidden());
     };
     request.headers_mut().insert(headers::SECRET, secret);
+    // Its stamp was for the path it came by: within this node it stays a node's request.
+    request.extensions_mut().insert(crate::forward::FromNode);
     match bindings.oneshot(request).await {
         Ok(response) => response,
         Err(never) => match never {},
