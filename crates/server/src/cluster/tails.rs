@@ -43,7 +43,7 @@ async fn from_a_node(
     request: Request,
 ) -> Result<(String, bytes::Bytes, &Forwarding, &kura_workers::Workers), ApiError> {
     let (Some(forwarding), Some(workers)) = (&app.forwarding, &app.workers) else {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, 7003, "No route for that URI"));
+        return Err(ApiError::no_route());
     };
     if !forwarding.is_forwarded(&request) {
         return Err(ApiError::forbidden());

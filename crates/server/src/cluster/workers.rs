@@ -68,10 +68,6 @@ fn placed_by(app: &AppState, request: &Request) -> Result<Option<(Placed, Wire)>
     }
 }
 
-fn no_route() -> ApiError {
-    ApiError::new(axum::http::StatusCode::NOT_FOUND, 7003, "No route for that URI")
-}
-
 /// `…/kura/worker-bindings/<path>` on the API listener: a binding call another node's Worker
 /// made, served by `bindings` (the binding socket's routes, with their placement) as if this
 /// node's workerd had sent it. Only a node's stamped request is taken.
@@ -81,14 +77,14 @@ where
 {
     use tower::ServiceExt;
     let (Some(forwarding), Some(workers)) = (&app.forwarding, &app.workers) else {
-        return Wire::V4.refuse(no_route());
+        return Wire::V4.refuse(ApiError::no_route());
     };
     if !forwarding.is_forwarded(&request) {
         return Wire::V4.refuse(ApiError::forbidden());
     }
     let inner = request.uri().path_and_query().map_or("", |p| p.as_str()).strip_prefix(WORKER_BINDINGS_PATH);
     let Some(uri) = inner.filter(|p| p.starts_with('/')).and_then(|p| p.parse::<Uri>().ok()) else {
-        return Wire::V4.refuse(no_route());
+        return Wire::V4.refuse(ApiError::no_route());
     };
     *request.uri_mut() = uri;
     let Ok(secret) = HeaderValue::from_str(workers.secret()) else {

@@ -81,6 +81,11 @@ impl ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, 10000, "Authentication error")
     }
 
+    /// A path no route serves (Cloudflare's 7003).
+    pub fn no_route() -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, 7003, "No route for that URI")
+    }
+
     /// A valid token that may not do this (another account, or too narrow a scope).
     pub fn forbidden() -> Self {
         ApiError::new(StatusCode::FORBIDDEN, 10000, "Authentication error")

@@ -14,7 +14,6 @@ mod tokens;
 mod user;
 pub mod workers;
 
-use axum::http::StatusCode;
 use axum::routing::{get, post};
 
 use crate::error::{ApiError, Wire};
@@ -31,7 +30,7 @@ fn v4(path: &str) -> String {
 /// [`V4`]: a nested router strips the prefix from every request's URI, which rebuilds the URI
 /// (7% of the server threads' time on a Durable Object batch).
 pub fn routes() -> Routes {
-    let no_route = || async { ApiError::new(StatusCode::NOT_FOUND, 7003, "No route for that URI") };
+    let no_route = || async { ApiError::no_route() };
     Routes::default()
         .route(&v4("/accounts"), Touches::Anywhere, get(user::list_accounts))
         .route(&v4("/memberships"), Touches::Anywhere, get(user::list_memberships))
