@@ -45,14 +45,16 @@ impl Api {
     }
 }
 
-/// Decides the kill (sets `killing`) once `at_least` of the clients' writes are in flight, so some
-/// still are when the signal lands a moment later — or once a client stopped: it failed, and
-/// the caller's check of its outcome says why.
+/// Decides the kill (sets `killing`) once `at_least` of the clients' writes are in flight, and
+/// sends the server (`pid`) SIGKILL at once, so some still are when it lands — or once a client
+/// stopped: it failed, and the caller's check of its outcome says why. (Killed only later, by the
+/// caller, a loaded machine could let every write in flight finish first.)
 async fn decide_the_kill<T>(
     in_flight: &AtomicUsize,
     at_least: usize,
     clients: &[tokio::task::JoinHandle<T>],
     killing: &AtomicBool,
+    pid: u32,
 ) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while in_flight.load(Ordering::SeqCst) < at_least && !clients.iter().any(|c| c.is_finished()) {
@@ -60,6 +62,8 @@ async fn decide_the_kill<T>(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     killing.store(true, Ordering::SeqCst);
+    // SAFETY: kill(2) on the server's process id; it touches no memory of ours.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
 }
 
 /// What one writer saw: the ids acknowledged, the one in flight when the server died, and why
@@ -127,7 +131,7 @@ fn kill_9_under_write_load_loses_no_acknowledged_write() {
         drop(paused);
         tokio::time::sleep(Duration::from_millis(700)).await;
         // kill -9 while writes are in flight: half the writers'.
-        decide_the_kill(&in_flight, 4, &writers, &killing).await;
+        decide_the_kill(&in_flight, 4, &writers, &killing, server.pid()).await;
         (bookmark, at_bookmark)
     });
     let (dir, data) = server.stop();
@@ -248,7 +252,7 @@ fn kill_9_during_uploads_and_overwrites_keeps_every_acknowledged_object() {
         }
         tokio::time::sleep(Duration::from_millis(2500)).await;
         // kill -9 in the middle of uploads: half the uploaders'.
-        decide_the_kill(&in_flight, 3, &uploaders, &killing).await;
+        decide_the_kill(&in_flight, 3, &uploaders, &killing, server.pid()).await;
         uploaders
     });
     let (dir, data) = server.stop();
