@@ -45,25 +45,71 @@ impl Api {
     }
 }
 
-/// Decides the kill (sets `killing`) once `at_least` of the clients' writes are in flight, and
-/// sends the server (`pid`) SIGKILL at once, so some still are when it lands — or once a client
-/// stopped: it failed, and the caller's check of its outcome says why. (Killed only later, by the
-/// caller, a loaded machine could let every write in flight finish first.)
-async fn decide_the_kill<T>(
-    in_flight: &AtomicUsize,
-    at_least: usize,
-    clients: &[tokio::task::JoinHandle<T>],
-    killing: &AtomicBool,
-    pid: u32,
-) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while in_flight.load(Ordering::SeqCst) < at_least && !clients.iter().any(|c| c.is_finished()) {
-        assert!(Instant::now() < deadline, "fewer than {at_least} writes were ever in flight at once");
-        tokio::time::sleep(Duration::from_millis(1)).await;
+/// The moment of a kill, shared by a test and its clients: how many writes are in flight, whether
+/// new ones wait (while the test looks at a paused server), and whether the kill is decided (after
+/// which no write begins, so each one in flight began before it).
+#[derive(Default)]
+struct KillSwitch {
+    in_flight: AtomicUsize,
+    holding: AtomicBool,
+    killing: AtomicBool,
+}
+
+impl KillSwitch {
+    /// Waits while the test holds writes back; false once the kill is decided.
+    async fn may_begin(&self) -> bool {
+        while self.holding.load(Ordering::SeqCst) && !self.killing() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        !self.killing()
     }
-    killing.store(true, Ordering::SeqCst);
-    // SAFETY: kill(2) on the server's process id; it touches no memory of ours.
-    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+
+    fn killing(&self) -> bool {
+        self.killing.load(Ordering::SeqCst)
+    }
+
+    fn begin(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn end(&self) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Sends the server (`pid`) SIGKILL while writes are in flight: once `at_least` of the
+    /// clients' writes are, it freezes the server (SIGSTOP) and gives the answers already sent
+    /// time to arrive; a write still unanswered then cannot be answered before the kill lands.
+    /// If none is, the server goes on and the wait starts again. (Counting at full speed is not
+    /// enough: a group commit answers every write in flight at once, and on a loaded machine it
+    /// can land between the count and the signal.) Kills at once when a client stopped: it
+    /// failed, and the caller's check of its outcome says why.
+    async fn kill<T>(&self, at_least: usize, clients: &[tokio::task::JoinHandle<T>], pid: u32) {
+        let signal = |signal| {
+            // SAFETY: kill(2) on the server's process id; it touches no memory of ours.
+            unsafe { libc::kill(pid as libc::pid_t, signal) };
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let failed = || clients.iter().any(|c| c.is_finished());
+        loop {
+            while self.in_flight.load(Ordering::SeqCst) < at_least && !failed() {
+                assert!(
+                    Instant::now() < deadline,
+                    "fewer than {at_least} writes were in flight at once when the server was paused"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            self.holding.store(true, Ordering::SeqCst);
+            signal(libc::SIGSTOP);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if self.in_flight.load(Ordering::SeqCst) > 0 || failed() {
+                self.killing.store(true, Ordering::SeqCst);
+                signal(libc::SIGKILL);
+                return;
+            }
+            signal(libc::SIGCONT);
+            self.holding.store(false, Ordering::SeqCst);
+        }
+    }
 }
 
 /// What one writer saw: the ids acknowledged, the one in flight when the server died, and why
@@ -87,28 +133,25 @@ fn kill_9_under_write_load_loses_no_acknowledged_write() {
     let next = Arc::new(AtomicI64::new(0));
     // Each write holds this shared; the test holds it alone to pause every writer.
     let gate = Arc::new(tokio::sync::RwLock::new(()));
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let killing = Arc::new(AtomicBool::new(false));
+    let switch = Arc::new(KillSwitch::default());
     let writers: Vec<_> = (0..8)
         .map(|_| {
-            let (api, db, next, gate) = (api.clone(), db.clone(), next.clone(), gate.clone());
-            let (in_flight, killing) = (in_flight.clone(), killing.clone());
+            let (api, db, next, gate, switch) = (api.clone(), db.clone(), next.clone(), gate.clone(), switch.clone());
             runtime.spawn(async move {
                 let mut writer = Writer::default();
-                // Once the kill is decided no write begins: each one in flight began before it.
-                while !killing.load(Ordering::SeqCst) {
+                while switch.may_begin().await {
                     let _writing = gate.read().await;
                     let id = next.fetch_add(1, Ordering::SeqCst);
                     writer.in_flight = Some(id);
-                    in_flight.fetch_add(1, Ordering::SeqCst);
+                    switch.begin();
                     let written = api.sql(&db, "INSERT INTO t VALUES (?, ?)", json!([id, "x".repeat(200)])).await;
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    switch.end();
                     match written {
                         Ok(_) => writer.acked.push(id),
                         // Never sent: the server was already gone.
-                        Err(Failed::NotSent(_)) if killing.load(Ordering::SeqCst) => {}
+                        Err(Failed::NotSent(_)) if switch.killing() => {}
                         // The kill: the write stays in flight.
-                        Err(Failed::Gone(_)) if killing.load(Ordering::SeqCst) => return writer,
+                        Err(Failed::Gone(_)) if switch.killing() => return writer,
                         Err(e) => {
                             writer.failure = Some(format!("write {id} failed while the server served: {e:?}"));
                             return writer;
@@ -131,7 +174,7 @@ fn kill_9_under_write_load_loses_no_acknowledged_write() {
         drop(paused);
         tokio::time::sleep(Duration::from_millis(700)).await;
         // kill -9 while writes are in flight: half the writers'.
-        decide_the_kill(&in_flight, 4, &writers, &killing, server.pid()).await;
+        switch.kill(4, &writers, server.pid()).await;
         (bookmark, at_bookmark)
     });
     let (dir, data) = server.stop();
@@ -203,38 +246,38 @@ fn kill_9_during_uploads_and_overwrites_keeps_every_acknowledged_object() {
     let http = reqwest::Client::new();
     let buckets = format!("{}/accounts/{ACCOUNT}/r2/buckets", server.api);
     let objects = format!("{buckets}/crash-bucket/objects");
-    let killing = Arc::new(AtomicBool::new(false));
-    let in_flight = Arc::new(AtomicUsize::new(0));
+    let switch = Arc::new(KillSwitch::default());
     let uploaders = runtime.block_on(async {
         let created = http.post(&buckets).bearer_auth(TOKEN).json(&json!({ "name": "crash-bucket" })).send().await;
         assert!(created.unwrap().status().is_success());
         let mut uploaders = Vec::new();
         for u in 0..6 {
-            let (http, objects, killing, in_flight) =
-                (http.clone(), objects.clone(), killing.clone(), in_flight.clone());
+            let (http, objects, switch) = (http.clone(), objects.clone(), switch.clone());
             uploaders.push(tokio::spawn(async move {
                 let mut state = Uploads::default();
-                // Once the kill is decided no upload begins: each one in flight began before it.
-                for n in (0..).take_while(|_| !killing.load(Ordering::SeqCst)) {
+                for n in 0.. {
+                    if !switch.may_begin().await {
+                        break;
+                    }
                     // Each uploader overwrites its own five keys over and over.
                     let key = format!("u{u}/key-{}", n % 5);
                     let bytes = body(u, n);
                     state.in_flight = Some((key.clone(), bytes.clone()));
-                    in_flight.fetch_add(1, Ordering::SeqCst);
+                    switch.begin();
                     let sent = http.put(format!("{objects}/{key}")).bearer_auth(TOKEN).body(bytes.clone()).send().await;
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    switch.end();
                     match sent {
                         Ok(r) if r.status().is_success() => {
                             state.acknowledged.insert(key, bytes);
                             state.in_flight = None;
                         }
                         // Never sent: the server was already gone.
-                        Err(e) if e.is_connect() && killing.load(Ordering::SeqCst) => {
+                        Err(e) if e.is_connect() && switch.killing() => {
                             state.in_flight = None;
                             break;
                         }
                         // The kill: the upload stays in flight.
-                        Err(_) if killing.load(Ordering::SeqCst) => break,
+                        Err(_) if switch.killing() => break,
                         Err(e) => {
                             state.failure = Some(format!("{key}: no answer while the server served: {e}"));
                             break;
@@ -252,7 +295,7 @@ fn kill_9_during_uploads_and_overwrites_keeps_every_acknowledged_object() {
         }
         tokio::time::sleep(Duration::from_millis(2500)).await;
         // kill -9 in the middle of uploads: half the uploaders'.
-        decide_the_kill(&in_flight, 3, &uploaders, &killing, server.pid()).await;
+        switch.kill(3, &uploaders, server.pid()).await;
         uploaders
     });
     let (dir, data) = server.stop();
