@@ -1,5 +1,5 @@
 //! The SQLite core against real files: splitting, meta counters, limits, the authorizer,
-//! atomicity, group commit, the registry's lifecycle, and Time Travel.
+//! atomicity, group commit, the registry's lifecycle, Time Travel, and read replicas.
 
 mod atomicity;
 mod authorizer;
@@ -9,5 +9,6 @@ mod fuzz;
 mod limits;
 mod meta;
 mod registry;
+mod replica;
 mod splitting;
 mod time_travel;

@@ -1,0 +1,325 @@
+//! A read replica: a copy of a database another node owns, materialized from the log it ships
+//! and kept current by applying each record shipped after, one SQLite transaction per record
+//! (its pages written through `sqlite_dbpage`, the file cut where the commit cut it), so the
+//! replica's readers see every commit whole or not at all, as the owner's did.
+//!
+//! The copy follows one segment at a time: shipped bytes that continue it are appended and their
+//! whole records applied in order; a segment that starts right after the last position applied
+//! takes over. Anything else — a gap, a restore, a log the owner cut, a record that fails its
+//! checksum — breaks continuity, and the caller builds a new copy from the store.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use rusqlite::OpenFlags;
+
+use super::record::{self, ApplyBuffers, Kind, ReadError};
+use super::segment::{self, SEGMENT_HEADER_LEN, Sealed};
+use super::{Bookmark, damaged, log_dir, read_error, snapshot};
+use crate::actor::Executed;
+use crate::database::{Database, DatabaseOptions, Inline};
+use crate::error::{Error, Result};
+use crate::request::Request;
+
+/// A database's copy on a node that does not own it, and where in its history it is.
+pub struct Replica {
+    identity: String,
+    dir: PathBuf,
+    applier: Mutex<Applier>,
+    reader: Mutex<Database>,
+    request_timeout: std::time::Duration,
+    position: AtomicU64,
+    time_ms: AtomicI64,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica").field("identity", &self.identity).field("position", &self.position()).finish()
+    }
+}
+
+/// The copy's writing side: the connection that applies records, and the segment it follows.
+struct Applier {
+    conn: rusqlite::Connection,
+    log: PathBuf,
+    following: Option<Following>,
+    /// The copy's size in pages after the last record applied.
+    db_pages: u32,
+    page_size: u32,
+    bufs: ApplyBuffers,
+}
+
+/// The segment being followed: its first position, its file, how many bytes it holds, and up
+/// to where its records are applied (the rest is a record still arriving).
+struct Following {
+    first_seq: u64,
+    path: PathBuf,
+    file: File,
+    len: u64,
+    applied: u64,
+}
+
+/// Whether shipped bytes continue the copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Continuity {
+    /// They were applied (or the copy had them already).
+    Continues,
+    /// They do not follow from the copy; it must be built again from the store.
+    Broken(String),
+}
+
+fn io_error(context: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io { context: context.to_owned(), source }
+}
+
+impl Replica {
+    /// Opens the copy materialized at `db_path` from a log fetched from the store (which it
+    /// then follows); the directory holding it is the copy's and is removed when the copy is
+    /// dropped. `options` are the readers' (limits, timeout); they read only.
+    pub fn open(identity: &str, db_path: &Path, options: DatabaseOptions) -> Result<Replica> {
+        let dir = db_path.parent().unwrap_or(Path::new(".")).to_owned();
+        let log = log_dir(db_path);
+        let (mut snapshots, mut segments) = (Vec::new(), Vec::new());
+        for entry in std::fs::read_dir(&log).map_err(io_error("reading the replica's log"))? {
+            let path = entry.map_err(io_error("reading the replica's log"))?.path();
+            if let Some(seq) = snapshot::seq_of(&path) {
+                snapshots.push((seq, path));
+            } else if let Some(first) = segment::open_segment_first(&path) {
+                segments.push((first, path));
+            } else if let Some(sealed) = Sealed::from_path(&path) {
+                segments.push((sealed.first_seq, path));
+            }
+        }
+        snapshots.sort();
+        segments.sort();
+        let Some((snapshot_seq, snapshot_path)) = snapshots.last().cloned() else {
+            return Err(damaged("a replica's log holds no snapshot".to_owned()));
+        };
+        let snapshot = snapshot::read_header(&snapshot_path)
+            .map_err(|e| read_error(e, &format!("reading {}", snapshot_path.display())))?;
+        let (mut position, mut time_ms) = (snapshot_seq, snapshot.time_ms);
+        let mut following = None;
+        if let Some((first_seq, path)) = segments.last().cloned() {
+            let file = OpenOptions::new().read(true).write(true).open(&path).map_err(io_error("opening a segment"))?;
+            let len = file.metadata().map_err(io_error("reading a segment's length"))?.len();
+            let mut applied = SEGMENT_HEADER_LEN;
+            let mut last = None;
+            while let Ok(header) = record::header_at(&file, applied, len) {
+                last = Some(header);
+                applied += header.record_len();
+            }
+            if let Some(last) = last.filter(|l| l.seq >= position) {
+                (position, time_ms) = (last.seq, last.time_ms);
+            }
+            // A snapshot newer than the segment's end: the next segment continues from it.
+            if last.is_some_and(|l| l.seq >= snapshot_seq) || first_seq > snapshot_seq {
+                following = Some(Following { first_seq, path, file, len, applied });
+            }
+        }
+        // Only the segment followed is read again: the rest of the fetched log goes.
+        for (_, path) in snapshots.iter().chain(&segments) {
+            if following.as_ref().is_none_or(|f| f.path != *path) {
+                segment::remove_if_present(path).map_err(io_error("removing what the replica no longer needs"))?;
+            }
+        }
+        let open_error = |e: rusqlite::Error| Error::open(db_path, "", e);
+        let conn = rusqlite::Connection::open_with_flags(
+            db_path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(open_error)?;
+        // A copy is built again after a crash, never recovered: nothing of it needs syncing.
+        conn.pragma_update(None, "synchronous", "OFF").map_err(open_error)?;
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(open_error)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::open(db_path, "a replica must be in WAL mode: ", std::io::Error::other(mode)));
+        }
+        let db_pages: u32 = conn.pragma_query_value(None, "page_count", |r| r.get(0)).map_err(open_error)?;
+        let page_size: u32 = conn.pragma_query_value(None, "page_size", |r| r.get(0)).map_err(open_error)?;
+        let request_timeout = options.request_timeout;
+        let mut options = options.read_only(true).create(false);
+        options.path = db_path.to_owned();
+        options.history = None;
+        options.shipper = None;
+        let reader = Database::open(&options)?;
+        Ok(Replica {
+            identity: identity.to_owned(),
+            dir,
+            applier: Mutex::new(Applier { conn, log, following, db_pages, page_size, bufs: ApplyBuffers::default() }),
+            reader: Mutex::new(reader),
+            request_timeout,
+            position: AtomicU64::new(position),
+            time_ms: AtomicI64::new(time_ms),
+        })
+    }
+
+    /// The history position the copy is at.
+    pub fn position(&self) -> u64 {
+        self.position.load(Ordering::Acquire)
+    }
+
+    /// The bookmark of the copy's state.
+    pub fn bookmark(&self) -> Bookmark {
+        let position = self.position();
+        Bookmark::new(&self.identity, position, self.time_ms.load(Ordering::Acquire))
+    }
+
+    /// Whether shipped bytes `[offset, offset + len)` of the segment whose first position is
+    /// `segment` hold anything the copy lacks (bytes it holds already need not be fetched).
+    pub fn lacks(&self, segment: u64, offset: u64, len: u64) -> bool {
+        let applier = self.applier.lock().unwrap_or_else(|e| e.into_inner());
+        match &applier.following {
+            Some(f) if segment < f.first_seq => false,
+            Some(f) if segment == f.first_seq => offset + len > f.len || (len == 0 && offset < f.len),
+            _ => segment > self.position(),
+        }
+    }
+
+    /// Applies shipped bytes of the segment whose first position is `segment`, from `offset`:
+    /// appended to the copy's segment, and every whole record they complete applied in order.
+    pub fn append(&self, segment: u64, offset: u64, bytes: &[u8]) -> Result<Continuity> {
+        let mut applier = self.applier.lock().unwrap_or_else(|e| e.into_inner());
+        let position = self.position();
+        let end = offset + bytes.len() as u64;
+        match &mut applier.following {
+            Some(f) if segment < f.first_seq => return Ok(Continuity::Continues),
+            Some(f) if segment == f.first_seq => {
+                if offset > f.len {
+                    return Ok(Continuity::Broken(format!("segment {segment} has a gap at {}..{offset}", f.len)));
+                }
+                if bytes.is_empty() && offset < f.len {
+                    return Ok(Continuity::Broken(format!("the owner cut segment {segment} at {offset}")));
+                }
+                if end <= f.len {
+                    return Ok(Continuity::Continues);
+                }
+                let fresh = &bytes[(f.len - offset) as usize..];
+                f.file.write_all_at(fresh, f.len).map_err(io_error("appending to the replica's log"))?;
+                f.len = end;
+            }
+            _ if segment <= position => return Ok(Continuity::Continues),
+            _ if segment > position + 1 || offset != 0 => {
+                return Ok(Continuity::Broken(format!(
+                    "segment {segment} (from byte {offset}) does not follow position {position}"
+                )));
+            }
+            _ => {
+                let path = applier.log.join(segment::open_name(segment));
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&path)
+                    .map_err(io_error("starting a segment of the replica's log"))?;
+                file.write_all_at(bytes, 0).map_err(io_error("appending to the replica's log"))?;
+                if let Some(previous) = applier.following.take() {
+                    segment::remove_if_present(&previous.path).map_err(io_error("removing a followed segment"))?;
+                }
+                applier.following = Some(Following { first_seq: segment, path, file, len: end, applied: 0 });
+            }
+        }
+        self.apply_pending(&mut applier)
+    }
+
+    /// Applies the followed segment's whole records not applied yet.
+    fn apply_pending(&self, applier: &mut Applier) -> Result<Continuity> {
+        let Applier { conn, following, db_pages, page_size, bufs, .. } = applier;
+        let Some(f) = following.as_mut() else { return Ok(Continuity::Continues) };
+        if f.applied < SEGMENT_HEADER_LEN {
+            match segment::check_magic(&f.file, &f.path) {
+                Ok(()) => f.applied = SEGMENT_HEADER_LEN,
+                Err(ReadError::Truncated) => return Ok(Continuity::Continues),
+                Err(e) => return Ok(Continuity::Broken(format!("segment {}: {e:?}", f.first_seq))),
+            }
+        }
+        loop {
+            let header = match record::header_at(&f.file, f.applied, f.len) {
+                Ok(header) => header,
+                // The rest of the record is still on its way.
+                Err(ReadError::Truncated) => return Ok(Continuity::Continues),
+                Err(e) => return Ok(Continuity::Broken(format!("segment {} at {}: {e:?}", f.first_seq, f.applied))),
+            };
+            let position = self.position();
+            if header.kind == Kind::Restore {
+                return Ok(Continuity::Broken(format!("the owner restored the database at position {}", header.seq)));
+            }
+            if header.first_seq() != position + 1 {
+                return Ok(Continuity::Broken(format!(
+                    "record {} does not follow position {position}",
+                    header.first_seq()
+                )));
+            }
+            if header.page_size != *page_size {
+                return Ok(Continuity::Broken(format!("the page size became {}", header.page_size)));
+            }
+            conn.execute_batch("BEGIN IMMEDIATE").map_err(Error::internal)?;
+            let mut highest = 0;
+            let applied = {
+                let mut write = conn
+                    .prepare_cached("INSERT INTO sqlite_dbpage(pgno, data) VALUES (?1, ?2)")
+                    .map_err(Error::internal)?;
+                let applied =
+                    record::apply_at(&f.file, f.applied, f.len, bufs, header.first_seq()..=header.seq, |pgno, data| {
+                        highest = highest.max(pgno);
+                        write.execute(rusqlite::params![pgno, data]).map(drop).map_err(std::io::Error::other)
+                    });
+                match applied {
+                    // The file ends where the commit left it; SQLite cuts it only if this is the
+                    // transaction's last write.
+                    Ok(last) if (*db_pages).max(highest) > last.db_pages => write
+                        .execute(rusqlite::params![last.db_pages + 1, rusqlite::types::Null])
+                        .map(|_| Ok(last))
+                        .map_err(Error::internal),
+                    other => Ok(other),
+                }
+            };
+            let last = match applied {
+                Ok(Ok(last)) => last,
+                Ok(Err(e)) => {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    return Ok(Continuity::Broken(format!("record {}: {e:?}", header.seq)));
+                }
+                Err(e) => {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    return Err(e);
+                }
+            };
+            if let Err(e) = conn.execute_batch("COMMIT") {
+                let _ = conn.execute_batch("ROLLBACK");
+                return Err(Error::internal(e));
+            }
+            *db_pages = last.db_pages;
+            f.applied += header.record_len();
+            self.time_ms.store(last.time_ms, Ordering::Release);
+            self.position.store(last.seq, Ordering::Release);
+        }
+    }
+
+    /// Runs a request that only reads on the copy as it is now, in one read transaction:
+    /// `None` if it must go to the owner (it would write, or may change the connection's state).
+    /// Its bookmark is of a state no newer than the one it read.
+    pub fn read(&self, request: &Request) -> Result<Option<Executed>> {
+        let bookmark = self.bookmark();
+        let mut reader = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        match reader.execute_read(request, self.request_timeout) {
+            Inline::Done(results) => Ok(Some(Executed { results, bookmark: Some(bookmark) })),
+            Inline::Failed(e) => Err(e),
+            Inline::Declined | Inline::TooLong => Ok(None),
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "removing a replica's files failed");
+        }
+    }
+}

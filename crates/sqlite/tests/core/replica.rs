@@ -1,0 +1,244 @@
+//! Read replicas: a copy built from a database's shipped log follows the records shipped after
+//! it — growing, freeing pages, schema changes, commits packed together — and reads what the owner
+//! reads at the same bookmark; a restore or a gap breaks continuity instead of serving a wrong
+//! state.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use kura_sqlite::{Continuity, LogShipper, LogView, Replica, ShipError};
+
+use crate::common::*;
+
+/// One shipment of log bytes: the segment (by its first position), where they start, the bytes.
+type Shipment = (u64, u64, Vec<u8>);
+
+/// A shipper that keeps what it is shown as a store would: every snapshot whole, and each
+/// segment's new bytes as one shipment.
+#[derive(Debug, Default)]
+struct Store {
+    snapshots: Mutex<BTreeMap<u64, Vec<u8>>>,
+    sent: Mutex<BTreeMap<u64, u64>>,
+    shipments: Mutex<Vec<Shipment>>,
+}
+
+impl LogShipper for Store {
+    fn ship(&self, log: &LogView) -> Result<(), ShipError> {
+        let mut snapshots = self.snapshots.lock().unwrap();
+        for (seq, path) in &log.snapshots {
+            if !snapshots.contains_key(seq) {
+                snapshots.insert(*seq, std::fs::read(path).map_err(|e| ShipError::new(e.to_string()))?);
+            }
+        }
+        let mut sent = self.sent.lock().unwrap();
+        for segment in &log.segments {
+            let from = sent.get(&segment.first_seq).copied().unwrap_or(0);
+            if segment.len > from {
+                let file = std::fs::File::open(&segment.path).map_err(|e| ShipError::new(e.to_string()))?;
+                let mut bytes = vec![0u8; (segment.len - from) as usize];
+                file.read_exact_at(&mut bytes, from).map_err(|e| ShipError::new(e.to_string()))?;
+                self.shipments.lock().unwrap().push((segment.first_seq, from, bytes));
+                sent.insert(segment.first_seq, segment.len);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Builds a copy at `dir` from everything shipped so far (as a node rebuilding from the
+    /// store does), and answers how many shipments it holds.
+    fn rebuild(&self, dir: &Path) -> (PathBuf, usize) {
+        let log = dir.join("log");
+        std::fs::create_dir_all(&log).unwrap();
+        for (seq, bytes) in self.snapshots.lock().unwrap().iter() {
+            std::fs::write(log.join(kura_sqlite::snapshot_file_name(*seq)), bytes).unwrap();
+        }
+        let shipments = self.shipments.lock().unwrap();
+        for (segment, offset, bytes) in shipments.iter() {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(false)
+                .open(log.join(kura_sqlite::segment_file_name(*segment)))
+                .unwrap();
+            file.write_all_at(bytes, *offset).unwrap();
+        }
+        let db = dir.join("db.sqlite");
+        kura_sqlite::materialize(&db).unwrap().expect("the store holds a snapshot");
+        (db, shipments.len())
+    }
+
+    /// Applies the shipments from `from` on, answering where it got to.
+    fn feed(&self, replica: &Replica, from: usize) -> (usize, Continuity) {
+        let shipments = self.shipments.lock().unwrap();
+        for (segment, offset, bytes) in &shipments[from..] {
+            match replica.append(*segment, *offset, bytes).unwrap() {
+                Continuity::Continues => {}
+                broken => return (shipments.len(), broken),
+            }
+        }
+        (shipments.len(), Continuity::Continues)
+    }
+}
+
+fn settings() -> HistorySettings {
+    HistorySettings {
+        checkpoint_frames: 6,
+        segment_bytes: 24 * 1024,
+        snapshot_log_bytes: 48 * 1024,
+        ..HistorySettings::default()
+    }
+}
+
+fn owner(store: &Arc<Store>) -> Context {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_owned();
+    let store = store.clone();
+    let registry = Registry::new(RegistrySettings::default(), move |key: &str| {
+        let dir = root.join(key);
+        std::fs::create_dir_all(&dir).unwrap();
+        Some(
+            DatabaseOptions::new(dir.join("db.sqlite"))
+                .create(true)
+                .history(settings(), key)
+                .shipper(store.clone() as Arc<dyn LogShipper>),
+        )
+    });
+    Context { dir, registry }
+}
+
+fn select(sql: &str) -> Request {
+    Request::new(vec![Statement::new(sql)])
+}
+
+const EVERYTHING: &str = "SELECT name, sql FROM sqlite_schema ORDER BY name";
+const ROWS: &str = "SELECT id, length(v), hex(substr(v, 1, 8)) FROM t ORDER BY id";
+
+async fn bookmark(cx: &Context) -> Bookmark {
+    cx.registry.with_database("db", |db| db.bookmark()).await.unwrap().unwrap()
+}
+
+/// What the copy and the owner read are the same, at the same bookmark.
+async fn same_as_owner(replica: &Replica, cx: &Context, when: &str) {
+    for sql in [EVERYTHING, ROWS] {
+        let copy = replica.read(&select(sql)).unwrap().expect("a read is served by the copy");
+        let original = cx.ok(sql).await;
+        assert_eq!(copy.results[0].rows, original[0].rows, "{when}: {sql}");
+    }
+    assert_eq!(replica.bookmark(), bookmark(cx).await, "{when}: the copy's bookmark is the owner's");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_follows_commits_of_every_shape_and_reads_what_the_owner_reads() {
+    let store = Arc::new(Store::default());
+    let cx = owner(&store);
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)").await;
+    cx.ok("INSERT INTO t VALUES (1, randomblob(100))").await;
+    let copies = tempfile::tempdir().unwrap();
+    let (db, mut fed) = store.rebuild(&copies.path().join("one"));
+    let replica = Replica::open("db", &db, DatabaseOptions::new(&db)).unwrap();
+    same_as_owner(&replica, &cx, "just built").await;
+
+    // Growing by many pages at once, one commit at a time.
+    for i in 2..=30 {
+        cx.run_params("INSERT INTO t VALUES (?1, randomblob(?2))", vec![Value::Integer(i), Value::Integer(i * 700)])
+            .await
+            .unwrap();
+    }
+    let continuity;
+    (fed, continuity) = store.feed(&replica, fed);
+    assert_eq!(continuity, Continuity::Continues);
+    same_as_owner(&replica, &cx, "after growing").await;
+    assert!(store.sent.lock().unwrap().len() > 2, "the copy followed the log across segments");
+
+    // Commits the owner captures together (packed records), from concurrent writers.
+    let mut writes = tokio::task::JoinSet::new();
+    for i in 31..=90 {
+        let registry = cx.registry.clone();
+        let insert = Statement::with_params("INSERT INTO t VALUES (?1, randomblob(50))", vec![Value::Integer(i)]);
+        writes.spawn(async move { registry.execute("db", Request::new(vec![insert])).await });
+    }
+    while let Some(written) = writes.join_next().await {
+        written.unwrap().unwrap();
+    }
+    // Schema changes, updates and deletes.
+    cx.ok("CREATE INDEX t_v ON t (v)").await;
+    cx.ok("UPDATE t SET v = randomblob(10) WHERE id % 3 = 0").await;
+    cx.ok("DELETE FROM t WHERE id > 20 AND id < 60").await;
+    cx.ok("CREATE TABLE u (k TEXT PRIMARY KEY)").await;
+    let continuity;
+    (fed, continuity) = store.feed(&replica, fed);
+    assert_eq!(continuity, Continuity::Continues);
+    same_as_owner(&replica, &cx, "after packed commits and schema changes").await;
+
+    // Freeing pages (D1 has no VACUUM: the file keeps its size).
+    cx.ok("DROP INDEX t_v").await;
+    cx.ok("DELETE FROM t WHERE id > 3").await;
+    let continuity;
+    (fed, continuity) = store.feed(&replica, fed);
+    assert_eq!(continuity, Continuity::Continues);
+    same_as_owner(&replica, &cx, "after freeing pages").await;
+    assert!(replica.read(&select("PRAGMA page_count")).unwrap().is_none(), "a PRAGMA goes to the owner");
+
+    // A copy built later from the same store reads the same, and so does a copy that is fed
+    // each shipment twice (what a node that asks again sees).
+    let (db_two, _) = store.rebuild(&copies.path().join("two"));
+    let second = Replica::open("db", &db_two, DatabaseOptions::new(&db_two)).unwrap();
+    same_as_owner(&second, &cx, "built from the store later").await;
+    cx.ok("INSERT INTO t VALUES (500, randomblob(5000))").await;
+    assert_eq!(store.feed(&second, 0).1, Continuity::Continues, "what the copy holds already is skipped");
+    assert_eq!(store.feed(&replica, fed - 1).1, Continuity::Continues);
+    same_as_owner(&second, &cx, "fed everything again").await;
+    same_as_owner(&replica, &cx, "fed the last shipment again").await;
+    // A write asked of the copy is declined: it goes to the owner.
+    let write = Request::new(vec![Statement::new("INSERT INTO t VALUES (600, 'x')")]);
+    assert!(replica.read(&write).unwrap().is_none());
+    assert_eq!(cx.scalar("SELECT count(*) FROM t WHERE id = 600").await, Value::Integer(0));
+
+    // A restore breaks continuity: the copy is built again.
+    let before = bookmark(&cx).await;
+    cx.ok("INSERT INTO t VALUES (700, 'gone after the restore')").await;
+    let fed = store.feed(&replica, fed).0;
+    cx.registry.with_database("db", move |db| db.restore(&before)).await.unwrap().unwrap();
+    let (_, continuity) = store.feed(&replica, fed);
+    assert!(matches!(continuity, Continuity::Broken(ref why) if why.contains("restored")), "{continuity:?}");
+    let (db_three, _) = store.rebuild(&copies.path().join("three"));
+    let third = Replica::open("db", &db_three, DatabaseOptions::new(&db_three)).unwrap();
+    same_as_owner(&third, &cx, "rebuilt after the restore").await;
+
+    // Dropped, a copy takes its files with it.
+    drop(replica);
+    assert!(!copies.path().join("one").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_that_do_not_follow_the_copy_break_continuity() {
+    let store = Arc::new(Store::default());
+    let cx = owner(&store);
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)").await;
+    let copies = tempfile::tempdir().unwrap();
+    let (db, fed) = store.rebuild(&copies.path().join("copy"));
+    let replica = Replica::open("db", &db, DatabaseOptions::new(&db)).unwrap();
+    let position = replica.position();
+    for i in 0..3 {
+        cx.run_params("INSERT INTO t VALUES (?1, randomblob(100))", vec![Value::Integer(i)]).await.unwrap();
+    }
+    let shipments = store.shipments.lock().unwrap().clone();
+    let (segment, offset, bytes) = &shipments[fed + 1];
+    // The shipment before it is missing: a gap.
+    let skipped = replica.append(*segment, *offset, bytes).unwrap();
+    assert!(matches!(skipped, Continuity::Broken(ref why) if why.contains("gap")), "{skipped:?}");
+    // A damaged record is never applied.
+    let (segment, offset, bytes) = &shipments[fed];
+    let mut damaged = bytes.clone();
+    let last = damaged.len() - 10;
+    damaged[last] ^= 0xff;
+    let broken = replica.append(*segment, *offset, &damaged).unwrap();
+    assert!(matches!(broken, Continuity::Broken(_)), "{broken:?}");
+    assert_eq!(replica.position(), position, "nothing was applied");
+    let read = replica.read(&select("SELECT count(*) FROM t")).unwrap().unwrap();
+    assert_eq!(read.results[0].rows[0][0], Value::Integer(0));
+}
