@@ -240,6 +240,8 @@ pub struct NodeStatus {
     pub joined: Arc<Joined>,
     /// One per kind of file (D1 databases, R2 buckets).
     pub placements: Vec<Arc<kura_cluster::ClusterPlacement>>,
+    /// This node's copies of D1 databases other nodes own.
+    pub replicas: kura_cluster::ClusterReplicas,
 }
 
 #[async_trait::async_trait]
@@ -315,6 +317,24 @@ impl kura_server::ClusterStatus for NodeStatus {
             "In --durability async, how long the oldest commit not yet in the store has waited (what a failover would lose now).",
             &per_kind(&|f| f.shipping_lag.as_secs_f64()),
         );
+        let replicas = kura_sqlite::ReadReplicas::figures(&self.replicas);
+        let per_replica = |value: &dyn Fn(&kura_sqlite::ReplicaFigures) -> f64| -> Vec<(String, f64)> {
+            replicas.iter().map(|r| (format!("{{database=\"{}\"}}", r.key), value(r))).collect()
+        };
+        family(
+            &mut out,
+            "kura_d1_replica_position",
+            "gauge",
+            "The history position of this node's copy of a D1 database another node owns.",
+            &per_replica(&|r| r.position as f64),
+        );
+        family(
+            &mut out,
+            "kura_d1_replica_lag_seconds",
+            "gauge",
+            "How long since this node's copy of a D1 database last held everything its owner had shipped.",
+            &per_replica(&|r| r.behind.map_or(f64::NAN, |b| b.as_secs_f64())),
+        );
         out
     }
 
@@ -361,6 +381,14 @@ impl kura_server::ClusterStatus for NodeStatus {
             "objects": describe(owned(kura_cluster::Kind::DoObject)),
             "kv_namespaces": describe(owned(kura_cluster::Kind::Kv)),
             "queues": describe(owned(kura_cluster::Kind::Queue)),
+            "replicas": kura_sqlite::ReadReplicas::figures(&self.replicas)
+                .into_iter()
+                .map(|r| serde_json::json!({
+                    "id": r.key,
+                    "position": r.position,
+                    "lag_ms": r.behind.map(|b| b.as_millis() as u64),
+                }))
+                .collect::<Vec<_>>(),
         })
     }
 }

@@ -79,6 +79,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         false => None,
     };
     let mut placements = Vec::new();
+    let mut replicas = None;
     if let Some(Joined { storage, coordinator, member, .. }) = &joined {
         let placement = |kind| {
             Arc::new(kura_cluster::ClusterPlacement::new(
@@ -93,6 +94,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let (namespaces, objects) =
             (placement(kura_cluster::Kind::DoNamespace), placement(kura_cluster::Kind::DoObject));
         settings.d1.placement = Some(d1.clone());
+        let copies = kura_cluster::ClusterReplicas::new(
+            kura_cluster::Kind::D1,
+            storage.clone(),
+            Arc::clone(coordinator),
+            args.data.data.join("replicas").join("d1"),
+        );
+        settings.d1.replicas = Some(Arc::new(copies.clone()));
+        replicas = Some(copies);
         settings.r2.shared =
             Some(kura_r2::Shared { placement: r2.clone(), blobs: kura_cluster::StoreBlobs::new(storage.clone()) });
         settings.durable_objects.cluster =
@@ -112,12 +121,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let joined = joined.map(Arc::new);
     if let Some(joined) = &joined {
-        let status = crate::cluster::NodeStatus { joined: Arc::clone(joined), placements: placements.clone() };
+        let replicas = replicas.clone().expect("a cluster node keeps read replicas");
+        let status =
+            crate::cluster::NodeStatus { joined: Arc::clone(joined), placements: placements.clone(), replicas };
         settings.forwarding =
             Some(kura_server::Forwarding::new(&joined.member.node, Arc::new(status), &joined.forwarding_key));
     }
     let cluster_node = joined.as_ref().map(|j| (j.member.node.clone(), args.cluster.store_description()));
     crate::membership::claim_directory(&args.data.data, cluster_node.as_ref().map(|(n, s)| (n.as_str(), s.as_str())))?;
+    if let Some(replicas) = &replicas {
+        replicas.remove_leftovers().context("removing the read replicas of an earlier run")?;
+    }
     let node = Node::open(&args.data.data, settings)?;
     let credentials = CredentialsConfig {
         account_id: args.account_id.clone(),

@@ -9,6 +9,8 @@
 //!   and object ([`ClusterPlacement`]).
 //! - [`replica`] — a database whose history is shipped to the store before each commit is
 //!   acknowledged ([`HistoryShipper`]), and rebuilt from it by the node that takes it over ([`rebuild`]).
+//! - [`read_replicas`] — copies of databases other nodes own, kept current from what they ship,
+//!   for reads that accept a copy's state ([`ClusterReplicas`]).
 //! - [`coordinator`] — one fenced owner per resource: [`EtcdCoordinator`] or, for stores that
 //!   pass the probe, [`StoreCoordinator`].
 //!
@@ -30,6 +32,7 @@ pub mod catalog;
 pub mod coordinator;
 pub mod placement;
 pub mod probe;
+pub mod read_replicas;
 pub mod replica;
 pub mod storage;
 
@@ -40,6 +43,7 @@ pub use coordinator::{
 };
 pub use placement::{ClusterPlacement, Durability, Kind};
 pub use probe::{ProbeOutcome, probe_conditional_writes};
+pub use read_replicas::ClusterReplicas;
 pub use replica::{HistoryShipper, ReplicaError, Shipped, rebuild, sweep};
 pub use storage::{
     ByteStream, LocalStorage, ObjectInfo, ObjectWriter, PutMode, RemoteStorage, S3Config, SharedStorage, Storage,

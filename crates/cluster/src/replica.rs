@@ -40,7 +40,7 @@ pub const COMPACT_AFTER: u64 = 4 * 1024 * 1024;
 /// What one shipment put in the store, as its manifest entry records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-enum Item {
+pub(crate) enum Item {
     /// A whole snapshot file.
     Snapshot { seq: u64, object: String, len: u64 },
     /// Bytes `[offset, offset + len)` of the segment whose first record is `segment`.
@@ -60,8 +60,8 @@ impl Item {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-struct Shipment {
-    items: Vec<Item>,
+pub(crate) struct Shipment {
+    pub(crate) items: Vec<Item>,
     /// The entry lists everything the log needs: a rebuild starts over here.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     base: bool,
@@ -360,8 +360,19 @@ pub async fn rebuild(
     resource: &str,
     db_path: &Path,
 ) -> Result<Shipped, ReplicaError> {
+    rebuild_to(storage, coordinator, resource, db_path).await.map(|(shipped, _)| shipped)
+}
+
+/// [`rebuild`], answering also the manifest position the files hold everything up to.
+pub(crate) async fn rebuild_to(
+    storage: &SharedStorage,
+    coordinator: &dyn Coordinator,
+    resource: &str,
+    db_path: &Path,
+) -> Result<(Shipped, u64), ReplicaError> {
     let inconsistent = |message: String| ReplicaError::Inconsistent { resource: resource.to_owned(), message };
     let manifest = coordinator.manifest(resource, 0).await?;
+    let reached = manifest.last().map_or(0, |published| published.seq);
     let dir = db_path.parent().unwrap_or(Path::new(".")).to_owned();
     let log = dir.join("log");
     let beside = |suffix: &str| {
@@ -450,7 +461,7 @@ pub async fn rebuild(
     }
     std::fs::File::open(&log).and_then(|d| d.sync_all()).map_err(io(&log))?;
     kura_sqlite::materialize(db_path)?;
-    Ok(shipped)
+    Ok((shipped, reached))
 }
 
 /// The objects a manifest names.

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use kura_catalog::{Catalog, D1Database, D1DatabaseList, NewD1Database};
-use kura_sqlite::{DatabaseOptions, HistorySettings, Limits, Registry, RegistrySettings};
+use kura_sqlite::{DatabaseOptions, HistorySettings, Limits, ReadReplicas, Registry, RegistrySettings};
 
 pub use kura_sqlite::{
     Access, Bookmark, Error as SqlError, Executed, Meta, Placement, PlacementError, Request, Restored, ResultMode,
@@ -116,6 +116,9 @@ pub struct D1Settings {
     pub restore_window: Duration,
     /// In a cluster, which node serves each database; `None` serves every database here.
     pub placement: Option<Arc<dyn Placement>>,
+    /// In a cluster, this node's copies of databases other nodes own, for Sessions reads of
+    /// databases whose read replication is on.
+    pub replicas: Option<Arc<dyn ReadReplicas>>,
 }
 
 impl Default for D1Settings {
@@ -128,6 +131,7 @@ impl Default for D1Settings {
             max_restores: 10,
             restore_window: Duration::from_secs(600),
             placement: None,
+            replicas: None,
         }
     }
 }
@@ -226,6 +230,9 @@ fn database_options(root: &Path, uuid: &str, limits: &Limits, history: &Option<H
         None => options,
     }
 }
+
+/// The read replication mode that turns replicas on (D1's `read_replication.mode`).
+pub const REPLICATED: &str = "auto";
 
 /// Database ids are lowercase hyphenated UUIDs; nothing else ever names a directory.
 fn is_uuid(s: &str) -> bool {
@@ -437,6 +444,9 @@ impl D1 {
         if let Some(placement) = &self.settings.placement {
             placement.release(&database.uuid).await;
         }
+        if let Some(replicas) = &self.settings.replicas {
+            replicas.discard(&database.uuid);
+        }
         let dir = self.root.join(&database.uuid);
         tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir))
             .await
@@ -446,13 +456,46 @@ impl D1 {
         Ok(Arc::unwrap_or_clone(database))
     }
 
-    /// Sets the read replication mode (recorded only: kura serves every query from the primary).
+    /// Sets the read replication mode: with `auto`, a cluster's nodes serve Sessions reads of
+    /// the database from copies of their own ([`D1::read_replica`]); alone, kura has one copy
+    /// and serves every query from it.
     pub fn set_read_replication(&self, account_id: &str, id_or_name: &str, mode: &str) -> Result<D1Database> {
         let database = self.get(account_id, id_or_name)?;
         let changed = self.catalog.set_d1_read_replication(account_id, &database.uuid, mode);
         self.forget_records();
         changed?;
+        if let Some(replicas) = self.settings.replicas.as_ref().filter(|_| mode != REPLICATED) {
+            replicas.discard(&database.uuid);
+        }
         self.get(account_id, &database.uuid).map(Arc::unwrap_or_clone)
+    }
+
+    /// In a cluster, runs a request that only reads on this node's copy of a database another
+    /// node owns, if its read replication is on and the copy holds history position `at_least`
+    /// (a session's bookmark; 0 takes any state). `None` when the owner must serve it: the
+    /// copy is still being built or is behind, replication is off, or the request would write.
+    pub async fn read_replica(
+        &self,
+        account_id: &str,
+        id_or_name: &str,
+        request: Request,
+        at_least: u64,
+    ) -> Result<Option<Executed>> {
+        let Some(replicas) = &self.settings.replicas else { return Ok(None) };
+        let database = self.get(account_id, id_or_name)?;
+        if database.read_replication != REPLICATED {
+            replicas.discard(&database.uuid);
+            return Ok(None);
+        }
+        let options = database_options(&self.root, &database.uuid, &self.settings.limits, &None);
+        let Some(replica) = replicas.replica(&database.uuid, at_least, options).await else { return Ok(None) };
+        let read = tokio::task::spawn_blocking(move || replica.read(&request))
+            .await
+            .map_err(|e| Error::Invalid(format!("a read on a replica failed: {e}")))??;
+        if let Some(executed) = &read {
+            self.usage.record(&database.uuid, &executed.results);
+        }
+        Ok(read)
     }
 
     /// Runs a request on the account's database `id`, atomically; answers once it is durable.

@@ -265,8 +265,22 @@ impl Serialize for RowsAndColumns<'_> {
     }
 }
 
-/// D1's `meta` object.
-pub struct JsonMeta<'a>(pub &'a Meta);
+/// Which copy of a database answered, as D1's `meta` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServedBy<'a> {
+    /// The database's owner (`served_by_primary`), or a read replica.
+    pub primary: bool,
+    /// The node that answered (`served_by_region`), in a cluster.
+    pub region: Option<&'a str>,
+}
+
+impl ServedBy<'_> {
+    /// The one copy a single node keeps.
+    pub const PRIMARY: ServedBy<'static> = ServedBy { primary: true, region: None };
+}
+
+/// D1's `meta` object, and which copy answered.
+pub struct JsonMeta<'a>(pub &'a Meta, pub ServedBy<'a>);
 
 #[derive(Serialize)]
 struct Timings {
@@ -275,10 +289,13 @@ struct Timings {
 
 impl Serialize for JsonMeta<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let m = self.0;
-        let mut out = s.serialize_struct("Meta", 10)?;
+        let (m, served_by) = (self.0, self.1);
+        let mut out = s.serialize_struct("Meta", 11)?;
         out.serialize_field("served_by", SERVED_BY)?;
-        out.serialize_field("served_by_primary", &true)?;
+        out.serialize_field("served_by_primary", &served_by.primary)?;
+        if let Some(region) = served_by.region {
+            out.serialize_field("served_by_region", region)?;
+        }
         out.serialize_field("timings", &Timings { sql_duration_ms: m.duration_ms })?;
         out.serialize_field("duration", &m.duration_ms)?;
         out.serialize_field("changes", &m.changes)?;
@@ -306,6 +323,8 @@ pub struct JsonResult<'a> {
     pub result: &'a StatementResult,
     /// How to shape its rows.
     pub format: RowFormat,
+    /// Which copy answered.
+    pub served_by: ServedBy<'a>,
 }
 
 impl Serialize for JsonResult<'_> {
@@ -316,7 +335,7 @@ impl Serialize for JsonResult<'_> {
             RowFormat::Raw => out.serialize_field("results", &RowsAndColumns(self.result))?,
         }
         out.serialize_field("success", &true)?;
-        out.serialize_field("meta", &JsonMeta(&self.result.meta))?;
+        out.serialize_field("meta", &JsonMeta(&self.result.meta, self.served_by))?;
         out.end()
     }
 }
@@ -327,13 +346,15 @@ pub struct JsonResults<'a> {
     pub results: &'a [StatementResult],
     /// How to shape their rows.
     pub format: RowFormat,
+    /// Which copy answered.
+    pub served_by: ServedBy<'a>,
 }
 
 impl Serialize for JsonResults<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(self.results.len()))?;
         for result in self.results {
-            seq.serialize_element(&JsonResult { result, format: self.format })?;
+            seq.serialize_element(&JsonResult { result, format: self.format, served_by: self.served_by })?;
         }
         seq.end()
     }
@@ -376,7 +397,7 @@ pub fn imported(outcome: &ImportOutcome, bookmark: &Bookmark) -> serde_json::Val
     json!({
         "final_bookmark": bookmark.to_string(),
         "num_queries": outcome.num_queries,
-        "meta": JsonMeta(&outcome.meta),
+        "meta": JsonMeta(&outcome.meta, ServedBy::PRIMARY),
     })
 }
 

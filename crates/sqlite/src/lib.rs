@@ -69,7 +69,7 @@ pub use history::{
     Moment, Replica, Restored, SegmentView, ShipError, materialize, open_elsewhere, segment_file_name,
     snapshot_file_name, verify as verify_history,
 };
-pub use placement::{Placement, PlacementError, ReleaseFile};
+pub use placement::{Placement, PlacementError, ReadReplicas, ReleaseFile, ReplicaFigures};
 pub use policy::Limits;
 pub use registry::{Opener, Registry, RegistrySettings};
 pub use request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};

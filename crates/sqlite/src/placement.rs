@@ -60,3 +60,32 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
         true
     }
 }
+
+/// One copy a node keeps of a file another node owns, for `kura node status` and the metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaFigures {
+    /// The file's key (a database's UUID).
+    pub key: String,
+    /// The history position the copy is at.
+    pub position: u64,
+    /// How long since the copy was last found holding everything its owner had shipped
+    /// (`None`: not yet built).
+    pub behind: Option<std::time::Duration>,
+}
+
+/// Read replicas of files other nodes own (kura-cluster implements it): copies built from the
+/// store and kept current from what their owners ship, so reads that accept a copy's state (D1's
+/// Sessions) are served on the node they reach.
+#[async_trait::async_trait]
+pub trait ReadReplicas: Send + Sync + std::fmt::Debug {
+    /// A copy of the file `key` at history position `at_least` or later, caught up first if it
+    /// is behind; its readers are opened with `options` when it is built. `None` when there is
+    /// none to be had now (it is being built, the store cannot be reached, or it is still
+    /// behind): the caller sends the read to the owner.
+    async fn replica(&self, key: &str, at_least: u64, options: crate::DatabaseOptions) -> Option<Arc<crate::Replica>>;
+    /// Drops the copy of `key`, if there is one (replication was turned off, or the file
+    /// deleted).
+    fn discard(&self, key: &str);
+    /// The copies kept now.
+    fn figures(&self) -> Vec<ReplicaFigures>;
+}

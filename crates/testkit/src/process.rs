@@ -68,7 +68,7 @@ pub fn installed(relative: &str) -> PathBuf {
 /// A running `kura serve`; killed when dropped.
 pub struct KuraProcess {
     child: Child,
-    /// The v4 API listener (`http://127.0.0.1:port`).
+    /// The v4 API's base URL (`http://127.0.0.1:port/client/v4`).
     pub api: String,
     /// The S3 listener.
     pub s3: String,

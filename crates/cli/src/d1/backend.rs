@@ -13,7 +13,7 @@ use crate::config::Target;
 use crate::local::Local;
 use kura_client::ApiClient;
 use kura_d1::dump::DumpOptions;
-use kura_d1::wire::{JsonResults, RowFormat, created_database, database_details, database_list_item};
+use kura_d1::wire::{JsonResults, RowFormat, ServedBy, created_database, database_details, database_list_item};
 use kura_d1::{CreateOptions, Request, Statement};
 
 /// Where commands run.
@@ -249,7 +249,11 @@ impl Backend {
             Backend::Local(l) => {
                 let request = Request::new(vec![Statement::new(sql)]);
                 let results = l.node.d1().query(&l.account, uuid, request).await?;
-                let json = serde_json::to_value(JsonResults { results: &results, format: RowFormat::Objects })?;
+                let json = serde_json::to_value(JsonResults {
+                    results: &results,
+                    format: RowFormat::Objects,
+                    served_by: ServedBy::PRIMARY,
+                })?;
                 Ok(json.as_array().cloned().unwrap_or_default())
             }
             Backend::Remote(api) => {

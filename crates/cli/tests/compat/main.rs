@@ -10,6 +10,7 @@ mod authorization;
 mod cluster;
 mod cluster_do;
 mod cluster_r2;
+mod cluster_replicas;
 mod cluster_workers;
 mod common;
 mod console;

@@ -5,16 +5,18 @@
 
 use std::collections::HashMap;
 
+use axum::Extension;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use kura_d1::wire::{JsonParams, JsonResults, RowFormat};
-use kura_d1::{Access, Bookmark, Request, ResultMode, Statement};
+use kura_d1::wire::{JsonParams, JsonResults, RowFormat, ServedBy};
+use kura_d1::{Access, Bookmark, Executed, Request, ResultMode, Statement};
 
 use crate::auth::{Caller, Need};
+use crate::cluster::ToOwner;
 use crate::error::ApiError;
 use crate::extract::read_body;
 use crate::state::AppState;
@@ -70,9 +72,10 @@ pub async fn query(
     State(app): State<AppState>,
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
+    to_owner: Option<Extension<ToOwner>>,
     body: Body,
 ) -> Response {
-    run(app, headers, None, query, body).await.unwrap_or_else(IntoResponse::into_response)
+    run(app, headers, None, query, to_owner, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// `POST /binding/d1/{database}/query` and `…/execute`
@@ -81,9 +84,10 @@ pub async fn query_at(
     headers: HeaderMap,
     Path(database): Path<String>,
     Query(query): Query<HashMap<String, String>>,
+    to_owner: Option<Extension<ToOwner>>,
     body: Body,
 ) -> Response {
-    run(app, headers, Some(database), query, body).await.unwrap_or_else(IntoResponse::into_response)
+    run(app, headers, Some(database), query, to_owner, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 /// A session header's constraint: kura has one copy of each database, always current, so
@@ -102,6 +106,7 @@ async fn run(
     headers: HeaderMap,
     database: Option<String>,
     query: HashMap<String, String>,
+    to_owner: Option<Extension<ToOwner>>,
     body: Body,
 ) -> Result<Response, BindingError> {
     let caller = Caller::from_headers(&headers, &app)?;
@@ -112,7 +117,7 @@ async fn run(
         None => named_database(&headers)?,
     };
     let access = if caller.can_write_d1() { Access::ReadWrite } else { Access::ReadOnly };
-    execute(&app, &account, access, &database, &headers, &query, body).await
+    execute(&app, &account, access, &database, &headers, &query, to_owner, body).await
 }
 
 /// The database a header names, for the shim's fixed URLs.
@@ -131,16 +136,21 @@ pub async fn query_from_worker(
     State(app): State<AppState>,
     headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
+    to_owner: Option<Extension<ToOwner>>,
     body: Body,
 ) -> Response {
     let outcome = async {
         let account = super::worker_account(&app, &headers)?;
         let database = named_database(&headers)?;
-        execute(&app, &account, Access::ReadWrite, &database, &headers, &query, body).await
+        execute(&app, &account, Access::ReadWrite, &database, &headers, &query, to_owner, body).await
     };
     outcome.await.unwrap_or_else(IntoResponse::into_response)
 }
 
+/// Runs a binding call's statements on the database, or — for a Sessions read placed on a
+/// node that does not own it (`to_owner`) — on this node's copy if it holds the session's
+/// position, sending the call to the owner otherwise.
+#[allow(clippy::too_many_arguments)]
 async fn execute(
     app: &AppState,
     account: &str,
@@ -148,6 +158,7 @@ async fn execute(
     database: &str,
     headers: &HeaderMap,
     query: &HashMap<String, String>,
+    to_owner: Option<Extension<ToOwner>>,
     body: Body,
 ) -> Result<Response, BindingError> {
     check_session(headers)?;
@@ -164,11 +175,26 @@ async fn execute(
     let statements = statements.into_iter().map(|s| Statement::with_params(s.sql, s.params.0)).collect();
     // Each element answers once, for its last statement, as workerd's `sql.exec` does.
     let request = Request { statements, mode: ResultMode::LastStatement, access };
+    if let Some(Extension(to_owner)) = to_owner {
+        return match app.d1.read_replica(account, database, request, to_owner.at_least).await? {
+            Some(executed) => {
+                let served_by = ServedBy { primary: false, region: Some(to_owner.node_here()) };
+                Ok(answer(&executed, format, served_by))
+            }
+            None => Ok(to_owner.send(app, body).await),
+        };
+    }
     let executed = app.d1.query_with_bookmark(account, database, request).await?;
-    let mut response = axum::Json(JsonResults { results: &executed.results, format }).into_response();
+    let here = app.forwarding.as_ref().map(|forwarding| forwarding.node());
+    Ok(answer(&executed, format, ServedBy { primary: true, region: here }))
+}
+
+/// A binding call's answer: its results, and the bookmark of a state that includes them.
+fn answer(executed: &Executed, format: RowFormat, served_by: ServedBy<'_>) -> Response {
+    let mut response = axum::Json(JsonResults { results: &executed.results, format, served_by }).into_response();
     if let Some(value) = executed.bookmark.and_then(|b| HeaderValue::from_str(&b.to_string()).ok()) {
         response.headers_mut().insert(SESSION_HEADER, value);
     }
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    Ok(response)
+    response
 }

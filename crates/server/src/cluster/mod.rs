@@ -124,16 +124,108 @@ async fn serve_placed(
                 let what = placed.what();
                 return shape.refuse(ApiError::unavailable(format!("the {what}'s ownership is moving; retry shortly")));
             }
-            let target = if shape == Wire::S3 { s3 } else { url };
-            let response = forwarding.forward(request, &node, &format!("{target}{via}"), shape).await;
-            if matches!(response.status(), StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY) {
-                // The owner is gone or no longer owns it: look again next time.
-                placed.forget_owner(app);
+            let target = format!("{}{via}", if shape == Wire::S3 { s3 } else { url });
+            if let Placed::Database(uuid) = &placed
+                && shape == Wire::D1Binding
+                && let Some(at_least) = accepts_a_copy(request.headers())
+            {
+                // A Sessions read: this node's copy may serve it, which only the handler knows
+                // once it has read the statements; it sends the read on if not.
+                let to_owner = ToOwner::new(forwarding, uuid, node, target, at_least, &request);
+                let mut request = request;
+                request.extensions_mut().insert(to_owner);
+                return next.run(request).await;
             }
-            response
+            send_to_owner(app, forwarding, &placed, &node, &target, request, shape).await
         }
         Err(Unplaced::Placement(e)) => shape.refuse(ApiError::unavailable(format!("the {} is {e}", placed.what()))),
         Err(Unplaced::Refused(e)) => shape.refuse(e),
+    }
+}
+
+/// Sends `request` to the owner `node` at `target`; an owner that does not answer as one is
+/// looked up again next time.
+async fn send_to_owner(
+    app: &AppState,
+    forwarding: &Forwarding,
+    placed: &Placed,
+    node: &str,
+    target: &str,
+    request: Request,
+    shape: Wire,
+) -> Response {
+    let response = forwarding.forward(request, node, target, shape).await;
+    if matches!(response.status(), StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY) {
+        // The owner is gone or no longer owns it: look again next time.
+        placed.forget_owner(app);
+    }
+    response
+}
+
+/// The history position a D1 binding call's session accepts a copy at: any state for
+/// `first-unconstrained`, its bookmark's or later for a bookmark. `None` for what the primary
+/// must answer (`first-primary`, no session, or a token that is not one, which the owner refuses).
+fn accepts_a_copy(headers: &axum::http::HeaderMap) -> Option<u64> {
+    match headers.get(crate::binding::SESSION_HEADER)?.to_str().ok()? {
+        "first-unconstrained" => Some(0),
+        token => token.parse::<kura_d1::Bookmark>().ok().map(|bookmark| bookmark.seq),
+    }
+}
+
+/// A D1 Sessions read placed on a node that does not own the database: the position a copy
+/// must hold to serve it, and how to send it to the owner instead (taken by the binding's
+/// handler, which sends it once it knows no copy here can serve it).
+#[derive(Clone)]
+pub(crate) struct ToOwner {
+    forwarding: Forwarding,
+    uuid: String,
+    node: String,
+    target: String,
+    pub(crate) at_least: u64,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
+    request_id: Option<crate::observe::RequestId>,
+}
+
+impl ToOwner {
+    fn new(
+        forwarding: &Forwarding,
+        uuid: &str,
+        node: String,
+        target: String,
+        at_least: u64,
+        request: &Request,
+    ) -> Self {
+        ToOwner {
+            forwarding: forwarding.clone(),
+            uuid: uuid.to_owned(),
+            node,
+            target,
+            at_least,
+            method: request.method().clone(),
+            uri: request.uri().clone(),
+            headers: request.headers().clone(),
+            request_id: request.extensions().get::<crate::observe::RequestId>().cloned(),
+        }
+    }
+
+    /// This node's name, which a copy's answers give as their region.
+    pub(crate) fn node_here(&self) -> &str {
+        self.forwarding.node()
+    }
+
+    /// Sends the read, its body read already, to the owner.
+    pub(crate) async fn send(self, app: &AppState, body: bytes::Bytes) -> Response {
+        let mut request = Request::new(axum::body::Body::from(body));
+        *request.method_mut() = self.method;
+        *request.uri_mut() = self.uri;
+        *request.headers_mut() = self.headers;
+        if let Some(id) = self.request_id {
+            request.extensions_mut().insert(id);
+        }
+        let placed = Placed::Database(self.uuid);
+        send_to_owner(app, &self.forwarding, &placed, &self.node, &self.target, request, Wire::D1Binding).await
     }
 }
 

@@ -5,7 +5,9 @@ use axum::extract::State;
 use axum::response::Response;
 use serde::Deserialize;
 
-use kura_d1::wire::{JsonParams, JsonResults, RowFormat, created_database, database_details, database_list_item};
+use kura_d1::wire::{
+    JsonParams, JsonResults, RowFormat, ServedBy, created_database, database_details, database_list_item,
+};
 use kura_d1::{Access, CreateOptions, Request, Statement};
 
 use crate::auth::{Caller, Need};
@@ -171,7 +173,7 @@ async fn run(
     caller.require(&account_id, Need::D1Read)?;
     let request = parse_request(&read_body(body).await?, &caller)?;
     let results = app.d1.query(&account_id, &database, request).await?;
-    Ok(ok(JsonResults { results: &results, format }))
+    Ok(ok(JsonResults { results: &results, format, served_by: ServedBy::PRIMARY }))
 }
 
 /// `POST …/{database}/query`: rows as objects.
