@@ -2,7 +2,9 @@
 //! (`workers/ledger`: D1, R2, KV and a Cron Trigger) deployed with real wrangler through one
 //! node runs on every node; a redeploy through another and a secret through a third reach all
 //! of them; its R2, D1 and KV calls from nodes that do not own the bucket, database or
-//! namespace reach the owner, and wrangler's `kv` commands work through any node; the owner
+//! namespace reach the owner, and wrangler's `kv` commands work through any node; its D1
+//! Sessions reads (`withSession`) are served by read replicas on the nodes that do not own the
+//! database once its read replication is on; the owner
 //! killed with SIGKILL while requests go through every node's Workers listener loses no
 //! acknowledged write, and a survivor serves the bucket and the namespace; and its schedule
 //! fires once a minute for the whole cluster, before and after the kill.
@@ -200,6 +202,25 @@ fn a_worker_deployed_through_one_node_runs_on_every_node_and_survives_the_loss_o
         assert_eq!(read.bytes().await.unwrap().as_ref(), &body[..], "the body written through node 2, read through 1");
         let (status, id) = call(&client, &workers[2], reqwest::Method::POST, "/entries/0", b"").await.unwrap();
         assert_eq!(status, 200, "{id}");
+        // With the database's read replication on, a Worker's Sessions reads on nodes that do
+        // not own it are served by their copies, from the session's bookmark on.
+        let databases = format!("{}/accounts/{}/d1/database", cluster.node(1).api, crate::common::ACCOUNT);
+        let uuid = api_get(&client, &databases).await["result"][0]["uuid"].as_str().unwrap().to_owned();
+        let put = client
+            .put(format!("{databases}/{uuid}"))
+            .bearer_auth(crate::common::TOKEN)
+            .json(&serde_json::json!({ "read_replication": { "mode": "auto" } }))
+            .send()
+            .await
+            .unwrap();
+        assert!(put.status().is_success());
+        let read = wait_for(&client, &workers[1], "/session", |b| b["served_by_primary"] == false).await;
+        assert_eq!((read["n"].as_u64(), read["served_by_region"].as_str()), (Some(1), Some("node1")), "{read}");
+        let bookmark = read["bookmark"].as_str().unwrap().to_owned();
+        let path = format!("/session?bookmark={bookmark}");
+        let read = wait_for(&client, &workers[2], &path, |b| b["served_by_primary"] == false).await;
+        assert_eq!((read["n"].as_u64(), read["served_by_region"].as_str()), (Some(1), Some("node2")), "{read}");
+        assert!(read["bookmark"].as_str().unwrap() >= bookmark.as_str(), "{read}");
         let (status, put) = call(&client, &workers[2], reqwest::Method::PUT, "/notes/greeting", b"hej").await.unwrap();
         assert_eq!(status, 200, "{put}");
         let note = wait_for(&client, &workers[1], "/notes/greeting", |b| b["value"] == "hej").await;

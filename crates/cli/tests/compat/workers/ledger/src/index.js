@@ -24,6 +24,13 @@ async function handle(request, env) {
     const { results } = await env.DB.prepare("SELECT id FROM entries ORDER BY id").all();
     return json(results.map((r) => r.id));
   }
+  if (what === "session") {
+    // A Sessions read: from a read replica where the database's replication is on.
+    const session = env.DB.withSession(url.searchParams.get("bookmark") ?? "first-unconstrained");
+    const { results, meta } = await session.prepare("SELECT count(*) AS n FROM entries").all();
+    const { served_by_primary, served_by_region } = meta;
+    return json({ n: results[0].n, served_by_primary, served_by_region, bookmark: session.getBookmark() });
+  }
   if (what === "runs") {
     const { results } = await env.DB.prepare("SELECT scheduled, cron FROM runs ORDER BY rowid").all();
     return json(results);
