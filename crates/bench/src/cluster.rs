@@ -431,6 +431,123 @@ async fn takeover(
 
 /// A `kura serve` process joined to the benchmark's cluster.
 /// Starts cluster node `bench{i}{suffix}`, speaking to Garage node `i`.
+/// D1 Sessions reads with read replication on: the point SELECT through the binding endpoint
+/// in a `first-unconstrained` session on the owner and on node 1 (its read replica), with
+/// `first-primary` on node 1 (forwarded) beside them; then how far the replica trails the
+/// owner's commits under a write load: from a write's answer until a read through node 1
+/// answers a bookmark at or after it.
+async fn replica_reads(
+    http: &reqwest::Client,
+    nodes: &[KuraProcess],
+    owner_query: &str,
+    duration: Duration,
+) -> anyhow::Result<()> {
+    const SESSION: &str = "x-cf-d1-session-commit-token";
+    let database = owner_query.trim_end_matches("/query");
+    let uuid = database.rsplit('/').next().unwrap_or_default().to_owned();
+    let replication = serde_json::json!({ "read_replication": { "mode": "auto" } });
+    let put = http.put(database).bearer_auth(crate::server::TOKEN).json(&replication).send().await?;
+    anyhow::ensure!(put.status().is_success(), "turning read replication on: {}", put.text().await?);
+    let binding = |node: &KuraProcess| format!("{}/binding/d1/{uuid}/query", node.api.trim_end_matches("/client/v4"));
+    let (on_owner, on_replica) = (binding(&nodes[0]), binding(&nodes[1]));
+    // One session read: the answer's bookmark, and whether the primary served it.
+    let client = http.clone();
+    let read = move |url: String, session: String| {
+        let http = client.clone();
+        async move {
+            let body = serde_json::json!({ "sql": "SELECT v FROM kv WHERE id = ?1", "params": [1] });
+            let answer =
+                http.post(&url).bearer_auth(crate::server::TOKEN).header(SESSION, session).json(&body).send().await?;
+            let bookmark = answer.headers().get(SESSION).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+            let json: serde_json::Value = answer.json().await?;
+            anyhow::ensure!(json[0]["success"] == true, "a session read failed: {json}");
+            anyhow::Ok((bookmark, json[0]["meta"]["served_by_primary"] == true))
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while read(on_replica.clone(), "first-unconstrained".into()).await?.1 {
+        anyhow::ensure!(Instant::now() < deadline, "node 1 never served from its read replica");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reads = |url: String, session: &'static str| {
+        let read = read.clone();
+        load::run(16, duration, move |_, _| {
+            let read = read(url.clone(), session.to_owned());
+            async move {
+                read.await.expect("a session read");
+                1
+            }
+        })
+    };
+    // CPU per read of the node serving it (its own process's: the load generator shares the
+    // machine's two cores).
+    let cpu = |node: &KuraProcess| crate::workers::cpu_seconds(node.pid());
+    let before = cpu(&nodes[0]);
+    let owner = reads(on_owner.clone(), "first-unconstrained").await;
+    let owner_cpu = (cpu(&nodes[0]) - before) / owner.units.max(1) as f64;
+    let before = cpu(&nodes[1]);
+    let replica = reads(on_replica.clone(), "first-unconstrained").await;
+    let replica_cpu = (cpu(&nodes[1]) - before) / replica.units.max(1) as f64;
+    let forwarded = reads(on_replica.clone(), "first-primary").await;
+    line("session SELECT via the owner, 16 clients", &owner, &[]);
+    line("session SELECT via a replica, 16 clients", &replica, &[("via the owner", owner.rate(), Some(0.9))]);
+    line("first-primary SELECT via another, 16 clients", &forwarded, &[("via the owner", owner.rate(), None)]);
+    println!(
+        "{:<44} serving node's CPU per read: owner {:.0} µs, replica {:.0} µs",
+        "",
+        owner_cpu * 1e6,
+        replica_cpu * 1e6
+    );
+
+    // Lag under 16 writers: each probe writes through the owner, then reads through node 1 in
+    // an unconstrained session every millisecond until its answer's bookmark reaches the write's.
+    let writers = {
+        let (http, url) = (http.clone(), owner_query.to_owned());
+        let base = rand_base();
+        tokio::spawn(load::run(16, duration, move |client, n| {
+            let (http, url) = (http.clone(), url.clone());
+            async move {
+                let id = base + (client as i64) * 10_000_000 + n as i64;
+                let body = serde_json::json!({ "sql": "INSERT INTO kv VALUES (?1, 'v')", "params": [id] });
+                crate::server::post_ok(&http, &url, body.to_string()).await;
+                1
+            }
+        }))
+    };
+    let mut lags = Vec::new();
+    let until = Instant::now() + duration;
+    let mut probe = -1i64;
+    while Instant::now() < until {
+        let body = serde_json::json!({ "sql": "INSERT OR REPLACE INTO kv VALUES (?1, 'probe')", "params": [probe] });
+        probe -= 1;
+        let written = http.post(&on_owner).bearer_auth(crate::server::TOKEN).json(&body).send().await?;
+        let acked = Instant::now();
+        let bookmark = written.headers().get(SESSION).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+        anyhow::ensure!(!bookmark.is_empty(), "a write through the binding answered no bookmark");
+        loop {
+            let (seen, _) = read(on_replica.clone(), "first-unconstrained".into()).await?;
+            if seen >= bookmark {
+                lags.push(acked.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    let written = writers.await?;
+    lags.sort();
+    let at = |q: f64| lags.get(((lags.len() as f64 * q) as usize).min(lags.len().saturating_sub(1))).copied();
+    println!(
+        "{:<44} replica lag under {:.0} INSERTs/s: p50 {:.1} ms, p99 {:.1} ms ({} probes; it polls every {} ms)",
+        "",
+        written.rate(),
+        at(0.5).unwrap_or_default().as_secs_f64() * 1e3,
+        at(0.99).unwrap_or_default().as_secs_f64() * 1e3,
+        lags.len(),
+        kura_cluster::read_replicas::POLL.as_millis()
+    );
+    Ok(())
+}
+
 fn start_node(etcd: &Etcd, garage: &Garage, (i, suffix): (usize, &str), extra: &[&str]) -> anyhow::Result<KuraProcess> {
     let (endpoints, node_id) = (etcd.endpoints.join(","), format!("bench{i}{suffix}"));
     let mut args = vec!["--cluster-store", "s3://kura/bench-nodes", "--cluster-store-region", "garage"];
@@ -532,6 +649,7 @@ async fn through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage) -> any
         "",
         (forwarded.p50.as_secs_f64() - owner.p50.as_secs_f64()) * 1e3
     );
+    replica_reads(&http, &nodes, &owner_query, duration).await?;
     // --durability async: acknowledged after the local fsync, shipped every second.
     drop(nodes);
     let async_node = start_node(etcd, garage, (2, ""), &["--durability", "async"])?;

@@ -379,7 +379,7 @@ fn tail_overhead(
 }
 
 /// CPU seconds a process and its descendants (wrangler runs as `node`) have used, from /proc.
-fn cpu_seconds(pid: u32) -> f64 {
+pub(crate) fn cpu_seconds(pid: u32) -> f64 {
     // SAFETY: sysconf has no preconditions.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     cpu_ticks(pid) as f64 / per_second

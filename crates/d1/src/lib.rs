@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use kura_catalog::{Catalog, D1Database, D1DatabaseList, NewD1Database};
-use kura_sqlite::{DatabaseOptions, HistorySettings, Limits, ReadReplicas, Registry, RegistrySettings};
+use kura_sqlite::{DatabaseOptions, HistorySettings, Limits, ReadReplicas, Registry, RegistrySettings, ReplicaRead};
 
 pub use kura_sqlite::{
     Access, Bookmark, Error as SqlError, Executed, Meta, Placement, PlacementError, Request, Restored, ResultMode,
@@ -230,6 +230,10 @@ fn database_options(root: &Path, uuid: &str, limits: &Limits, history: &Option<H
         None => options,
     }
 }
+
+/// How long a read on a replica may hold an async worker before it is interrupted and run
+/// again on a blocking thread (as the owner's inline reads are).
+const INLINE_READ_BUDGET: Duration = Duration::from_millis(1);
 
 /// The read replication mode that turns replicas on (D1's `read_replication.mode`).
 pub const REPLICATED: &str = "auto";
@@ -489,13 +493,21 @@ impl D1 {
         }
         let options = database_options(&self.root, &database.uuid, &self.settings.limits, &None);
         let Some(replica) = replicas.replica(&database.uuid, at_least, options).await else { return Ok(None) };
-        let read = tokio::task::spawn_blocking(move || replica.read(&request))
-            .await
-            .map_err(|e| Error::Invalid(format!("a read on a replica failed: {e}")))??;
-        if let Some(executed) = &read {
-            self.usage.record(&database.uuid, &executed.results);
+        // On this worker if it is as short as a point read (as the owner's reads are), on a
+        // blocking thread if not.
+        let read = match replica.read(&request, Some(INLINE_READ_BUDGET))? {
+            ReplicaRead::TooLong => tokio::task::spawn_blocking(move || replica.read(&request, None))
+                .await
+                .map_err(|e| Error::Invalid(format!("a read on a replica failed: {e}")))??,
+            other => other,
+        };
+        match read {
+            ReplicaRead::Done(executed) => {
+                self.usage.record(&database.uuid, &executed.results);
+                Ok(Some(executed))
+            }
+            ReplicaRead::Declined | ReplicaRead::TooLong => Ok(None),
         }
-        Ok(read)
     }
 
     /// Runs a request on the account's database `id`, atomically; answers once it is durable.

@@ -123,6 +123,11 @@ impl Database {
     }
 
     /// The options it was opened with.
+    /// Forgets the size measured last: another connection (a replica's) may have changed it.
+    pub(crate) fn forget_size(&mut self) {
+        self.size = None;
+    }
+
     pub(crate) fn options(&self) -> &DatabaseOptions {
         &self.options
     }

@@ -46,7 +46,7 @@ pub use bookmark::{Bookmark, MalformedBookmark};
 pub use follow::{Follower, open_elsewhere};
 use record::{HEADER_LEN, Header, Kind, ReadError};
 pub(crate) use recover::finish_interrupted_restore;
-pub use replica::{Continuity, Replica};
+pub use replica::{Continuity, Replica, ReplicaRead};
 pub use restore::materialize;
 pub(crate) use segment::remove_if_present;
 use segment::{Entry, OpenSegment, Sealed, sync_dir};

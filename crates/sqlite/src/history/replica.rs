@@ -12,7 +12,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rusqlite::OpenFlags;
 
@@ -29,10 +29,12 @@ pub struct Replica {
     identity: String,
     dir: PathBuf,
     applier: Mutex<Applier>,
-    reader: Mutex<Database>,
+    /// Each with the position whose size it may have measured.
+    readers: Vec<Mutex<(Database, u64)>>,
     request_timeout: std::time::Duration,
     position: AtomicU64,
-    time_ms: AtomicI64,
+    /// The bookmark of `position`, made when the copy moves there.
+    bookmark: Mutex<Bookmark>,
 }
 
 impl std::fmt::Debug for Replica {
@@ -101,24 +103,30 @@ impl Replica {
         let snapshot = snapshot::read_header(&snapshot_path)
             .map_err(|e| read_error(e, &format!("reading {}", snapshot_path.display())))?;
         let (mut position, mut time_ms) = (snapshot_seq, snapshot.time_ms);
-        let mut following = None;
-        if let Some((first_seq, path)) = segments.last().cloned() {
-            let file = OpenOptions::new().read(true).write(true).open(&path).map_err(io_error("opening a segment"))?;
+        // The newest record is in the newest segment that holds one (a new segment may have none).
+        let mut walked = Vec::new();
+        for (first_seq, path) in segments.iter().rev() {
+            let file = OpenOptions::new().read(true).write(true).open(path).map_err(io_error("opening a segment"))?;
             let len = file.metadata().map_err(io_error("reading a segment's length"))?.len();
-            let mut applied = SEGMENT_HEADER_LEN;
-            let mut last = None;
-            while let Ok(header) = record::header_at(&file, applied, len) {
-                last = Some(header);
-                applied += header.record_len();
-            }
-            if let Some(last) = last.filter(|l| l.seq >= position) {
-                (position, time_ms) = (last.seq, last.time_ms);
-            }
-            // A snapshot newer than the segment's end: the next segment continues from it.
-            if last.is_some_and(|l| l.seq >= snapshot_seq) || first_seq > snapshot_seq {
-                following = Some(Following { first_seq, path, file, len, applied });
+            let (applied, last) = whole_records(&file, len);
+            let found = last.is_some();
+            walked.push((*first_seq, path.clone(), file, len, applied, last));
+            if found {
+                break;
             }
         }
+        let newest_record = walked.iter().find_map(|w| w.5);
+        if let Some(last) = newest_record.filter(|last| last.seq >= position) {
+            (position, time_ms) = (last.seq, last.time_ms);
+        }
+        // The newest segment is followed if it ends at the copy's position or starts right after.
+        let following = walked.into_iter().next().and_then(|(first_seq, path, file, len, applied, last)| {
+            let continues = match last {
+                Some(last) => last.seq == position,
+                None => first_seq == position + 1,
+            };
+            continues.then_some(Following { first_seq, path, file, len, applied })
+        });
         // Only the segment followed is read again: the rest of the fetched log goes.
         for (_, path) in snapshots.iter().chain(&segments) {
             if following.as_ref().is_none_or(|f| f.path != *path) {
@@ -145,15 +153,17 @@ impl Replica {
         options.path = db_path.to_owned();
         options.history = None;
         options.shipper = None;
-        let reader = Database::open(&options)?;
+        let readers = (0..READERS)
+            .map(|_| Database::open(&options).map(|db| Mutex::new((db, position))))
+            .collect::<Result<_>>()?;
         Ok(Replica {
             identity: identity.to_owned(),
             dir,
             applier: Mutex::new(Applier { conn, log, following, db_pages, page_size, bufs: ApplyBuffers::default() }),
-            reader: Mutex::new(reader),
+            readers,
             request_timeout,
             position: AtomicU64::new(position),
-            time_ms: AtomicI64::new(time_ms),
+            bookmark: Mutex::new(Bookmark::new(identity, position, time_ms)),
         })
     }
 
@@ -164,8 +174,7 @@ impl Replica {
 
     /// The bookmark of the copy's state.
     pub fn bookmark(&self) -> Bookmark {
-        let position = self.position();
-        Bookmark::new(&self.identity, position, self.time_ms.load(Ordering::Acquire))
+        *self.bookmark.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether shipped bytes `[offset, offset + len)` of the segment whose first position is
@@ -295,24 +304,64 @@ impl Replica {
             }
             *db_pages = last.db_pages;
             f.applied += header.record_len();
-            self.time_ms.store(last.time_ms, Ordering::Release);
+            *self.bookmark.lock().unwrap_or_else(|e| e.into_inner()) =
+                Bookmark::new(&self.identity, last.seq, last.time_ms);
             self.position.store(last.seq, Ordering::Release);
         }
     }
 
-    /// Runs a request that only reads on the copy as it is now, in one read transaction:
-    /// `None` if it must go to the owner (it would write, or may change the connection's state).
-    /// Its bookmark is of a state no newer than the one it read.
-    pub fn read(&self, request: &Request) -> Result<Option<Executed>> {
+    /// Runs a request that only reads on the copy as it is now, in one read transaction, if it
+    /// finishes within `budget` (the request timeout if none): its answer carries the bookmark
+    /// of a state no newer than the one it read. Nothing of a request that does not finish, or
+    /// that must go to the owner (it would write, or may change the connection's state), remains.
+    pub fn read(&self, request: &Request, budget: Option<std::time::Duration>) -> Result<ReplicaRead> {
         let bookmark = self.bookmark();
-        let mut reader = self.reader.lock().unwrap_or_else(|e| e.into_inner());
-        match reader.execute_read(request, self.request_timeout) {
-            Inline::Done(results) => Ok(Some(Executed { results, bookmark: Some(bookmark) })),
+        // A free reader if there is one; otherwise wait for the first (reads are short, and a
+        // long one was sent off the runtime's workers by its budget).
+        let mut reader = self
+            .readers
+            .iter()
+            .find_map(|r| r.try_lock().ok())
+            .unwrap_or_else(|| self.readers[0].lock().unwrap_or_else(|e| e.into_inner()));
+        // The size a reader measured holds until the copy moves.
+        if reader.1 != bookmark.seq {
+            reader.0.forget_size();
+            reader.1 = bookmark.seq;
+        }
+        let reader = &mut reader.0;
+        let budget = budget.unwrap_or(self.request_timeout).min(self.request_timeout);
+        match reader.execute_read(request, budget) {
+            Inline::Done(results) => Ok(ReplicaRead::Done(Executed { results, bookmark: Some(bookmark) })),
             Inline::Failed(e) => Err(e),
-            Inline::Declined | Inline::TooLong => Ok(None),
+            Inline::Declined => Ok(ReplicaRead::Declined),
+            Inline::TooLong => Ok(ReplicaRead::TooLong),
         }
     }
 }
+
+/// What a read on a replica came to.
+#[derive(Debug)]
+pub enum ReplicaRead {
+    /// It read, and here is its answer.
+    Done(Executed),
+    /// The owner must serve it: it would write, or may change the connection's state.
+    Declined,
+    /// It ran past its budget and was interrupted.
+    TooLong,
+}
+
+/// Where a segment's whole records end, and the header of its last one.
+fn whole_records(file: &File, len: u64) -> (u64, Option<record::Header>) {
+    let (mut applied, mut last) = (SEGMENT_HEADER_LEN, None);
+    while let Ok(header) = record::header_at(file, applied, len) {
+        last = Some(header);
+        applied += header.record_len();
+    }
+    (applied, last)
+}
+
+/// Connections that read a replica, so the runtime's workers seldom wait for one another.
+const READERS: usize = 2;
 
 impl Drop for Replica {
     fn drop(&mut self) {

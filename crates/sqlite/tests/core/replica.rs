@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use kura_sqlite::{Continuity, LogShipper, LogView, Replica, ShipError};
+use kura_sqlite::{Continuity, Executed, LogShipper, LogView, Replica, ReplicaRead, ShipError};
 
 use crate::common::*;
 
@@ -121,10 +121,17 @@ async fn bookmark(cx: &Context) -> Bookmark {
     cx.registry.with_database("db", |db| db.bookmark()).await.unwrap().unwrap()
 }
 
+fn done(read: ReplicaRead) -> Executed {
+    match read {
+        ReplicaRead::Done(executed) => executed,
+        other => panic!("a read is served by the copy: {other:?}"),
+    }
+}
+
 /// What the copy and the owner read are the same, at the same bookmark.
 async fn same_as_owner(replica: &Replica, cx: &Context, when: &str) {
     for sql in [EVERYTHING, ROWS] {
-        let copy = replica.read(&select(sql)).unwrap().expect("a read is served by the copy");
+        let copy = done(replica.read(&select(sql), None).unwrap());
         let original = cx.ok(sql).await;
         assert_eq!(copy.results[0].rows, original[0].rows, "{when}: {sql}");
     }
@@ -181,7 +188,8 @@ async fn a_replica_follows_commits_of_every_shape_and_reads_what_the_owner_reads
     (fed, continuity) = store.feed(&replica, fed);
     assert_eq!(continuity, Continuity::Continues);
     same_as_owner(&replica, &cx, "after freeing pages").await;
-    assert!(replica.read(&select("PRAGMA page_count")).unwrap().is_none(), "a PRAGMA goes to the owner");
+    let pragma = replica.read(&select("PRAGMA page_count"), None).unwrap();
+    assert!(matches!(pragma, ReplicaRead::Declined), "a PRAGMA goes to the owner");
 
     // A copy built later from the same store reads the same, and so does a copy that is fed
     // each shipment twice (what a node that asks again sees).
@@ -195,7 +203,7 @@ async fn a_replica_follows_commits_of_every_shape_and_reads_what_the_owner_reads
     same_as_owner(&replica, &cx, "fed the last shipment again").await;
     // A write asked of the copy is declined: it goes to the owner.
     let write = Request::new(vec![Statement::new("INSERT INTO t VALUES (600, 'x')")]);
-    assert!(replica.read(&write).unwrap().is_none());
+    assert!(matches!(replica.read(&write, None).unwrap(), ReplicaRead::Declined));
     assert_eq!(cx.scalar("SELECT count(*) FROM t WHERE id = 600").await, Value::Integer(0));
 
     // A restore breaks continuity: the copy is built again.
@@ -239,6 +247,6 @@ async fn bytes_that_do_not_follow_the_copy_break_continuity() {
     let broken = replica.append(*segment, *offset, &damaged).unwrap();
     assert!(matches!(broken, Continuity::Broken(_)), "{broken:?}");
     assert_eq!(replica.position(), position, "nothing was applied");
-    let read = replica.read(&select("SELECT count(*) FROM t")).unwrap().unwrap();
+    let read = done(replica.read(&select("SELECT count(*) FROM t"), None).unwrap());
     assert_eq!(read.results[0].rows[0][0], Value::Integer(0));
 }
