@@ -456,6 +456,12 @@ pub async fn run_node(command: NodeCommand) -> anyhow::Result<()> {
             );
         }
     }
+    let replicas = status["replicas"].as_array().cloned().unwrap_or_default();
+    println!("D1 read replicas here: {}", replicas.len());
+    for r in replicas {
+        let lag = r["lag_ms"].as_u64().map_or("being built".to_owned(), |ms| format!("current {ms} ms ago"));
+        println!("  {}  position {:<10} {lag}", r["id"].as_str().unwrap_or("?"), r["position"]);
+    }
     if let Some(running) = status["workers"]["running"].as_array() {
         println!(
             "Workers running here: {} ({} Cron Trigger runs started here)",
