@@ -27,6 +27,17 @@ pub const POLL: Duration = Duration::from_millis(100);
 /// A copy no read asked for in this long is dropped.
 pub const IDLE: Duration = Duration::from_secs(60);
 
+/// Copies made in this process, naming each one's directory.
+static GENERATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Catch-ups failing in a row after which a copy is no longer served (about a second): its
+/// staleness would have no bound.
+const FAILURES_BEFORE_DROPPING: u32 = 10;
+
+/// How long a read that needs the copy caught up waits for a catch-up or build under way
+/// before it goes to the owner instead.
+const CATCH_UP_WAIT: Duration = Duration::from_millis(50);
+
 /// This node's copies of one kind of file (D1 databases) owned by other nodes.
 #[derive(Clone)]
 pub struct ClusterReplicas {
@@ -51,13 +62,17 @@ struct Copy {
     last_read: Mutex<Instant>,
     /// When the copy was last found holding everything the manifest lists.
     current_at: Mutex<Option<Instant>>,
-    generation: AtomicU64,
 }
 
 impl std::fmt::Debug for ClusterReplicas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterReplicas").field("kind", &self.inner.kind).finish_non_exhaustive()
     }
+}
+
+/// Whether a manifest entry is a base (it lists everything the log needs).
+fn is_base(entry: &[u8]) -> bool {
+    serde_json::from_slice::<Shipment>(entry).is_ok_and(|shipment| shipment.base)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -98,7 +113,6 @@ impl Inner {
                 building: AtomicBool::new(false),
                 last_read: Mutex::new(Instant::now()),
                 current_at: Mutex::default(),
-                generation: AtomicU64::new(0),
             })
         });
         Arc::clone(copy)
@@ -111,7 +125,9 @@ impl Inner {
     /// Builds a new copy from the store, in a directory of its own, and serves it from now on.
     async fn build(&self, copy: &Copy, following: &mut u64, options: DatabaseOptions) -> Result<(), ReplicaError> {
         let asked_at = Instant::now();
-        let generation = copy.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        // Unique in the process: a copy made after another of the same file was dropped (or
+        // while it is still being read) never shares its directory.
+        let generation = GENERATIONS.fetch_add(1, Ordering::Relaxed) + 1;
         let dir = self.root.join(&copy.key).join(generation.to_string());
         let io = |e: std::io::Error| ReplicaError::Io { path: dir.clone(), source: e };
         if dir.exists() {
@@ -150,7 +166,14 @@ impl Inner {
         at_least: Option<u64>,
         options: &DatabaseOptions,
     ) -> Result<(), ReplicaError> {
-        let mut following = copy.following.lock().await;
+        let mut following = match at_least {
+            // A read waits only briefly (a build may take long): the owner serves it meanwhile.
+            Some(_) => match tokio::time::timeout(CATCH_UP_WAIT, copy.following.lock()).await {
+                Ok(following) => following,
+                Err(_) => return Ok(()),
+            },
+            None => copy.following.lock().await,
+        };
         let Some(replica) = copy.current() else { return Ok(()) };
         if at_least.is_some_and(|at_least| replica.position() >= at_least) {
             return Ok(());
@@ -159,6 +182,13 @@ impl Inner {
         let resource = self.kind.resource(&copy.key);
         let inconsistent = |message: String| ReplicaError::Inconsistent { resource: resource.clone(), message };
         for published in self.coordinator.manifest(&resource, *following).await? {
+            if published.seq > *following + 1 && !is_base(&published.entry) {
+                // Entries the copy never saw were dropped: only a base may stand for them.
+                let why = format!("manifest entries {} to {} were dropped", *following + 1, published.seq - 1);
+                tracing::info!(resource, why, "a read replica cannot follow its owner's manifest; building it again");
+                *lock(&copy.current) = None;
+                return self.build(copy, &mut following, options.clone()).await;
+            }
             let shipment: Shipment = serde_json::from_slice(&published.entry)
                 .map_err(|e| inconsistent(format!("manifest entry {}: {e}", published.seq)))?;
             for item in shipment.items {
@@ -194,6 +224,8 @@ impl Inner {
                         why,
                         "a read replica stopped following its owner's log; building it again"
                     );
+                    // Not served from now on: what it holds may not be the owner's any more.
+                    *lock(&copy.current) = None;
                     return self.build(copy, &mut following, options.clone()).await;
                 }
             }
@@ -219,7 +251,7 @@ impl Inner {
                     return;
                 }
             }
-            let mut failing = false;
+            let mut failing = 0u32;
             loop {
                 tokio::time::sleep(POLL).await;
                 if !inner.is_kept(&copy) {
@@ -230,13 +262,26 @@ impl Inner {
                     tracing::debug!(key = copy.key, "dropped a read replica no read asked for lately");
                     break;
                 }
-                match inner.catch_up(&copy, None, &options).await {
-                    Ok(()) => failing = false,
-                    Err(e) if !failing => {
-                        failing = true;
-                        tracing::warn!(key = copy.key, error = %e, "catching a read replica up failed; retrying");
+                let caught_up = match copy.current().is_some() {
+                    true => inner.catch_up(&copy, None, &options).await,
+                    // No longer served: built again.
+                    false => {
+                        let mut following = copy.following.lock().await;
+                        inner.build(&copy, &mut following, options.clone()).await
                     }
-                    Err(_) => {}
+                };
+                match caught_up {
+                    Ok(()) => failing = 0,
+                    Err(e) => {
+                        failing += 1;
+                        if failing == 1 {
+                            tracing::warn!(key = copy.key, error = %e, "catching a read replica up failed; retrying");
+                        }
+                        if failing == FAILURES_BEFORE_DROPPING {
+                            tracing::warn!(key = copy.key, "a read replica that cannot catch up is no longer served");
+                            *lock(&copy.current) = None;
+                        }
+                    }
                 }
             }
         });
@@ -248,7 +293,7 @@ impl ReadReplicas for ClusterReplicas {
     async fn replica(&self, key: &str, at_least: u64, options: DatabaseOptions) -> Option<Arc<Replica>> {
         let copy = self.inner.copy(key);
         *lock(&copy.last_read) = Instant::now();
-        let Some(replica) = copy.current() else {
+        let Some(replica) = copy.current().filter(|replica| replica.broken().is_none()) else {
             self.inner.start(copy, options);
             return None;
         };
@@ -259,7 +304,7 @@ impl ReadReplicas for ClusterReplicas {
             tracing::debug!(key, error = %e, "catching a read replica up failed; the read goes to the owner");
             return None;
         }
-        copy.current().filter(|replica| replica.position() >= at_least)
+        copy.current().filter(|replica| replica.position() >= at_least && replica.broken().is_none())
     }
 
     fn discard(&self, key: &str) {

@@ -64,7 +64,7 @@ pub(crate) struct Shipment {
     pub(crate) items: Vec<Item>,
     /// The entry lists everything the log needs: a rebuild starts over here.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    base: bool,
+    pub(crate) base: bool,
 }
 
 /// How much of the log the store holds: snapshots by position, segments by length; and what a

@@ -475,15 +475,16 @@ impl D1 {
     }
 
     /// In a cluster, runs a request that only reads on this node's copy of a database another
-    /// node owns, if its read replication is on and the copy holds history position `at_least`
-    /// (a session's bookmark; 0 takes any state). `None` when the owner must serve it: the
-    /// copy is still being built or is behind, replication is off, or the request would write.
+    /// node owns, if its read replication is on and the copy holds the state of `at_least` (a
+    /// session's bookmark; `None` takes any state). `None` when the owner must serve it: the
+    /// copy is still being built or is behind, replication is off, the bookmark is another
+    /// database's, or the request would write.
     pub async fn read_replica(
         &self,
         account_id: &str,
         id_or_name: &str,
         request: Request,
-        at_least: u64,
+        at_least: Option<&Bookmark>,
     ) -> Result<Option<Executed>> {
         let Some(replicas) = &self.settings.replicas else { return Ok(None) };
         let database = self.get(account_id, id_or_name)?;
@@ -491,6 +492,11 @@ impl D1 {
             replicas.discard(&database.uuid);
             return Ok(None);
         }
+        // A bookmark that is not this database's names no state a copy could reach.
+        if at_least.is_some_and(|bookmark| !bookmark.belongs_to(&database.uuid)) {
+            return Ok(None);
+        }
+        let at_least = at_least.map_or(0, |bookmark| bookmark.seq);
         let options = database_options(&self.root, &database.uuid, &self.settings.limits, &None);
         let Some(replica) = replicas.replica(&database.uuid, at_least, options).await else { return Ok(None) };
         // On this worker if it is as short as a point read (as the owner's reads are), on a

@@ -249,8 +249,16 @@ fn sessions_reads_through_replicas_never_return_a_state_older_than_their_bookmar
         // Off (D1's default): a session read through another node is the primary's.
         let owner = owner_of(&client, &cluster, &uuid).await;
         let other = (owner + 1) % 3;
-        let read = call(&client, &cluster.node(other).api, &uuid, Some("first-unconstrained"), "SELECT 1", json!([]));
-        assert!(read.await.unwrap().primary, "with replication off the owner answers");
+        // (Retried while the other node's catalog has yet to hear of the database.)
+        let read = call_until_served(
+            &client,
+            &cluster.node(other).api,
+            &uuid,
+            Some("first-unconstrained"),
+            "SELECT 1",
+            json!([]),
+        );
+        assert!(read.await.primary, "with replication off the owner answers");
 
         // On, through another node than the owner: every node's copy follows.
         let put = client
@@ -292,8 +300,9 @@ fn sessions_reads_through_replicas_never_return_a_state_older_than_their_bookmar
         let served = walks(&client, &apis, &uuid, seed, 4, 60, &next_id, &acknowledged).await;
         let (reads, by_replicas) = (served.reads.load(Ordering::Relaxed), served.by_replicas.load(Ordering::Relaxed));
         eprintln!("read replicas: {reads} session reads, {by_replicas} served by replicas");
-        // Two thirds of the reads go through nodes that do not own the database.
-        assert!(by_replicas * 3 >= reads, "most reads through other nodes are served by their copies");
+        // Two thirds of the reads go through nodes that do not own the database: at least three
+        // quarters of those are served by their copies.
+        assert!(by_replicas * 2 >= reads, "most reads through other nodes are served by their copies");
 
         // `kura node status` on another node shows its copy and how far behind it may be.
         let url = format!("{}/accounts/{ACCOUNT}/kura/cluster", cluster.node(other).api);

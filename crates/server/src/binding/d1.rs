@@ -176,7 +176,7 @@ async fn execute(
     // Each element answers once, for its last statement, as workerd's `sql.exec` does.
     let request = Request { statements, mode: ResultMode::LastStatement, access };
     if let Some(Extension(to_owner)) = to_owner {
-        return match app.d1.read_replica(account, database, request, to_owner.at_least).await? {
+        return match app.d1.read_replica(account, database, request, to_owner.at_least.as_ref()).await? {
             Some(executed) => {
                 let served_by = ServedBy { primary: false, region: Some(to_owner.node_here()) };
                 Ok(answer(&executed, format, served_by))

@@ -162,13 +162,13 @@ async fn send_to_owner(
     response
 }
 
-/// The history position a D1 binding call's session accepts a copy at: any state for
-/// `first-unconstrained`, its bookmark's or later for a bookmark. `None` for what the primary
+/// The state a D1 binding call's session accepts a copy at: any state (`None`) for
+/// `first-unconstrained`, its bookmark's or a later one for a bookmark. `None` for what the primary
 /// must answer (`first-primary`, no session, or a token that is not one, which the owner refuses).
-fn accepts_a_copy(headers: &axum::http::HeaderMap) -> Option<u64> {
+fn accepts_a_copy(headers: &axum::http::HeaderMap) -> Option<Option<kura_d1::Bookmark>> {
     match headers.get(crate::binding::SESSION_HEADER)?.to_str().ok()? {
-        "first-unconstrained" => Some(0),
-        token => token.parse::<kura_d1::Bookmark>().ok().map(|bookmark| bookmark.seq),
+        "first-unconstrained" => Some(None),
+        token => token.parse::<kura_d1::Bookmark>().ok().map(Some),
     }
 }
 
@@ -181,7 +181,7 @@ pub(crate) struct ToOwner {
     uuid: String,
     node: String,
     target: String,
-    pub(crate) at_least: u64,
+    pub(crate) at_least: Option<kura_d1::Bookmark>,
     method: axum::http::Method,
     uri: axum::http::Uri,
     headers: axum::http::HeaderMap,
@@ -194,7 +194,7 @@ impl ToOwner {
         uuid: &str,
         node: String,
         target: String,
-        at_least: u64,
+        at_least: Option<kura_d1::Bookmark>,
         request: &Request,
     ) -> Self {
         ToOwner {

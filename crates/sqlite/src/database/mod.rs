@@ -122,12 +122,12 @@ impl Database {
         &self.path
     }
 
-    /// The options it was opened with.
     /// Forgets the size measured last: another connection (a replica's) may have changed it.
     pub(crate) fn forget_size(&mut self) {
         self.size = None;
     }
 
+    /// The options it was opened with.
     pub(crate) fn options(&self) -> &DatabaseOptions {
         &self.options
     }

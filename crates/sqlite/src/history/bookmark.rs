@@ -34,7 +34,7 @@ impl Bookmark {
     }
 
     /// Whether this bookmark was made for database `database`.
-    pub(crate) fn belongs_to(&self, database: &str) -> bool {
+    pub fn belongs_to(&self, database: &str) -> bool {
         self.fingerprint == fingerprint(database, self.seq)
     }
 }

@@ -35,6 +35,8 @@ pub struct Replica {
     position: AtomicU64,
     /// The bookmark of `position`, made when the copy moves there.
     bookmark: Mutex<Bookmark>,
+    /// Why continuity broke, once it did.
+    broken: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for Replica {
@@ -164,6 +166,7 @@ impl Replica {
             request_timeout,
             position: AtomicU64::new(position),
             bookmark: Mutex::new(Bookmark::new(identity, position, time_ms)),
+            broken: Mutex::default(),
         })
     }
 
@@ -184,13 +187,33 @@ impl Replica {
         match &applier.following {
             Some(f) if segment < f.first_seq => false,
             Some(f) if segment == f.first_seq => offset + len > f.len || (len == 0 && offset < f.len),
-            _ => segment > self.position(),
+            // A later segment starting at a position the copy holds: see `append`.
+            Some(_) => true,
+            None => segment > self.position(),
         }
+    }
+
+    /// Why the copy stopped following its owner's log, if it did: it then applies nothing more,
+    /// and must not be served.
+    pub fn broken(&self) -> Option<String> {
+        self.broken.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Applies shipped bytes of the segment whose first position is `segment`, from `offset`:
     /// appended to the copy's segment, and every whole record they complete applied in order.
+    /// Once continuity broke it stays broken: what was appended may no longer be the owner's.
     pub fn append(&self, segment: u64, offset: u64, bytes: &[u8]) -> Result<Continuity> {
+        if let Some(why) = self.broken() {
+            return Ok(Continuity::Broken(why));
+        }
+        let appended = self.append_following(segment, offset, bytes);
+        if let Ok(Continuity::Broken(why)) = &appended {
+            *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+        }
+        appended
+    }
+
+    fn append_following(&self, segment: u64, offset: u64, bytes: &[u8]) -> Result<Continuity> {
         let mut applier = self.applier.lock().unwrap_or_else(|e| e.into_inner());
         let position = self.position();
         let end = offset + bytes.len() as u64;
@@ -209,6 +232,12 @@ impl Replica {
                 let fresh = &bytes[(f.len - offset) as usize..];
                 f.file.write_all_at(fresh, f.len).map_err(io_error("appending to the replica's log"))?;
                 f.len = end;
+            }
+            Some(f) if segment <= position => {
+                return Ok(Continuity::Broken(format!(
+                    "segment {segment} starts at a position the copy holds (it follows segment {}): the owner's log diverged",
+                    f.first_seq
+                )));
             }
             _ if segment <= position => return Ok(Continuity::Continues),
             _ if segment > position + 1 || offset != 0 => {
@@ -316,13 +345,14 @@ impl Replica {
     /// that must go to the owner (it would write, or may change the connection's state), remains.
     pub fn read(&self, request: &Request, budget: Option<std::time::Duration>) -> Result<ReplicaRead> {
         let bookmark = self.bookmark();
-        // A free reader if there is one; otherwise wait for the first (reads are short, and a
-        // long one was sent off the runtime's workers by its budget).
-        let mut reader = self
-            .readers
-            .iter()
-            .find_map(|r| r.try_lock().ok())
-            .unwrap_or_else(|| self.readers[0].lock().unwrap_or_else(|e| e.into_inner()));
+        // A free reader; with a budget (on an async worker) none is waited for — a read past
+        // its budget may hold one for long — and the read is tried again off the worker.
+        let free = self.readers.iter().find_map(|r| r.try_lock().ok());
+        let mut reader = match (free, budget) {
+            (Some(reader), _) => reader,
+            (None, Some(_)) => return Ok(ReplicaRead::TooLong),
+            (None, None) => self.readers[0].lock().unwrap_or_else(|e| e.into_inner()),
+        };
         // The size a reader measured holds until the copy moves.
         if reader.1 != bookmark.seq {
             reader.0.forget_size();
@@ -346,7 +376,7 @@ pub enum ReplicaRead {
     Done(Executed),
     /// The owner must serve it: it would write, or may change the connection's state.
     Declined,
-    /// It ran past its budget and was interrupted.
+    /// It ran past its budget and was interrupted, or no reader was free within it.
     TooLong,
 }
 

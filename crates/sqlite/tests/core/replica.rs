@@ -51,13 +51,19 @@ impl Store {
     /// Builds a copy at `dir` from everything shipped so far (as a node rebuilding from the
     /// store does), and answers how many shipments it holds.
     fn rebuild(&self, dir: &Path) -> (PathBuf, usize) {
+        let all = self.shipments.lock().unwrap().len();
+        self.rebuild_upto(dir, all)
+    }
+
+    /// Builds a copy from the snapshots and the first `upto` shipments.
+    fn rebuild_upto(&self, dir: &Path, upto: usize) -> (PathBuf, usize) {
         let log = dir.join("log");
         std::fs::create_dir_all(&log).unwrap();
         for (seq, bytes) in self.snapshots.lock().unwrap().iter() {
             std::fs::write(log.join(kura_sqlite::snapshot_file_name(*seq)), bytes).unwrap();
         }
         let shipments = self.shipments.lock().unwrap();
-        for (segment, offset, bytes) in shipments.iter() {
+        for (segment, offset, bytes) in shipments[..upto].iter() {
             let file = std::fs::OpenOptions::new()
                 .create(true)
                 .write(true)
@@ -68,7 +74,7 @@ impl Store {
         }
         let db = dir.join("db.sqlite");
         kura_sqlite::materialize(&db).unwrap().expect("the store holds a snapshot");
-        (db, shipments.len())
+        (db, upto)
     }
 
     /// Applies the shipments from `from` on, answering where it got to.
@@ -239,14 +245,20 @@ async fn bytes_that_do_not_follow_the_copy_break_continuity() {
     // The shipment before it is missing: a gap.
     let skipped = replica.append(*segment, *offset, bytes).unwrap();
     assert!(matches!(skipped, Continuity::Broken(ref why) if why.contains("gap")), "{skipped:?}");
-    // A damaged record is never applied.
+    // Broken stays broken: the shipment that was missing applies nothing now.
     let (segment, offset, bytes) = &shipments[fed];
+    assert!(matches!(replica.append(*segment, *offset, bytes).unwrap(), Continuity::Broken(_)));
+    assert!(replica.broken().is_some());
+    assert_eq!(replica.position(), position);
+    // A damaged record is never applied (on a copy that followed until then).
+    let (db, _) = store.rebuild_upto(&copies.path().join("second"), fed);
+    let second = Replica::open("db", &db, DatabaseOptions::new(&db)).unwrap();
     let mut damaged = bytes.clone();
     let last = damaged.len() - 10;
     damaged[last] ^= 0xff;
-    let broken = replica.append(*segment, *offset, &damaged).unwrap();
+    let broken = second.append(*segment, *offset, &damaged).unwrap();
     assert!(matches!(broken, Continuity::Broken(_)), "{broken:?}");
-    assert_eq!(replica.position(), position, "nothing was applied");
-    let read = done(replica.read(&select("SELECT count(*) FROM t"), None).unwrap());
+    assert_eq!(second.position(), position, "nothing was applied");
+    let read = done(second.read(&select("SELECT count(*) FROM t"), None).unwrap());
     assert_eq!(read.results[0].rows[0][0], Value::Integer(0));
 }
