@@ -58,6 +58,7 @@ mod policy;
 mod pool;
 mod raw;
 mod registry;
+mod replica;
 mod request;
 pub mod stats;
 
@@ -65,13 +66,14 @@ pub use actor::Executed;
 pub use database::{COMPACT_CACHE_KIB, Database, DatabaseOptions, make_compact};
 pub use error::{Error, Result, TRANSACTION_MESSAGE, code_name, extended_code_name, is_disk_full};
 pub use history::{
-    Bookmark, Continuity, Follower, HistorySettings, LogCheck, LogDamage, LogShipper, LogView, MalformedBookmark,
-    Moment, Replica, ReplicaRead, Restored, SegmentView, ShipError, materialize, open_elsewhere, segment_file_name,
-    snapshot_file_name, verify as verify_history,
+    Bookmark, Follower, HistorySettings, LogCheck, LogDamage, LogShipper, LogView, MalformedBookmark, Moment, Restored,
+    SegmentView, ShipError, materialize, open_elsewhere, segment_file_name, snapshot_file_name,
+    verify as verify_history,
 };
 pub use placement::{Placement, PlacementError, ReadReplicas, ReleaseFile, ReplicaFigures};
 pub use policy::Limits;
 pub use registry::{Opener, Registry, RegistrySettings};
+pub use replica::{Continuity, Replica, ReplicaRead};
 pub use request::{Access, Meta, Request, ResultMode, Statement, StatementResult, Value};
 pub use stats::{DatabaseFigures, Histogram, HistogramSnapshot, Stats};
 

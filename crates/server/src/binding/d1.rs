@@ -16,7 +16,6 @@ use kura_d1::wire::{JsonParams, JsonResults, RowFormat, ServedBy};
 use kura_d1::{Access, Bookmark, Executed, Request, ResultMode, Statement};
 
 use crate::auth::{Caller, Need};
-use crate::cluster::ToOwner;
 use crate::error::ApiError;
 use crate::extract::read_body;
 use crate::state::AppState;
@@ -178,15 +177,28 @@ async fn execute(
     if let Some(Extension(to_owner)) = to_owner {
         return match app.d1.read_replica(account, database, request, to_owner.at_least.as_ref()).await? {
             Some(executed) => {
-                let served_by = ServedBy { primary: false, region: Some(to_owner.node_here()) };
+                let served_by = ServedBy { primary: false, region: Some(&to_owner.node_here) };
                 Ok(answer(&executed, format, served_by))
             }
-            None => Ok(to_owner.send(app, body).await),
+            None => Ok((to_owner.send)(body).await),
         };
     }
     let executed = app.d1.query_with_bookmark(account, database, request).await?;
     let here = app.forwarding.as_ref().map(|forwarding| forwarding.node());
     Ok(answer(&executed, format, ServedBy { primary: true, region: here }))
+}
+
+/// A D1 Sessions read placed on a node that does not own the database (set by the cluster's
+/// placement): the state a copy must hold to serve it, this node's name, and how to send it,
+/// body read already, to the owner instead.
+#[derive(Clone)]
+pub(crate) struct ToOwner {
+    pub(crate) at_least: Option<Bookmark>,
+    pub(crate) node_here: String,
+    #[allow(clippy::type_complexity)]
+    pub(crate) send: std::sync::Arc<
+        dyn Fn(bytes::Bytes) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>> + Send + Sync,
+    >,
 }
 
 /// A binding call's answer: its results, and the bookmark of a state that includes them.

@@ -131,7 +131,7 @@ async fn serve_placed(
             {
                 // A Sessions read: this node's copy may serve it, which only the handler knows
                 // once it has read the statements; it sends the read on if not.
-                let to_owner = ToOwner::new(forwarding, uuid, node, target, at_least, &request);
+                let to_owner = to_owner(app, forwarding, uuid, node, target, at_least, &request);
                 let mut request = request;
                 request.extensions_mut().insert(to_owner);
                 return next.run(request).await;
@@ -172,61 +172,36 @@ fn accepts_a_copy(headers: &axum::http::HeaderMap) -> Option<Option<kura_d1::Boo
     }
 }
 
-/// A D1 Sessions read placed on a node that does not own the database: the position a copy
-/// must hold to serve it, and how to send it to the owner instead (taken by the binding's
-/// handler, which sends it once it knows no copy here can serve it).
-#[derive(Clone)]
-pub(crate) struct ToOwner {
-    forwarding: Forwarding,
-    uuid: String,
+/// How a D1 Sessions read placed here goes to the owner if no copy here can serve it.
+fn to_owner(
+    app: &AppState,
+    forwarding: &Forwarding,
+    uuid: &str,
     node: String,
     target: String,
-    pub(crate) at_least: Option<kura_d1::Bookmark>,
-    method: axum::http::Method,
-    uri: axum::http::Uri,
-    headers: axum::http::HeaderMap,
-    request_id: Option<crate::observe::RequestId>,
-}
-
-impl ToOwner {
-    fn new(
-        forwarding: &Forwarding,
-        uuid: &str,
-        node: String,
-        target: String,
-        at_least: Option<kura_d1::Bookmark>,
-        request: &Request,
-    ) -> Self {
-        ToOwner {
-            forwarding: forwarding.clone(),
-            uuid: uuid.to_owned(),
-            node,
-            target,
-            at_least,
-            method: request.method().clone(),
-            uri: request.uri().clone(),
-            headers: request.headers().clone(),
-            request_id: request.extensions().get::<crate::observe::RequestId>().cloned(),
-        }
-    }
-
-    /// This node's name, which a copy's answers give as their region.
-    pub(crate) fn node_here(&self) -> &str {
-        self.forwarding.node()
-    }
-
-    /// Sends the read, its body read already, to the owner.
-    pub(crate) async fn send(self, app: &AppState, body: bytes::Bytes) -> Response {
+    at_least: Option<kura_d1::Bookmark>,
+    request: &Request,
+) -> crate::binding::ToOwner {
+    let (app, forwarding, uuid) = (app.clone(), forwarding.clone(), uuid.to_owned());
+    let (method, uri, headers) = (request.method().clone(), request.uri().clone(), request.headers().clone());
+    let request_id = request.extensions().get::<crate::observe::RequestId>().cloned();
+    let node_here = forwarding.node().to_owned();
+    let send = move |body: bytes::Bytes| {
         let mut request = Request::new(axum::body::Body::from(body));
-        *request.method_mut() = self.method;
-        *request.uri_mut() = self.uri;
-        *request.headers_mut() = self.headers;
-        if let Some(id) = self.request_id {
+        *request.method_mut() = method.clone();
+        *request.uri_mut() = uri.clone();
+        *request.headers_mut() = headers.clone();
+        if let Some(id) = request_id.clone() {
             request.extensions_mut().insert(id);
         }
-        let placed = Placed::Database(self.uuid);
-        send_to_owner(app, &self.forwarding, &placed, &self.node, &self.target, request, Wire::D1Binding).await
-    }
+        let (app, forwarding, uuid, node, target) =
+            (app.clone(), forwarding.clone(), uuid.clone(), node.clone(), target.clone());
+        Box::pin(async move {
+            let placed = Placed::Database(uuid);
+            send_to_owner(&app, &forwarding, &placed, &node, &target, request, Wire::D1Binding).await
+        }) as std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>>
+    };
+    crate::binding::ToOwner { at_least, node_here, send: std::sync::Arc::new(send) }
 }
 
 /// The cluster's own v4 routes: a node's view of the cluster, and draining it.

@@ -26,13 +26,12 @@ mod capture;
 mod checkpoint;
 mod follow;
 mod marker;
-mod record;
+pub(crate) mod record;
 mod recover;
-mod replica;
 mod restore;
-mod segment;
+pub(crate) mod segment;
 mod ship;
-mod snapshot;
+pub(crate) mod snapshot;
 mod verify;
 mod wal;
 
@@ -46,7 +45,6 @@ pub use bookmark::{Bookmark, MalformedBookmark};
 pub use follow::{Follower, open_elsewhere};
 use record::{HEADER_LEN, Header, Kind, ReadError};
 pub(crate) use recover::finish_interrupted_restore;
-pub use replica::{Continuity, Replica, ReplicaRead};
 pub use restore::materialize;
 pub(crate) use segment::remove_if_present;
 use segment::{Entry, OpenSegment, Sealed, sync_dir};
@@ -155,11 +153,11 @@ fn io_error(context: &str) -> impl Fn(io::Error) -> Error + '_ {
     move |source| Error::Io { context: context.to_owned(), source }
 }
 
-fn damaged(what: String) -> Error {
+pub(crate) fn damaged(what: String) -> Error {
     Error::HistoryDamaged { message: what }
 }
 
-fn read_error(e: ReadError, context: &str) -> Error {
+pub(crate) fn read_error(e: ReadError, context: &str) -> Error {
     match e {
         ReadError::Io(source) => Error::Io { context: context.to_owned(), source },
         ReadError::Truncated => damaged(format!("{context}: a record is cut short")),

@@ -625,7 +625,7 @@ pub(super) fn open_segments(dir: &Path) -> io::Result<Vec<(PathBuf, u64)>> {
 }
 
 /// The first seq of the open segment at `path` (`<first in hex>.open`), if it is one.
-pub(super) fn open_segment_first(path: &Path) -> Option<u64> {
+pub(crate) fn open_segment_first(path: &Path) -> Option<u64> {
     let name = path.file_name()?.to_str()?;
     u64::from_str_radix(name.strip_suffix(".open")?, 16).ok()
 }

@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rusqlite::OpenFlags;
 
-use super::record::{self, ApplyBuffers, Kind, ReadError};
-use super::segment::{self, SEGMENT_HEADER_LEN, Sealed};
-use super::{Bookmark, damaged, log_dir, read_error, snapshot};
 use crate::actor::Executed;
 use crate::database::{Database, DatabaseOptions, Inline};
 use crate::error::{Error, Result};
+use crate::history::record::{self, ApplyBuffers, Kind, ReadError};
+use crate::history::segment::{self, SEGMENT_HEADER_LEN, Sealed};
+use crate::history::{Bookmark, damaged, log_dir, read_error, snapshot};
 use crate::request::Request;
 
 /// A database's copy on a node that does not own it, and where in its history it is.
