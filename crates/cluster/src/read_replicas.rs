@@ -290,17 +290,22 @@ impl Inner {
 
 #[async_trait::async_trait]
 impl ReadReplicas for ClusterReplicas {
-    async fn replica(&self, key: &str, at_least: u64, options: DatabaseOptions) -> Option<Arc<Replica>> {
+    async fn replica(
+        &self,
+        key: &str,
+        at_least: u64,
+        options: &(dyn Fn() -> DatabaseOptions + Sync),
+    ) -> Option<Arc<Replica>> {
         let copy = self.inner.copy(key);
         *lock(&copy.last_read) = Instant::now();
         let Some(replica) = copy.current().filter(|replica| replica.broken().is_none()) else {
-            self.inner.start(copy, options);
+            self.inner.start(copy, options());
             return None;
         };
         if replica.position() >= at_least {
             return Some(replica);
         }
-        if let Err(e) = self.inner.catch_up(&copy, Some(at_least), &options).await {
+        if let Err(e) = self.inner.catch_up(&copy, Some(at_least), &options()).await {
             tracing::debug!(key, error = %e, "catching a read replica up failed; the read goes to the owner");
             return None;
         }

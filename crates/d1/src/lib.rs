@@ -497,8 +497,8 @@ impl D1 {
             return Ok(None);
         }
         let at_least = at_least.map_or(0, |bookmark| bookmark.seq);
-        let options = database_options(&self.root, &database.uuid, &self.settings.limits, &None);
-        let Some(replica) = replicas.replica(&database.uuid, at_least, options).await else { return Ok(None) };
+        let options = || database_options(&self.root, &database.uuid, &self.settings.limits, &None);
+        let Some(replica) = replicas.replica(&database.uuid, at_least, &options).await else { return Ok(None) };
         // On this worker if it is as short as a point read (as the owner's reads are), on a
         // blocking thread if not.
         let read = match replica.read(&request, Some(INLINE_READ_BUDGET))? {

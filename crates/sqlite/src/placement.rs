@@ -79,10 +79,16 @@ pub struct ReplicaFigures {
 #[async_trait::async_trait]
 pub trait ReadReplicas: Send + Sync + std::fmt::Debug {
     /// A copy of the file `key` at history position `at_least` or later, caught up first if it
-    /// is behind; its readers are opened with `options` when it is built. `None` when there is
-    /// none to be had now (it is being built, the store cannot be reached, or it is still
-    /// behind): the caller sends the read to the owner.
-    async fn replica(&self, key: &str, at_least: u64, options: crate::DatabaseOptions) -> Option<Arc<crate::Replica>>;
+    /// is behind; its readers are opened with the options `options` makes, which is asked only
+    /// when a copy is built or caught up (not on a read the copy serves as it is). `None` when
+    /// there is none to be had now (it is being built, the store cannot be reached, or it is
+    /// still behind): the caller sends the read to the owner.
+    async fn replica(
+        &self,
+        key: &str,
+        at_least: u64,
+        options: &(dyn Fn() -> crate::DatabaseOptions + Sync),
+    ) -> Option<Arc<crate::Replica>>;
     /// Drops the copy of `key`, if there is one (replication was turned off, or the file
     /// deleted).
     fn discard(&self, key: &str);

@@ -77,6 +77,14 @@ impl Store {
         (db, upto)
     }
 
+    /// Applies the shipments from `from` on, which must continue the copy; answers where it
+    /// got to.
+    fn follow(&self, replica: &Replica, from: usize) -> usize {
+        let (fed, continuity) = self.feed(replica, from);
+        assert_eq!(continuity, Continuity::Continues);
+        fed
+    }
+
     /// Applies the shipments from `from` on, answering where it got to.
     fn feed(&self, replica: &Replica, from: usize) -> (usize, Continuity) {
         let shipments = self.shipments.lock().unwrap();
@@ -161,9 +169,7 @@ async fn a_replica_follows_commits_of_every_shape_and_reads_what_the_owner_reads
             .await
             .unwrap();
     }
-    let continuity;
-    (fed, continuity) = store.feed(&replica, fed);
-    assert_eq!(continuity, Continuity::Continues);
+    fed = store.follow(&replica, fed);
     same_as_owner(&replica, &cx, "after growing").await;
     assert!(store.sent.lock().unwrap().len() > 2, "the copy followed the log across segments");
 
@@ -182,17 +188,13 @@ async fn a_replica_follows_commits_of_every_shape_and_reads_what_the_owner_reads
     cx.ok("UPDATE t SET v = randomblob(10) WHERE id % 3 = 0").await;
     cx.ok("DELETE FROM t WHERE id > 20 AND id < 60").await;
     cx.ok("CREATE TABLE u (k TEXT PRIMARY KEY)").await;
-    let continuity;
-    (fed, continuity) = store.feed(&replica, fed);
-    assert_eq!(continuity, Continuity::Continues);
+    fed = store.follow(&replica, fed);
     same_as_owner(&replica, &cx, "after packed commits and schema changes").await;
 
     // Freeing pages (D1 has no VACUUM: the file keeps its size).
     cx.ok("DROP INDEX t_v").await;
     cx.ok("DELETE FROM t WHERE id > 3").await;
-    let continuity;
-    (fed, continuity) = store.feed(&replica, fed);
-    assert_eq!(continuity, Continuity::Continues);
+    fed = store.follow(&replica, fed);
     same_as_owner(&replica, &cx, "after freeing pages").await;
     let pragma = replica.read(&select("PRAGMA page_count"), None).unwrap();
     assert!(matches!(pragma, ReplicaRead::Declined), "a PRAGMA goes to the owner");
