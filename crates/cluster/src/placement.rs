@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use kura_sqlite::{LogShipper, Placement, PlacementError, ReleaseFile};
 
 use crate::coordinator::{Acquired, Coordinator, Lease, Member};
-use crate::replica::{AsyncShipper, HistoryShipper, rebuild, sweep};
+use crate::replica::{AsyncShipper, HistoryShipper, rebuild_to, sweep};
 use crate::storage::SharedStorage;
 
 /// Which of `nodes` nodes a resource goes to, the same on every node.
@@ -308,7 +308,13 @@ impl Placement for ClusterPlacement {
         self.claims().get(key).is_some_and(|c| c.lease.is_valid())
     }
 
-    async fn claim(&self, key: &str, path: &Path, release_file: ReleaseFile) -> Result<(), PlacementError> {
+    async fn claim_at(
+        &self,
+        key: &str,
+        path: &Path,
+        log: &Path,
+        release_file: ReleaseFile,
+    ) -> Result<(), PlacementError> {
         if let Some((owner, found)) = self.elsewhere().get(key)
             && found.elapsed() < OWNER_CACHE
         {
@@ -341,8 +347,8 @@ impl Placement for ClusterPlacement {
                     previous.lease.end();
                 }
                 release_file.await;
-                let shipped = match rebuild(&self.storage, &*self.coordinator, &resource, path).await {
-                    Ok(shipped) => shipped,
+                let shipped = match rebuild_to(&self.storage, &*self.coordinator, &resource, path, log).await {
+                    Ok((shipped, _)) => shipped,
                     Err(e) => {
                         let _ = self.coordinator.release(&lease).await;
                         return Err(unavailable(format!("rebuilding it from the store failed: {e}")));

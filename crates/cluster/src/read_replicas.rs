@@ -137,7 +137,9 @@ impl Inner {
         let db_path = dir.join("db.sqlite");
         let resource = self.kind.resource(&copy.key);
         let built = async {
-            let (_, reached) = rebuild_to(&self.storage, &*self.coordinator, &resource, &db_path).await?;
+            let (_, reached) =
+                rebuild_to(&self.storage, &*self.coordinator, &resource, &db_path, &db_path.with_file_name("log"))
+                    .await?;
             let key = copy.key.clone();
             let opened = tokio::task::spawn_blocking(move || Replica::open(&key, &db_path, options)).await;
             let replica = opened.map_err(|e| io(std::io::Error::other(e)))??;

@@ -360,21 +360,22 @@ pub async fn rebuild(
     resource: &str,
     db_path: &Path,
 ) -> Result<Shipped, ReplicaError> {
-    rebuild_to(storage, coordinator, resource, db_path).await.map(|(shipped, _)| shipped)
+    let log = db_path.with_file_name("log");
+    rebuild_to(storage, coordinator, resource, db_path, &log).await.map(|(shipped, _)| shipped)
 }
 
-/// [`rebuild`], answering also the manifest position the files hold everything up to.
+/// [`rebuild`] with the log in `log` (wherever it is kept), answering also the manifest
+/// position the files hold everything up to.
 pub(crate) async fn rebuild_to(
     storage: &SharedStorage,
     coordinator: &dyn Coordinator,
     resource: &str,
     db_path: &Path,
+    log: &Path,
 ) -> Result<(Shipped, u64), ReplicaError> {
     let inconsistent = |message: String| ReplicaError::Inconsistent { resource: resource.to_owned(), message };
     let manifest = coordinator.manifest(resource, 0).await?;
     let reached = manifest.last().map_or(0, |published| published.seq);
-    let dir = db_path.parent().unwrap_or(Path::new(".")).to_owned();
-    let log = dir.join("log");
     let beside = |suffix: &str| {
         let mut name = db_path.as_os_str().to_owned();
         name.push(suffix);
@@ -386,11 +387,11 @@ pub(crate) async fn rebuild_to(
             _ => {}
         }
     }
-    match std::fs::remove_dir_all(&log) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&log)(e)),
+    match std::fs::remove_dir_all(log) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(log)(e)),
         _ => {}
     }
-    std::fs::create_dir_all(&log).map_err(io(&log))?;
+    std::fs::create_dir_all(log).map_err(io(log))?;
     let mut shipped = Shipped::default();
     let mut items = Vec::new();
     for published in manifest {
@@ -455,12 +456,12 @@ pub(crate) async fn rebuild_to(
             }
         }
     }
-    for entry in std::fs::read_dir(&log).map_err(io(&log))? {
-        let path = entry.map_err(io(&log))?.path();
+    for entry in std::fs::read_dir(log).map_err(io(log))? {
+        let path = entry.map_err(io(log))?.path();
         std::fs::File::open(&path).and_then(|f| f.sync_all()).map_err(io(&path))?;
     }
-    std::fs::File::open(&log).and_then(|d| d.sync_all()).map_err(io(&log))?;
-    kura_sqlite::materialize(db_path)?;
+    std::fs::File::open(log).and_then(|d| d.sync_all()).map_err(io(log))?;
+    kura_sqlite::materialize_in(db_path, log)?;
     Ok((shipped, reached))
 }
 

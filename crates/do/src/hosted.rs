@@ -6,6 +6,9 @@
 //! tick, lets go of objects whose writer has closed them, and looks again at the files of
 //! objects it let go, attaching once they change. Restores need the writer gone: the caller
 //! stops it first.
+//!
+//! In a cluster, the node serving a namespace ships each capture of its objects to the store
+//! (through the objects' placement), so another node can rebuild them.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use kura_sqlite::{Bookmark, Follower, HistorySettings, Restored};
+use kura_sqlite::{Bookmark, Follower, HistorySettings, Placement, Restored};
 
 use crate::error::{DoError, Result};
 
@@ -46,6 +49,8 @@ fn wal_stamp(db: &Path) -> Option<(u64, SystemTime)> {
 pub(crate) struct Hosted {
     root: PathBuf,
     settings: HistorySettings,
+    /// In a cluster, the objects' placement: whose shipper each capture passes.
+    objects: Option<Arc<dyn Placement>>,
     entries: Mutex<HashMap<String, Arc<Mutex<Entry>>>>,
     stop: AtomicBool,
     ticker: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -61,10 +66,11 @@ fn from_sql(e: kura_sqlite::Error) -> DoError {
 
 impl Hosted {
     /// Starts the capture thread.
-    pub(crate) fn start(root: PathBuf, settings: HistorySettings) -> Arc<Hosted> {
+    pub(crate) fn start(root: PathBuf, settings: HistorySettings, objects: Option<Arc<dyn Placement>>) -> Arc<Hosted> {
         let hosted = Arc::new(Hosted {
             root,
             settings,
+            objects,
             entries: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             ticker: Mutex::new(None),
@@ -77,12 +83,21 @@ impl Hosted {
         hosted
     }
 
+    /// The file workerd keeps an object in.
+    pub(crate) fn file(&self, namespace: &str, object: &str) -> PathBuf {
+        self.root.join(namespace).join("workerd").join(format!("{object}.sqlite"))
+    }
+
+    /// The directory an object's history log is kept in.
+    pub(crate) fn log(&self, namespace: &str, object: &str) -> PathBuf {
+        self.root.join(namespace).join("history").join(object)
+    }
+
     fn entry(&self, namespace: &str, object: &str) -> Arc<Mutex<Entry>> {
         let key = format!("{namespace}/{object}");
         let mut entries = lock(&self.entries);
         let entry = entries.entry(key.clone()).or_insert_with(|| {
-            let db = self.root.join(namespace).join("workerd").join(format!("{object}.sqlite"));
-            let log = self.root.join(namespace).join("history").join(object);
+            let (db, log) = (self.file(namespace, object), self.log(namespace, object));
             Arc::new(Mutex::new(Entry {
                 follower: Follower::new(&key, &db, &log, self.settings.clone()),
                 announced: Instant::now(),
@@ -111,6 +126,32 @@ impl Hosted {
         let entry = self.entry(namespace, object);
         let mut entry = lock(&entry);
         f(&mut entry.follower).map_err(from_sql)
+    }
+
+    /// Stops following an object without capturing anything more (its files are about to be
+    /// rebuilt from the store): its connections close before this returns.
+    pub(crate) fn forget(&self, namespace: &str, object: &str) {
+        let Some(entry) = lock(&self.entries).remove(&format!("{namespace}/{object}")) else { return };
+        let mut entry = lock(&entry);
+        let (db, log) = (self.file(namespace, object), self.log(namespace, object));
+        entry.follower = Follower::new(&format!("{namespace}/{object}"), &db, &log, self.settings.clone());
+    }
+
+    /// In a cluster, captures what an object committed and ships it: once this returns, the
+    /// store holds every commit made before it was called. Fails if this node no longer owns
+    /// the object.
+    pub(crate) fn capture_and_ship(&self, namespace: &str, object: &str) -> Result<()> {
+        let key = format!("{namespace}/{object}");
+        let entry = self.entry(namespace, object);
+        let mut entry = lock(&entry);
+        let stamp = wal_stamp(entry.follower.db_path());
+        entry.follower.capture().map_err(from_sql)?;
+        entry.seen = stamp;
+        let Some(objects) = &self.objects else { return Ok(()) };
+        let shipper = objects
+            .shipper(&key)
+            .ok_or_else(|| DoError::Unavailable("this node no longer holds the object; retry".into()))?;
+        entry.follower.ship(&*shipper).map_err(from_sql)
     }
 
     /// The bookmark of an object's current state.
@@ -146,11 +187,11 @@ impl Hosted {
     fn run(self: Arc<Self>) {
         while !self.stop.load(Ordering::SeqCst) {
             std::thread::sleep(TICK);
-            let entries: Vec<_> = lock(&self.entries).values().cloned().collect();
+            let entries: Vec<_> = lock(&self.entries).iter().map(|(k, e)| (k.clone(), Arc::clone(e))).collect();
             let mut attached = 0;
-            for entry in entries {
+            for (key, entry) in entries {
                 let mut entry = lock(&entry);
-                if let Err(e) = self.tick(&mut entry, attached >= MAX_ATTACHED) {
+                if let Err(e) = self.tick(&key, &mut entry, attached >= MAX_ATTACHED) {
                     tracing::warn!(error = %e, "capturing an object workerd runs failed; it is followed again next time");
                 }
                 attached += entry.follower.is_attached() as usize;
@@ -158,7 +199,7 @@ impl Hosted {
         }
     }
 
-    fn tick(&self, entry: &mut Entry, crowded: bool) -> kura_sqlite::Result<()> {
+    fn tick(&self, key: &str, entry: &mut Entry, crowded: bool) -> kura_sqlite::Result<()> {
         if entry.follower.is_attached() {
             // Stamped before the capture, so a commit landing during it is seen next time; a
             // capture is also due while the last checkpoint left frames behind, so the WAL of a
@@ -167,6 +208,10 @@ impl Hosted {
             if stamp != entry.seen || stamp.is_none() || entry.follower.behind() {
                 entry.follower.capture()?;
                 entry.seen = stamp;
+                // What no call waited for (an alarm's writes, `waitUntil`'s) ships here.
+                if let Some(shipper) = self.objects.as_ref().and_then(|objects| objects.shipper(key)) {
+                    entry.follower.ship(&*shipper)?;
+                }
             }
             if entry.last_look.elapsed() >= LOOK_AGAIN || crowded {
                 entry.last_look = Instant::now();

@@ -130,6 +130,9 @@ struct Inner {
     hosted: Arc<hosted::Hosted>,
     /// What alarm deliveries came to.
     alarm_figures: alarm::AlarmFigures,
+    /// In a cluster, asks the process that runs hosted objects to let go of every file it has
+    /// open (workerd restarts), for a file this node must rebuild.
+    hosted_let_go: std::sync::OnceLock<Arc<dyn Fn() + Send + Sync>>,
 }
 
 /// The engine. Cheap to clone.
@@ -152,7 +155,11 @@ impl DurableObjects {
         })?;
         let opener_root = root.clone();
         let history = settings.history.clone();
-        let hosted = hosted::Hosted::start(root.clone(), history.clone());
+        let hosted = hosted::Hosted::start(
+            root.clone(),
+            history.clone(),
+            settings.cluster.as_ref().map(|c| Arc::clone(&c.objects)),
+        );
         let cluster = settings.cluster.clone();
         let registry = Registry::new(settings.registry.clone(), move |key: &str| {
             open_options(&opener_root, &history, cluster.as_ref(), key)
@@ -166,6 +173,7 @@ impl DurableObjects {
                 alarm_wake: Notify::new(),
                 hosted,
                 alarm_figures: alarm::AlarmFigures::default(),
+                hosted_let_go: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -177,7 +185,7 @@ impl DurableObjects {
 
     /// The file another process keeps an object of a namespace hosted elsewhere in.
     fn hosted_file(&self, ns: &Namespace, hex: &str) -> PathBuf {
-        self.inner.root.join(&ns.storage_id).join("workerd").join(format!("{hex}.sqlite"))
+        self.inner.hosted.file(&ns.storage_id, hex)
     }
 
     /// Refuses to run requests on objects another process runs.
@@ -213,6 +221,54 @@ impl DurableObjects {
             blocking(move || hosted.announce(&ns, &hex)).await?;
         }
         Ok(())
+    }
+
+    /// In a cluster, what asks the process running hosted objects to close their files (see
+    /// [`DurableObjects::claim_hosted`]); set once, when that process's supervisor exists.
+    pub fn set_hosted_let_go(&self, let_go: Arc<dyn Fn() + Send + Sync>) {
+        let _ = self.inner.hosted_let_go.set(let_go);
+    }
+
+    /// In a cluster, before a call reaches an object another process runs: its namespace is
+    /// served here, and its file is this node's, rebuilt from the store with its history when
+    /// first reached here. A file the other process still has open from an earlier ownership
+    /// of this node's is not rebuilt under it: the process is asked to let go, and the call is
+    /// refused as unavailable (a retry finds the file closed). Alone, a no-op.
+    pub async fn claim_hosted(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
+        let Some(cluster) = &self.inner.settings.cluster else { return Ok(()) };
+        self.check_serving(ns).await?;
+        let key = ns.object_key(id);
+        if cluster.objects.is_current(&key) {
+            return Ok(());
+        }
+        let (hosted, namespace, hex) = (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string());
+        let (file, log) = (hosted.file(&namespace, &hex), hosted.log(&namespace, &hex));
+        if kura_sqlite::open_elsewhere(&file).is_some() {
+            if let Some(let_go) = self.inner.hosted_let_go.get() {
+                let_go();
+            }
+            return Err(DoError::Unavailable(
+                "the object's file is still open from this node's earlier ownership; it is being closed, retry shortly"
+                    .into(),
+            ));
+        }
+        let release = Box::pin(async move { hosted.forget(&namespace, &hex) });
+        cluster
+            .objects
+            .claim_at(&key, &file, &log, release)
+            .await
+            .map_err(|e| DoError::Unavailable(format!("the object is {e}")))
+    }
+
+    /// In a cluster, once a call to an object another process runs has been answered there:
+    /// captures what the object committed and ships it, so the store holds every commit made
+    /// before the call's answer (which waits for this). Alone, a no-op.
+    pub async fn ship_hosted(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
+        if self.inner.settings.cluster.is_none() {
+            return Ok(());
+        }
+        let (hosted, namespace, hex) = (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string());
+        blocking(move || hosted.capture_and_ship(&namespace, &hex)).await
     }
 
     /// Whether the object has ever stored anything (it is then listed in its namespace).

@@ -220,6 +220,11 @@ pub async fn serve_all(
         ),
         None => None,
     };
+    if let Some(workers) = &workers
+        && node.forwarding().is_some()
+    {
+        node.durable_objects().set_hosted_let_go(workerd_lets_go(workers.clone()));
+    }
     let state = AppState(Arc::new(Shared {
         catalog: Arc::clone(node.catalog()),
         d1: Arc::clone(node.d1()),
@@ -501,6 +506,25 @@ async fn sweep_kv_and_queues_periodically(
             _ = tokio::time::sleep(Duration::from_secs(300)) => {}
         }
     }
+}
+
+/// What makes workerd close every object file it has open: a restart (requests wait at the
+/// gate meanwhile), one at a time however often it is asked for while one is under way.
+fn workerd_lets_go(workers: kura_workers::Workers) -> Arc<dyn Fn() + Send + Sync> {
+    let restarting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    Arc::new(move || {
+        if restarting.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let (workers, restarting) = (workers.clone(), Arc::clone(&restarting));
+        tokio::spawn(async move {
+            tracing::info!("restarting workerd: it holds an object file this node must rebuild");
+            if let Err(e) = workers.with_workerd_stopped(async {}).await {
+                tracing::warn!(error = %e, "could not restart workerd");
+            }
+            restarting.store(false, std::sync::atomic::Ordering::SeqCst);
+        });
+    })
 }
 
 async fn flush_usage_periodically(d1: Arc<D1>, stop: impl Future<Output = ()>) {

@@ -43,7 +43,18 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     /// nothing to rebuild), or says which node owns it. `release_file` closes whatever holds
     /// the file open; it is awaited before any rebuild, once nothing can open the file again
     /// until the claim is settled.
-    async fn claim(&self, key: &str, path: &Path, release_file: ReleaseFile) -> Result<(), PlacementError>;
+    async fn claim(&self, key: &str, path: &Path, release_file: ReleaseFile) -> Result<(), PlacementError> {
+        self.claim_at(key, path, &crate::history::log_dir(path), release_file).await
+    }
+    /// [`Placement::claim`] for a file whose history log is kept in `log` rather than beside it
+    /// (a followed file, whose writer chose where the file lives).
+    async fn claim_at(
+        &self,
+        key: &str,
+        path: &Path,
+        log: &Path,
+        release_file: ReleaseFile,
+    ) -> Result<(), PlacementError>;
     /// What this node's commits to the file must pass: the shipper of its ownership (`None`
     /// when this node does not own it).
     fn shipper(&self, key: &str) -> Option<Arc<dyn LogShipper>>;

@@ -35,6 +35,18 @@ pub mod headers {
     pub const SCRIPT: &str = "x-kura-script";
     /// The script (storage id) whose assets an `env.ASSETS.fetch()` asks for.
     pub const ASSETS: &str = "x-kura-assets";
+    /// In a cluster, the Durable Object namespace (storage id) a stub's call is for.
+    pub const DO_NAMESPACE: &str = "x-kura-do-namespace";
+    /// The object a stub's call is for (workerd's 64 hex digits).
+    pub const DO_OBJECT: &str = "x-kura-do-object";
+    /// The name the object was reached by, percent-encoded (absent for ids not made from one).
+    pub const DO_NAME: &str = "x-kura-do-name";
+    /// What the call is: `fetch` or `call` (JavaScript RPC).
+    pub const DO_KIND: &str = "x-kura-do-kind";
+    /// The class whose door a call goes through (set by kura on the serving node).
+    pub const DO_CLASS: &str = "x-kura-do-class";
+    /// On the door's answer: `fetch` (the object's own response) or `value` (an RPC outcome).
+    pub const DO_ANSWER: &str = "x-kura-do-answer";
 }
 
 /// The name of the binding the Durable Object wrapper announces objects through; it is taken
@@ -93,6 +105,9 @@ pub struct Layout {
     pub disks_dir: PathBuf,
     /// The newest compatibility date workerd supports; later dates are lowered to it.
     pub max_compatibility_date: Option<String>,
+    /// Whether this node is one of a cluster's: Durable Object stubs then reach their objects
+    /// through kura (on whichever node serves the namespace) instead of this workerd directly.
+    pub clustered: bool,
 }
 
 /// Whether a configuration is served or only checked.
@@ -131,6 +146,22 @@ const TAIL_MODULE: &str = include_str!("tail.js");
 
 /// The generated Worker kura fires a script's Cron Triggers through.
 const CRON_TRIGGER_MODULE: &str = include_str!("cron-trigger.js");
+
+/// In a cluster, the Durable Object namespace binding scripts see (a wrapped binding around
+/// workerd's own, whose stubs call through kura).
+const OBJECTS_STUB_MODULE: &str = concat!(include_str!("objects-codec.js"), include_str!("objects-stub.js"));
+
+/// In a cluster, the Worker kura makes a script's objects' calls through on the node serving
+/// their namespace.
+const OBJECTS_DOOR_MODULE: &str = concat!(include_str!("objects-codec.js"), include_str!("objects-door.js"));
+
+/// The internal module name of [`OBJECTS_STUB_MODULE`].
+const OBJECTS_STUB_NAME: &str = "kura:objects-stub";
+
+/// The socket key (and service) of the door to `script_id`'s Durable Objects.
+pub fn objects_door(script_id: &str) -> String {
+    format!("door-{script_id}")
+}
 
 /// The socket key (and service) of the Worker that fires `script_id`'s Cron Triggers.
 pub fn cron_trigger(script_id: &str) -> String {
@@ -202,6 +233,7 @@ pub fn render(layout: &Layout, scripts: &[ServedScript], purpose: Purpose) -> Wo
     let mut sockets = String::new();
     let mut externals: HashMap<String, String> = HashMap::new();
     let mut config = WorkerdConfig { text: String::new(), env: Vec::new(), generated: Vec::new(), sockets: Vec::new() };
+    let mut stubs_through_kura = false;
     let by_name: HashMap<(&str, &str), &ServedScript> =
         scripts.iter().map(|s| ((s.account_id.as_str(), s.name.as_str()), s)).collect();
     let bindings_address = match purpose {
@@ -279,17 +311,41 @@ pub fn render(layout: &Layout, scripts: &[ServedScript], purpose: Purpose) -> Wo
                     );
                     bindings.push(format!("(name = {name}, queue = {})", quote(&svc)));
                 }
-                Binding::DurableObjectNamespace { class_name, script_name, .. } => match script_name {
-                    None => bindings.push(format!("(name = {name}, durableObjectNamespace = {})", quote(class_name))),
-                    Some(other) => match by_name.get(&(script.account_id.as_str(), other.as_str())) {
-                        Some(target) if purpose == Purpose::Serve => bindings.push(format!(
-                            "(name = {name}, durableObjectNamespace = (className = {}, serviceName = {}))",
-                            quote(class_name),
-                            quote(&worker_service(&target.id))
-                        )),
-                        _ => {}
-                    },
-                },
+                Binding::DurableObjectNamespace { class_name, script_name, .. } => {
+                    let target = match script_name {
+                        None => script,
+                        Some(other) => match by_name.get(&(script.account_id.as_str(), other.as_str())) {
+                            Some(target) if purpose == Purpose::Serve => target,
+                            _ => continue,
+                        },
+                    };
+                    let designator = format!(
+                        "(className = {}, serviceName = {})",
+                        quote(class_name),
+                        quote(&worker_service(&target.id))
+                    );
+                    let hosted = target.classes.iter().find(|c| &c.class_name == class_name);
+                    match hosted {
+                        Some(hosted) if layout.clustered && purpose == Purpose::Serve => {
+                            let kura = external(
+                                format!("objects-{}", hosted.namespace_id),
+                                vec![
+                                    (headers::ACCOUNT, script.account_id.clone()),
+                                    (headers::DO_NAMESPACE, hosted.namespace_id.clone()),
+                                ],
+                            );
+                            stubs_through_kura = true;
+                            bindings.push(format!(
+                                "(name = {name}, wrapped = (moduleName = {}, innerBindings = [\
+                                 (name = \"namespace\", durableObjectNamespace = {designator}), \
+                                 (name = \"kura\", service = {})]))",
+                                quote(OBJECTS_STUB_NAME),
+                                quote(&kura)
+                            ));
+                        }
+                        _ => bindings.push(format!("(name = {name}, durableObjectNamespace = {designator})")),
+                    }
+                }
                 Binding::Assets { .. } => {
                     let svc = external(format!("assets-{}", script.id), vec![(headers::ASSETS, script.id.clone())]);
                     bindings.push(format!("(name = {name}, service = {})", quote(&svc)));
@@ -443,6 +499,39 @@ pub fn render(layout: &Layout, scripts: &[ServedScript], purpose: Purpose) -> Wo
             );
             config.sockets.push((trigger, socket));
         }
+        if purpose == Purpose::Serve && layout.clustered && !script.classes.is_empty() {
+            let door = objects_door(&script.id);
+            let namespaces: Vec<String> = script
+                .classes
+                .iter()
+                .map(|c| {
+                    format!(
+                        "(name = {}, durableObjectNamespace = (className = {}, serviceName = {}))",
+                        quote(&c.class_name),
+                        quote(&c.class_name),
+                        quote(&service)
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                services,
+                "    (name = {}, worker = (modules = [(name = \"door.js\", esModule = {})], compatibilityDate = \"2025-06-01\", \
+                 bindings = [{}])),",
+                quote(&door),
+                embed(layout, &layout.config_dir.join("kura-objects-door.js")),
+                namespaces.join(", ")
+            );
+            let socket = layout.socket_dir.join(format!("o-{}.sock", &script.id[..script.id.len().min(16)]));
+            let _ = writeln!(
+                sockets,
+                "    (name = {}, address = {}, http = (), service = {}),",
+                quote(&format!("s-{door}")),
+                quote(&format!("unix:{}", socket.display())),
+                quote(&door)
+            );
+            config.sockets.push((door, socket));
+            config.generated.push(("kura-objects-door.js".to_owned(), OBJECTS_DOOR_MODULE.to_owned()));
+        }
     }
     if purpose == Purpose::Serve && !scripts.is_empty() {
         config.generated.push(("kura-tail.js".to_owned(), TAIL_MODULE.to_owned()));
@@ -450,10 +539,19 @@ pub fn render(layout: &Layout, scripts: &[ServedScript], purpose: Purpose) -> Wo
     }
     let mut externals: Vec<_> = externals.into_values().collect();
     externals.sort();
+    let mut extensions = String::new();
+    if stubs_through_kura {
+        config.generated.push(("kura-objects-stub.js".to_owned(), OBJECTS_STUB_MODULE.to_owned()));
+        extensions = format!(
+            "  extensions = [(modules = [(name = {}, esModule = {}, internal = true)])],\n",
+            quote(OBJECTS_STUB_NAME),
+            embed(layout, &layout.config_dir.join("kura-objects-stub.js"))
+        );
+    }
     config.text = format!(
         "# Written by kura from the deployed Workers; rewritten on every deploy.\n\
          using Workerd = import \"/workerd/workerd.capnp\";\n\
-         const config :Workerd.Config = (\n  services = [\n{services}{}  ],\n  sockets = [\n{sockets}  ],\n);\n",
+         const config :Workerd.Config = (\n  services = [\n{services}{}  ],\n  sockets = [\n{sockets}  ],\n{extensions});\n",
         externals.concat()
     );
     config
@@ -486,6 +584,7 @@ mod tests {
             bindings_socket: "/data/workers/run/bindings.sock".into(),
             secret: "s".into(),
             disks_dir: "/data/workers/disks".into(),
+            clustered: false,
             max_compatibility_date: Some("2026-04-24".into()),
         }
     }
@@ -560,6 +659,42 @@ mod tests {
                 .iter()
                 .any(|(_, js)| js.contains("export const Room = announcing(user[\"Room\"], \"Room\")"))
         );
+    }
+
+    #[test]
+    fn on_a_clusters_node_stubs_call_through_kura_and_a_door_reaches_the_class() {
+        let bindings = vec![Binding::DurableObjectNamespace {
+            name: "ROOMS".into(),
+            class_name: "Room".into(),
+            script_name: None,
+        }];
+        let classes = vec![HostedClass {
+            class_name: "Room".into(),
+            unique_key: "chat-Room".into(),
+            namespace_id: "n1".into(),
+            use_sqlite: true,
+        }];
+        let one = script(bindings.clone(), classes.clone());
+        let alone = render(&layout(), std::slice::from_ref(&one), Purpose::Serve);
+        assert!(alone.text.contains("(name = \"ROOMS\", durableObjectNamespace = (className = \"Room\""));
+        assert!(!alone.text.contains("extensions") && !alone.text.contains("door-"), "{}", alone.text);
+
+        let clustered = Layout { clustered: true, ..layout() };
+        let config = render(&clustered, &[one], Purpose::Serve);
+        let text = &config.text;
+        assert!(text.contains("(name = \"ROOMS\", wrapped = (moduleName = \"kura:objects-stub\""), "{text}");
+        assert!(text.contains("(name = \"namespace\", durableObjectNamespace = (className = \"Room\""), "{text}");
+        assert!(text.contains("(name = \"x-kura-do-namespace\", value = \"n1\")"), "{text}");
+        assert!(text.contains("extensions = [(modules = [(name = \"kura:objects-stub\""), "{text}");
+        assert!(text.contains("internal = true"), "{text}");
+        let door = "door-0123456789abcdef0123456789abcdef";
+        assert!(text.contains(&format!("(name = \"{door}\", worker = ")), "{text}");
+        assert!(config.sockets.iter().any(|(key, _)| key == door), "{:?}", config.sockets);
+        let generated: Vec<&str> = config.generated.iter().map(|(name, _)| name.as_str()).collect();
+        assert!(generated.contains(&"kura-objects-stub.js") && generated.contains(&"kura-objects-door.js"));
+        // A check of a candidate runs it as one node does.
+        let check = render(&clustered, &[script(bindings, classes)], Purpose::Check);
+        assert!(!check.text.contains("wrapped") && !check.text.contains("door-"), "{}", check.text);
     }
 
     #[test]

@@ -155,12 +155,6 @@ impl Workers {
             None => Vec::new(),
         };
         let classes = self.classes_after(account_id, name, previous.as_ref(), &changes)?;
-        if self.shared().is_some() && !classes.is_empty() {
-            return Err(WorkersError::invalid_upload(format!(
-                "Durable Object classes written in JavaScript ({}) are not served by a kura cluster yet: deploy this Worker to a single kura node",
-                classes.iter().map(|c| c.class_name.as_str()).collect::<Vec<_>>().join(", ")
-            )));
-        }
         self.check_bindings(account_id, name, &bindings, &classes)?;
         if let Some(binding) = bindings.iter().find(|b| matches!(b, Binding::Assets { .. }))
             && assets.is_none()

@@ -63,6 +63,20 @@ impl Gate {
         }
     }
 
+    /// Goes through at once if the gate is open, or closing with requests still through it
+    /// (workerd still runs for them): for a request one of them is waiting on, which would
+    /// otherwise hold up the closing that waits for it. Else waits as [`Gate::enter`] does.
+    pub async fn join(self: &Arc<Self>, patience: Duration) -> Option<Pass> {
+        {
+            let mut state = self.lock();
+            if !state.closed || state.through > 0 {
+                state.through += 1;
+                return Some(Pass { gate: Arc::clone(self) });
+            }
+        }
+        self.enter(patience).await
+    }
+
     /// Closes the gate and waits (at most `patience`) for every request through it to finish;
     /// answers how many were still running when patience ran out.
     pub async fn close(&self, patience: Duration) -> usize {

@@ -27,6 +27,7 @@ mod deploy;
 mod error;
 pub mod gate;
 pub mod logs;
+mod objects;
 pub mod obtain;
 pub mod proxy;
 mod queue_delivery;
@@ -139,6 +140,7 @@ impl Workers {
             secret,
             disks_dir: dir.join("disks"),
             max_compatibility_date: None,
+            clustered: settings.shared.is_some(),
         };
         let sockets = runtime::Sockets::default();
         let upstream = proxy::upstream(Arc::clone(&sockets));
@@ -335,7 +337,7 @@ impl Workers {
     }
 
     pub(crate) async fn runtime_enter(&self, script_id: &str) -> Option<(gate::Pass, PathBuf)> {
-        self.inner.runtime.get()?.enter(script_id).await
+        self.inner.runtime.get()?.enter(script_id, false).await
     }
 
     pub(crate) fn upstream(&self) -> &proxy::Upstream {

@@ -233,9 +233,9 @@ async fn forward(State(workers): State<Workers>, mut request: Request) -> Respon
 }
 
 /// A response body holding its request's pass through the gate until it has been sent.
-struct PassBody {
-    body: hyper::body::Incoming,
-    _pass: crate::gate::Pass,
+pub(crate) struct PassBody {
+    pub(crate) body: hyper::body::Incoming,
+    pub(crate) _pass: crate::gate::Pass,
 }
 
 impl http_body::Body for PassBody {

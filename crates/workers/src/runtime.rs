@@ -220,9 +220,13 @@ impl Runtime {
         })
     }
 
-    /// Waits at the gate, then answers where the script is served.
-    pub async fn enter(&self, script_id: &str) -> Option<(crate::gate::Pass, PathBuf)> {
-        let pass = self.gate.enter(self.settings.request_patience).await?;
+    /// Waits at the gate, then answers where the script is served (`nested`: for a request
+    /// one already through the gate waits on, see [`crate::gate::Gate::join`]).
+    pub async fn enter(&self, script_id: &str, nested: bool) -> Option<(crate::gate::Pass, PathBuf)> {
+        let pass = match nested {
+            true => self.gate.join(self.settings.request_patience).await?,
+            false => self.gate.enter(self.settings.request_patience).await?,
+        };
         let socket = self.sockets.read().unwrap_or_else(|p| p.into_inner()).get(script_id).cloned()?;
         Some((pass, socket))
     }

@@ -9,6 +9,7 @@ mod api_fuzz;
 mod authorization;
 mod cluster;
 mod cluster_do;
+mod cluster_objects;
 mod cluster_r2;
 mod cluster_replicas;
 mod cluster_workers;

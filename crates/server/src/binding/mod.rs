@@ -10,6 +10,7 @@
 
 mod d1;
 mod kv;
+mod objects;
 mod queues;
 mod r2;
 mod workers;
@@ -52,6 +53,7 @@ pub(crate) fn worker_routes(state: AppState) -> Router<AppState> {
         // R2 bodies stream to and from the blob store; their limit is R2's.
         .route("/", get(r2::read).put(r2::write).layer(axum::extract::DefaultBodyLimit::disable()))
         .route("/objects", post(workers::announce))
+        .route("/objects/call", post(objects::call))
         .route("/logs", post(workers::logs))
         // `env.ASSETS.fetch()`, KV's and queues' requests ask for any path: each is told apart
         // by its header, not its route.

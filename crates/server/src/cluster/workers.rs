@@ -21,8 +21,8 @@ use crate::state::AppState;
 pub(crate) const WORKER_BINDINGS_PATH: &str = "/kura/worker-bindings";
 
 /// The binding socket's placement: a D1 call goes to its database's owner, an R2 call to its
-/// bucket's, a KV call to its namespace's, a queue producer's to its queue's; everything else
-/// (logs, assets) is served here.
+/// bucket's, a KV call to its namespace's, a queue producer's to its queue's, a Durable Object
+/// stub's to the node serving its namespace; everything else (logs, assets) is served here.
 pub(crate) async fn place_worker_binding(State(app): State<AppState>, request: Request, next: Next) -> Response {
     let Some(forwarding) = app.forwarding.clone() else { return next.run(request).await };
     let (placed, shape) = match placed_by(&app, &request) {
@@ -49,6 +49,12 @@ fn placed_by(app: &AppState, request: &Request) -> Result<Option<(Placed, Wire)>
         };
     }
     let account = header(headers::ACCOUNT).unwrap_or_default();
+    if let Some(namespace) = header(headers::DO_NAMESPACE) {
+        return match app.catalog.do_namespace(account, namespace) {
+            Ok(found) => Ok(found.map(|namespace| (Placed::Namespace(namespace.id), Wire::StatusLine))),
+            Err(e) => Err((Wire::StatusLine, ApiError::internal(&e))),
+        };
+    }
     if let Some(queue) = header(headers::QUEUE) {
         return match app.catalog.queue(account, queue) {
             Ok(found) => Ok(found.map(|queue| (Placed::Queue(queue.id), Wire::StatusLine))),

@@ -252,14 +252,7 @@ impl Database {
     /// connection for reopening.
     pub(super) fn ship(&mut self) -> Result<()> {
         let (Some(shipper), Some(history)) = (&self.options.shipper, self.history.as_mut()) else { return Ok(()) };
-        let shipped = history.view().and_then(|view| {
-            shipper.ship(&view).map_err(|e| match e.is_superseded() {
-                true => Error::Superseded { message: e.to_string() },
-                false => {
-                    Error::Io { context: "shipping the history".into(), source: std::io::Error::other(e.to_string()) }
-                }
-            })
-        });
+        let shipped = history.view().and_then(|view| crate::history::ship_log(shipper.as_ref(), &view));
         if let Err(e) = &shipped {
             tracing::error!(path = %self.path.display(), error = %e, "shipping the history failed");
             self.poisoned = true;

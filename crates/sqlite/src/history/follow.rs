@@ -28,7 +28,7 @@ use super::recover::finish_interrupted_restore_in;
 use super::snapshot::SnapshotWriter;
 use super::snapshot::copy_pages;
 use super::wal::{read_wal_salt, wal_counts};
-use super::{Bookmark, History, HistorySettings, Restored, io_error, now_ms};
+use super::{Bookmark, History, HistorySettings, LogShipper, Restored, io_error, now_ms};
 use crate::error::{Error, Result};
 
 /// A database another process writes, and its history.
@@ -204,6 +204,19 @@ impl Follower {
             self.attached = None;
         }
         outcome
+    }
+
+    /// Ships what the log holds that `shipper` has not shipped yet (nothing when not
+    /// attached: there is nothing captured since). Ownership replaced is
+    /// [`Error::Superseded`].
+    pub fn ship(&mut self, shipper: &dyn LogShipper) -> Result<()> {
+        let Some(attached) = self.attached.as_mut() else { return Ok(()) };
+        super::ship::ship_log(shipper, &attached.history.view()?)
+    }
+
+    /// The directory the history log is kept in.
+    pub fn log_dir(&self) -> &Path {
+        &self.log_dir
     }
 
     /// Whether another process has the database open (it holds the shared lock SQLite's

@@ -45,9 +45,10 @@ pub use bookmark::{Bookmark, MalformedBookmark};
 pub use follow::{Follower, open_elsewhere};
 use record::{HEADER_LEN, Header, Kind, ReadError};
 pub(crate) use recover::finish_interrupted_restore;
-pub use restore::materialize;
+pub use restore::{materialize, materialize_in};
 pub(crate) use segment::remove_if_present;
 use segment::{Entry, OpenSegment, Sealed, sync_dir};
+pub(crate) use ship::ship_log;
 pub use ship::{LogShipper, LogView, SegmentView, ShipError, segment_file_name, snapshot_file_name};
 pub use verify::{LogCheck, LogDamage, verify};
 

@@ -143,15 +143,20 @@ pub(super) fn build(plan: &RestorePlan, out: &File, page_size: u32) -> Result<u3
 /// holds no snapshot to start from). Opening the database afterwards finds it as after a
 /// clean close: the same bookmarks restore, and new commits continue the positions.
 pub fn materialize(db_path: &Path) -> Result<Option<u64>> {
+    materialize_in(db_path, &log_dir(db_path))
+}
+
+/// [`materialize`] from the history log in `dir` (a followed database's log is kept apart
+/// from its file, see [`crate::Follower`]).
+pub fn materialize_in(db_path: &Path, dir: &Path) -> Result<Option<u64>> {
     if db_path.exists() {
         return Err(Error::Io {
             context: format!("materializing {}", db_path.display()),
             source: io::Error::from(io::ErrorKind::AlreadyExists),
         });
     }
-    let dir = log_dir(db_path);
     let (mut segments, mut snapshots) = (Vec::new(), Vec::new());
-    let listing = match std::fs::read_dir(&dir) {
+    let listing = match std::fs::read_dir(dir) {
         Ok(listing) => listing,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io_error("reading the log directory")(e)),
@@ -170,7 +175,7 @@ pub fn materialize(db_path: &Path) -> Result<Option<u64>> {
     // As a restore does (`History::plan`): segments wholly before the snapshot are not read.
     segments.extend(sealed.into_iter().filter(|s| s.last_seq > newest_snapshot).map(|s| (s.first_seq, s.path)));
     segments
-        .extend(open_segments(&dir).map_err(io_error("reading the log directory"))?.into_iter().map(|(p, f)| (f, p)));
+        .extend(open_segments(dir).map_err(io_error("reading the log directory"))?.into_iter().map(|(p, f)| (f, p)));
     segments.sort();
     let mut entries = Vec::new();
     for (_, path) in &segments {
@@ -178,7 +183,7 @@ pub fn materialize(db_path: &Path) -> Result<Option<u64>> {
         entries.extend(found.into_iter().map(|e| (path.clone(), e)));
     }
     let target = entries.last().map_or(newest_snapshot, |(_, e)| e.seq.max(newest_snapshot));
-    let plan = plan(&dir, &snapshots, entries, target)?;
+    let plan = plan(dir, &snapshots, entries, target)?;
     let page_size = snapshot::read_header(&plan.snapshot)
         .map_err(|e| read_error(e, &format!("reading {}", plan.snapshot.display())))?
         .page_size;

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use super::segment::open_name;
 use super::{History, io_error};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The log as it stands, for a shipper: every snapshot and every segment with its length, all
 /// of it readable (appended records are flushed to the file first, though not synced: the WAL
@@ -67,6 +67,14 @@ impl ShipError {
 pub trait LogShipper: Send + Sync + fmt::Debug {
     /// Ships what `log` shows that this shipper has not shipped yet.
     fn ship(&self, log: &LogView) -> std::result::Result<(), ShipError>;
+}
+
+/// Ships `log` with `shipper`; an ownership replaced is [`Error::Superseded`].
+pub(crate) fn ship_log(shipper: &dyn LogShipper, log: &LogView) -> Result<()> {
+    shipper.ship(log).map_err(|e| match e.is_superseded() {
+        true => Error::Superseded { message: e.to_string() },
+        false => Error::Io { context: "shipping the history".into(), source: std::io::Error::other(e.to_string()) },
+    })
 }
 
 /// The file name of the snapshot at `seq` inside a log directory.

@@ -1,0 +1,219 @@
+//! JavaScript Durable Objects on three `kura serve` nodes over three Garage nodes and three
+//! etcd members: the seeds' rooms Worker (`workers/rooms`: a SQLite-backed `Room` class reached
+//! by name over JavaScript RPC, a D1 directory) deployed with real wrangler through one node;
+//! its rooms joined through every node's Workers listener run on the one node serving the
+//! namespace, and every node reads the same members; values of every kind RPC copies cross
+//! nodes as themselves, and what cannot is refused naming the limit; that node killed with
+//! SIGKILL while joins go through every node, a survivor serves the rooms with every
+//! acknowledged join kept.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::cluster::Cluster;
+use crate::common::{ACCOUNT, TOKEN, Wrangler, installed};
+use crate::workers::{Project, deploy};
+use crate::writers::{Outcome, Write, assert_consistent, kill_mid_write};
+
+const HOST: &str = "rooms.localhost";
+const ROOMS: u64 = 5;
+
+/// The seeds' Worker, unchanged, behind an entry that answers a call failing with a promise
+/// that nothing happened (kura's "retry shortly") 503, as the ledger does, so the writers know
+/// to count it refused; any other failure is a 500. Beside it, `Echo`, which sends values of
+/// every kind JavaScript RPC copies there and back, and what RPC cannot take across nodes.
+const ENTRY: &str = r#"
+import { DurableObject } from "cloudflare:workers";
+import rooms, { Room } from "./index.js";
+export { Room };
+const NOTHING_HAPPENED = /retry shortly|did not take effect|unavailable for now/;
+
+export class Echo extends DurableObject {
+  echo(value) {
+    return value;
+  }
+  fail() {
+    throw new RangeError("out of range");
+  }
+}
+
+async function echo(env) {
+  const stub = env.ECHO.getByName("echo");
+  const sent = {
+    when: new Date(5), big: 2n ** 70n, map: new Map([[1, "one"]]), set: new Set(["a"]),
+    bytes: new Uint8Array([1, 2, 3]), specials: [undefined, null, NaN, -0, Infinity], re: /a+/gi, text: "é\u0000",
+  };
+  const back = await stub.echo(sent);
+  const checks = {
+    date: back.when instanceof Date && back.when.getTime() === 5,
+    bigint: back.big === 2n ** 70n,
+    map: back.map instanceof Map && back.map.get(1) === "one",
+    set: back.set instanceof Set && back.set.has("a"),
+    bytes: back.bytes instanceof Uint8Array && back.bytes.join() === "1,2,3",
+    specials: back.specials[0] === undefined && back.specials[1] === null && Number.isNaN(back.specials[2])
+      && Object.is(back.specials[3], -0) && back.specials[4] === Infinity && back.specials.length === 5,
+    regexp: back.re instanceof RegExp && back.re.source === "a+" && back.re.flags === "gi",
+    text: back.text === sent.text,
+  };
+  let thrown = null;
+  try {
+    await stub.fail();
+  } catch (e) {
+    thrown = { name: e.name, message: e.message, range: e instanceof RangeError };
+  }
+  let refused = null;
+  try {
+    await stub.echo(() => 1);
+  } catch (e) {
+    refused = e.message;
+  }
+  return Response.json({ checks, thrown, refused });
+}
+
+export default {
+  async fetch(request, env, ctx) {
+    try {
+      if (new URL(request.url).pathname === "/echo") return await echo(env);
+      return await rooms.fetch(request, env, ctx);
+    } catch (e) {
+      const said = String(e?.message ?? e);
+      return Response.json({ error: said }, { status: NOTHING_HAPPENED.test(said) ? 503 : 500 });
+    }
+  },
+};
+"#;
+
+async fn get(client: &reqwest::Client, base: &str, path: &str) -> (u16, Value) {
+    let answer = client.get(format!("{base}{path}")).header("host", HOST).send().await.unwrap();
+    let status = answer.status().as_u16();
+    let text = answer.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+/// Waits (60 s at most) until `path` through `base` answers 200.
+async fn wait_ok(client: &reqwest::Client, base: &str, path: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = get(client, base, path).await;
+        if status == 200 {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "{base}{path} never answered 200: {status} {body}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Joins that each add a unique member (the id) to one of the rooms.
+fn joins() -> Write {
+    Arc::new(|client, base, id| {
+        Box::pin(async move {
+            let url = format!("{base}/rooms/r{}/join?name={id}", id % ROOMS);
+            Outcome::of(client.post(url).header("host", HOST).send()).await
+        })
+    })
+}
+
+/// Every member of every room, read through `base`.
+async fn members(client: &reqwest::Client, base: &str) -> BTreeSet<u64> {
+    let mut present = BTreeSet::new();
+    for room in 0..ROOMS {
+        let names = wait_ok(client, base, &format!("/rooms/r{room}")).await;
+        present.extend(names.as_array().unwrap().iter().map(|n| n.as_str().unwrap().parse::<u64>().unwrap()));
+    }
+    present
+}
+
+#[test]
+fn javascript_durable_objects_run_on_their_namespaces_node_and_survive_its_loss() {
+    let workerd = installed("node_modules/workerd/bin/workerd");
+    let cluster = Cluster::start_with(vec!["--workerd".to_owned(), workerd.display().to_string()]);
+    let workers: Vec<String> = (0..3).map(|i| cluster.node(i).workers.clone()).collect();
+    let project = Project::new("rooms");
+    std::fs::write(project.path().join("src/cluster.js"), ENTRY).unwrap();
+    project.edit("wrangler.toml", "main = \"src/index.js\"", "main = \"src/cluster.js\"");
+    let toml = std::fs::read_to_string(project.path().join("wrangler.toml")).unwrap();
+    let echo = "\n[[durable_objects.bindings]]\nname = \"ECHO\"\nclass_name = \"Echo\"\n\n\
+                [[migrations]]\ntag = \"v2\"\nnew_sqlite_classes = [\"Echo\"]\n";
+    std::fs::write(project.path().join("wrangler.toml"), toml + echo).unwrap();
+    // Node 0 provisions the directory's database, so it owns it.
+    deploy(&Wrangler::new(cluster.node(0)), &project, &[]);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let client = reqwest::Client::new();
+
+    let owner = runtime.block_on(async {
+        // The first call to a room goes through node 1: node 1 takes the namespace.
+        let lobby = wait_ok(&client, &workers[1], "/rooms/lobby").await;
+        assert_eq!(lobby, serde_json::json!([]), "{lobby}");
+        for base in &workers {
+            wait_ok(&client, base, "/rooms/lobby").await;
+        }
+        let setup = wait_ok(&client, &workers[2], "/setup").await;
+        assert_eq!(setup["ok"], true, "{setup}");
+        // Joins through every node reach the one object each room is: every answer holds
+        // every member joined before it, whichever node took it.
+        let mut joined = Vec::new();
+        for n in 0..12u64 {
+            let base = &workers[n as usize % 3];
+            let answer = client.post(format!("{base}/rooms/lobby/join?name=m{n:02}")).header("host", HOST);
+            let answer = answer.send().await.unwrap();
+            assert_eq!(answer.status(), 200);
+            let members: Vec<String> = answer.json().await.unwrap();
+            joined.push(format!("m{n:02}"));
+            assert_eq!(members, joined, "join {n} through node {}", n % 3);
+        }
+        for base in &workers {
+            let members = wait_ok(&client, base, "/rooms/lobby").await;
+            assert_eq!(members.as_array().unwrap().len(), 12, "the lobby read through {base}: {members}");
+            let directory = wait_ok(&client, base, "/directory?room=lobby").await;
+            assert_eq!(directory.as_array().unwrap().len(), 12, "{directory}");
+        }
+        // An object reached by a new unique id, through a node that does not serve it.
+        let unique = wait_ok(&client, &workers[2], "/unique").await;
+        assert_eq!(unique["members"], serde_json::json!([]), "{unique}");
+        assert_eq!(unique["id"].as_str().map(str::len), Some(64), "{unique}");
+        // Values of every kind RPC copies go there and back through kura, a thrown error comes
+        // back as itself, and what cannot cross nodes is refused, naming the limit.
+        for base in [&workers[0], &workers[2]] {
+            let echoed = wait_ok(&client, base, "/echo").await;
+            assert!(echoed["checks"].as_object().unwrap().values().all(|v| v == true), "{echoed}");
+            let thrown = &echoed["thrown"];
+            assert_eq!(
+                (&thrown["name"], &thrown["message"], &thrown["range"]),
+                (&"RangeError".into(), &"out of range".into(), &true.into()),
+                "{echoed}"
+            );
+            let refused = echoed["refused"].as_str().unwrap_or_default();
+            assert!(refused.contains("cannot be sent to or from a Durable Object on another kura node"), "{echoed}");
+        }
+        // The namespace is served by node 1 alone.
+        let namespaces = format!("{}/accounts/{ACCOUNT}/workers/durable_objects/namespaces", cluster.node(0).api);
+        let listed: Value = client.get(namespaces).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap();
+        let rooms = listed["result"].as_array().unwrap().iter().find(|n| n["class"] == "Room").expect("listed");
+        let id = rooms["id"].as_str().unwrap().to_owned();
+        let mut serving = Vec::new();
+        for i in 0..3 {
+            let url = format!("{}/accounts/{ACCOUNT}/kura/cluster", cluster.node(i).api);
+            let status: Value = client.get(url).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap();
+            if status["result"]["namespaces"].as_array().unwrap().iter().any(|n| n["id"] == id.as_str()) {
+                serving.push(i);
+            }
+        }
+        assert_eq!(serving, vec![1], "the rooms' namespace is served by the node first reached");
+        serving[0]
+    });
+
+    // The namespace's node killed while joins go through every node's Workers listener.
+    let (outcomes, takeover) = runtime.block_on(kill_mid_write(&cluster, owner, workers.clone(), joins(), 1));
+    eprintln!("rooms through the kill of their namespace's node: first acknowledgement {takeover:?} after it");
+    runtime.block_on(async {
+        for (i, base) in workers.iter().enumerate().filter(|(i, _)| *i != owner) {
+            let present = members(&client, base).await;
+            assert_consistent(&outcomes, &present, &format!("members read through node {i}"));
+            let lobby = wait_ok(&client, base, "/rooms/lobby").await;
+            assert_eq!(lobby.as_array().unwrap().len(), 12, "the lobby's members from before the kill: {lobby}");
+        }
+    });
+}
