@@ -434,6 +434,10 @@ impl Placement for ClusterPlacement {
         }
     }
 
+    async fn has_history(&self, key: &str) -> bool {
+        self.coordinator.manifest(&self.kind.resource(key), 0).await.is_ok_and(|manifest| !manifest.is_empty())
+    }
+
     fn shipper(&self, key: &str) -> Option<Arc<dyn LogShipper>> {
         let claims = self.claims();
         let claim = claims.get(key).filter(|c| c.lease.is_valid())?;

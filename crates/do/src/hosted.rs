@@ -38,11 +38,89 @@ struct Entry {
     /// The WAL's length and modification time when last captured or let go: unchanged, there
     /// is nothing to capture.
     seen: Option<(u64, SystemTime)>,
+    /// The object's alarm (workerd's nanoseconds) as last captured; `None` until read once.
+    alarm: Option<Option<i64>>,
+}
+
+/// The alarm an object's file holds: workerd keeps it in `_cf_METADATA` under key 1, in
+/// nanoseconds since the epoch (no table, or no row: none).
+fn read_alarm(conn: &rusqlite::Connection) -> rusqlite::Result<Option<i64>> {
+    use rusqlite::OptionalExtension;
+    let has_table = conn
+        .query_row("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = '_cf_METADATA'", [], |_| Ok(()))
+        .optional()?
+        .is_some();
+    if !has_table {
+        return Ok(None);
+    }
+    Ok(conn
+        .query_row("SELECT value FROM _cf_METADATA WHERE key = 1", [], |r| r.get::<_, Option<i64>>(0))
+        .optional()?
+        .flatten())
 }
 
 fn wal_stamp(db: &Path) -> Option<(u64, SystemTime)> {
     let meta = std::fs::metadata(format!("{}-wal", db.display())).ok()?;
     Some((meta.len(), meta.modified().ok()?))
+}
+
+/// Opens workerd's alarm scheduler file (`_cf_ALARM`: the object's id, nanoseconds), made as
+/// workerd makes it if it is not there yet.
+fn open_scheduler(path: &Path) -> rusqlite::Result<rusqlite::Connection> {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let conn = rusqlite::Connection::open(path)?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS _cf_ALARM (actor_id TEXT PRIMARY KEY, scheduled_time INTEGER) WITHOUT ROWID",
+    )?;
+    Ok(conn)
+}
+
+fn scheduler_error(path: &Path) -> impl Fn(rusqlite::Error) -> DoError + '_ {
+    move |e| DoError::Storage(format!("workerd's alarm schedule {}: {e}", path.display()))
+}
+
+/// Puts `alarms` (object id, nanoseconds) in workerd's alarm schedule at `path`, keeping the
+/// others; answers whether anything changed (workerd reads the schedule only when it starts).
+pub(crate) fn schedule_in(path: &Path, alarms: &[(String, i64)]) -> Result<bool> {
+    let fail = scheduler_error(path);
+    let conn = open_scheduler(path).map_err(&fail)?;
+    let mut changed = 0;
+    for (object, at) in alarms {
+        changed += conn
+            .execute(
+                "INSERT INTO _cf_ALARM (actor_id, scheduled_time) VALUES (?1, ?2) \
+                 ON CONFLICT (actor_id) DO UPDATE SET scheduled_time = excluded.scheduled_time \
+                 WHERE scheduled_time IS NOT excluded.scheduled_time",
+                (object, at),
+            )
+            .map_err(&fail)?;
+    }
+    Ok(changed > 0)
+}
+
+/// Empties workerd's alarm schedule at `path`; answers whether it held any.
+pub(crate) fn unschedule_all(path: &Path) -> Result<bool> {
+    let fail = scheduler_error(path);
+    let conn = open_scheduler(path).map_err(&fail)?;
+    Ok(conn.execute("DELETE FROM _cf_ALARM", []).map_err(&fail)? > 0)
+}
+
+/// Empties workerd's alarm schedule of every namespace under `root` (a cluster's node starts
+/// serving no namespace: what a schedule still lists from an earlier run is not its to fire).
+pub(crate) fn unschedule_everywhere(root: &Path) {
+    let Ok(listing) = std::fs::read_dir(root) else { return };
+    for entry in listing.flatten() {
+        let path = entry.path().join("workerd").join("metadata.sqlite");
+        if path.exists()
+            && let Err(e) = unschedule_all(&path)
+        {
+            tracing::warn!(error = %e, "cannot empty an alarm schedule left from an earlier run");
+        }
+    }
 }
 
 /// The followers of one engine.
@@ -52,6 +130,9 @@ pub(crate) struct Hosted {
     /// In a cluster, the objects' placement: whose shipper each capture passes.
     objects: Option<Arc<dyn Placement>>,
     entries: Mutex<HashMap<String, Arc<Mutex<Entry>>>>,
+    /// In a cluster, alarms captured since they were last taken (by `<namespace>/<object>`),
+    /// for the namespace's index: the node taking the namespace over schedules them.
+    alarms_changed: Mutex<HashMap<String, Option<i64>>>,
     stop: AtomicBool,
     ticker: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -72,6 +153,7 @@ impl Hosted {
             settings,
             objects,
             entries: Mutex::new(HashMap::new()),
+            alarms_changed: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             ticker: Mutex::new(None),
         });
@@ -86,6 +168,12 @@ impl Hosted {
     /// The file workerd keeps an object in.
     pub(crate) fn file(&self, namespace: &str, object: &str) -> PathBuf {
         self.root.join(namespace).join("workerd").join(format!("{object}.sqlite"))
+    }
+
+    /// The file workerd's alarm scheduler keeps a namespace's alarms in (it reads it when it
+    /// starts, and writes it as objects set alarms).
+    pub(crate) fn scheduler_file(&self, namespace: &str) -> PathBuf {
+        self.root.join(namespace).join("workerd").join("metadata.sqlite")
     }
 
     /// The directory an object's history log is kept in.
@@ -103,6 +191,7 @@ impl Hosted {
                 announced: Instant::now(),
                 last_look: Instant::now(),
                 seen: None,
+                alarm: None,
             }))
         });
         Arc::clone(entry)
@@ -147,11 +236,55 @@ impl Hosted {
         let stamp = wal_stamp(entry.follower.db_path());
         entry.follower.capture().map_err(from_sql)?;
         entry.seen = stamp;
+        self.note_alarm(&key, &mut entry);
         let Some(objects) = &self.objects else { return Ok(()) };
         let shipper = objects
             .shipper(&key)
             .ok_or_else(|| DoError::Unavailable("this node no longer holds the object; retry".into()))?;
         entry.follower.ship(&*shipper).map_err(from_sql)
+    }
+
+    /// In a cluster, notes the object's alarm as just captured, if it changed.
+    fn note_alarm(&self, key: &str, entry: &mut Entry) {
+        if self.objects.is_none() {
+            return;
+        }
+        match entry.follower.read_captured(read_alarm) {
+            Some(Ok(alarm)) if entry.alarm != Some(alarm) => {
+                entry.alarm = Some(alarm);
+                lock(&self.alarms_changed).insert(key.to_owned(), alarm);
+            }
+            Some(Err(e)) => tracing::warn!(object = key, error = %e, "could not read an object's alarm"),
+            _ => {}
+        }
+    }
+
+    /// The alarms captured since last taken, by `(namespace, object)`: all of them, or one
+    /// object's.
+    pub(crate) fn take_alarm_changes(&self, only: Option<(&str, &str)>) -> Vec<(String, String, Option<i64>)> {
+        let mut changed = lock(&self.alarms_changed);
+        let taken: Vec<(String, Option<i64>)> = match only {
+            Some((namespace, object)) => {
+                let key = format!("{namespace}/{object}");
+                changed.remove(&key).map(|alarm| (key, alarm)).into_iter().collect()
+            }
+            None => changed.drain().collect(),
+        };
+        taken
+            .into_iter()
+            .filter_map(|(key, alarm)| {
+                let (namespace, object) = key.split_once('/')?;
+                Some((namespace.to_owned(), object.to_owned(), alarm))
+            })
+            .collect()
+    }
+
+    /// Gives back alarm changes that could not be recorded (a newer capture wins).
+    pub(crate) fn restore_alarm_changes(&self, changes: Vec<(String, String, Option<i64>)>) {
+        let mut changed = lock(&self.alarms_changed);
+        for (namespace, object, alarm) in changes {
+            changed.entry(format!("{namespace}/{object}")).or_insert(alarm);
+        }
     }
 
     /// The bookmark of an object's current state.
@@ -208,6 +341,7 @@ impl Hosted {
             if stamp != entry.seen || stamp.is_none() || entry.follower.behind() {
                 entry.follower.capture()?;
                 entry.seen = stamp;
+                self.note_alarm(key, entry);
                 // What no call waited for (an alarm's writes, `waitUntil`'s) ships here.
                 if let Some(shipper) = self.objects.as_ref().and_then(|objects| objects.shipper(key)) {
                     entry.follower.ship(&*shipper)?;

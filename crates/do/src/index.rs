@@ -1,5 +1,7 @@
 //! A namespace's index, `meta.sqlite` beside its objects: every object ever created (with its
-//! name, so objects can be listed by name) and the alarm schedule. The objects' own files are
+//! name, so objects can be listed by name) and the alarm schedule; in a cluster, also the
+//! alarms of objects workerd runs as last captured (`workerd_alarms`, in workerd's
+//! nanoseconds), which the node taking the namespace over hands its workerd. The objects' own files are
 //! authoritative for their alarms; the schedule may only run early, never late (see
 //! [`crate::alarm`]).
 
@@ -20,6 +22,10 @@ pub(crate) const SCHEMA: &str = "
         retries      INTEGER NOT NULL DEFAULT 0
     ) WITHOUT ROWID;
     CREATE INDEX IF NOT EXISTS alarms_by_time ON alarms (scheduled_ms);
+    CREATE TABLE IF NOT EXISTS workerd_alarms (
+        id           TEXT PRIMARY KEY,
+        scheduled_ns INTEGER NOT NULL
+    ) WITHOUT ROWID;
 ";
 
 /// An object as the index knows it.
@@ -124,4 +130,25 @@ pub(crate) fn due(c: &Connection, now_ms: i64, limit: u64) -> rusqlite::Result<V
 
 pub(crate) fn next(c: &Connection) -> rusqlite::Result<Option<i64>> {
     c.prepare_cached("SELECT min(scheduled_ms) FROM alarms")?.query_row([], |r| r.get(0))
+}
+
+/// Records a workerd-run object's alarm as captured (`None`: it has none).
+pub(crate) fn set_workerd_alarm(c: &Connection, id: &str, scheduled_ns: Option<i64>) -> rusqlite::Result<()> {
+    match scheduled_ns {
+        Some(at) => c
+            .prepare_cached(
+                "INSERT INTO workerd_alarms (id, scheduled_ns) VALUES (?1, ?2) \
+                 ON CONFLICT (id) DO UPDATE SET scheduled_ns = excluded.scheduled_ns",
+            )?
+            .execute((id, at))?,
+        None => c.prepare_cached("DELETE FROM workerd_alarms WHERE id = ?1")?.execute([id])?,
+    };
+    Ok(())
+}
+
+/// Every workerd-run object's alarm the index holds: (object id, nanoseconds).
+pub(crate) fn workerd_alarms(c: &Connection) -> rusqlite::Result<Vec<(String, i64)>> {
+    c.prepare_cached("SELECT id, scheduled_ns FROM workerd_alarms ORDER BY id")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect()
 }

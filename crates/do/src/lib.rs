@@ -160,6 +160,9 @@ impl DurableObjects {
             history.clone(),
             settings.cluster.as_ref().map(|c| Arc::clone(&c.objects)),
         );
+        if settings.cluster.is_some() {
+            hosted::unschedule_everywhere(&root);
+        }
         let cluster = settings.cluster.clone();
         let registry = Registry::new(settings.registry.clone(), move |key: &str| {
             open_options(&opener_root, &history, cluster.as_ref(), key)
@@ -235,13 +238,18 @@ impl DurableObjects {
     /// of this node's is not rebuilt under it: the process is asked to let go, and the call is
     /// refused as unavailable (a retry finds the file closed). Alone, a no-op.
     pub async fn claim_hosted(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
+        self.claim_hosted_at(&ns.storage_id, &id.to_string()).await
+    }
+
+    /// [`DurableObjects::claim_hosted`] by the namespace's storage id and the object's.
+    async fn claim_hosted_at(&self, storage_id: &str, hex: &str) -> Result<()> {
         let Some(cluster) = &self.inner.settings.cluster else { return Ok(()) };
-        self.check_serving(ns).await?;
-        let key = ns.object_key(id);
+        self.check_serving_at(storage_id).await?;
+        let key = format!("{storage_id}/{hex}");
         if cluster.objects.is_current(&key) {
             return Ok(());
         }
-        let (hosted, namespace, hex) = (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string());
+        let (hosted, namespace, hex) = (Arc::clone(&self.inner.hosted), storage_id.to_owned(), hex.to_owned());
         let (file, log) = (hosted.file(&namespace, &hex), hosted.log(&namespace, &hex));
         if kura_sqlite::open_elsewhere(&file).is_some() {
             if let Some(let_go) = self.inner.hosted_let_go.get() {
@@ -268,7 +276,77 @@ impl DurableObjects {
             return Ok(());
         }
         let (hosted, namespace, hex) = (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string());
-        blocking(move || hosted.capture_and_ship(&namespace, &hex)).await
+        blocking(move || hosted.capture_and_ship(&namespace, &hex)).await?;
+        self.record_hosted_alarms(Some((&ns.storage_id, &id.to_string()))).await
+    }
+
+    /// In a cluster, writes the alarms of objects another process runs, as captured since
+    /// last recorded, into their namespaces' indexes (each object's, or all with `None`), so
+    /// the node that takes a namespace over schedules them. A namespace this node no longer
+    /// serves is skipped: its new node's captures count.
+    pub async fn record_hosted_alarms(&self, only: Option<(&str, &str)>) -> Result<()> {
+        let mut by_namespace: std::collections::BTreeMap<String, Vec<(String, Option<i64>)>> = Default::default();
+        for (namespace, object, alarm) in self.inner.hosted.take_alarm_changes(only) {
+            by_namespace.entry(namespace).or_default().push((object, alarm));
+        }
+        let mut outcome = Ok(());
+        for (namespace, changes) in by_namespace {
+            if !self.serves_namespace(&namespace) {
+                continue;
+            }
+            let rows = changes.clone();
+            let written = self
+                .index_write_at(&namespace, move |c| {
+                    rows.iter().try_for_each(|(object, alarm)| index::set_workerd_alarm(c, object, *alarm))
+                })
+                .await;
+            if let Err(e) = written {
+                let back = changes.into_iter().map(|(object, alarm)| (namespace.clone(), object, alarm)).collect();
+                self.inner.hosted.restore_alarm_changes(back);
+                outcome = Err(e);
+            }
+        }
+        outcome
+    }
+
+    /// In a cluster, once this node has taken a namespace over: the alarms its index holds for
+    /// objects another process runs are handed to that process's scheduler (their objects'
+    /// files claimed first), which reads them when it starts — so it is restarted if any
+    /// changed. Boxed: it claims, and claims lead here.
+    fn schedule_hosted_alarms(&self, storage_id: String) -> futures_util::future::BoxFuture<'static, ()> {
+        let engine = self.clone();
+        Box::pin(async move {
+            let alarms = match engine.index_write_at(&storage_id, index::workerd_alarms).await {
+                Ok(alarms) => alarms,
+                Err(e) => {
+                    tracing::warn!(namespace = %storage_id, error = %e, "cannot read the namespace's alarms");
+                    return;
+                }
+            };
+            if alarms.is_empty() {
+                return;
+            }
+            let mut claimed = Vec::with_capacity(alarms.len());
+            for (object, at) in alarms {
+                match engine.claim_hosted_at(&storage_id, &object).await {
+                    Ok(()) => claimed.push((object, at)),
+                    Err(e) => {
+                        tracing::warn!(namespace = %storage_id, object, error = %e, "an alarm's object cannot be claimed")
+                    }
+                }
+            }
+            let metadata = engine.inner.hosted.scheduler_file(&storage_id);
+            match blocking(move || hosted::schedule_in(&metadata, &claimed)).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::info!(namespace = %storage_id, "alarms taken over; workerd restarts to schedule them");
+                    if let Some(let_go) = engine.inner.hosted_let_go.get() {
+                        let_go();
+                    }
+                }
+                Err(e) => tracing::warn!(namespace = %storage_id, error = %e, "cannot schedule the namespace's alarms"),
+            }
+        })
     }
 
     /// Whether the object has ever stored anything (it is then listed in its namespace).
@@ -295,19 +373,49 @@ impl DurableObjects {
         let release = Box::pin(async move { registry.close(&key).await });
         let path = self.inner.root.join(storage_id).join("meta.sqlite");
         let claimed = cluster.namespaces.claim(storage_id, &path, release).await;
-        if claimed.is_err() {
-            cluster.objects.give_up_under(&format!("{storage_id}/")).await;
+        match &claimed {
+            Err(_) => cluster.objects.give_up_under(&format!("{storage_id}/")).await,
+            Ok(()) if self.inner.hosted_let_go.get().is_some() => {
+                tokio::spawn(self.schedule_hosted_alarms(storage_id.to_owned()));
+            }
+            Ok(()) => {}
         }
         claimed
     }
 
     /// In a cluster, gives up the files this node still holds of objects of a namespace it no
     /// longer serves (its node claims them as it reaches them).
+    /// Its alarms of objects another process runs are taken from that process's scheduler
+    /// too (which is restarted to forget them), so they fire only on the namespace's node.
     pub async fn give_up_unserved(&self, storage_id: &str) {
         if let Some(cluster) = &self.inner.settings.cluster
             && !cluster.namespaces.is_current(storage_id)
         {
             cluster.objects.give_up_under(&format!("{storage_id}/")).await;
+            let metadata = self.inner.hosted.scheduler_file(storage_id);
+            if metadata.exists() {
+                match blocking(move || hosted::unschedule_all(&metadata)).await {
+                    Ok(true) => {
+                        tracing::info!(namespace = %storage_id, "served elsewhere now: its alarms leave this node's workerd");
+                        if let Some(let_go) = self.inner.hosted_let_go.get() {
+                            let_go();
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(namespace = %storage_id, error = %e, "cannot unschedule the namespace's alarms")
+                    }
+                }
+            }
+        }
+    }
+
+    /// In a cluster, whether the namespace was ever served (its index has a history in the
+    /// store): one worth adopting for its alarms when no node serves it.
+    pub async fn has_history(&self, storage_id: &str) -> bool {
+        match &self.inner.settings.cluster {
+            Some(cluster) => cluster.namespaces.has_history(storage_id).await,
+            None => true,
         }
     }
 
@@ -337,12 +445,17 @@ impl DurableObjects {
     /// again first, as the client's retry would: the coordinator still decides, so a namespace
     /// another node took meanwhile is refused.
     async fn check_serving(&self, ns: &Namespace) -> Result<()> {
-        if self.serves_namespace(&ns.storage_id) {
+        self.check_serving_at(&ns.storage_id).await
+    }
+
+    /// [`DurableObjects::check_serving`] for the namespace with this storage id.
+    async fn check_serving_at(&self, storage_id: &str) -> Result<()> {
+        if self.serves_namespace(storage_id) {
             return Ok(());
         }
-        match self.claim_namespace(&ns.storage_id).await {
+        match self.claim_namespace(storage_id).await {
             Ok(()) => {
-                tracing::info!(namespace = %ns.storage_id, "the namespace's lease had lapsed; claimed again");
+                tracing::info!(namespace = %storage_id, "the namespace's lease had lapsed; claimed again");
                 Ok(())
             }
             Err(_) => Err(DoError::Unavailable("this node no longer serves the namespace; retry".into())),
@@ -372,14 +485,23 @@ impl DurableObjects {
     async fn index_write<T: Send + 'static>(
         &self,
         ns: &Namespace,
+        f: impl FnMut(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T> {
+        self.index_write_at(&ns.storage_id, f).await
+    }
+
+    /// [`DurableObjects::index_write`] on the namespace with this storage id.
+    async fn index_write_at<T: Send + 'static>(
+        &self,
+        storage_id: &str,
         mut f: impl FnMut(&rusqlite::Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T> {
-        self.check_serving(ns).await?;
-        let fresh = !self.inner.indexed.lock().unwrap_or_else(|p| p.into_inner()).contains(&ns.storage_id);
+        self.check_serving_at(storage_id).await?;
+        let fresh = !self.inner.indexed.lock().unwrap_or_else(|p| p.into_inner()).contains(storage_id);
         let outcome = self
             .inner
             .registry
-            .write_grouped(&ns.storage_id, move |c| {
+            .write_grouped(storage_id, move |c| {
                 if fresh {
                     c.execute_batch(index::SCHEMA)?;
                 }
@@ -389,7 +511,7 @@ impl DurableObjects {
             .map_err(DoError::from_sql)?
             .map_err(index::storage)?;
         if fresh {
-            self.inner.indexed.lock().unwrap_or_else(|p| p.into_inner()).insert(ns.storage_id.clone());
+            self.inner.indexed.lock().unwrap_or_else(|p| p.into_inner()).insert(storage_id.to_owned());
         }
         Ok(outcome)
     }

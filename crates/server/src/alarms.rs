@@ -81,7 +81,8 @@ fn take_turn(last: &Mutex<Option<std::time::Instant>>) -> bool {
 /// Delivers the alarms of every namespace with an alarm URL until `stop` resolves. In a
 /// cluster, of the namespaces this node serves; and every few seconds it takes over those no
 /// node serves whose home it is, so a namespace's alarms keep firing after its node died even
-/// when no request reaches it.
+/// when no request reaches it — the namespaces of deployed classes too, whose alarms workerd
+/// runs (their alarms, as captured, go into their indexes each round).
 pub(crate) async fn run(catalog: Arc<Catalog>, engine: DurableObjects, stop: impl Future<Output = ()>) {
     let deliver = Arc::new(HttpDeliver { client: reqwest::Client::new(), namespaces: Mutex::new(HashMap::new()) });
     let runner = AlarmRunner::new(engine.clone(), Arc::clone(&deliver) as Arc<dyn Deliver>);
@@ -99,14 +100,27 @@ pub(crate) async fn run(catalog: Arc<Catalog>, engine: DurableObjects, stop: imp
                 }
                 Err(_) => return Vec::new(),
             };
+            // Alarms of objects workerd runs, as captured, into their namespaces' indexes.
+            if let Err(e) = engine.record_hosted_alarms(None).await {
+                tracing::warn!(error = %e, "cannot record the alarms of objects workerd runs; retrying");
+            }
             if adopt_due(&adopted_at) {
                 // Objects of namespaces another node serves now go to it.
                 for ns in &all {
                     engine.give_up_unserved(&ns.id).await;
                 }
             }
-            let mut with_url: Vec<DoNamespace> = all.into_iter().filter(|n| n.alarm_url.is_some()).collect();
             let adopt = take_turn(&adopted_at);
+            if adopt {
+                // A namespace of a deployed class that was ever served, with no node serving it
+                // now, is adopted by its home node, whose workerd then runs its alarms.
+                for ns in all.iter().filter(|n| n.hosted_by_workerd() && !engine.serves_namespace(&n.id)) {
+                    if engine.is_home(&ns.id).await && engine.has_history(&ns.id).await {
+                        let _ = engine.claim_namespace(&ns.id).await;
+                    }
+                }
+            }
+            let mut with_url: Vec<DoNamespace> = all.into_iter().filter(|n| n.alarm_url.is_some()).collect();
             let mut served = Vec::with_capacity(with_url.len());
             for ns in with_url.drain(..) {
                 if engine.serves_namespace(&ns.id)

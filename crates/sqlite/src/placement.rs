@@ -65,6 +65,10 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     /// Gives up, without deleting anything, every file this node owns whose key starts with
     /// `prefix` (their group moved to another node, which claims them as it reaches them).
     async fn give_up_under(&self, _prefix: &str) {}
+    /// Whether the file has a history in the store (it was ever written by an owner).
+    async fn has_history(&self, _key: &str) -> bool {
+        false
+    }
     /// Whether this node is where the file should go when no node serves it and no request
     /// asks for it (work that runs on its own, such as alarms, is adopted by its home node).
     async fn is_home(&self, _key: &str) -> bool {

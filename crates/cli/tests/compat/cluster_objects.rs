@@ -3,9 +3,10 @@
 //! by name over JavaScript RPC, a D1 directory) deployed with real wrangler through one node;
 //! its rooms joined through every node's Workers listener run on the one node serving the
 //! namespace, and every node reads the same members; values of every kind RPC copies cross
-//! nodes as themselves, and what cannot is refused naming the limit; that node killed with
-//! SIGKILL while joins go through every node, a survivor serves the rooms with every
-//! acknowledged join kept.
+//! nodes as themselves, and what cannot is refused naming the limit; alarms fire on the
+//! namespace's node; that node killed with SIGKILL while joins go through every node, a
+//! survivor serves the rooms with every acknowledged join kept, and adopts the alarm due after
+//! the kill, which fires once.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -32,6 +33,21 @@ export { Room };
 const NOTHING_HAPPENED = /retry shortly|did not take effect|unavailable for now/;
 
 export class Echo extends DurableObject {
+  constructor(ctx, env) {
+    super(ctx, env);
+    ctx.blockConcurrencyWhile(async () => ctx.storage.sql.exec("CREATE TABLE IF NOT EXISTS fired (at INTEGER NOT NULL)"));
+  }
+  async arm(ms) {
+    const at = Date.now() + ms;
+    await this.ctx.storage.setAlarm(at);
+    return at;
+  }
+  alarm() {
+    this.ctx.storage.sql.exec("INSERT INTO fired (at) VALUES (?)", Date.now());
+  }
+  fired() {
+    return this.ctx.storage.sql.exec("SELECT at FROM fired ORDER BY at").toArray().map((row) => row.at);
+  }
   echo(value) {
     return value;
   }
@@ -76,7 +92,11 @@ async function echo(env) {
 export default {
   async fetch(request, env, ctx) {
     try {
-      if (new URL(request.url).pathname === "/echo") return await echo(env);
+      const url = new URL(request.url);
+      if (url.pathname === "/echo") return await echo(env);
+      const alarms = env.ECHO.getByName(url.searchParams.get("name") ?? "");
+      if (url.pathname === "/arm") return Response.json(await alarms.arm(Number(url.searchParams.get("ms"))));
+      if (url.pathname === "/fired") return Response.json(await alarms.fired());
       return await rooms.fetch(request, env, ctx);
     } catch (e) {
       const said = String(e?.message ?? e);
@@ -175,8 +195,9 @@ fn javascript_durable_objects_run_on_their_namespaces_node_and_survive_its_loss(
         assert_eq!(unique["members"], serde_json::json!([]), "{unique}");
         assert_eq!(unique["id"].as_str().map(str::len), Some(64), "{unique}");
         // Values of every kind RPC copies go there and back through kura, a thrown error comes
-        // back as itself, and what cannot cross nodes is refused, naming the limit.
-        for base in [&workers[0], &workers[2]] {
+        // back as itself, and what cannot cross nodes is refused, naming the limit. (Node 1
+        // takes the echoes' namespace too.)
+        for base in [&workers[1], &workers[0], &workers[2]] {
             let echoed = wait_ok(&client, base, "/echo").await;
             assert!(echoed["checks"].as_object().unwrap().values().all(|v| v == true), "{echoed}");
             let thrown = &echoed["thrown"];
@@ -202,8 +223,14 @@ fn javascript_durable_objects_run_on_their_namespaces_node_and_survive_its_loss(
             }
         }
         assert_eq!(serving, vec![1], "the rooms' namespace is served by the node first reached");
+        // An alarm set through node 2 fires on node 1, once.
+        let armed = wait_ok(&client, &workers[2], "/arm?name=soon&ms=300").await;
+        let fired = wait_for_fired(&client, &workers[0], "soon").await;
+        assert!(fired >= armed.as_i64().unwrap(), "fired at {fired}, set for {armed}");
         serving[0]
     });
+    // An alarm due a few seconds after the kill below, on an object no request reaches then.
+    let armed = runtime.block_on(wait_ok(&client, &workers[0], "/arm?name=later&ms=5000")).as_i64().unwrap();
 
     // The namespace's node killed while joins go through every node's Workers listener.
     let (outcomes, takeover) = runtime.block_on(kill_mid_write(&cluster, owner, workers.clone(), joins(), 1));
@@ -215,5 +242,31 @@ fn javascript_durable_objects_run_on_their_namespaces_node_and_survive_its_loss(
             let lobby = wait_ok(&client, base, "/rooms/lobby").await;
             assert_eq!(lobby.as_array().unwrap().len(), 12, "the lobby's members from before the kill: {lobby}");
         }
+        // The alarm fired on a survivor, which adopted its namespace without a request
+        // reaching it (the first one asks only now), and only once.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let asked = unix_ms();
+        let fired = wait_for_fired(&client, &workers[(owner + 1) % 3], "later").await;
+        assert!((armed..=asked).contains(&fired), "set for {armed}, fired at {fired}, first asked at {asked}");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let all = wait_ok(&client, &workers[(owner + 2) % 3], "/fired?name=later").await;
+        assert_eq!(all.as_array().unwrap().len(), 1, "the alarm fired once: {all}");
     });
+}
+
+/// Waits (30 s at most) until the echo object `name`'s alarm has fired; answers when.
+async fn wait_for_fired(client: &reqwest::Client, base: &str, name: &str) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let fired = wait_ok(client, base, &format!("/fired?name={name}")).await;
+        if let Some(at) = fired.as_array().and_then(|f| f.first()).and_then(Value::as_i64) {
+            return at;
+        }
+        assert!(Instant::now() < deadline, "the alarm of {name} never fired: {fired}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }

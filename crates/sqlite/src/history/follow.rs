@@ -214,6 +214,13 @@ impl Follower {
         super::ship::ship_log(shipper, &attached.history.view()?)
     }
 
+    /// Runs `read` on the database as last captured (the pinned read), or answers `None` when
+    /// not attached.
+    pub fn read_captured<T>(&self, read: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Option<Result<T>> {
+        let attached = self.attached.as_ref()?;
+        Some(read(&attached.pins[attached.pinned]).map_err(Error::internal))
+    }
+
     /// The directory the history log is kept in.
     pub fn log_dir(&self) -> &Path {
         &self.log_dir
