@@ -40,6 +40,8 @@ struct Entry {
     seen: Option<(u64, SystemTime)>,
     /// The object's alarm (workerd's nanoseconds) as last captured; `None` until read once.
     alarm: Option<Option<i64>>,
+    /// Let go of for a rebuild: a tick still holding it must not attach it again.
+    forgotten: bool,
 }
 
 /// The alarm an object's file holds: workerd keeps it in `_cf_METADATA` under key 1, in
@@ -133,6 +135,8 @@ pub(crate) struct Hosted {
     /// In a cluster, alarms captured since they were last taken (by `<namespace>/<object>`),
     /// for the namespace's index: the node taking the namespace over schedules them.
     alarms_changed: Mutex<HashMap<String, Option<i64>>>,
+    /// In a cluster, per object: calls hold it shared, a rebuild of its file exclusively.
+    calls: Mutex<HashMap<String, Arc<tokio::sync::RwLock<()>>>>,
     stop: AtomicBool,
     ticker: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -154,6 +158,7 @@ impl Hosted {
             objects,
             entries: Mutex::new(HashMap::new()),
             alarms_changed: Mutex::new(HashMap::new()),
+            calls: Mutex::new(HashMap::new()),
             stop: AtomicBool::new(false),
             ticker: Mutex::new(None),
         });
@@ -192,6 +197,7 @@ impl Hosted {
                 last_look: Instant::now(),
                 seen: None,
                 alarm: None,
+                forgotten: false,
             }))
         });
         Arc::clone(entry)
@@ -224,6 +230,12 @@ impl Hosted {
         let mut entry = lock(&entry);
         let (db, log) = (self.file(namespace, object), self.log(namespace, object));
         entry.follower = Follower::new(&format!("{namespace}/{object}"), &db, &log, self.settings.clone());
+        entry.forgotten = true;
+    }
+
+    /// The lock an object's calls and the rebuilds of its file take (see `HostedCall`).
+    pub(crate) fn calls(&self, key: &str) -> Arc<tokio::sync::RwLock<()>> {
+        Arc::clone(lock(&self.calls).entry(key.to_owned()).or_default())
     }
 
     /// In a cluster, captures what an object committed and ships it: once this returns, the
@@ -242,6 +254,17 @@ impl Hosted {
             .shipper(&key)
             .ok_or_else(|| DoError::Unavailable("this node no longer holds the object; retry".into()))?;
         entry.follower.ship(&*shipper).map_err(from_sql)
+    }
+
+    /// Captures, notes the alarm, and in a cluster ships while this node owns the object: what
+    /// no call waited for (an alarm's writes, `waitUntil`'s) ships here.
+    fn capture_and_ship_owned(&self, key: &str, entry: &mut Entry) -> kura_sqlite::Result<()> {
+        entry.follower.capture()?;
+        self.note_alarm(key, entry);
+        match self.objects.as_ref().and_then(|objects| objects.shipper(key)) {
+            Some(shipper) => entry.follower.ship(&*shipper),
+            None => Ok(()),
+        }
     }
 
     /// In a cluster, notes the object's alarm as just captured, if it changed.
@@ -333,24 +356,24 @@ impl Hosted {
     }
 
     fn tick(&self, key: &str, entry: &mut Entry, crowded: bool) -> kura_sqlite::Result<()> {
+        if entry.forgotten {
+            return Ok(());
+        }
         if entry.follower.is_attached() {
             // Stamped before the capture, so a commit landing during it is seen next time; a
             // capture is also due while the last checkpoint left frames behind, so the WAL of a
             // quiet object gets to start over.
             let stamp = wal_stamp(self.db_of(entry));
             if stamp != entry.seen || stamp.is_none() || entry.follower.behind() {
-                entry.follower.capture()?;
+                self.capture_and_ship_owned(key, entry)?;
                 entry.seen = stamp;
-                self.note_alarm(key, entry);
-                // What no call waited for (an alarm's writes, `waitUntil`'s) ships here.
-                if let Some(shipper) = self.objects.as_ref().and_then(|objects| objects.shipper(key)) {
-                    entry.follower.ship(&*shipper)?;
-                }
             }
             if entry.last_look.elapsed() >= LOOK_AGAIN || crowded {
                 entry.last_look = Instant::now();
                 let writer_gone = !entry.follower.writer_present();
                 if writer_gone && (entry.announced.elapsed() > GRACE || crowded) {
+                    // A follower let go of ships nothing: what it captures last ships first.
+                    self.capture_and_ship_owned(key, entry)?;
                     entry.follower.detach()?;
                     entry.seen = wal_stamp(self.db_of(entry));
                 }

@@ -135,6 +135,17 @@ struct Inner {
     hosted_let_go: std::sync::OnceLock<Arc<dyn Fn() + Send + Sync>>,
 }
 
+/// How long a claim waits for the process running hosted objects to close a file it opened
+/// while the claim was under way, before rebuilding it anyway.
+const HOSTED_CLOSE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// A call to an object another process runs, claimed on this node (in a cluster): the
+/// object's file is not rebuilt while this is held.
+#[derive(Debug)]
+pub struct HostedCall {
+    _held: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
+}
+
 /// The engine. Cheap to clone.
 #[derive(Clone)]
 pub struct DurableObjects {
@@ -237,35 +248,72 @@ impl DurableObjects {
     /// first reached here. A file the other process still has open from an earlier ownership
     /// of this node's is not rebuilt under it: the process is asked to let go, and the call is
     /// refused as unavailable (a retry finds the file closed). Alone, a no-op.
-    pub async fn claim_hosted(&self, ns: &Namespace, id: &ObjectId) -> Result<()> {
+    ///
+    /// The answer holds the object for the call: its file is not rebuilt until it is dropped
+    /// (hold it until the call has been made and shipped).
+    pub async fn claim_hosted(&self, ns: &Namespace, id: &ObjectId) -> Result<HostedCall> {
         self.claim_hosted_at(&ns.storage_id, &id.to_string()).await
     }
 
     /// [`DurableObjects::claim_hosted`] by the namespace's storage id and the object's.
-    async fn claim_hosted_at(&self, storage_id: &str, hex: &str) -> Result<()> {
-        let Some(cluster) = &self.inner.settings.cluster else { return Ok(()) };
+    async fn claim_hosted_at(&self, storage_id: &str, hex: &str) -> Result<HostedCall> {
+        let Some(cluster) = &self.inner.settings.cluster else { return Ok(HostedCall { _held: None }) };
         self.check_serving_at(storage_id).await?;
         let key = format!("{storage_id}/{hex}");
+        let calls = self.inner.hosted.calls(&key);
+        let held = Arc::clone(&calls).read_owned().await;
         if cluster.objects.is_current(&key) {
-            return Ok(());
+            return Ok(HostedCall { _held: Some(held) });
+        }
+        drop(held);
+        // The rebuild waits for the calls holding the object, and holds off new ones.
+        let rebuilding = calls.write_owned().await;
+        if cluster.objects.is_current(&key) {
+            return Ok(HostedCall { _held: Some(rebuilding.downgrade()) });
         }
         let (hosted, namespace, hex) = (Arc::clone(&self.inner.hosted), storage_id.to_owned(), hex.to_owned());
         let (file, log) = (hosted.file(&namespace, &hex), hosted.log(&namespace, &hex));
-        if kura_sqlite::open_elsewhere(&file).is_some() {
-            if let Some(let_go) = self.inner.hosted_let_go.get() {
-                let_go();
-            }
-            return Err(DoError::Unavailable(
+        let still_open = || {
+            DoError::Unavailable(
                 "the object's file is still open from this node's earlier ownership; it is being closed, retry shortly"
                     .into(),
-            ));
+            )
+        };
+        if kura_sqlite::open_elsewhere(&file).is_some() {
+            // Not waited for here: the restart drains the Workers' requests, and this call may
+            // be one of them.
+            self.let_go_of_hosted();
+            return Err(still_open());
         }
-        let release = Box::pin(async move { hosted.forget(&namespace, &hex) });
+        let engine = self.clone();
+        let release = Box::pin(async move {
+            hosted.forget(&namespace, &hex);
+            // Opened since the look above (an alarm workerd still had)? Closed before rebuilding.
+            let deadline = tokio::time::Instant::now() + HOSTED_CLOSE_PATIENCE;
+            while kura_sqlite::open_elsewhere(&hosted.file(&namespace, &hex)).is_some()
+                && tokio::time::Instant::now() < deadline
+            {
+                engine.let_go_of_hosted();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
         cluster
             .objects
             .claim_at(&key, &file, &log, release)
             .await
-            .map_err(|e| DoError::Unavailable(format!("the object is {e}")))
+            .map_err(|e| DoError::Unavailable(format!("the object is {e}")))?;
+        if kura_sqlite::open_elsewhere(&file).is_some() {
+            return Err(still_open());
+        }
+        Ok(HostedCall { _held: Some(rebuilding.downgrade()) })
+    }
+
+    /// Asks the process running hosted objects to close their files (see
+    /// [`DurableObjects::set_hosted_let_go`]).
+    fn let_go_of_hosted(&self) {
+        if let Some(let_go) = self.inner.hosted_let_go.get() {
+            let_go();
+        }
     }
 
     /// In a cluster, once a call to an object another process runs has been answered there:
@@ -329,7 +377,7 @@ impl DurableObjects {
             let mut claimed = Vec::with_capacity(alarms.len());
             for (object, at) in alarms {
                 match engine.claim_hosted_at(&storage_id, &object).await {
-                    Ok(()) => claimed.push((object, at)),
+                    Ok(_) => claimed.push((object, at)),
                     Err(e) => {
                         tracing::warn!(namespace = %storage_id, object, error = %e, "an alarm's object cannot be claimed")
                     }
@@ -340,9 +388,7 @@ impl DurableObjects {
                 Ok(false) => {}
                 Ok(true) => {
                     tracing::info!(namespace = %storage_id, "alarms taken over; workerd restarts to schedule them");
-                    if let Some(let_go) = engine.inner.hosted_let_go.get() {
-                        let_go();
-                    }
+                    engine.let_go_of_hosted();
                 }
                 Err(e) => tracing::warn!(namespace = %storage_id, error = %e, "cannot schedule the namespace's alarms"),
             }
@@ -397,9 +443,7 @@ impl DurableObjects {
                 match blocking(move || hosted::unschedule_all(&metadata)).await {
                     Ok(true) => {
                         tracing::info!(namespace = %storage_id, "served elsewhere now: its alarms leave this node's workerd");
-                        if let Some(let_go) = self.inner.hosted_let_go.get() {
-                            let_go();
-                        }
+                        self.let_go_of_hosted();
                     }
                     Ok(false) => {}
                     Err(e) => {
@@ -676,6 +720,8 @@ impl DurableObjects {
     pub async fn export(&self, ns: &Namespace, id: &ObjectId) -> Result<String> {
         let options = DumpOptions { reserved_tables: vec!["_cf_KV".into()], ..Default::default() };
         if ns.elsewhere {
+            // In a cluster, the file as the store has it (if not claimed here since a move).
+            let _call = self.claim_hosted(ns, id).await?;
             let (engine, ns, hex) = (self.clone(), ns.clone(), id.to_string());
             let bytes = tokio::task::spawn_blocking(move || {
                 let Some(mut db) = engine.open_hosted(&ns, &hex)? else { return Ok(Vec::new()) };
@@ -756,6 +802,7 @@ impl DurableObjects {
             other => other,
         };
         if ns.elsewhere {
+            let _call = self.claim_hosted(ns, &ns.id_from_string(hex)?).await?;
             let (engine, ns, hex) = (self.clone(), ns.clone(), hex.to_owned());
             return tokio::task::spawn_blocking(move || {
                 let Some(mut db) = engine.open_hosted(&ns, &hex)? else {
@@ -788,6 +835,7 @@ impl DurableObjects {
     /// The bookmark of the object's current state.
     pub async fn bookmark(&self, ns: &Namespace, id: &ObjectId) -> Result<Bookmark> {
         if ns.elsewhere {
+            let _call = self.claim_hosted(ns, id).await?;
             let (hosted, ns, hex) = (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string());
             return blocking(move || hosted.bookmark(&ns, &hex)).await;
         }
@@ -804,6 +852,7 @@ impl DurableObjects {
     /// The bookmark of the object's last commit at or before `time_ms` (within 30 days).
     pub async fn bookmark_for_time(&self, ns: &Namespace, id: &ObjectId, time_ms: i64) -> Result<Bookmark> {
         if ns.elsewhere {
+            let _call = self.claim_hosted(ns, id).await?;
             let (hosted, ns, hex) = (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string());
             return blocking(move || hosted.bookmark_for_time(&ns, &hex, time_ms)).await;
         }
@@ -820,6 +869,13 @@ impl DurableObjects {
     /// bookmark and the one just before (restoring that undoes this). An object another
     /// process runs must be closed by it first (stop the process).
     pub async fn restore(&self, ns: &Namespace, id: &ObjectId, bookmark: &Bookmark) -> Result<Restored> {
+        if ns.elsewhere && self.inner.settings.cluster.is_some() {
+            return Err(DoError::Invalid(
+                "restoring an object of a deployed Worker's class is not served by a kura cluster yet: \
+                 its history is kept and shipped, and the object can be exported"
+                    .into(),
+            ));
+        }
         if ns.elsewhere {
             let (hosted, ns, hex, bookmark) =
                 (Arc::clone(&self.inner.hosted), ns.storage_id.clone(), id.to_string(), *bookmark);

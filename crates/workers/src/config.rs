@@ -155,6 +155,9 @@ const OBJECTS_STUB_MODULE: &str = concat!(include_str!("objects-codec.js"), incl
 /// their namespace.
 const OBJECTS_DOOR_MODULE: &str = concat!(include_str!("objects-codec.js"), include_str!("objects-door.js"));
 
+/// The compatibility date the door runs at.
+const DOOR_COMPATIBILITY_DATE: &str = "2025-06-01";
+
 /// The internal module name of [`OBJECTS_STUB_MODULE`].
 const OBJECTS_STUB_NAME: &str = "kura:objects-stub";
 
@@ -325,8 +328,9 @@ pub fn render(layout: &Layout, scripts: &[ServedScript], purpose: Purpose) -> Wo
                         quote(&worker_service(&target.id))
                     );
                     let hosted = target.classes.iter().find(|c| &c.class_name == class_name);
+                    // A check renders what will serve (the stub module runs in the script's isolate).
                     match hosted {
-                        Some(hosted) if layout.clustered && purpose == Purpose::Serve => {
+                        Some(hosted) if layout.clustered => {
                             let kura = external(
                                 format!("objects-{}", hosted.namespace_id),
                                 vec![
@@ -499,7 +503,7 @@ pub fn render(layout: &Layout, scripts: &[ServedScript], purpose: Purpose) -> Wo
             );
             config.sockets.push((trigger, socket));
         }
-        if purpose == Purpose::Serve && layout.clustered && !script.classes.is_empty() {
+        if layout.clustered && !script.classes.is_empty() {
             let door = objects_door(&script.id);
             let namespaces: Vec<String> = script
                 .classes
@@ -513,12 +517,18 @@ pub fn render(layout: &Layout, scripts: &[ServedScript], purpose: Purpose) -> Wo
                     )
                 })
                 .collect();
+            // A date with JavaScript RPC (2024-04-03 on), and no later than this workerd's.
+            let date = match layout.max_compatibility_date.as_deref() {
+                Some(max) if max < DOOR_COMPATIBILITY_DATE => max,
+                _ => DOOR_COMPATIBILITY_DATE,
+            };
             let _ = writeln!(
                 services,
-                "    (name = {}, worker = (modules = [(name = \"door.js\", esModule = {})], compatibilityDate = \"2025-06-01\", \
+                "    (name = {}, worker = (modules = [(name = \"door.js\", esModule = {})], compatibilityDate = {}, \
                  bindings = [{}])),",
                 quote(&door),
                 embed(layout, &layout.config_dir.join("kura-objects-door.js")),
+                quote(date),
                 namespaces.join(", ")
             );
             let socket = layout.socket_dir.join(format!("o-{}.sock", &script.id[..script.id.len().min(16)]));
@@ -692,9 +702,10 @@ mod tests {
         assert!(config.sockets.iter().any(|(key, _)| key == door), "{:?}", config.sockets);
         let generated: Vec<&str> = config.generated.iter().map(|(name, _)| name.as_str()).collect();
         assert!(generated.contains(&"kura-objects-stub.js") && generated.contains(&"kura-objects-door.js"));
-        // A check of a candidate runs it as one node does.
+        // A check of a candidate runs what will serve: the stub module runs in its isolate.
         let check = render(&clustered, &[script(bindings, classes)], Purpose::Check);
-        assert!(!check.text.contains("wrapped") && !check.text.contains("door-"), "{}", check.text);
+        assert!(check.text.contains("kura:objects-stub") && check.text.contains(door), "{}", check.text);
+        assert!(check.text.contains("inMemory = void") && !check.text.contains("bindings.sock"), "{}", check.text);
     }
 
     #[test]

@@ -97,7 +97,9 @@ function unpack(packed) {
       return packed[1].map(unpack);
     case "o": {
       const out = {};
-      for (const [key, item] of packed[1]) out[key] = unpack(item);
+      for (const [key, item] of packed[1]) {
+        Object.defineProperty(out, key, { value: unpack(item), writable: true, enumerable: true, configurable: true });
+      }
       return out;
     }
     case "d":
@@ -117,7 +119,7 @@ function unpack(packed) {
       return new Kind(bytes.buffer, 0, bytes.byteLength / Kind.BYTES_PER_ELEMENT);
     }
     case "e": {
-      const Kind = ERRORS[packed[1]] ?? Error;
+      const Kind = Object.hasOwn(ERRORS, packed[1]) ? ERRORS[packed[1]] : Error;
       const error = new Kind(packed[2]);
       if (error.name !== packed[1]) error.name = packed[1];
       if (packed[3] !== null) error.stack = packed[3];

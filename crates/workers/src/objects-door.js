@@ -9,6 +9,7 @@ const KIND = "x-kura-do-kind";
 const REQUEST = "x-kura-do-request";
 const CLASS = "x-kura-do-class";
 const ANSWER = "x-kura-do-answer";
+const BODY = "x-kura-do-body";
 
 function value(outcome, result) {
   let body;
@@ -30,10 +31,8 @@ export default {
     try {
       if (request.headers.get(KIND) === "fetch") {
         const head = JSON.parse(decodeURIComponent(request.headers.get(REQUEST)));
-        const bodiless = head.method === "GET" || head.method === "HEAD";
-        const response = await object.fetch(
-          new Request(head.url, { method: head.method, headers: head.headers, body: bodiless ? null : request.body }),
-        );
+        const body = request.headers.get(BODY) === "1" ? request.body : null;
+        const response = await object.fetch(new Request(head.url, { method: head.method, headers: head.headers, body }));
         const answer = new Response(response.body, response);
         answer.headers.set(ANSWER, "fetch");
         return answer;

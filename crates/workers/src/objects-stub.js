@@ -10,6 +10,20 @@ const NAME = "x-kura-do-name";
 const KIND = "x-kura-do-kind";
 const REQUEST = "x-kura-do-request";
 const ANSWER = "x-kura-do-answer";
+const BODY = "x-kura-do-body";
+
+// kura's own refusal, worded by what it promises: a 503 that nothing happened (retry), a 4xx
+// that the call was wrong, anything else that its outcome is unknown.
+async function refused(response) {
+  const said = (await response.text()).trim();
+  if (response.status === 503) {
+    const error = new Error(`The Durable Object is unavailable for now: ${said}`);
+    error.retryable = true;
+    return error;
+  }
+  if (response.status >= 400 && response.status < 500) return new Error(`The Durable Object could not be called: ${said}`);
+  return new Error(`The Durable Object call failed, and may or may not have taken effect: ${said}`);
+}
 
 async function answered(response) {
   if (response.headers.get(ANSWER) === "value") {
@@ -17,7 +31,7 @@ async function answered(response) {
     if (outcome === "threw") throw value;
     return value;
   }
-  throw new Error(`The Durable Object could not be reached: ${(await response.text()).trim()}`);
+  throw await refused(response);
 }
 
 function sendTo(kura, id) {
@@ -28,30 +42,33 @@ function sendTo(kura, id) {
 
 function stub(kura, id) {
   const send = sendTo(kura, id);
-  const own = {
+  const own = Object.assign(Object.create(null), {
     id,
     name: id.name,
     async fetch(input, init) {
       const request = new Request(input, init);
+      if (request.headers.get("upgrade")?.toLowerCase() === "websocket") {
+        throw new TypeError("A WebSocket to a Durable Object is not served across a kura cluster's nodes yet");
+      }
       const head = { method: request.method, url: request.url, headers: [...request.headers] };
-      const response = await send("fetch", {
-        headers: { [REQUEST]: encodeURIComponent(JSON.stringify(head)) },
-        body: request.body,
-      });
+      const headers = { [REQUEST]: encodeURIComponent(JSON.stringify(head)) };
+      if (request.body !== null) headers[BODY] = "1";
+      const response = await send("fetch", { headers, body: request.body });
       if (response.headers.get(ANSWER) !== "fetch") return answered(response);
-      const headers = new Headers(response.headers);
-      headers.delete(ANSWER);
-      return new Response(response.body, { status: response.status, statusText: response.statusText, headers });
+      const answer = new Headers(response.headers);
+      answer.delete(ANSWER);
+      return new Response(response.body, { status: response.status, statusText: response.statusText, headers: answer });
     },
     connect() {
       throw new Error("connect() on a Durable Object stub is not served by a kura cluster");
     },
-  };
+  });
+  own[Symbol.dispose] = () => {};
   return new Proxy(own, {
     get(target, property) {
-      if (property in target) return target[property];
-      // A stub is not a promise: `await stub` must not call it.
-      if (typeof property !== "string" || property === "then") return undefined;
+      if (Object.hasOwn(target, property)) return target[property];
+      // A stub is not a promise (`await stub` must not call it), nor JSON.
+      if (typeof property !== "string" || property === "then" || property === "toJSON") return undefined;
       return (...args) => {
         let body;
         try {

@@ -13,10 +13,11 @@ use crate::proxy::PassBody;
 
 impl Workers {
     /// Sends a stub's call to the door of `script_id`'s objects in this node's workerd, through
-    /// the gate as a Worker's request goes: it waits while workerd restarts, and the answer
-    /// streams back holding its pass. `nested` says a Worker's request on this node waits on
-    /// the call, which therefore passes a closing gate (see [`crate::gate::Gate::join`]).
-    pub async fn call_door(&self, script_id: &str, mut request: Request<Body>, nested: bool) -> Result<Response<Body>> {
+    /// the gate: it waits while workerd is stopped, and the answer streams back holding its
+    /// pass. A call passes a gate that is closing (see [`crate::gate::Gate::join`]): a Worker's
+    /// request waits on it — on this node, or on another whose Worker's call was itself made
+    /// from an object here — and the closing waits for that request.
+    pub async fn call_door(&self, script_id: &str, mut request: Request<Body>) -> Result<Response<Body>> {
         let door = objects_door(script_id);
         let runtime = self
             .inner
@@ -24,7 +25,7 @@ impl Workers {
             .get()
             .ok_or_else(|| WorkersError::Unavailable("workerd is not running here yet; retry shortly".into()))?;
         let (pass, _) = runtime
-            .enter(&door, nested)
+            .enter(&door, true)
             .await
             .ok_or_else(|| WorkersError::Unavailable("workerd is restarting; retry shortly".into()))?;
         *request.uri_mut() = format!("http://{door}/")

@@ -51,6 +51,10 @@ export class Echo extends DurableObject {
   echo(value) {
     return value;
   }
+  async fetch(request) {
+    const said = { method: request.method, body: await request.text(), header: request.headers.get("x-h") };
+    return Response.json(said, { status: 201, headers: { "x-o": "out" } });
+  }
   fail() {
     throw new RangeError("out of range");
   }
@@ -86,7 +90,20 @@ async function echo(env) {
   } catch (e) {
     refused = e.message;
   }
-  return Response.json({ checks, thrown, refused });
+  const posted = await stub.fetch("https://echo/p", { method: "POST", body: "hé", headers: { "x-h": "in" } });
+  const got = await stub.fetch("https://echo/g", { method: "DELETE" });
+  let socket = null;
+  try {
+    await stub.fetch("https://echo/ws", { headers: { upgrade: "websocket" } });
+  } catch (e) {
+    socket = e.message;
+  }
+  const fetched = {
+    posted: { status: posted.status, header: posted.headers.get("x-o"), body: await posted.json() },
+    deleted: await got.json(),
+    socket,
+  };
+  return Response.json({ checks, thrown, refused, fetched });
 }
 
 export default {
@@ -208,6 +225,15 @@ fn javascript_durable_objects_run_on_their_namespaces_node_and_survive_its_loss(
             );
             let refused = echoed["refused"].as_str().unwrap_or_default();
             assert!(refused.contains("cannot be sent to or from a Durable Object on another kura node"), "{echoed}");
+            // fetch() reaches the object's own handler, with its method, headers and body.
+            let fetched = &echoed["fetched"];
+            assert_eq!(
+                fetched["posted"],
+                serde_json::json!({"status": 201, "header": "out", "body": {"method": "POST", "body": "hé", "header": "in"}}),
+                "{echoed}"
+            );
+            assert_eq!(fetched["deleted"], serde_json::json!({"method": "DELETE", "body": "", "header": null}), "{echoed}");
+            assert!(fetched["socket"].as_str().unwrap_or_default().contains("WebSocket"), "{echoed}");
         }
         // The namespace is served by node 1 alone.
         let namespaces = format!("{}/accounts/{ACCOUNT}/workers/durable_objects/namespaces", cluster.node(0).api);

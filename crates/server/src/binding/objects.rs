@@ -57,7 +57,8 @@ async fn serve(app: &AppState, mut request: Request) -> Result<Response, ApiErro
     if id.to_string() != object {
         return Err(ApiError::bad_request("the name does not derive the object's id"));
     }
-    app.durable_objects.claim_hosted(&engine_namespace, &id).await?;
+    // Held until the call has run and shipped: the file is not rebuilt under it meanwhile.
+    let _call = app.durable_objects.claim_hosted(&engine_namespace, &id).await?;
     // What the door must not see: this run's secret, and kura's own routing.
     for name in [headers::SECRET, headers::ACCOUNT, headers::DO_NAMESPACE] {
         request.headers_mut().remove(name);
@@ -65,9 +66,7 @@ async fn serve(app: &AppState, mut request: Request) -> Result<Response, ApiErro
     let class = axum::http::HeaderValue::from_str(&namespace.class_name)
         .map_err(|_| ApiError::bad_request("the class's name cannot be sent in a header"))?;
     request.headers_mut().insert(headers::DO_CLASS, class);
-    // A call from this node's own workerd is one of its Workers' requests waiting on it.
-    let nested = request.extensions().get::<crate::forward::FromNode>().is_none();
-    let response = workers.call_door(&script.id, request, nested).await?;
+    let response = workers.call_door(&script.id, request).await?;
     // The call ran: a failure from here on leaves what it wrote unknown (it may still ship
     // later, or be lost with this node), so it is no "retry", which promises nothing happened.
     app.durable_objects.ship_hosted(&engine_namespace, &id).await.map_err(|e| {

@@ -514,7 +514,10 @@ pub async fn restore(
     let (ns, id) = reach_object(&app, &caller, Need::DoWrite, &account_id, &namespace, &object)?;
     let body: RestoreBody = parse_json(&read_body(body).await?)?;
     let bookmark = body.bookmark.parse::<kura_do::Bookmark>().map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let restored = if ns.is_hosted_elsewhere() {
+    let restored = if ns.is_hosted_elsewhere() && app.forwarding.is_some() {
+        // Refused by the engine, before any workerd is stopped for it.
+        app.durable_objects.restore(&ns, &id, &bookmark).await?
+    } else if ns.is_hosted_elsewhere() {
         // workerd runs the object: it is stopped while its file is replaced.
         let workers = app.workers.as_ref().ok_or_else(|| {
             ApiError::new(
