@@ -267,10 +267,69 @@ async fn workers_through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage
         &via_other,
         &[("single node", single_stats.rate(), Some(0.8)), ("via the owner", via_owner.rate(), None)],
     );
+
+    // A Durable Object's RPC call: node 0 serves the namespace (the first call goes through it).
+    for api in [&single_api, &owner_api] {
+        crate::workers::deploy_object_worker(api, OBJECT_WORKER).await?;
+    }
+    let object_target = |base: &str| crate::workers::Target::new(http.clone(), base, "objects.localhost");
+    let (single_target, owner, other) = (
+        object_target(single.workers.as_deref().unwrap_or_default()),
+        object_target(&nodes[0].workers),
+        object_target(&nodes[1].workers),
+    );
+    for target in [&single_target, &owner, &other] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while target.get("/read?i=0").await.is_err() {
+            anyhow::ensure!(Instant::now() < deadline, "a node never ran the Worker with the Durable Object class");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    println!();
+    println!("A Worker's JavaScript Durable Object RPC call (64 objects, SQLite storage), 16 clients");
+    for (what, path) in [("read", "/read"), ("write", "/write")] {
+        let single_stats = single_target.measure(path, duration).await.0;
+        let via_owner = owner.measure(path, duration).await.0;
+        let via_other = other.measure(path, duration).await.0;
+        line(&format!("DO RPC {what}, single node"), &single_stats, &[]);
+        line(
+            &format!("DO RPC {what}, on the namespace's node"),
+            &via_owner,
+            &[("single node", single_stats.rate(), None)],
+        );
+        line(
+            &format!("DO RPC {what}, from another node"),
+            &via_other,
+            &[("single node", single_stats.rate(), None), ("on the namespace's node", via_owner.rate(), None)],
+        );
+    }
     drop(nodes);
     tokio::task::spawn_blocking(move || single.shutdown()).await?;
     Ok(())
 }
+
+/// The Worker of the Durable Object part: an RPC read or write of one of 64 objects per request.
+const OBJECT_WORKER: &str = r#"import { DurableObject } from "cloudflare:workers";
+export class Counter extends DurableObject {
+  constructor(ctx, env) {
+    super(ctx, env);
+    ctx.storage.sql.exec("CREATE TABLE IF NOT EXISTS hits (n INTEGER NOT NULL)");
+  }
+  read() {
+    return this.ctx.storage.sql.exec("SELECT count(*) AS n FROM hits").one().n;
+  }
+  write() {
+    this.ctx.storage.sql.exec("INSERT INTO hits (n) VALUES (1)");
+    return 1;
+  }
+}
+export default {
+  async fetch(request, env) {
+    const url = new URL(request.url);
+    const stub = env.COUNTERS.getByName(`c${Number(url.searchParams.get("i") ?? 0) % 64}`);
+    return Response.json(url.pathname === "/write" ? await stub.write() : await stub.read());
+  },
+};"#;
 
 /// R2 over S3 through two cluster nodes (the bucket's owner, and another that forwards to it),
 /// 1 MiB PUTs and GETs at 16 clients, beside the same sizes PUT to and read from Garage directly

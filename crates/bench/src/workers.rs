@@ -113,9 +113,19 @@ fn bench_metadata(database: &str, namespace: &str, assets_jwt: &str) -> Json {
 /// Deploys `script` as the Worker `bench` with `metadata`, through the account's v4 URL
 /// `accounts`.
 async fn put_worker(http: &reqwest::Client, accounts: &str, metadata: &Json, script: &str) -> anyhow::Result<()> {
+    put_worker_named(http, accounts, "bench", metadata, script).await
+}
+
+async fn put_worker_named(
+    http: &reqwest::Client,
+    accounts: &str,
+    name: &str,
+    metadata: &Json,
+    script: &str,
+) -> anyhow::Result<()> {
     let (content_type, body) = module_upload(metadata, script);
     let deployed: Json = http
-        .put(format!("{accounts}/workers/scripts/bench"))
+        .put(format!("{accounts}/workers/scripts/{name}"))
         .bearer_auth(TOKEN)
         .header("content-type", content_type)
         .body(body)
@@ -175,6 +185,19 @@ pub(crate) async fn deploy_select_worker(api: &str, script: &str) -> anyhow::Res
         "bindings": [{"name": "DB", "type": "d1", "id": uuid}],
     });
     put_worker(&http, &accounts, &metadata, script).await
+}
+
+/// Deploys `script` as the Worker `objects`, with its Durable Object class `Counter` bound as
+/// `COUNTERS`, on the kura whose API is `api`.
+pub(crate) async fn deploy_object_worker(api: &str, script: &str) -> anyhow::Result<()> {
+    let accounts = format!("{api}/client/v4/accounts/{ACCOUNT}");
+    let metadata = json!({
+        "main_module": "index.js",
+        "compatibility_date": "2025-04-01",
+        "bindings": [{"name": "COUNTERS", "type": "durable_object_namespace", "class_name": "Counter"}],
+        "migrations": {"new_tag": "v1", "steps": [{"new_sqlite_classes": ["Counter"]}]},
+    });
+    put_worker_named(&reqwest::Client::new(), &accounts, "objects", &metadata, script).await
 }
 
 /// Creates the database, bucket and KV namespace and deploys the Worker on kura's v4 API.

@@ -475,6 +475,22 @@ pub async fn run_node(command: NodeCommand) -> anyhow::Result<()> {
                 w["version_id"].as_str().unwrap_or("?")
             );
         }
+        let namespaces = status["workers"]["object_namespaces"].as_array().cloned().unwrap_or_default();
+        println!("JavaScript Durable Object namespaces whose objects run here: {}", namespaces.len());
+        for n in namespaces {
+            println!(
+                "  {}  {}.{}",
+                n["id"].as_str().unwrap_or("?"),
+                n["script"].as_str().unwrap_or("?"),
+                n["class"].as_str().unwrap_or("?")
+            );
+        }
+        let schedules = status["workers"]["schedules"].as_array().cloned().unwrap_or_default();
+        println!("Cron Triggers (each minute claimed by the first node to reach it): {}", schedules.len());
+        for s in schedules {
+            let last = s["last_minute"].as_i64().map_or("never run".to_owned(), |m| format!("last ran for minute {m}"));
+            println!("  {:<32} {:<16} {last}", s["script"].as_str().unwrap_or("?"), s["cron"].as_str().unwrap_or("?"));
+        }
     }
     Ok(())
 }

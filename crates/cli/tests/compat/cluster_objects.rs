@@ -244,7 +244,12 @@ fn javascript_durable_objects_run_on_their_namespaces_node_and_survive_its_loss(
         for i in 0..3 {
             let url = format!("{}/accounts/{ACCOUNT}/kura/cluster", cluster.node(i).api);
             let status: Value = client.get(url).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap();
-            if status["result"]["namespaces"].as_array().unwrap().iter().any(|n| n["id"] == id.as_str()) {
+            let owned = status["result"]["namespaces"].as_array().unwrap().iter().any(|n| n["id"] == id.as_str());
+            // Said in the Workers' part of the status too, with the class it runs.
+            let running = status["result"]["workers"]["object_namespaces"].as_array().unwrap();
+            let runs = running.iter().any(|n| n["id"] == id.as_str() && n["class"] == "Room" && n["script"] == "rooms");
+            assert_eq!(owned, runs, "node {i}: {status}");
+            if owned {
                 serving.push(i);
             }
         }

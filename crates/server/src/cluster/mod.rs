@@ -228,7 +228,33 @@ async fn status(
             .filter(|(account, _, _)| *account == account_id)
             .map(|(_, script, version)| serde_json::json!({ "script": script, "version_id": version }))
             .collect();
-        status["workers"] = serde_json::json!({ "running": running, "cron_runs": workers.cron_runs() });
+        // The namespaces of deployed classes whose objects this node's workerd runs.
+        let namespaces = app.catalog.list_do_namespaces(&account_id).map_err(|e| ApiError::internal(&e))?;
+        let object_namespaces: Vec<serde_json::Value> = namespaces
+            .iter()
+            .filter(|n| n.hosted_by_workerd() && app.durable_objects.serves_namespace(&n.id))
+            .map(|n| serde_json::json!({ "id": n.id, "script": n.script, "class": n.class_name }))
+            .collect();
+        // No node holds the schedules: each minute of each is claimed in the shared catalog by
+        // the first node to reach it.
+        let schedules: Vec<serde_json::Value> = app
+            .catalog
+            .deployed_worker_schedules()
+            .map_err(|e| ApiError::internal(&e))?
+            .into_iter()
+            .filter_map(|s| {
+                let script = app.catalog.worker_script_by_id(&s.script_id).ok().flatten()?;
+                (script.account_id == account_id).then(
+                    || serde_json::json!({ "script": script.name, "cron": s.cron, "last_minute": s.fired_minute }),
+                )
+            })
+            .collect();
+        status["workers"] = serde_json::json!({
+            "running": running,
+            "cron_runs": workers.cron_runs(),
+            "schedules": schedules,
+            "object_namespaces": object_namespaces,
+        });
     }
     Ok(ok(status))
 }
