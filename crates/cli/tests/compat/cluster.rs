@@ -17,6 +17,17 @@ use crate::writers::{Outcome, Write, assert_consistent, kill_mid_write, pause_ow
 
 pub(crate) const TTL_SECONDS: u64 = 3;
 
+/// The checks of a Cron Trigger's runs across the cluster (the minutes they were for, as
+/// recorded), the survivors serving from `recovered_ms`: no minute ran twice, each run was for
+/// a minute's start, and no minute since was missed.
+pub(crate) fn assert_once_a_minute(runs: &[i64], recovered_ms: i64) {
+    let distinct: BTreeSet<i64> = runs.iter().copied().collect();
+    assert_eq!(distinct.len(), runs.len(), "a minute ran more than once across the cluster: {runs:?}");
+    assert!(runs.iter().all(|m| m % 60_000 == 0), "each run is for a minute's start: {runs:?}");
+    let after: Vec<i64> = runs.iter().copied().filter(|m| *m > recovered_ms).collect();
+    assert!(after.windows(2).all(|w| w[1] - w[0] == 60_000), "a minute after the takeover was missed: {runs:?}");
+}
+
 pub(crate) struct Cluster {
     pub garage: Garage,
     pub etcd: Etcd,

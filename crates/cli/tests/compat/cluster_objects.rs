@@ -1,12 +1,15 @@
-//! JavaScript Durable Objects on three `kura serve` nodes over three Garage nodes and three
-//! etcd members: the seeds' rooms Worker (`workers/rooms`: a SQLite-backed `Room` class reached
-//! by name over JavaScript RPC, a D1 directory) deployed with real wrangler through one node;
+//! The seeds' three Workers on three `kura serve` nodes over three Garage nodes and three etcd
+//! members, deployed with real wrangler through one node: seats (D1), photos (R2 and D1, uploads
+//! presigned with aws4fetch and sent to another node's S3 listener, a reclaim job run by a Cron
+//! Trigger) and rooms (a SQLite-backed `Room` JavaScript Durable Object reached by name over
+//! RPC, a D1 directory);
 //! its rooms joined through every node's Workers listener run on the one node serving the
 //! namespace, and every node reads the same members; values of every kind RPC copies cross
 //! nodes as themselves, and what cannot is refused naming the limit; alarms fire on the
 //! namespace's node; that node killed with SIGKILL while joins go through every node, a
-//! survivor serves the rooms with every acknowledged join kept, and adopts the alarm due after
-//! the kill, which fires once.
+//! survivor serves the rooms with every acknowledged join (and seat claim) kept, and adopts the
+//! alarm due after the kill, which fires once; the reclaim job runs once a minute for the whole
+//! cluster, across the kill.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -16,10 +19,39 @@ use serde_json::Value;
 
 use crate::cluster::Cluster;
 use crate::common::{ACCOUNT, TOKEN, Wrangler, installed};
-use crate::workers::{Project, deploy};
+use crate::workers::{Project, deploy, secret};
 use crate::writers::{Outcome, Write, assert_consistent, kill_mid_write};
 
 const HOST: &str = "rooms.localhost";
+const SEATS: &str = "seats.localhost";
+const PHOTOS: &str = "photos.localhost";
+
+/// The seeds' photos Worker, unchanged, with a Cron Trigger that runs its reclaim job and
+/// notes each run (`GET /runs`), retrying while its database moves as a job should.
+const PHOTOS_ENTRY: &str = r#"
+import photos from "./index.js";
+const RUNS = "CREATE TABLE IF NOT EXISTS runs (scheduled INTEGER NOT NULL)";
+export default {
+  async fetch(request, env, ctx) {
+    if (new URL(request.url).pathname !== "/runs") return photos.fetch(request, env, ctx);
+    await env.DB.prepare(RUNS).run();
+    return Response.json((await env.DB.prepare("SELECT scheduled FROM runs ORDER BY scheduled").all()).results.map((r) => r.scheduled));
+  },
+  async scheduled(controller, env, ctx) {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        const reclaimed = await photos.fetch(new Request("https://photos/reclaim", { method: "POST" }), env, ctx);
+        if (!reclaimed.ok) throw new Error(`reclaim answered ${reclaimed.status}`);
+        await env.DB.batch([env.DB.prepare(RUNS), env.DB.prepare("INSERT INTO runs (scheduled) VALUES (?)").bind(controller.scheduledTime)]);
+        return;
+      } catch (e) {
+        if (attempt >= 30) throw e;
+        await new Promise((resolve) => setTimeout(resolve, 500));
+      }
+    }
+  },
+};
+"#;
 const ROOMS: u64 = 5;
 
 /// The seeds' Worker, unchanged, behind an entry that answers a call failing with a promise
@@ -143,12 +175,16 @@ async fn wait_ok(client: &reqwest::Client, base: &str, path: &str) -> Value {
     }
 }
 
-/// Joins that each add a unique member (the id) to one of the rooms.
-fn joins() -> Write {
+/// Writes of unique ids: even ones join one of the rooms (a Durable Object, then the D1
+/// directory), odd ones claim a seat's idempotency key (D1).
+fn joins_and_claims() -> Write {
     Arc::new(|client, base, id| {
         Box::pin(async move {
-            let url = format!("{base}/rooms/r{}/join?name={id}", id % ROOMS);
-            Outcome::of(client.post(url).header("host", HOST).send()).await
+            let sent = match id % 2 {
+                0 => client.post(format!("{base}/rooms/r{}/join?name={id}", id % ROOMS)).header("host", HOST),
+                _ => client.post(format!("{base}/claim?key={id}&who=writer")).header("host", SEATS),
+            };
+            Outcome::of(sent.send()).await
         })
     })
 }
@@ -168,6 +204,19 @@ fn javascript_durable_objects_run_on_their_namespaces_node_and_survive_its_loss(
     let workerd = installed("node_modules/workerd/bin/workerd");
     let cluster = Cluster::start_with(vec!["--workerd".to_owned(), workerd.display().to_string()]);
     let workers: Vec<String> = (0..3).map(|i| cluster.node(i).workers.clone()).collect();
+    // Seats and photos, deployed through node 0 (which provisions their databases and bucket);
+    // the photos' presigned uploads go to node 2's S3 listener.
+    let seats = Project::new("seats");
+    deploy(&Wrangler::new(cluster.node(0)), &seats, &[]);
+    let photos = Project::new("photos");
+    std::fs::write(photos.path().join("src/cluster.js"), PHOTOS_ENTRY).unwrap();
+    photos.edit("wrangler.toml", "main = \"src/index.js\"", "main = \"src/cluster.js\"");
+    let toml = std::fs::read_to_string(photos.path().join("wrangler.toml")).unwrap();
+    std::fs::write(photos.path().join("wrangler.toml"), toml + "\n[triggers]\ncrons = [\"* * * * *\"]\n").unwrap();
+    let endpoint = format!("S3_ENDPOINT:{}", cluster.node(2).s3);
+    deploy(&Wrangler::new(cluster.node(0)), &photos, &["--var", &endpoint]);
+    secret(&Wrangler::new(cluster.node(1)), &photos, "S3_ACCESS_KEY_ID", crate::common::S3_ACCESS_KEY_ID);
+    secret(&Wrangler::new(cluster.node(2)), &photos, "S3_SECRET_ACCESS_KEY", crate::common::S3_SECRET_ACCESS_KEY);
     let project = Project::new("rooms");
     std::fs::write(project.path().join("src/cluster.js"), ENTRY).unwrap();
     project.edit("wrangler.toml", "main = \"src/index.js\"", "main = \"src/cluster.js\"");
@@ -189,6 +238,26 @@ fn javascript_durable_objects_run_on_their_namespaces_node_and_survive_its_loss(
         }
         let setup = wait_ok(&client, &workers[2], "/setup").await;
         assert_eq!(setup["ok"], true, "{setup}");
+        // Seats: set up through node 1, a claim through each node, each claimed once.
+        let answer = client.post(format!("{}/setup?seats=100", workers[1])).header("host", SEATS).send().await.unwrap();
+        assert_eq!(answer.status(), 200, "{}", answer.text().await.unwrap());
+        for (n, base) in workers.iter().enumerate() {
+            for (attempt, claimed) in [(0, true), (1, false)] {
+                let answer = client.post(format!("{base}/claim?key=k{n}&who=n{attempt}")).header("host", SEATS);
+                let said: Value = answer.send().await.unwrap().json().await.unwrap();
+                assert_eq!(said["claimed"], claimed, "claim {n} through node {n}, attempt {attempt}: {said}");
+            }
+        }
+        // Photos: presigned through node 1, uploaded to node 2's S3 listener, finished through 0.
+        let post = |base: &str, path: &str| client.post(format!("{base}{path}")).header("host", PHOTOS).send();
+        assert_eq!(post(&workers[1], "/setup").await.unwrap().status(), 200);
+        let upload: Value = post(&workers[1], "/uploads?type=image/png").await.unwrap().json().await.unwrap();
+        let url = upload["url"].as_str().unwrap_or_else(|| panic!("{upload}"));
+        let put = client.put(url).header("content-type", "image/png").body(vec![0x89, b'P', b'N', b'G']);
+        let put = put.send().await.unwrap();
+        assert_eq!(put.status(), 200, "the presigned upload to node 2: {}", put.text().await.unwrap());
+        let done: Value = post(&workers[0], &format!("/uploads/{}/done", upload["id"].as_str().unwrap())).await.unwrap().json().await.unwrap();
+        assert_eq!((&done["ready"], &done["size"]), (&true.into(), &4.into()), "{done}");
         // Joins through every node reach the one object each room is: every answer holds
         // every member joined before it, whichever node took it.
         let mut joined = Vec::new();
@@ -264,11 +333,17 @@ fn javascript_durable_objects_run_on_their_namespaces_node_and_survive_its_loss(
     let armed = runtime.block_on(wait_ok(&client, &workers[0], "/arm?name=later&ms=5000")).as_i64().unwrap();
 
     // The namespace's node killed while joins go through every node's Workers listener.
-    let (outcomes, takeover) = runtime.block_on(kill_mid_write(&cluster, owner, workers.clone(), joins(), 1));
+    let (outcomes, takeover) =
+        runtime.block_on(kill_mid_write(&cluster, owner, workers.clone(), joins_and_claims(), 1));
+    let recovered_ms = unix_ms();
     eprintln!("rooms through the kill of their namespace's node: first acknowledgement {takeover:?} after it");
     runtime.block_on(async {
         for (i, base) in workers.iter().enumerate().filter(|(i, _)| *i != owner) {
-            let present = members(&client, base).await;
+            let mut present = members(&client, base).await;
+            let answer = client.get(format!("{base}/state")).header("host", SEATS).send().await.unwrap();
+            let state: Value = answer.json().await.unwrap();
+            let claims = state["claims"].as_array().unwrap_or_else(|| panic!("{state}"));
+            present.extend(claims.iter().filter_map(|c| c["key"].as_str()?.parse::<u64>().ok()));
             assert_consistent(&outcomes, &present, &format!("members read through node {i}"));
             let lobby = wait_ok(&client, base, "/rooms/lobby").await;
             assert_eq!(lobby.as_array().unwrap().len(), 12, "the lobby's members from before the kill: {lobby}");
@@ -282,6 +357,32 @@ fn javascript_durable_objects_run_on_their_namespaces_node_and_survive_its_loss(
         tokio::time::sleep(Duration::from_secs(3)).await;
         let all = wait_ok(&client, &workers[(owner + 2) % 3], "/fired?name=later").await;
         assert_eq!(all.as_array().unwrap().len(), 1, "the alarm fired once: {all}");
+    });
+
+    // The photos' reclaim job ran once a minute for the whole cluster, across the kill (wait
+    // for two minutes after it), and kept the finished upload.
+    let survivor = workers[(owner + 1) % 3].clone();
+    let runs = runtime.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(150);
+        loop {
+            let answer = client.get(format!("{survivor}/runs")).header("host", PHOTOS).send().await.unwrap();
+            let runs: Vec<i64> = answer.json().await.unwrap();
+            if runs.iter().filter(|m| **m > recovered_ms).count() >= 2 {
+                break runs;
+            }
+            assert!(Instant::now() < deadline, "two minutes after the kill did not both run: {runs:?}");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    });
+    eprintln!("the photos' reclaim runs: {runs:?} (survivors serving from {recovered_ms})");
+    crate::cluster::assert_once_a_minute(&runs, recovered_ms);
+    runtime.block_on(async {
+        let listed = client.get(format!("{survivor}/photos")).header("host", PHOTOS).send().await.unwrap();
+        let listed: Value = listed.json().await.unwrap();
+        assert!(listed.as_array().unwrap().iter().any(|p| p["status"] == "ready"), "{listed}");
+        let audit = client.get(format!("{survivor}/audit")).header("host", PHOTOS).send().await.unwrap();
+        let audit: Value = audit.json().await.unwrap();
+        assert_eq!(audit["missing"], serde_json::json!([]), "{audit}");
     });
 }
 
