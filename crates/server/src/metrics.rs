@@ -51,6 +51,19 @@ pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
             "Cron Trigger runs this node claimed and started (in a cluster, each minute's run is one node's).",
             &[(String::new(), workers.cron_runs() as f64)],
         );
+        if app.forwarding.is_some() {
+            // In a cluster: the namespaces of deployed classes whose objects this node runs.
+            let served = app.catalog.all_do_namespaces().map_or(0, |all| {
+                all.iter().filter(|n| n.hosted_by_workerd() && app.durable_objects.serves_namespace(&n.id)).count()
+            });
+            family(
+                &mut out,
+                "kura_workers_object_namespaces",
+                "gauge",
+                "JavaScript Durable Object namespaces whose objects this node's workerd runs (in a cluster).",
+                &[(String::new(), served as f64)],
+            );
+        }
     }
     process(&mut out);
     if let Some(forwarding) = &app.forwarding {

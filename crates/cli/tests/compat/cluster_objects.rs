@@ -323,6 +323,10 @@ fn javascript_durable_objects_run_on_their_namespaces_node_and_survive_its_loss(
             }
         }
         assert_eq!(serving, vec![1], "the rooms' namespace is served by the node first reached");
+        // Its /metrics counts the two namespaces (rooms and echoes) whose objects it runs.
+        let metrics = format!("{}/metrics", cluster.node(1).api.trim_end_matches("/client/v4"));
+        let metrics = client.get(metrics).send().await.unwrap().text().await.unwrap();
+        assert!(metrics.contains("\nkura_workers_object_namespaces 2\n"), "{metrics}");
         // An alarm set through node 2 fires on node 1, once.
         let armed = wait_ok(&client, &workers[2], "/arm?name=soon&ms=300").await;
         let fired = wait_for_fired(&client, &workers[0], "soon").await;
