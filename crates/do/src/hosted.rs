@@ -66,49 +66,80 @@ fn wal_stamp(db: &Path) -> Option<(u64, SystemTime)> {
     Some((meta.len(), meta.modified().ok()?))
 }
 
-/// Opens workerd's alarm scheduler file (`_cf_ALARM`: the object's id, nanoseconds), made as
-/// workerd makes it if it is not there yet.
-fn open_scheduler(path: &Path) -> rusqlite::Result<rusqlite::Connection> {
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
+/// Opens workerd's alarm scheduler file (`_cf_ALARM`: the object's id, nanoseconds) as workerd
+/// made it, or `None` if workerd has not made it yet. kura never makes it itself: the table's
+/// shape is workerd's.
+fn open_scheduler(path: &Path) -> rusqlite::Result<Option<rusqlite::Connection>> {
+    use rusqlite::OptionalExtension;
+    if !path.exists() {
+        return Ok(None);
     }
-    let conn = rusqlite::Connection::open(path)?;
-    conn.busy_timeout(Duration::from_secs(5))?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS _cf_ALARM (actor_id TEXT PRIMARY KEY, scheduled_time INTEGER) WITHOUT ROWID",
+    let conn = rusqlite::Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
-    Ok(conn)
+    conn.busy_timeout(Duration::from_secs(5))?;
+    let made = conn
+        .query_row("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = '_cf_ALARM'", [], |_| Ok(()))
+        .optional()?
+        .is_some();
+    Ok(made.then_some(conn))
 }
 
 fn scheduler_error(path: &Path) -> impl Fn(rusqlite::Error) -> DoError + '_ {
     move |e| DoError::Storage(format!("workerd's alarm schedule {}: {e}", path.display()))
 }
 
-/// Puts `alarms` (object id, nanoseconds) in workerd's alarm schedule at `path`, keeping the
-/// others; answers whether anything changed (workerd reads the schedule only when it starts).
-pub(crate) fn schedule_in(path: &Path, alarms: &[(String, i64)]) -> Result<bool> {
+/// Sets each object's row in workerd's alarm schedule at `path` to its alarm (nanoseconds;
+/// `None` removes it), keeping the others; answers whether anything changed (workerd reads
+/// the schedule only when it starts). A schedule workerd has not made yet changes nothing.
+pub(crate) fn schedule_in(path: &Path, alarms: &[(String, Option<i64>)]) -> Result<bool> {
     let fail = scheduler_error(path);
-    let conn = open_scheduler(path).map_err(&fail)?;
+    let Some(conn) = open_scheduler(path).map_err(&fail)? else {
+        tracing::warn!(path = %path.display(), "workerd has not made this alarm schedule yet; its alarms wait");
+        return Ok(false);
+    };
     let mut changed = 0;
     for (object, at) in alarms {
-        changed += conn
-            .execute(
+        changed += match at {
+            Some(at) => conn.execute(
                 "INSERT INTO _cf_ALARM (actor_id, scheduled_time) VALUES (?1, ?2) \
                  ON CONFLICT (actor_id) DO UPDATE SET scheduled_time = excluded.scheduled_time \
                  WHERE scheduled_time IS NOT excluded.scheduled_time",
                 (object, at),
-            )
-            .map_err(&fail)?;
+            ),
+            None => conn.execute("DELETE FROM _cf_ALARM WHERE actor_id = ?1", [object]),
+        }
+        .map_err(&fail)?;
     }
     Ok(changed > 0)
 }
 
-/// Empties workerd's alarm schedule at `path`; answers whether it held any.
+/// Empties workerd's alarm schedule at `path`; answers whether it held any (an empty one is
+/// only read).
 pub(crate) fn unschedule_all(path: &Path) -> Result<bool> {
     let fail = scheduler_error(path);
-    let conn = open_scheduler(path).map_err(&fail)?;
+    let Some(conn) = open_scheduler(path).map_err(&fail)? else { return Ok(false) };
+    let any: bool = conn.query_row("SELECT EXISTS (SELECT 1 FROM _cf_ALARM)", [], |r| r.get(0)).map_err(&fail)?;
+    if !any {
+        return Ok(false);
+    }
     Ok(conn.execute("DELETE FROM _cf_ALARM", []).map_err(&fail)? > 0)
+}
+
+/// The alarm an object's file holds now (read beside its writer), `None` without one or
+/// without a file.
+pub(crate) fn file_alarm(file: &Path) -> Result<Option<i64>> {
+    if !file.exists() {
+        return Ok(None);
+    }
+    let conn = rusqlite::Connection::open_with_flags(
+        file,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .and_then(|conn| conn.busy_timeout(Duration::from_secs(5)).map(|()| conn))
+    .map_err(|e| DoError::Storage(format!("reading the alarm of {}: {e}", file.display())))?;
+    read_alarm(&conn).map_err(|e| DoError::Storage(format!("reading the alarm of {}: {e}", file.display())))
 }
 
 /// Empties workerd's alarm schedule of every namespace under `root` (a cluster's node starts
@@ -332,10 +363,15 @@ impl Hosted {
         if let Some(ticker) = lock(&self.ticker).take() {
             let _ = ticker.join();
         }
-        let entries: Vec<_> = lock(&self.entries).values().cloned().collect();
-        for entry in entries {
-            if let Err(e) = lock(&entry).follower.detach() {
-                tracing::warn!(error = %e, "could not capture an object's last commits");
+        let entries: Vec<_> = lock(&self.entries).iter().map(|(k, e)| (k.clone(), Arc::clone(e))).collect();
+        for (key, entry) in entries {
+            let mut entry = lock(&entry);
+            if entry.forgotten {
+                continue;
+            }
+            let last = self.capture_and_ship_owned(&key, &mut entry).and_then(|()| entry.follower.detach());
+            if let Err(e) = last {
+                tracing::warn!(error = %e, "could not capture (or ship) an object's last commits");
             }
         }
     }

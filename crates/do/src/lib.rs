@@ -133,11 +133,24 @@ struct Inner {
     /// In a cluster, asks the process that runs hosted objects to let go of every file it has
     /// open (workerd restarts), for a file this node must rebuild.
     hosted_let_go: std::sync::OnceLock<Arc<dyn Fn() + Send + Sync>>,
+    /// In a cluster, namespaces found to have a history in the store.
+    with_history: Mutex<HashSet<String>>,
+}
+
+/// The object's id in a `<namespace>/<object>` key.
+fn key_object(key: &str) -> String {
+    key.rsplit('/').next().unwrap_or_default().to_owned()
 }
 
 /// How long a claim waits for the process running hosted objects to close a file it opened
 /// while the claim was under way, before rebuilding it anyway.
-const HOSTED_CLOSE_PATIENCE: Duration = Duration::from_secs(10);
+/// Longer than a restart's drain of the Workers' requests and its start.
+const HOSTED_CLOSE_PATIENCE: Duration = Duration::from_secs(60);
+
+/// How long a call waits for an object another call or a rebuild holds. A call can wait on
+/// itself (an object calling itself, or a chain back to it, while its file must be rebuilt):
+/// it then fails as unavailable instead of waiting for ever.
+const HOSTED_CALL_PATIENCE: Duration = Duration::from_secs(5);
 
 /// A call to an object another process runs, claimed on this node (in a cluster): the
 /// object's file is not rebuilt while this is held.
@@ -188,6 +201,7 @@ impl DurableObjects {
                 hosted,
                 alarm_figures: alarm::AlarmFigures::default(),
                 hosted_let_go: std::sync::OnceLock::new(),
+                with_history: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -261,13 +275,18 @@ impl DurableObjects {
         self.check_serving_at(storage_id).await?;
         let key = format!("{storage_id}/{hex}");
         let calls = self.inner.hosted.calls(&key);
-        let held = Arc::clone(&calls).read_owned().await;
+        let busy = |_| {
+            DoError::Unavailable(
+                "the object is held by a rebuild or by a call waiting on this one; retry shortly".into(),
+            )
+        };
+        let held = tokio::time::timeout(HOSTED_CALL_PATIENCE, Arc::clone(&calls).read_owned()).await.map_err(busy)?;
         if cluster.objects.is_current(&key) {
             return Ok(HostedCall { _held: Some(held) });
         }
         drop(held);
         // The rebuild waits for the calls holding the object, and holds off new ones.
-        let rebuilding = calls.write_owned().await;
+        let rebuilding = tokio::time::timeout(HOSTED_CALL_PATIENCE, calls.write_owned()).await.map_err(busy)?;
         if cluster.objects.is_current(&key) {
             return Ok(HostedCall { _held: Some(rebuilding.downgrade()) });
         }
@@ -303,7 +322,19 @@ impl DurableObjects {
             .await
             .map_err(|e| DoError::Unavailable(format!("the object is {e}")))?;
         if kura_sqlite::open_elsewhere(&file).is_some() {
+            tracing::error!(file = %file.display(), "workerd kept an object's file open through its rebuild");
             return Err(still_open());
+        }
+        // The rebuilt file's alarm is the one to fire: workerd's schedule learns it.
+        if self.inner.hosted_let_go.get().is_some() {
+            let (metadata, object) = (self.inner.hosted.scheduler_file(storage_id), key_object(&key));
+            let synced =
+                blocking(move || hosted::schedule_in(&metadata, &[(object, hosted::file_alarm(&file)?)])).await;
+            match synced {
+                Ok(true) => self.let_go_of_hosted(),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot schedule a rebuilt object's alarm"),
+            }
         }
         Ok(HostedCall { _held: Some(rebuilding.downgrade()) })
     }
@@ -374,10 +405,20 @@ impl DurableObjects {
             if alarms.is_empty() {
                 return;
             }
+            // The index says which objects had alarms; each one's file says when (the index may
+            // lag it by a capture).
             let mut claimed = Vec::with_capacity(alarms.len());
-            for (object, at) in alarms {
+            for (object, _) in alarms {
                 match engine.claim_hosted_at(&storage_id, &object).await {
-                    Ok(_) => claimed.push((object, at)),
+                    Ok(_) => {
+                        let file = engine.inner.hosted.file(&storage_id, &object);
+                        match blocking(move || hosted::file_alarm(&file)).await {
+                            Ok(at) => claimed.push((object, at)),
+                            Err(e) => {
+                                tracing::warn!(namespace = %storage_id, object, error = %e, "an alarm's object cannot be read")
+                            }
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(namespace = %storage_id, object, error = %e, "an alarm's object cannot be claimed")
                     }
@@ -457,10 +498,16 @@ impl DurableObjects {
     /// In a cluster, whether the namespace was ever served (its index has a history in the
     /// store): one worth adopting for its alarms when no node serves it.
     pub async fn has_history(&self, storage_id: &str) -> bool {
-        match &self.inner.settings.cluster {
-            Some(cluster) => cluster.namespaces.has_history(storage_id).await,
-            None => true,
+        let Some(cluster) = &self.inner.settings.cluster else { return true };
+        // Once served, a namespace keeps its history until it is deleted: asked once.
+        if self.inner.with_history.lock().unwrap_or_else(|p| p.into_inner()).contains(storage_id) {
+            return true;
         }
+        let has = cluster.namespaces.has_history(storage_id).await;
+        if has {
+            self.inner.with_history.lock().unwrap_or_else(|p| p.into_inner()).insert(storage_id.to_owned());
+        }
+        has
     }
 
     /// In a cluster: the node last named as the namespace's server did not serve it.
@@ -915,9 +962,14 @@ impl DurableObjects {
 
     /// Closes every object; later requests are refused.
     pub async fn shutdown(&self) {
-        self.inner.registry.shutdown().await;
+        // The followers' last captures (shipped, in a cluster) and the alarms they noted go
+        // first, while the namespaces' indexes are still open.
         let hosted = Arc::clone(&self.inner.hosted);
         let _ = tokio::task::spawn_blocking(move || hosted.stop()).await;
+        if let Err(e) = self.record_hosted_alarms(None).await {
+            tracing::warn!(error = %e, "could not record the last alarms of objects workerd ran");
+        }
+        self.inner.registry.shutdown().await;
     }
 
     /// Waits until an alarm may have become due earlier than the schedule last said.

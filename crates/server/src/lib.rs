@@ -511,18 +511,34 @@ async fn sweep_kv_and_queues_periodically(
 /// What makes workerd close every object file it has open: a restart (requests wait at the
 /// gate meanwhile), one at a time however often it is asked for while one is under way.
 fn workerd_lets_go(workers: kura_workers::Workers) -> Arc<dyn Fn() + Send + Sync> {
-    let restarting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicU8, Ordering};
+    // 0: idle; 1: restarting; 2: restarting, and asked again since it began (what was asked
+    // for then, such as alarms written to workerd's schedule, may have been read too early).
+    let state = Arc::new(AtomicU8::new(0));
+    let swap =
+        |state: &AtomicU8, from, to| state.compare_exchange(from, to, Ordering::SeqCst, Ordering::SeqCst).is_ok();
     Arc::new(move || {
-        if restarting.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            return;
-        }
-        let (workers, restarting) = (workers.clone(), Arc::clone(&restarting));
-        tokio::spawn(async move {
-            tracing::info!("restarting workerd: it holds an object file this node must rebuild");
-            if let Err(e) = workers.with_workerd_stopped(async {}).await {
-                tracing::warn!(error = %e, "could not restart workerd");
+        loop {
+            if swap(&state, 0, 1) {
+                break;
             }
-            restarting.store(false, std::sync::atomic::Ordering::SeqCst);
+            if swap(&state, 1, 2) || state.load(Ordering::SeqCst) == 2 {
+                return;
+            }
+        }
+        let (workers, state) = (workers.clone(), Arc::clone(&state));
+        tokio::spawn(async move {
+            loop {
+                tracing::info!("restarting workerd: it must close an object's file or read its alarm schedule again");
+                if let Err(e) = workers.with_workerd_stopped(async {}).await {
+                    tracing::warn!(error = %e, "could not restart workerd");
+                }
+                // Idle again, unless asked again meanwhile: then once more.
+                if swap(&state, 1, 0) {
+                    return;
+                }
+                state.store(1, Ordering::SeqCst);
+            }
         });
     })
 }
