@@ -7,6 +7,7 @@
 //! nodes (the owner, and another that forwards to it) beside one single-node server; and R2's
 //! 1 MiB PUT and GET through those nodes beside the same requests sent to Garage itself.
 
+use anyhow::Context;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -220,8 +221,10 @@ async fn run_async(settings: &Settings) -> anyhow::Result<()> {
 /// The Worker of the Workers part: one D1 point SELECT per request.
 const SELECT_WORKER: &str = r#"export default {
   async fetch(request, env) {
-    const i = Number(new URL(request.url).searchParams.get("i") ?? 0);
-    return Response.json(await env.DB.prepare("SELECT * FROM kv WHERE id = ?").bind(i % 1000).first());
+    const url = new URL(request.url);
+    const i = Number(url.searchParams.get("i") ?? 0);
+    const db = url.pathname === "/session" ? env.DB.withSession("first-unconstrained") : env.DB;
+    return Response.json(await db.prepare("SELECT * FROM kv WHERE id = ?").bind(i % 1000).first());
   },
 };"#;
 
@@ -266,6 +269,33 @@ async fn workers_through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage
         "Worker D1 SELECT via another node",
         &via_other,
         &[("single node", single_stats.rate(), Some(0.8)), ("via the owner", via_owner.rate(), None)],
+    );
+    // The same read in a D1 session (`withSession("first-unconstrained")`) once the database's
+    // read replication is on: the other node's read replica serves it.
+    let databases = format!("{owner_api}/client/v4/accounts/{}/d1/database", crate::server::ACCOUNT);
+    let listed: serde_json::Value = http.get(&databases).bearer_auth(crate::server::TOKEN).send().await?.json().await?;
+    let uuid = listed["result"]
+        .as_array()
+        .and_then(|all| all.iter().find(|d| d["name"] == "bench-select"))
+        .and_then(|d| d["uuid"].as_str())
+        .context("the bench database")?
+        .to_owned();
+    let replication = serde_json::json!({ "read_replication": { "mode": "auto" } });
+    let put =
+        http.put(format!("{databases}/{uuid}")).bearer_auth(crate::server::TOKEN).json(&replication).send().await?;
+    anyhow::ensure!(put.status().is_success(), "turning read replication on: {}", put.text().await?);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while other.get("/session?i=1").await.is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "node 1 never answered a session read");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let single_session = single_target.measure("/session", duration).await.0;
+    let other_session = other.measure("/session", duration).await.0;
+    line("Worker D1 session SELECT, single node", &single_session, &[]);
+    line(
+        "Worker D1 session SELECT via another node",
+        &other_session,
+        &[("single node", single_session.rate(), Some(0.8)), ("via the owner", via_owner.rate(), None)],
     );
 
     // A Durable Object's RPC call: node 0 serves the namespace (the first call goes through it).
