@@ -65,7 +65,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<()> {
             report.sqlite_files += 1;
             // A restore a crash interrupted is finished (or forgotten) when the database next
             // opens; until then its file and WAL may belong to different states.
-            let restoring = path.with_file_name("log").join("restore.pending").exists();
+            let restoring = kura_sqlite::log_dir(path).join("restore.pending").exists();
             if restoring {
                 report.restores_pending += 1;
             } else if let Err(problem) = integrity(path) {

@@ -138,7 +138,7 @@ impl Inner {
         let resource = self.kind.resource(&copy.key);
         let built = async {
             let (_, reached) =
-                rebuild_to(&self.storage, &*self.coordinator, &resource, &db_path, &db_path.with_file_name("log"))
+                rebuild_to(&self.storage, &*self.coordinator, &resource, &db_path, &kura_sqlite::log_dir(&db_path))
                     .await?;
             let key = copy.key.clone();
             let opened = tokio::task::spawn_blocking(move || Replica::open(&key, &db_path, options)).await;

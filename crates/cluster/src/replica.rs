@@ -360,7 +360,7 @@ pub async fn rebuild(
     resource: &str,
     db_path: &Path,
 ) -> Result<Shipped, ReplicaError> {
-    let log = db_path.with_file_name("log");
+    let log = kura_sqlite::log_dir(db_path);
     rebuild_to(storage, coordinator, resource, db_path, &log).await.map(|(shipped, _)| shipped)
 }
 

@@ -137,11 +137,6 @@ struct Inner {
     with_history: Mutex<HashSet<String>>,
 }
 
-/// The object's id in a `<namespace>/<object>` key.
-fn key_object(key: &str) -> String {
-    key.rsplit('/').next().unwrap_or_default().to_owned()
-}
-
 /// How long a claim waits for the process running hosted objects to close a file it opened
 /// while the claim was under way, before rebuilding it anyway.
 /// Longer than a restart's drain of the Workers' requests and its start.
@@ -290,8 +285,8 @@ impl DurableObjects {
         if cluster.objects.is_current(&key) {
             return Ok(HostedCall { _held: Some(rebuilding.downgrade()) });
         }
-        let (hosted, namespace, hex) = (Arc::clone(&self.inner.hosted), storage_id.to_owned(), hex.to_owned());
-        let (file, log) = (hosted.file(&namespace, &hex), hosted.log(&namespace, &hex));
+        let (hosted, namespace, object) = (Arc::clone(&self.inner.hosted), storage_id.to_owned(), hex.to_owned());
+        let (file, log) = (hosted.file(&namespace, &object), hosted.log(&namespace, &object));
         let still_open = || {
             DoError::Unavailable(
                 "the object's file is still open from this node's earlier ownership; it is being closed, retry shortly"
@@ -306,10 +301,10 @@ impl DurableObjects {
         }
         let engine = self.clone();
         let release = Box::pin(async move {
-            hosted.forget(&namespace, &hex);
+            hosted.forget(&namespace, &object);
             // Opened since the look above (an alarm workerd still had)? Closed before rebuilding.
             let deadline = tokio::time::Instant::now() + HOSTED_CLOSE_PATIENCE;
-            while kura_sqlite::open_elsewhere(&hosted.file(&namespace, &hex)).is_some()
+            while kura_sqlite::open_elsewhere(&hosted.file(&namespace, &object)).is_some()
                 && tokio::time::Instant::now() < deadline
             {
                 engine.let_go_of_hosted();
@@ -327,7 +322,7 @@ impl DurableObjects {
         }
         // The rebuilt file's alarm is the one to fire: workerd's schedule learns it.
         if self.inner.hosted_let_go.get().is_some() {
-            let (metadata, object) = (self.inner.hosted.scheduler_file(storage_id), key_object(&key));
+            let (metadata, object) = (self.inner.hosted.scheduler_file(storage_id), hex.to_owned());
             let synced =
                 blocking(move || hosted::schedule_in(&metadata, &[(object, hosted::file_alarm(&file)?)])).await;
             match synced {

@@ -67,8 +67,8 @@ pub use database::{COMPACT_CACHE_KIB, Database, DatabaseOptions, make_compact};
 pub use error::{Error, Result, TRANSACTION_MESSAGE, code_name, extended_code_name, is_disk_full};
 pub use history::{
     Bookmark, Follower, HistorySettings, LogCheck, LogDamage, LogShipper, LogView, MalformedBookmark, Moment, Restored,
-    SegmentView, ShipError, materialize, materialize_in, open_elsewhere, segment_file_name, snapshot_file_name,
-    verify as verify_history,
+    SegmentView, ShipError, log_dir, materialize, materialize_in, open_elsewhere, segment_file_name,
+    snapshot_file_name, verify as verify_history,
 };
 pub use placement::{Placement, PlacementError, ReadReplicas, ReleaseFile, ReplicaFigures};
 pub use policy::Limits;

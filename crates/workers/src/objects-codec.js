@@ -1,7 +1,16 @@
-// kura's codec for calls to Durable Objects on another node (generated configuration, not
-// user code): the values JavaScript RPC takes that structured clone can copy, written as JSON
-// with a tag for each kind JSON cannot say. What cannot cross nodes this way — stubs,
-// functions, streams, requests, values that refer to themselves — is refused, naming it.
+// kura's wire for calls to Durable Objects in a cluster (generated configuration, not user
+// code), shared by the stub binding and the door: the headers a call and its answer carry, and
+// the values JavaScript RPC takes that structured clone can copy, written as JSON with a tag
+// for each kind JSON cannot say. What cannot cross nodes this way — stubs, functions, streams,
+// requests, values that refer to themselves — is refused, naming it.
+
+const OBJECT = "x-kura-do-object";
+const NAME = "x-kura-do-name";
+const KIND = "x-kura-do-kind";
+const REQUEST = "x-kura-do-request";
+const BODY = "x-kura-do-body";
+const CLASS = "x-kura-do-class";
+const ANSWER = "x-kura-do-answer";
 
 const TYPED = {
   Int8Array, Uint8Array, Uint8ClampedArray, Int16Array, Uint16Array, Int32Array, Uint32Array,

@@ -3,14 +3,6 @@
 // configuration, not user code): kura sends it the calls stubs made on any node once this
 // node serves the namespace, and it makes them on the object with workerd's own stub.
 
-const OBJECT = "x-kura-do-object";
-const NAME = "x-kura-do-name";
-const KIND = "x-kura-do-kind";
-const REQUEST = "x-kura-do-request";
-const CLASS = "x-kura-do-class";
-const ANSWER = "x-kura-do-answer";
-const BODY = "x-kura-do-body";
-
 function value(outcome, result) {
   let body;
   try {

@@ -5,13 +5,6 @@
 // and answers once what they wrote is in the cluster's store. Ids are workerd's own (the same
 // unique key on every node makes the same ids).
 
-const OBJECT = "x-kura-do-object";
-const NAME = "x-kura-do-name";
-const KIND = "x-kura-do-kind";
-const REQUEST = "x-kura-do-request";
-const ANSWER = "x-kura-do-answer";
-const BODY = "x-kura-do-body";
-
 // kura's own refusal, worded by what it promises: a 503 that nothing happened (retry), a 4xx
 // that the call was wrong, anything else that its outcome is unknown.
 async function refused(response) {

@@ -166,8 +166,8 @@ pub(crate) fn read_error(e: ReadError, context: &str) -> Error {
     }
 }
 
-/// The log directory of a database file.
-pub(crate) fn log_dir(db_path: &Path) -> PathBuf {
+/// The directory a database file's history log is kept in (beside the file).
+pub fn log_dir(db_path: &Path) -> PathBuf {
     db_path.with_file_name("log")
 }
 
