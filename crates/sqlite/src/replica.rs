@@ -3,6 +3,12 @@
 //! (its pages written through `sqlite_dbpage`, the file cut where the commit cut it), so the
 //! replica's readers see every commit whole or not at all, as the owner's did.
 //!
+//! The copy has one connection, as an owner has: it applies records and serves reads in turn,
+//! in SQLite's exclusive locking mode with its WAL index on the heap, so a read takes no file
+//! lock and its page cache survives the records applied between reads. Separate reader
+//! connections took and dropped WAL read locks through `fcntl` on every read and threw their
+//! page cache away whenever the copy moved: a read cost 2.6× the owner's (docs/performance.md).
+//!
 //! The copy follows one segment at a time: shipped bytes that continue it are appended and their
 //! whole records applied in order; a segment that starts right after the last position applied
 //! takes over. Anything else — a gap, a restore, a log the owner cut, a record that fails its
@@ -12,9 +18,9 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use rusqlite::OpenFlags;
+use rusqlite::config::DbConfig;
 
 use crate::actor::Executed;
 use crate::database::{Database, DatabaseOptions, Inline};
@@ -28,9 +34,15 @@ use crate::request::Request;
 pub struct Replica {
     identity: String,
     dir: PathBuf,
+    /// The segment followed. Taken after `copy` by whoever holds both, and held only while
+    /// records are appended and applied, so asking what the copy lacks never waits for a read.
     applier: Mutex<Applier>,
-    /// Each with the position whose size it may have measured.
-    readers: Vec<Mutex<(Database, u64)>>,
+    /// The copy's one connection: records are applied and reads served on it in turn.
+    copy: Mutex<Database>,
+    /// Holders of `copy`, or waiters for it, that may keep it long: the applier and reads off
+    /// the async workers. A read on an async worker that finds the copy taken waits only when
+    /// none is there (another such read holds it, for at most its budget).
+    long_holders: AtomicUsize,
     request_timeout: std::time::Duration,
     position: AtomicU64,
     /// The bookmark of `position`, made when the copy moves there.
@@ -45,9 +57,8 @@ impl std::fmt::Debug for Replica {
     }
 }
 
-/// The copy's writing side: the connection that applies records, and the segment it follows.
+/// The copy's writing side: the segment it follows, and what applying its records needs.
 struct Applier {
-    conn: rusqlite::Connection,
     log: PathBuf,
     following: Option<Following>,
     /// The copy's size in pages after the last record applied.
@@ -82,7 +93,7 @@ fn io_error(context: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
 impl Replica {
     /// Opens the copy materialized at `db_path` from a log fetched from the store (which it
     /// then follows); the directory holding it is the copy's and is removed when the copy is
-    /// dropped. `options` are the readers' (limits, timeout); they read only.
+    /// dropped. `options` are its reads' (limits, timeout).
     pub fn open(identity: &str, db_path: &Path, options: DatabaseOptions) -> Result<Replica> {
         let dir = db_path.parent().unwrap_or(Path::new(".")).to_owned();
         let log = log_dir(db_path);
@@ -135,34 +146,42 @@ impl Replica {
                 segment::remove_if_present(path).map_err(io_error("removing what the replica no longer needs"))?;
             }
         }
-        let open_error = |e: rusqlite::Error| Error::open(db_path, "", e);
-        let conn = rusqlite::Connection::open_with_flags(
-            db_path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(open_error)?;
-        // A copy is built again after a crash, never recovered: nothing of it needs syncing.
-        conn.pragma_update(None, "synchronous", "OFF").map_err(open_error)?;
-        let mode: String =
-            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(open_error)?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(Error::open(db_path, "a replica must be in WAL mode: ", std::io::Error::other(mode)));
-        }
-        let db_pages: u32 = conn.pragma_query_value(None, "page_count", |r| r.get(0)).map_err(open_error)?;
-        let page_size: u32 = conn.pragma_query_value(None, "page_size", |r| r.get(0)).map_err(open_error)?;
         let request_timeout = options.request_timeout;
-        let mut options = options.read_only(true).create(false);
+        let mut options = options.read_only(false).create(false);
         options.path = db_path.to_owned();
         options.history = None;
         options.shipper = None;
-        let readers = (0..READERS)
-            .map(|_| Database::open(&options).map(|db| Mutex::new((db, position))))
-            .collect::<Result<_>>()?;
+        let mut copy = Database::open(&options)?;
+        let open_error = |e: rusqlite::Error| Error::open(db_path, "", e);
+        let (db_pages, page_size) = copy
+            .with_internal(|conn| {
+                // A copy is built again after a crash, never recovered: nothing of it needs
+                // syncing, and closing it need not checkpoint what is about to be removed.
+                conn.pragma_update(None, "synchronous", "OFF")?;
+                conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+                // A read finds the file's size in the WAL's last commit, or with none there
+                // asks the file system (`fstat`), every time: page 1, written back as it is,
+                // puts a commit there.
+                conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, false)?;
+                conn.execute_batch(
+                    "BEGIN IMMEDIATE; \
+                     INSERT INTO sqlite_dbpage(pgno, data) SELECT pgno, data FROM sqlite_dbpage WHERE pgno = 1; \
+                     COMMIT",
+                )?;
+                conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
+                // Only records change it; see `Replica::applying`.
+                conn.pragma_update(None, "query_only", true)?;
+                let db_pages: u32 = conn.pragma_query_value(None, "page_count", |r| r.get(0))?;
+                let page_size: u32 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
+                Ok((db_pages, page_size))
+            })
+            .map_err(open_error)?;
         Ok(Replica {
             identity: identity.to_owned(),
             dir,
-            applier: Mutex::new(Applier { conn, log, following, db_pages, page_size, bufs: ApplyBuffers::default() }),
-            readers,
+            applier: Mutex::new(Applier { log, following, db_pages, page_size, bufs: ApplyBuffers::default() }),
+            copy: Mutex::new(copy),
+            long_holders: AtomicUsize::new(0),
             request_timeout,
             position: AtomicU64::new(position),
             bookmark: Mutex::new(Bookmark::new(identity, position, time_ms)),
@@ -214,6 +233,7 @@ impl Replica {
     }
 
     fn append_following(&self, segment: u64, offset: u64, bytes: &[u8]) -> Result<Continuity> {
+        let mut copy = self.lock_copy_for_long();
         let mut applier = self.applier.lock().unwrap_or_else(|e| e.into_inner());
         let position = self.position();
         let end = offset + bytes.len() as u64;
@@ -261,12 +281,44 @@ impl Replica {
                 applier.following = Some(Following { first_seq: segment, path, file, len: end, applied: 0 });
             }
         }
-        self.apply_pending(&mut applier)
+        let applied = Self::applying(&mut copy, |conn| self.apply_pending(conn, &mut applier));
+        // The size a read measured holds only until the copy moves.
+        copy.forget_size();
+        applied
+    }
+
+    /// The copy, for the applier or a read off the async workers: counted in
+    /// [`Replica::long_holders`] while held or waited for.
+    fn lock_copy_for_long(&self) -> LongHold<'_> {
+        self.long_holders.fetch_add(1, Ordering::SeqCst);
+        LongHold { copy: self.copy.lock().unwrap_or_else(|e| e.into_inner()), holders: &self.long_holders }
+    }
+
+    /// Runs `apply` on the copy's connection with what keeps it read-only between records
+    /// lifted: `query_only` (a read never writes the copy, whatever slips past the checks
+    /// before it) and defensive mode (which makes `sqlite_dbpage` read-only).
+    fn applying(
+        copy: &mut Database,
+        apply: impl FnOnce(&rusqlite::Connection) -> Result<Continuity>,
+    ) -> Result<Continuity> {
+        copy.with_internal(|conn| {
+            let writable = |on: bool| -> rusqlite::Result<()> {
+                conn.pragma_update(None, "query_only", !on)?;
+                conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, !on).map(drop)
+            };
+            writable(true).map_err(Error::internal)?;
+            let applied = apply(conn);
+            match writable(false) {
+                Ok(()) => applied,
+                // A copy a read could write must not be read: it is built again.
+                Err(e) => Ok(Continuity::Broken(format!("the copy could not be made read-only again: {e}"))),
+            }
+        })
     }
 
     /// Applies the followed segment's whole records not applied yet.
-    fn apply_pending(&self, applier: &mut Applier) -> Result<Continuity> {
-        let Applier { conn, following, db_pages, page_size, bufs, .. } = applier;
+    fn apply_pending(&self, conn: &rusqlite::Connection, applier: &mut Applier) -> Result<Continuity> {
+        let Applier { following, db_pages, page_size, bufs, .. } = applier;
         let Some(f) = following.as_mut() else { return Ok(Continuity::Continues) };
         if f.applied < SEGMENT_HEADER_LEN {
             match segment::check_magic(&f.file, &f.path) {
@@ -298,22 +350,24 @@ impl Replica {
             conn.execute_batch("BEGIN IMMEDIATE").map_err(Error::internal)?;
             let mut highest = 0;
             let applied = {
-                let mut write = conn
-                    .prepare_cached("INSERT INTO sqlite_dbpage(pgno, data) VALUES (?1, ?2)")
-                    .map_err(Error::internal)?;
+                let mut write = conn.prepare_cached(WRITE_PAGE).map_err(Error::internal)?;
+                // Page 1 goes last: it holds the schema's version, and a statement run once that
+                // changed would read the schema again, from pages not all written yet.
+                let mut page_one = None;
                 let applied =
                     record::apply_at(&f.file, f.applied, f.len, bufs, header.first_seq()..=header.seq, |pgno, data| {
                         highest = highest.max(pgno);
+                        if pgno == 1 {
+                            page_one = Some(data.to_vec());
+                            return Ok(());
+                        }
                         write.execute(rusqlite::params![pgno, data]).map(drop).map_err(std::io::Error::other)
                     });
-                match applied {
-                    // The file ends where the commit left it; SQLite cuts it only if this is the
-                    // transaction's last write.
-                    Ok(last) if (*db_pages).max(highest) > last.db_pages => write
-                        .execute(rusqlite::params![last.db_pages + 1, rusqlite::types::Null])
-                        .map(|_| Ok(last))
-                        .map_err(Error::internal),
-                    other => Ok(other),
+                match (applied, page_one) {
+                    (Ok(last), Some(page)) => {
+                        write.execute(rusqlite::params![1, page]).map(|_| Ok(last)).map_err(Error::internal)
+                    }
+                    (other, _) => Ok(other),
                 }
             };
             let last = match applied {
@@ -331,6 +385,24 @@ impl Replica {
                 let _ = conn.execute_batch("ROLLBACK");
                 return Err(Error::internal(e));
             }
+            // `sqlite_dbpage` writes a page's bytes under the b-tree's parse of it, which the
+            // page cache keeps: the cache is emptied, so every page is read and parsed afresh.
+            conn.release_memory().map_err(Error::internal)?;
+            // The file ends where the commit left it. SQLite cuts it only when that is a
+            // transaction's last write, and page 1 must be the last above: the cut commits alone.
+            // Until it does, the pages past the end are ones the database does not use.
+            if (*db_pages).max(highest) > last.db_pages {
+                let cut = conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| {
+                    conn.prepare_cached(WRITE_PAGE)?
+                        .execute(rusqlite::params![last.db_pages + 1, rusqlite::types::Null])?;
+                    conn.execute_batch("COMMIT")
+                });
+                if let Err(e) = cut {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    return Ok(Continuity::Broken(format!("cutting the copy to {} pages: {e}", last.db_pages)));
+                }
+                conn.release_memory().map_err(Error::internal)?;
+            }
             *db_pages = last.db_pages;
             f.applied += header.record_len();
             *self.bookmark.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -344,23 +416,36 @@ impl Replica {
     /// of a state no newer than the one it read. Nothing of a request that does not finish, or
     /// that must go to the owner (it would write, or may change the connection's state), remains.
     pub fn read(&self, request: &Request, budget: Option<std::time::Duration>) -> Result<ReplicaRead> {
-        let bookmark = self.bookmark();
-        // A free reader; with a budget (on an async worker) none is waited for — a read past
-        // its budget may hold one for long — and the read is tried again off the worker.
-        let free = self.readers.iter().find_map(|r| r.try_lock().ok());
-        let mut reader = match (free, budget) {
-            (Some(reader), _) => reader,
-            (None, Some(_)) => return Ok(ReplicaRead::TooLong),
-            (None, None) => self.readers[0].lock().unwrap_or_else(|e| e.into_inner()),
+        // On an async worker (with a budget), a read waits only for another such read; behind
+        // the applier or a long read it is tried again off the worker.
+        let (mut inline, mut long);
+        let copy: &mut Database = match budget {
+            Some(_) => match self.copy.try_lock() {
+                Ok(guard) => {
+                    inline = guard;
+                    &mut inline
+                }
+                Err(std::sync::TryLockError::WouldBlock) if self.long_holders.load(Ordering::SeqCst) > 0 => {
+                    return Ok(ReplicaRead::TooLong);
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    inline = self.copy.lock().unwrap_or_else(|e| e.into_inner());
+                    &mut inline
+                }
+                Err(std::sync::TryLockError::Poisoned(p)) => {
+                    inline = p.into_inner();
+                    &mut inline
+                }
+            },
+            None => {
+                long = self.lock_copy_for_long();
+                &mut long.copy
+            }
         };
-        // The size a reader measured holds until the copy moves.
-        if reader.1 != bookmark.seq {
-            reader.0.forget_size();
-            reader.1 = bookmark.seq;
-        }
-        let reader = &mut reader.0;
+        // Records are applied under the same lock: this is the state the read sees.
+        let bookmark = self.bookmark();
         let budget = budget.unwrap_or(self.request_timeout).min(self.request_timeout);
-        match reader.execute_read(request, budget) {
+        match copy.execute_read(request, budget) {
             Inline::Done(results) => Ok(ReplicaRead::Done(Executed { results, bookmark: Some(bookmark) })),
             Inline::Failed(e) => Err(e),
             Inline::Declined => Ok(ReplicaRead::Declined),
@@ -368,6 +453,34 @@ impl Replica {
         }
     }
 }
+
+/// The copy held by the applier or a long read, counted in [`Replica::long_holders`].
+struct LongHold<'a> {
+    copy: std::sync::MutexGuard<'a, Database>,
+    holders: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for LongHold<'_> {
+    type Target = Database;
+    fn deref(&self) -> &Database {
+        &self.copy
+    }
+}
+
+impl std::ops::DerefMut for LongHold<'_> {
+    fn deref_mut(&mut self) -> &mut Database {
+        &mut self.copy
+    }
+}
+
+impl Drop for LongHold<'_> {
+    fn drop(&mut self) {
+        self.holders.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Writes one page of the copy (`sqlite_dbpage`); a NULL page cuts the file before it.
+const WRITE_PAGE: &str = "INSERT INTO sqlite_dbpage(pgno, data) VALUES (?1, ?2)";
 
 /// What a read on a replica came to.
 #[derive(Debug)]
@@ -389,9 +502,6 @@ fn whole_records(file: &File, len: u64) -> (u64, Option<record::Header>) {
     }
     (applied, last)
 }
-
-/// Connections that read a replica, so the runtime's workers seldom wait for one another.
-const READERS: usize = 2;
 
 impl Drop for Replica {
     fn drop(&mut self) {

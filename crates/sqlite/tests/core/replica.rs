@@ -196,6 +196,25 @@ async fn a_replica_follows_commits_of_every_shape_and_reads_what_the_owner_reads
     cx.ok("DELETE FROM t WHERE id > 3").await;
     fed = store.follow(&replica, fed);
     same_as_owner(&replica, &cx, "after freeing pages").await;
+    // A file that shrinks (kura's own VACUUM; D1 offers none) is cut on the copy too, and then
+    // grows again.
+    let vacuum = |db: &mut kura_sqlite::Database| {
+        db.with_internal(|conn| {
+            // VACUUM attaches the file it builds; D1's limits allow no attached database.
+            let attached = rusqlite::limits::Limit::SQLITE_LIMIT_ATTACHED;
+            let limit = conn.set_limit(attached, 1)?;
+            let vacuumed = conn.execute_batch("VACUUM");
+            conn.set_limit(attached, limit)?;
+            vacuumed
+        })
+    };
+    cx.registry.with_database("db", vacuum).await.unwrap().unwrap();
+    cx.ok("INSERT INTO t VALUES (399, 'small')").await;
+    fed = store.follow(&replica, fed);
+    same_as_owner(&replica, &cx, "after the file shrank").await;
+    cx.ok("INSERT INTO t VALUES (400, randomblob(30000))").await;
+    fed = store.follow(&replica, fed);
+    same_as_owner(&replica, &cx, "after the file grew again").await;
     let pragma = replica.read(&select("PRAGMA page_count"), None).unwrap();
     assert!(matches!(pragma, ReplicaRead::Declined), "a PRAGMA goes to the owner");
 
