@@ -315,10 +315,8 @@ impl Placement for ClusterPlacement {
         log: &Path,
         release_file: ReleaseFile,
     ) -> Result<(), PlacementError> {
-        if let Some((owner, found)) = self.elsewhere().get(key)
-            && found.elapsed() < OWNER_CACHE
-        {
-            return Err(owner.clone());
+        if let Some(owner) = self.known_elsewhere(key) {
+            return Err(owner);
         }
         let lock = self.claim_lock(key).await;
         let _claiming = lock.lock().await;
@@ -398,6 +396,12 @@ impl Placement for ClusterPlacement {
 
     fn forget_owner(&self, key: &str) {
         self.elsewhere().remove(key);
+    }
+
+    fn known_elsewhere(&self, key: &str) -> Option<PlacementError> {
+        let elsewhere = self.elsewhere();
+        let (owner, found) = elsewhere.get(key)?;
+        (found.elapsed() < OWNER_CACHE).then(|| owner.clone())
     }
 
     async fn give_up_under(&self, prefix: &str) {

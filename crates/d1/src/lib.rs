@@ -180,6 +180,10 @@ pub struct D1 {
     usage: usage::UsageRecorder,
 }
 
+/// The cache's account for records looked up by id alone ([`D1::get_by_uuid`]): no account's
+/// id is empty.
+const ANY_ACCOUNT: &str = "";
+
 /// Most database records kept in memory.
 const RECORD_CACHE_SIZE: usize = 100_000;
 
@@ -374,6 +378,33 @@ impl D1 {
         Ok(found)
     }
 
+    /// The database whose id is `uuid` (lower case), whichever account's it is, or `None`: for
+    /// a cluster's placement, which asks on every request where a database is served. Kept in
+    /// the same cache as [`D1::get`]'s records, under no account.
+    pub fn get_by_uuid(&self, uuid: &str) -> Result<Option<Arc<D1Database>>> {
+        let installs = self.catalog.installs();
+        let generation = {
+            let cache = self.records.read().unwrap_or_else(|p| p.into_inner());
+            if cache.installs == installs
+                && let Some(found) = cache.get(ANY_ACCOUNT, uuid)
+            {
+                return Ok(Some(Arc::clone(found)));
+            }
+            cache.generation
+        };
+        let Some(found) = self.catalog.d1_database_by_uuid(uuid)? else { return Ok(None) };
+        let found = Arc::new(found);
+        let mut cache = self.records.write().unwrap_or_else(|p| p.into_inner());
+        if cache.installs != installs {
+            cache.clear();
+            cache.installs = installs;
+        }
+        if cache.generation == generation {
+            cache.insert(ANY_ACCOUNT, uuid, Arc::clone(&found));
+        }
+        Ok(Some(found))
+    }
+
     /// In a cluster, makes sure this node may serve the database `uuid` — it owns it, and its
     /// file holds everything the store does — or says where it is served. Alone, a no-op.
     pub async fn claim(&self, uuid: &str) -> Result<()> {
@@ -383,6 +414,9 @@ impl D1 {
         }
         if placement.is_current(uuid) {
             return Ok(());
+        }
+        if let Some(owner) = placement.known_elsewhere(uuid) {
+            return Err(owner.into());
         }
         // Whatever an earlier ownership left open goes before its files are rebuilt.
         let (registry, key) = (self.registry.clone(), uuid.to_owned());

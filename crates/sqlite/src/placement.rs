@@ -62,6 +62,12 @@ pub trait Placement: Send + Sync + std::fmt::Debug {
     async fn release(&self, key: &str);
     /// Forgets where the file was last found served (its owner did not answer as one).
     fn forget_owner(&self, _key: &str) {}
+    /// Where the file was found served a moment ago, if by another node: what
+    /// [`Placement::claim`] would answer, without a claim's work (a read sent on, or served by
+    /// a copy, pays for none of it).
+    fn known_elsewhere(&self, _key: &str) -> Option<PlacementError> {
+        None
+    }
     /// Gives up, without deleting anything, every file this node owns whose key starts with
     /// `prefix` (their group moved to another node, which claims them as it reaches them).
     async fn give_up_under(&self, _prefix: &str) {}

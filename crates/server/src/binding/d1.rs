@@ -174,31 +174,36 @@ async fn execute(
     let statements = statements.into_iter().map(|s| Statement::with_params(s.sql, s.params.0)).collect();
     // Each element answers once, for its last statement, as workerd's `sql.exec` does.
     let request = Request { statements, mode: ResultMode::LastStatement, access };
+    let here = app.forwarding.as_ref().map(|forwarding| forwarding.node());
     if let Some(Extension(to_owner)) = to_owner {
         return match app.d1.read_replica(account, database, request, to_owner.at_least.as_ref()).await? {
-            Some(executed) => {
-                let served_by = ServedBy { primary: false, region: Some(&to_owner.node_here) };
-                Ok(answer(&executed, format, served_by))
-            }
-            None => Ok((to_owner.send)(body).await),
+            Some(executed) => Ok(answer(&executed, format, ServedBy { primary: false, region: here })),
+            None => Ok(to_owner.owner.send(app, headers.clone(), body).await),
         };
     }
     let executed = app.d1.query_with_bookmark(account, database, request).await?;
-    let here = app.forwarding.as_ref().map(|forwarding| forwarding.node());
     Ok(answer(&executed, format, ServedBy { primary: true, region: here }))
 }
 
 /// A D1 Sessions read placed on a node that does not own the database (set by the cluster's
-/// placement): the state a copy must hold to serve it, this node's name, and how to send it,
-/// body read already, to the owner instead.
+/// placement): the state a copy must hold to serve it, and the way to the owner if no copy
+/// here does. Made for every such read, so it holds only what placement had at hand; what the
+/// owner needs of the request is handed over only if the read is sent on.
 #[derive(Clone)]
 pub(crate) struct ToOwner {
     pub(crate) at_least: Option<Bookmark>,
-    pub(crate) node_here: String,
-    #[allow(clippy::type_complexity)]
-    pub(crate) send: std::sync::Arc<
-        dyn Fn(bytes::Bytes) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>> + Send + Sync,
-    >,
+    pub(crate) owner: std::sync::Arc<dyn SendToOwner>,
+}
+
+/// How a read that no copy here serves goes to the database's owner (the cluster's side).
+pub(crate) trait SendToOwner: Send + Sync {
+    /// Sends the read, with its request's headers and its body (read already), to the owner.
+    fn send<'a>(
+        &'a self,
+        app: &'a AppState,
+        headers: HeaderMap,
+        body: bytes::Bytes,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send + 'a>>;
 }
 
 /// A binding call's answer: its results, and the bookmark of a state that includes them.

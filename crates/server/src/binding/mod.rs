@@ -24,7 +24,7 @@ use crate::routing::{Routes, Touches};
 use crate::state::AppState;
 use kura_workers::config::headers;
 
-pub(crate) use d1::{DATABASE_HEADER, SESSION_HEADER, ToOwner};
+pub(crate) use d1::{DATABASE_HEADER, SESSION_HEADER, SendToOwner, ToOwner};
 
 /// The binding routes, on the API listener.
 pub(crate) fn routes() -> Routes {

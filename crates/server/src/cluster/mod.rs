@@ -101,7 +101,7 @@ async fn serve_placed(
     shape: Wire,
     request: Request,
     next: Next,
-    via: &str,
+    via: &'static str,
 ) -> Response {
     let forwarded = forwarding.is_forwarded(&request);
     let mut claimed = placed.claim(app).await;
@@ -124,18 +124,27 @@ async fn serve_placed(
                 let what = placed.what();
                 return shape.refuse(ApiError::unavailable(format!("the {what}'s ownership is moving; retry shortly")));
             }
-            let target = format!("{}{via}", if shape == Wire::S3 { s3 } else { url });
             if let Placed::Database(uuid) = &placed
                 && shape == Wire::D1Binding
                 && let Some(at_least) = accepts_a_copy(request.headers())
             {
                 // A Sessions read: this node's copy may serve it, which only the handler knows
                 // once it has read the statements; it sends the read on if not.
-                let to_owner = to_owner(app, forwarding, uuid, node, target, at_least, &request);
+                let owner = ReadToOwner {
+                    uuid: uuid.clone(),
+                    node,
+                    url,
+                    via,
+                    method: request.method().clone(),
+                    uri: request.uri().clone(),
+                    request_id: request.extensions().get::<crate::observe::RequestId>().cloned(),
+                };
+                let to_owner = crate::binding::ToOwner { at_least, owner: std::sync::Arc::new(owner) };
                 let mut request = request;
                 request.extensions_mut().insert(to_owner);
                 return next.run(request).await;
             }
+            let target = format!("{}{via}", if shape == Wire::S3 { s3 } else { url });
             send_to_owner(app, forwarding, &placed, &node, &target, request, shape).await
         }
         Err(Unplaced::Placement(e)) => shape.refuse(ApiError::unavailable(format!("the {} is {e}", placed.what()))),
@@ -172,36 +181,43 @@ fn accepts_a_copy(headers: &axum::http::HeaderMap) -> Option<Option<kura_d1::Boo
     }
 }
 
-/// How a D1 Sessions read placed here goes to the owner if no copy here can serve it.
-fn to_owner(
-    app: &AppState,
-    forwarding: &Forwarding,
-    uuid: &str,
+/// Where a D1 Sessions read placed here goes if no copy here can serve it: the database, its
+/// owner, and what of the request the handler does not hand over.
+struct ReadToOwner {
+    uuid: String,
     node: String,
-    target: String,
-    at_least: Option<kura_d1::Bookmark>,
-    request: &Request,
-) -> crate::binding::ToOwner {
-    let (app, forwarding, uuid) = (app.clone(), forwarding.clone(), uuid.to_owned());
-    let (method, uri, headers) = (request.method().clone(), request.uri().clone(), request.headers().clone());
-    let request_id = request.extensions().get::<crate::observe::RequestId>().cloned();
-    let node_here = forwarding.node().to_owned();
-    let send = move |body: bytes::Bytes| {
+    /// The owner's API, and the path under it the read is sent to.
+    url: String,
+    via: &'static str,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    request_id: Option<crate::observe::RequestId>,
+}
+
+impl crate::binding::SendToOwner for ReadToOwner {
+    fn send<'a>(
+        &'a self,
+        app: &'a AppState,
+        headers: axum::http::HeaderMap,
+        body: bytes::Bytes,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send + 'a>> {
         let mut request = Request::new(axum::body::Body::from(body));
-        *request.method_mut() = method.clone();
-        *request.uri_mut() = uri.clone();
-        *request.headers_mut() = headers.clone();
-        if let Some(id) = request_id.clone() {
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = self.uri.clone();
+        *request.headers_mut() = headers;
+        if let Some(id) = self.request_id.clone() {
             request.extensions_mut().insert(id);
         }
-        let (app, forwarding, uuid, node, target) =
-            (app.clone(), forwarding.clone(), uuid.clone(), node.clone(), target.clone());
         Box::pin(async move {
-            let placed = Placed::Database(uuid);
-            send_to_owner(&app, &forwarding, &placed, &node, &target, request, Wire::D1Binding).await
-        }) as std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send>>
-    };
-    crate::binding::ToOwner { at_least, node_here, send: std::sync::Arc::new(send) }
+            let Some(forwarding) = &app.forwarding else {
+                return Wire::D1Binding
+                    .refuse(ApiError::internal_text(&"a read placed by a cluster on a node outside one"));
+            };
+            let placed = Placed::Database(self.uuid.clone());
+            let target = format!("{}{}", self.url, self.via);
+            send_to_owner(app, forwarding, &placed, &self.node, &target, request, Wire::D1Binding).await
+        })
+    }
 }
 
 /// The cluster's own v4 routes: a node's view of the cluster, and draining it.
