@@ -244,9 +244,16 @@ impl Database {
         let reserved_before = if facts.alters_table { self.count_reserved_names()? } else { 0 };
         // `IF NOT EXISTS` on an object that exists creates nothing and writes no schema row.
         let schema_before = if facts.creates.is_some() { Some(self.schema_version()?) } else { None };
-        let columns = raw.column_names();
         let mut rows = Vec::new();
-        while raw.step()? {
+        // Named after the first step: a statement kept prepared across a schema change (an
+        // ALTER TABLE here, or a record a read replica applied) is prepared again by that step.
+        let mut columns = None;
+        loop {
+            let more = raw.step()?;
+            let columns = columns.get_or_insert_with(|| raw.column_names());
+            if !more {
+                break;
+            }
             let row = raw.row(columns.len());
             let bytes = row.iter().map(Value::footprint).sum::<usize>();
             self.result_budget = self.result_budget.checked_sub(bytes).ok_or_else(|| {
@@ -282,7 +289,7 @@ impl Database {
         let rows_written = changes + self.index_writes(facts, statement_changes) + schema;
         let rows_read = raw.rows_visited();
         Ok(StatementResult {
-            columns,
+            columns: columns.unwrap_or_default(),
             rows,
             meta: Meta {
                 changes,

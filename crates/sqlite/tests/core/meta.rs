@@ -1,4 +1,5 @@
-//! D1's per-statement meta: changes, last_row_id, rows read and written, size after.
+//! D1's per-statement meta: changes, last_row_id, rows read and written, size after; and the
+//! columns a statement kept prepared answers.
 
 use crate::common::*;
 
@@ -81,4 +82,22 @@ async fn size_after_counts_used_pages() {
     assert!(r[1].meta.size_after >= r[0].meta.size_after + 90_000, "{:?}", r[1].meta);
     assert!(r[1].meta.changed_db);
     assert_eq!(r[2].meta.size_after, r[0].meta.size_after, "freed pages are not counted");
+}
+
+#[tokio::test]
+async fn a_kept_statement_answers_a_tables_new_columns() {
+    let cx = Context::new();
+    cx.ok("CREATE TABLE u (k TEXT)").await;
+    cx.ok("INSERT INTO u VALUES ('one')").await;
+    assert_eq!(cx.ok("SELECT * FROM u").await[0].columns, ["k"]);
+    cx.ok("ALTER TABLE u ADD COLUMN extra INTEGER DEFAULT 7").await;
+    // The same text runs the statement kept from before, which SQLite prepares again.
+    let reshaped = cx.ok("SELECT * FROM u").await;
+    assert_eq!(reshaped[0].columns, ["k", "extra"]);
+    assert_eq!(reshaped[0].rows, [[Value::Text("one".into()), Value::Integer(7)]]);
+    cx.ok("ALTER TABLE u DROP COLUMN extra").await;
+    assert_eq!(cx.ok("SELECT * FROM u").await[0].columns, ["k"]);
+    // An empty answer names its columns too.
+    cx.ok("DELETE FROM u").await;
+    assert_eq!(cx.ok("SELECT * FROM u").await[0].columns, ["k"]);
 }
