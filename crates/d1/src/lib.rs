@@ -180,10 +180,6 @@ pub struct D1 {
     usage: usage::UsageRecorder,
 }
 
-/// The cache's account for records looked up by id alone ([`D1::get_by_uuid`]): no account's
-/// id is empty.
-const ANY_ACCOUNT: &str = "";
-
 /// Most database records kept in memory.
 const RECORD_CACHE_SIZE: usize = 100_000;
 
@@ -197,6 +193,8 @@ struct RecordCache {
     /// replaced by a newer one another node wrote).
     installs: u64,
     records: HashMap<String, HashMap<String, Arc<D1Database>>>,
+    /// Records by id alone, whichever account's ([`D1::get_by_uuid`]).
+    by_uuid: HashMap<String, Arc<D1Database>>,
     /// Records kept, in all accounts.
     len: usize,
 }
@@ -216,8 +214,18 @@ impl RecordCache {
         }
     }
 
+    fn insert_by_uuid(&mut self, record: Arc<D1Database>) {
+        if self.len >= RECORD_CACHE_SIZE {
+            self.clear();
+        }
+        if self.by_uuid.insert(record.uuid.clone(), record).is_none() {
+            self.len += 1;
+        }
+    }
+
     fn clear(&mut self) {
         self.records.clear();
+        self.by_uuid.clear();
         self.len = 0;
     }
 }
@@ -380,13 +388,13 @@ impl D1 {
 
     /// The database whose id is `uuid` (lower case), whichever account's it is, or `None`: for
     /// a cluster's placement, which asks on every request where a database is served. Kept in
-    /// the same cache as [`D1::get`]'s records, under no account.
+    /// the same cache as [`D1::get`]'s records.
     pub fn get_by_uuid(&self, uuid: &str) -> Result<Option<Arc<D1Database>>> {
         let installs = self.catalog.installs();
         let generation = {
             let cache = self.records.read().unwrap_or_else(|p| p.into_inner());
             if cache.installs == installs
-                && let Some(found) = cache.get(ANY_ACCOUNT, uuid)
+                && let Some(found) = cache.by_uuid.get(uuid)
             {
                 return Ok(Some(Arc::clone(found)));
             }
@@ -400,7 +408,7 @@ impl D1 {
             cache.installs = installs;
         }
         if cache.generation == generation {
-            cache.insert(ANY_ACCOUNT, uuid, Arc::clone(&found));
+            cache.insert_by_uuid(Arc::clone(&found));
         }
         Ok(Some(found))
     }

@@ -38,11 +38,12 @@ pub struct Replica {
     /// records are appended and applied, so asking what the copy lacks never waits for a read.
     applier: Mutex<Applier>,
     /// The copy's one connection: records are applied and reads served on it in turn.
-    copy: Mutex<Database>,
-    /// Holders of `copy`, or waiters for it, that may keep it long: the applier and reads off
-    /// the async workers. A read on an async worker that finds the copy taken waits only when
-    /// none is there (another such read holds it, for at most its budget).
-    long_holders: AtomicUsize,
+    copy: parking_lot::Mutex<Database>,
+    /// The applier holding the copy or waiting for it, and reads holding it off the async
+    /// workers: a read on an async worker that finds either goes off the worker at once, and
+    /// otherwise waits for the copy at most its budget.
+    applying: AtomicUsize,
+    long_reads: AtomicUsize,
     request_timeout: std::time::Duration,
     position: AtomicU64,
     /// The bookmark of `position`, made when the copy moves there.
@@ -173,6 +174,8 @@ impl Replica {
                 conn.pragma_update(None, "query_only", true)?;
                 let db_pages: u32 = conn.pragma_query_value(None, "page_count", |r| r.get(0))?;
                 let page_size: u32 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
+                // The copy holds whatever its owner does, whatever this node's limits say.
+                conn.pragma_update(None, "max_page_count", i64::from(u32::MAX - 1))?;
                 Ok((db_pages, page_size))
             })
             .map_err(open_error)?;
@@ -180,8 +183,9 @@ impl Replica {
             identity: identity.to_owned(),
             dir,
             applier: Mutex::new(Applier { log, following, db_pages, page_size, bufs: ApplyBuffers::default() }),
-            copy: Mutex::new(copy),
-            long_holders: AtomicUsize::new(0),
+            copy: parking_lot::Mutex::new(copy),
+            applying: AtomicUsize::new(0),
+            long_reads: AtomicUsize::new(0),
             request_timeout,
             position: AtomicU64::new(position),
             bookmark: Mutex::new(Bookmark::new(identity, position, time_ms)),
@@ -225,15 +229,20 @@ impl Replica {
         if let Some(why) = self.broken() {
             return Ok(Continuity::Broken(why));
         }
-        let appended = self.append_following(segment, offset, bytes);
+        let _breaks = BrokenIfPanicking(&self.broken);
+        let appended = self.append_following(segment, offset, bytes).and_then(|continuity| match continuity {
+            Continuity::Continues => self.apply_pending_records(),
+            broken => Ok(broken),
+        });
         if let Ok(Continuity::Broken(why)) = &appended {
             *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
         }
         appended
     }
 
+    /// Appends shipped bytes to the followed segment (not touching the copy: bytes it holds
+    /// already never wait for a read); the caller then applies whole records.
     fn append_following(&self, segment: u64, offset: u64, bytes: &[u8]) -> Result<Continuity> {
-        let mut copy = self.lock_copy_for_long();
         let mut applier = self.applier.lock().unwrap_or_else(|e| e.into_inner());
         let position = self.position();
         let end = offset + bytes.len() as u64;
@@ -281,36 +290,43 @@ impl Replica {
                 applier.following = Some(Following { first_seq: segment, path, file, len: end, applied: 0 });
             }
         }
+        Ok(Continuity::Continues)
+    }
+
+    /// Applies the followed segment's whole records not applied yet, on the copy.
+    fn apply_pending_records(&self) -> Result<Continuity> {
+        let _applying = Counted::new(&self.applying);
+        let mut copy = self.copy.lock();
+        let mut applier = self.applier.lock().unwrap_or_else(|e| e.into_inner());
         let applied = Self::applying(&mut copy, |conn| self.apply_pending(conn, &mut applier));
         // The size a read measured holds only until the copy moves.
         copy.forget_size();
         applied
     }
 
-    /// The copy, for the applier or a read off the async workers: counted in
-    /// [`Replica::long_holders`] while held or waited for.
-    fn lock_copy_for_long(&self) -> LongHold<'_> {
-        self.long_holders.fetch_add(1, Ordering::SeqCst);
-        LongHold { copy: self.copy.lock().unwrap_or_else(|e| e.into_inner()), holders: &self.long_holders }
-    }
-
     /// Runs `apply` on the copy's connection with what keeps it read-only between records
     /// lifted: `query_only` (a read never writes the copy, whatever slips past the checks
-    /// before it) and defensive mode (which makes `sqlite_dbpage` read-only).
+    /// before it) and defensive mode (which makes `sqlite_dbpage` read-only). Whatever `apply`
+    /// did, no transaction is left open and the copy reads only again, or it is built again.
     fn applying(
         copy: &mut Database,
         apply: impl FnOnce(&rusqlite::Connection) -> Result<Continuity>,
     ) -> Result<Continuity> {
         copy.with_internal(|conn| {
-            let writable = |on: bool| -> rusqlite::Result<()> {
-                conn.pragma_update(None, "query_only", !on)?;
-                conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, !on).map(drop)
+            let read_only = |on: bool| -> rusqlite::Result<()> {
+                conn.pragma_update(None, "query_only", on)?;
+                conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, on).map(drop)
             };
-            writable(true).map_err(Error::internal)?;
-            let applied = apply(conn);
-            match writable(false) {
-                Ok(()) => applied,
-                // A copy a read could write must not be read: it is built again.
+            let applied = match read_only(false) {
+                Ok(()) => apply(conn),
+                Err(e) => Ok(Continuity::Broken(format!("the copy could not be made writable: {e}"))),
+            };
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            match read_only(true) {
+                Ok(()) if conn.is_autocommit() => applied,
+                Ok(()) => Ok(Continuity::Broken("a transaction on the copy could not be ended".to_owned())),
                 Err(e) => Ok(Continuity::Broken(format!("the copy could not be made read-only again: {e}"))),
             }
         })
@@ -416,30 +432,19 @@ impl Replica {
     /// of a state no newer than the one it read. Nothing of a request that does not finish, or
     /// that must go to the owner (it would write, or may change the connection's state), remains.
     pub fn read(&self, request: &Request, budget: Option<std::time::Duration>) -> Result<ReplicaRead> {
-        // On an async worker (with a budget), a read waits only for another such read; behind
-        // the applier or a long read it is tried again off the worker.
-        let (mut inline, mut long);
-        let copy: &mut Database = match budget {
-            Some(_) => match self.copy.try_lock() {
-                Ok(guard) => {
-                    inline = guard;
-                    &mut inline
-                }
-                Err(std::sync::TryLockError::WouldBlock) if self.long_holders.load(Ordering::SeqCst) > 0 => {
-                    return Ok(ReplicaRead::TooLong);
-                }
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    inline = self.copy.lock().unwrap_or_else(|e| e.into_inner());
-                    &mut inline
-                }
-                Err(std::sync::TryLockError::Poisoned(p)) => {
-                    inline = p.into_inner();
-                    &mut inline
-                }
+        // On an async worker (with a budget), a read behind the applier or a long read is tried
+        // again off the worker, and waits for another read like it at most its budget.
+        let (mut copy, _long) = match budget {
+            Some(_) if self.applying.load(Ordering::SeqCst) > 0 || self.long_reads.load(Ordering::SeqCst) > 0 => {
+                return Ok(ReplicaRead::TooLong);
+            }
+            Some(wait) => match self.copy.try_lock_for(wait) {
+                Some(copy) => (copy, None),
+                None => return Ok(ReplicaRead::TooLong),
             },
             None => {
-                long = self.lock_copy_for_long();
-                &mut long.copy
+                let copy = self.copy.lock();
+                (copy, Some(Counted::new(&self.long_reads)))
             }
         };
         // Records are applied under the same lock: this is the state the read sees.
@@ -454,28 +459,31 @@ impl Replica {
     }
 }
 
-/// The copy held by the applier or a long read, counted in [`Replica::long_holders`].
-struct LongHold<'a> {
-    copy: std::sync::MutexGuard<'a, Database>,
-    holders: &'a AtomicUsize,
-}
+/// One in a count while it lives.
+struct Counted<'a>(&'a AtomicUsize);
 
-impl std::ops::Deref for LongHold<'_> {
-    type Target = Database;
-    fn deref(&self) -> &Database {
-        &self.copy
+impl<'a> Counted<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Counted(count)
     }
 }
 
-impl std::ops::DerefMut for LongHold<'_> {
-    fn deref_mut(&mut self) -> &mut Database {
-        &mut self.copy
-    }
-}
-
-impl Drop for LongHold<'_> {
+impl Drop for Counted<'_> {
     fn drop(&mut self) {
-        self.holders.fetch_sub(1, Ordering::SeqCst);
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Marks the copy broken if it is dropped while a panic unwinds: an apply cut short may have
+/// left the copy writable, or half a record in it.
+struct BrokenIfPanicking<'a>(&'a Mutex<Option<String>>);
+
+impl Drop for BrokenIfPanicking<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some("applying records panicked".to_owned());
+        }
     }
 }
 

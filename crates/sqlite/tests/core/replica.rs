@@ -190,6 +190,15 @@ async fn a_replica_follows_commits_of_every_shape_and_reads_what_the_owner_reads
     cx.ok("CREATE TABLE u (k TEXT PRIMARY KEY)").await;
     fed = store.follow(&replica, fed);
     same_as_owner(&replica, &cx, "after packed commits and schema changes").await;
+    // A statement the copy keeps prepared sees a table's new shape.
+    let columns = |read: ReplicaRead| done(read).results[0].columns.clone();
+    assert_eq!(columns(replica.read(&select("SELECT * FROM u"), None).unwrap()), ["k"]);
+    cx.ok("ALTER TABLE u ADD COLUMN extra INTEGER DEFAULT 7").await;
+    cx.ok("INSERT INTO u (k) VALUES ('one')").await;
+    fed = store.follow(&replica, fed);
+    let reshaped = done(replica.read(&select("SELECT * FROM u"), None).unwrap());
+    assert_eq!(reshaped.results[0].columns, ["k", "extra"]);
+    assert_eq!(reshaped.results[0].rows, [[Value::Text("one".into()), Value::Integer(7)]]);
 
     // Freeing pages (D1 has no VACUUM: the file keeps its size).
     cx.ok("DROP INDEX t_v").await;
@@ -282,4 +291,62 @@ async fn bytes_that_do_not_follow_the_copy_break_continuity() {
     assert_eq!(second.position(), position, "nothing was applied");
     let read = done(second.read(&select("SELECT count(*) FROM t"), None).unwrap());
     assert_eq!(read.results[0].rows[0][0], Value::Integer(0));
+}
+
+/// Reads on the copy while records are applied, as a node's async workers (with a budget) and
+/// blocking threads (without) make them, each see every commit whole or not at all; a copy whose
+/// node allows smaller databases than its owner's still holds everything the owner writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_beside_the_applier_see_whole_commits() {
+    let store = Arc::new(Store::default());
+    let cx = owner(&store);
+    cx.ok("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB); CREATE TABLE c (n INTEGER); INSERT INTO c VALUES (0)")
+        .await;
+    let copies = tempfile::tempdir().unwrap();
+    let (db, fed) = store.rebuild(&copies.path().join("copy"));
+    let mut options = DatabaseOptions::new(&db);
+    options.limits.max_database_bytes = 64 * 1024;
+    let replica = Arc::new(Replica::open("db", &db, options).unwrap());
+    // Each commit adds a row to one table and counts it in another (different pages).
+    const COMMITS: i64 = 300;
+    for i in 1..=COMMITS {
+        let insert = Statement::with_params("INSERT INTO t VALUES (?1, randomblob(700))", vec![Value::Integer(i)]);
+        let count = Statement::new("UPDATE c SET n = n + 1");
+        cx.registry.execute("db", Request::new(vec![insert, count])).await.unwrap();
+    }
+    let shipments = store.shipments.lock().unwrap()[fed..].to_vec();
+    let feeding = Arc::clone(&replica);
+    let feeder = std::thread::spawn(move || {
+        for (segment, offset, bytes) in shipments {
+            assert_eq!(feeding.append(segment, offset, &bytes).unwrap(), Continuity::Continues);
+        }
+    });
+    let whole = select("SELECT (SELECT count(*) FROM t) = n, n FROM c");
+    let (mut last, mut served, mut waited) = (0, 0, 0);
+    loop {
+        let finished = feeder.is_finished();
+        for budget in [Some(std::time::Duration::from_millis(1)), None] {
+            match replica.read(&whole, budget).unwrap() {
+                ReplicaRead::Done(read) => {
+                    let row = &read.results[0].rows[0];
+                    assert_eq!(row[0], Value::Integer(1), "a read saw half a commit: {row:?}");
+                    let Value::Integer(n) = row[1] else { panic!("{row:?}") };
+                    assert!(n >= last, "the copy went back from {last} to {n}");
+                    (last, served) = (n, served + 1);
+                }
+                ReplicaRead::TooLong => waited += 1,
+                ReplicaRead::Declined => panic!("a plain SELECT is served by the copy"),
+            }
+        }
+        if finished {
+            break;
+        }
+    }
+    feeder.join().unwrap();
+    assert_eq!(last, COMMITS, "the copy applied every commit ({served} reads served, {waited} sent off the worker)");
+    assert!(
+        std::fs::metadata(&db).unwrap().len()
+            + std::fs::metadata(db.with_extension("sqlite-wal")).map_or(0, |m| m.len())
+            > 64 * 1024
+    );
 }
