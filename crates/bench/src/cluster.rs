@@ -253,11 +253,7 @@ async fn workers_through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage
     let (single_target, owner, other) =
         (target(single.workers.as_deref().unwrap_or_default()), target(&nodes[0].workers), target(&nodes[1].workers));
     // The other node runs the Worker once it has followed the deploy.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while other.get("/d1?i=1").await.is_err() {
-        anyhow::ensure!(Instant::now() < deadline, "node 1 never ran the Worker deployed through node 0");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    other.wait_for("/d1?i=1", "node 1 never ran the Worker deployed through node 0").await?;
     let single_stats = single_target.measure("/d1", duration).await.0;
     let via_owner = owner.measure("/d1", duration).await.0;
     let via_other = other.measure("/d1", duration).await.0;
@@ -280,15 +276,8 @@ async fn workers_through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage
         .and_then(|d| d["uuid"].as_str())
         .context("the bench database")?
         .to_owned();
-    let replication = serde_json::json!({ "read_replication": { "mode": "auto" } });
-    let put =
-        http.put(format!("{databases}/{uuid}")).bearer_auth(crate::server::TOKEN).json(&replication).send().await?;
-    anyhow::ensure!(put.status().is_success(), "turning read replication on: {}", put.text().await?);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while other.get("/session?i=1").await.is_err() {
-        anyhow::ensure!(Instant::now() < deadline, "node 1 never answered a session read");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    turn_read_replication_on(&http, &format!("{databases}/{uuid}")).await?;
+    other.wait_for("/session?i=1", "node 1 never answered a session read").await?;
     let single_session = single_target.measure("/session", duration).await.0;
     let other_session = other.measure("/session", duration).await.0;
     line("Worker D1 session SELECT, single node", &single_session, &[]);
@@ -309,11 +298,7 @@ async fn workers_through_nodes(settings: &Settings, etcd: &Etcd, garage: &Garage
         object_target(&nodes[1].workers),
     );
     for target in [&single_target, &owner, &other] {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while target.get("/read?i=0").await.is_err() {
-            anyhow::ensure!(Instant::now() < deadline, "a node never ran the Worker with the Durable Object class");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        target.wait_for("/read?i=0", "a node never ran the Worker with the Durable Object class").await?;
     }
     println!();
     println!("A Worker's JavaScript Durable Object RPC call (64 objects, SQLite storage), 16 clients");
@@ -520,6 +505,14 @@ async fn takeover(
 
 /// A `kura serve` process joined to the benchmark's cluster.
 /// Starts cluster node `bench{i}{suffix}`, speaking to Garage node `i`.
+/// Turns read replication on for the database at `database` (its v4 URL).
+async fn turn_read_replication_on(http: &reqwest::Client, database: &str) -> anyhow::Result<()> {
+    let replication = serde_json::json!({ "read_replication": { "mode": "auto" } });
+    let put = http.put(database).bearer_auth(crate::server::TOKEN).json(&replication).send().await?;
+    anyhow::ensure!(put.status().is_success(), "turning read replication on: {}", put.text().await?);
+    Ok(())
+}
+
 /// D1 Sessions reads with read replication on: the point SELECT through the binding endpoint
 /// in a `first-unconstrained` session on the owner and on node 1 (its read replica), with
 /// `first-primary` on node 1 (forwarded) beside them; then how far the replica trails the
@@ -534,9 +527,7 @@ async fn replica_reads(
     const SESSION: &str = "x-cf-d1-session-commit-token";
     let database = owner_query.trim_end_matches("/query");
     let uuid = database.rsplit('/').next().unwrap_or_default().to_owned();
-    let replication = serde_json::json!({ "read_replication": { "mode": "auto" } });
-    let put = http.put(database).bearer_auth(crate::server::TOKEN).json(&replication).send().await?;
-    anyhow::ensure!(put.status().is_success(), "turning read replication on: {}", put.text().await?);
+    turn_read_replication_on(http, database).await?;
     let binding = |node: &KuraProcess| format!("{}/binding/d1/{uuid}/query", node.api.trim_end_matches("/client/v4"));
     let (on_owner, on_replica) = (binding(&nodes[0]), binding(&nodes[1]));
     // One session read: the answer's bookmark, and whether the primary served it.

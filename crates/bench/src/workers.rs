@@ -62,6 +62,17 @@ impl Target {
         Ok(body)
     }
 
+    /// Waits up to 30 s for `path` to answer successfully (a node following a deploy, or a
+    /// setting), failing with `what` if it never does.
+    pub(crate) async fn wait_for(&self, path: &str, what: &str) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self.get(path).await.is_err() {
+            anyhow::ensure!(std::time::Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
     /// `CLIENTS` clients on `path` for `duration`: the stats of the requests that succeeded,
     /// and how many failed (the peer drops connections under this load now and then; a
     /// failure on kura's side is a bug and stops the benchmark).
