@@ -359,48 +359,50 @@ impl D1 {
 
     /// The account's database with this id or name.
     pub fn get(&self, account_id: &str, id_or_name: &str) -> Result<Arc<D1Database>> {
-        let installs = self.catalog.installs();
-        let generation = {
-            let cache = self.records.read().unwrap_or_else(|p| p.into_inner());
-            if cache.installs == installs
-                && let Some(found) = cache.get(account_id, id_or_name)
-            {
-                return Ok(Arc::clone(found));
-            }
-            cache.generation
-        };
-        if !is_uuid(&id_or_name.to_ascii_lowercase()) && !kura_catalog::is_valid_database_name(id_or_name) {
-            return Err(Error::InvalidId(id_or_name.to_owned()));
-        }
-        let found = Arc::new(
-            self.catalog.d1_database(account_id, id_or_name)?.ok_or_else(|| Error::NotFound(id_or_name.to_owned()))?,
-        );
-        let mut cache = self.records.write().unwrap_or_else(|p| p.into_inner());
-        if cache.installs != installs {
-            cache.clear();
-            cache.installs = installs;
-        }
-        if cache.generation == generation {
-            cache.insert(account_id, id_or_name, Arc::clone(&found));
-        }
-        Ok(found)
+        let found = self.cached(
+            |cache| cache.get(account_id, id_or_name),
+            || {
+                if !is_uuid(&id_or_name.to_ascii_lowercase()) && !kura_catalog::is_valid_database_name(id_or_name) {
+                    return Err(Error::InvalidId(id_or_name.to_owned()));
+                }
+                Ok(self.catalog.d1_database(account_id, id_or_name)?)
+            },
+            |cache, found| cache.insert(account_id, id_or_name, found),
+        )?;
+        found.ok_or_else(|| Error::NotFound(id_or_name.to_owned()))
     }
 
     /// The database whose id is `uuid` (lower case), whichever account's it is, or `None`: for
     /// a cluster's placement, which asks on every request where a database is served. Kept in
     /// the same cache as [`D1::get`]'s records.
     pub fn get_by_uuid(&self, uuid: &str) -> Result<Option<Arc<D1Database>>> {
+        self.cached(
+            |cache| cache.by_uuid.get(uuid),
+            || Ok(self.catalog.d1_database_by_uuid(uuid)?),
+            |cache, found| cache.insert_by_uuid(found),
+        )
+    }
+
+    /// A record from the cache (`hit`), or read from the catalog (`read`) and kept (`keep`)
+    /// unless the catalog changed meanwhile: a record read before a change is never kept after
+    /// it.
+    fn cached(
+        &self,
+        hit: impl FnOnce(&RecordCache) -> Option<&Arc<D1Database>>,
+        read: impl FnOnce() -> Result<Option<D1Database>>,
+        keep: impl FnOnce(&mut RecordCache, Arc<D1Database>),
+    ) -> Result<Option<Arc<D1Database>>> {
         let installs = self.catalog.installs();
         let generation = {
             let cache = self.records.read().unwrap_or_else(|p| p.into_inner());
             if cache.installs == installs
-                && let Some(found) = cache.by_uuid.get(uuid)
+                && let Some(found) = hit(&cache)
             {
                 return Ok(Some(Arc::clone(found)));
             }
             cache.generation
         };
-        let Some(found) = self.catalog.d1_database_by_uuid(uuid)? else { return Ok(None) };
+        let Some(found) = read()? else { return Ok(None) };
         let found = Arc::new(found);
         let mut cache = self.records.write().unwrap_or_else(|p| p.into_inner());
         if cache.installs != installs {
@@ -408,7 +410,7 @@ impl D1 {
             cache.installs = installs;
         }
         if cache.generation == generation {
-            cache.insert_by_uuid(Arc::clone(&found));
+            keep(&mut cache, Arc::clone(&found));
         }
         Ok(Some(found))
     }

@@ -133,13 +133,14 @@ pub(crate) fn file_alarm(file: &Path) -> Result<Option<i64>> {
     if !file.exists() {
         return Ok(None);
     }
+    let fail = |e: rusqlite::Error| DoError::Storage(format!("reading the alarm of {}: {e}", file.display()));
     let conn = rusqlite::Connection::open_with_flags(
         file,
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .and_then(|conn| conn.busy_timeout(Duration::from_secs(5)).map(|()| conn))
-    .map_err(|e| DoError::Storage(format!("reading the alarm of {}: {e}", file.display())))?;
-    read_alarm(&conn).map_err(|e| DoError::Storage(format!("reading the alarm of {}: {e}", file.display())))
+    .map_err(fail)?;
+    conn.busy_timeout(Duration::from_secs(5)).map_err(fail)?;
+    read_alarm(&conn).map_err(fail)
 }
 
 /// Empties workerd's alarm schedule of every namespace under `root` (a cluster's node starts

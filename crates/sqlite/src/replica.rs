@@ -154,28 +154,34 @@ impl Replica {
         options.shipper = None;
         let mut copy = Database::open(&options)?;
         let open_error = |e: rusqlite::Error| Error::open(db_path, "", e);
+        copy.with_internal(|conn| {
+            // A copy is built again after a crash, never recovered: nothing of it needs syncing,
+            // and closing it need not checkpoint what is about to be removed.
+            conn.pragma_update(None, "synchronous", "OFF")?;
+            conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+            // The copy holds whatever its owner does, whatever this node's limits say.
+            conn.pragma_update(None, "max_page_count", i64::from(u32::MAX - 1))
+        })
+        .map_err(open_error)?;
+        // A read finds the file's size in the WAL's last commit, or with none there asks the
+        // file system (`fstat`), every time: page 1, written back as it is, puts a commit there.
+        // From then on the copy reads only, but while records are applied.
+        let written_back = Self::applying(&mut copy, |conn| {
+            conn.execute_batch(
+                "BEGIN IMMEDIATE; \
+                 INSERT INTO sqlite_dbpage(pgno, data) SELECT pgno, data FROM sqlite_dbpage WHERE pgno = 1; \
+                 COMMIT",
+            )
+            .map(|()| Continuity::Continues)
+            .map_err(Error::internal)
+        })?;
+        if let Continuity::Broken(why) = written_back {
+            return Err(Error::open(db_path, "", std::io::Error::other(why)));
+        }
         let (db_pages, page_size) = copy
             .with_internal(|conn| {
-                // A copy is built again after a crash, never recovered: nothing of it needs
-                // syncing, and closing it need not checkpoint what is about to be removed.
-                conn.pragma_update(None, "synchronous", "OFF")?;
-                conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
-                // A read finds the file's size in the WAL's last commit, or with none there
-                // asks the file system (`fstat`), every time: page 1, written back as it is,
-                // puts a commit there.
-                conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, false)?;
-                conn.execute_batch(
-                    "BEGIN IMMEDIATE; \
-                     INSERT INTO sqlite_dbpage(pgno, data) SELECT pgno, data FROM sqlite_dbpage WHERE pgno = 1; \
-                     COMMIT",
-                )?;
-                conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
-                // Only records change it; see `Replica::applying`.
-                conn.pragma_update(None, "query_only", true)?;
                 let db_pages: u32 = conn.pragma_query_value(None, "page_count", |r| r.get(0))?;
                 let page_size: u32 = conn.pragma_query_value(None, "page_size", |r| r.get(0))?;
-                // The copy holds whatever its owner does, whatever this node's limits say.
-                conn.pragma_update(None, "max_page_count", i64::from(u32::MAX - 1))?;
                 Ok((db_pages, page_size))
             })
             .map_err(open_error)?;

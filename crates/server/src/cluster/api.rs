@@ -138,8 +138,7 @@ pub(super) fn resolve_database(
         None => crate::auth::Caller::from_headers(request.headers(), app)?.token.account_id,
     };
     let found = match is_uuid(id) {
-        true if id.bytes().any(|b| b.is_ascii_uppercase()) => app.d1.get_by_uuid(&id.to_ascii_lowercase())?,
-        true => app.d1.get_by_uuid(id)?,
+        true => app.d1.get_by_uuid(&id.to_ascii_lowercase())?,
         false => app.d1.catalog().d1_database(&account, id)?.map(std::sync::Arc::new),
     };
     found
